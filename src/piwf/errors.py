@@ -1,0 +1,116 @@
+"""One error hierarchy for piwf.
+
+Every error has a stable ``code``. Errors that reach a client over the host protocol
+carry the wire outcome they map to (``rejected``, ``notFound``, ``conflict``, ...).
+"""
+
+from __future__ import annotations
+
+
+class PiwfError(Exception):
+    """Root of every error piwf raises on purpose."""
+
+    code = "error"
+    outcome = "rejected"
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        return " ".join(text.split())  # one line, always
+
+
+# --- store -----------------------------------------------------------------------------
+
+
+class StoreError(PiwfError):
+    code = "store"
+
+
+class SchemaError(StoreError):
+    """The database has an unknown or newer layout; it is refused and left untouched."""
+
+    code = "schema"
+
+
+class CorruptStateError(StoreError):
+    """The database file is not a readable SQLite database."""
+
+    code = "corrupt"
+
+
+class ClaimLost(StoreError):
+    """A write on behalf of a claim found the claim no longer live."""
+
+    code = "claimLost"
+    outcome = "claimLost"
+
+
+# --- requests and operations ----------------------------------------------------------
+
+
+class ProtocolError(PiwfError):
+    """A frame that cannot be read as a request."""
+
+    code = "protocol"
+
+
+class Rejected(PiwfError):
+    """A well-formed request that cannot be carried out; nothing was changed."""
+
+    code = "rejected"
+
+
+class NotFound(PiwfError):
+    code = "notFound"
+    outcome = "notFound"
+
+
+class Conflict(PiwfError):
+    code = "conflict"
+    outcome = "conflict"
+
+
+# --- workflows -------------------------------------------------------------------------
+
+
+class WorkflowError(PiwfError):
+    code = "workflow"
+
+
+class DefinitionError(WorkflowError):
+    """A workflow graph that does not validate."""
+
+    code = "definition"
+
+
+class WorkflowLoadError(WorkflowError):
+    """A workflow file that cannot be found or imported."""
+
+    code = "load"
+
+
+class NodeFailed(WorkflowError):
+    """A node raised or (for shell nodes) exited non-zero."""
+
+    code = "nodeFailed"
+
+
+# --- host ------------------------------------------------------------------------------
+
+
+class HostError(PiwfError):
+    code = "host"
+
+
+class HostAlreadyRunning(HostError):
+    code = "hostRunning"
+
+
+class StateDirError(HostError):
+    code = "stateDir"
+
+
+class HostUnavailable(HostError):
+    """No host answers on the state directory's socket."""
+
+    code = "unavailable"
+    outcome = "unavailable"

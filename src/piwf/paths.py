@@ -1,0 +1,67 @@
+"""Where a state directory and its files live (DESIGN.md §2)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import StateDirError
+
+
+def default_state_dir() -> Path:
+    if env := os.environ.get("PIWF_STATE_DIR"):
+        return Path(env)
+    if xdg := os.environ.get("XDG_STATE_HOME"):
+        return Path(xdg) / "piwf"
+    return Path.home() / ".local" / "state" / "piwf"
+
+
+@dataclass(frozen=True)
+class StatePaths:
+    root: Path
+
+    @classmethod
+    def resolve(cls, state_dir: str | os.PathLike[str] | None) -> StatePaths:
+        root = Path(state_dir) if state_dir else default_state_dir()
+        return cls(root.expanduser().absolute())
+
+    @property
+    def db(self) -> Path:
+        return self.root / "state.db"
+
+    @property
+    def host_dir(self) -> Path:
+        return self.root / "host"
+
+    @property
+    def socket(self) -> Path:
+        return self.host_dir / "host.sock"
+
+    @property
+    def lock(self) -> Path:
+        return self.host_dir / "host.lock"
+
+    @property
+    def lock_record(self) -> Path:
+        return self.host_dir / "host.lock.json"
+
+    def ensure(self) -> None:
+        """Create the state and host directories (0700) or refuse unsafe ones."""
+        for directory in (self.root, self.host_dir):
+            try:
+                directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            except OSError as exc:
+                raise StateDirError(f"cannot create {directory}: {exc.strerror}") from exc
+            check_private_dir(directory)
+
+
+def check_private_dir(directory: Path) -> None:
+    info = os.lstat(directory)
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise StateDirError(f"{directory} is not a directory (symlinks are refused)")
+    if info.st_uid != os.getuid():
+        raise StateDirError(f"{directory} is owned by uid {info.st_uid}, not by you")
+    if info.st_mode & 0o077:
+        os.chmod(directory, 0o700)

@@ -1,0 +1,92 @@
+"""The idempotent command log (seed 001 ``executeCommand``).
+
+A state-changing request is recorded in the same transaction as its effect, keyed by
+``requestId`` and by ``(clientId, idempotencyKey)``, with a fingerprint of everything but
+the request id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..wire import HostRequest, HostResponse, request_fingerprint
+from .db import Database
+
+RETENTION_MS = 7 * 24 * 3600 * 1000
+
+
+def _stored_response(db: Database, request_id: str, row: tuple[Any, ...]) -> HostResponse:
+    outcome, revision, receipt_json, receipt_hash, error = row
+    return HostResponse(
+        requestId=request_id,
+        outcome=outcome,
+        revision=revision,
+        receipt=db.get_json(receipt_json, receipt_hash),
+        error=error,
+    )
+
+
+def lookup(db: Database, request: HostRequest, fingerprint: bytes) -> HostResponse | None:
+    """A stored response for this request (``adopted``), a ``conflict``, or None if new."""
+    row = db.one(
+        """SELECT request_fingerprint, outcome, revision, receipt_json, receipt_hash, error
+           FROM host_commands WHERE request_id = ?""",
+        (request.requestId,),
+    )
+    if row is not None:
+        if bytes(row[0]) != fingerprint:
+            return HostResponse(request.requestId, "conflict", error="requestId was reused with another request body")
+        stored = _stored_response(db, request.requestId, row[1:])
+        stored.outcome = "adopted"
+        return stored
+    row = db.one(
+        """SELECT request_fingerprint, outcome, revision, receipt_json, receipt_hash, error
+           FROM host_commands WHERE client_id = ? AND idempotency_key = ?""",
+        (request.clientId, request.idempotencyKey),
+    )
+    if row is None:
+        return None
+    if bytes(row[0]) != fingerprint:
+        return HostResponse(
+            request.requestId, "conflict", error="idempotencyKey was reused with another request body"
+        )
+    stored = _stored_response(db, request.requestId, row[1:])
+    stored.outcome = "adopted"
+    return stored
+
+
+def execute(
+    db: Database, request: HostRequest, epoch: int, now: int,
+    operation: Callable[[], HostResponse],
+) -> HostResponse:
+    """Run ``operation`` and record its response atomically, or answer from the log.
+
+    ``operation`` raising leaves nothing behind: the transaction rolls back and the
+    error propagates to the caller, which answers ``rejected`` without logging.
+    """
+    fingerprint = request_fingerprint(request)
+    with db.write():
+        stored = lookup(db, request, fingerprint)
+        if stored is not None:
+            return stored
+        response = operation()
+        receipt_json, receipt_hash = (None, None)
+        if response.receipt is not None:
+            receipt_json, receipt_hash = db.put_json(response.receipt, now)
+        db.execute(
+            """INSERT INTO host_commands (request_id, client_id, idempotency_key, operation,
+                 request_fingerprint, run_id, outcome, revision, receipt_json, receipt_hash,
+                 error, host_epoch, created_at)
+               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+            (request.requestId, request.clientId, request.idempotencyKey, request.operation,
+             fingerprint, request.runId, response.outcome, response.revision, receipt_json,
+             receipt_hash, response.error, epoch, now),
+        )
+    return response
+
+
+def prune(db: Database, now: int, retention_ms: int = RETENTION_MS) -> int:
+    with db.write():
+        db.execute("DELETE FROM host_commands WHERE created_at < ?", (now - retention_ms,))
+        return db.changes()

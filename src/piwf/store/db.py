@@ -1,0 +1,219 @@
+"""The apsw connection: opening, layout checks, write transactions, blobs.
+
+Writes run as explicit ``BEGIN IMMEDIATE ... COMMIT``: apsw's own IMMEDIATE transaction
+mode holds the GIL through the busy timeout and freezes the trio loop (NOTES.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import apsw
+
+from ..errors import CorruptStateError, SchemaError, StoreError
+from ..wire import canonical_json, decode_json, sha256_hex
+from .schema import APPLICATION_ID, REQUIRED_TABLES, SCHEMA_SQL, SCHEMA_VERSION
+
+INLINE_JSON_LIMIT = 4096
+BUSY_TIMEOUT_MS = 5000
+RESET_HINT = "Move the state directory aside to start fresh, or use the piwf that created it."
+
+
+class Database:
+    """One connection, used by one thread at a time."""
+
+    def __init__(self, conn: apsw.Connection, path: Path) -> None:
+        self.conn = conn
+        self.path = path
+        self._depth = 0
+
+    # --- opening ---------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], *, durability: str = "full") -> Database:
+        """Open (creating if absent) a database for writing."""
+        path = Path(path)
+        existed = path.exists()
+        if existed:
+            _check_header(path)
+        old_umask = os.umask(0o077)
+        try:
+            conn = apsw.Connection(str(path))
+        finally:
+            os.umask(old_umask)
+        db = cls(conn, path)
+        try:
+            db._configure(durability)
+            db._ensure_layout()
+        except apsw.Error as exc:
+            conn.close()
+            raise _translate(exc, path) from exc
+        except BaseException:
+            conn.close()
+            raise
+        return db
+
+    @classmethod
+    def open_readonly(cls, path: str | os.PathLike[str]) -> Database:
+        path = Path(path)
+        _check_header(path)
+        try:
+            conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+            conn.setbusytimeout(BUSY_TIMEOUT_MS)
+            db = cls(conn, path)
+            db._check_layout()
+        except apsw.Error as exc:
+            raise _translate(exc, path) from exc
+        return db
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def _configure(self, durability: str) -> None:
+        if durability not in ("full", "normal"):
+            raise StoreError(f"durability must be 'full' or 'normal', not {durability!r}")
+        self.conn.setbusytimeout(BUSY_TIMEOUT_MS)
+        self.conn.execute("PRAGMA journal_mode = WAL")
+        self.conn.execute(f"PRAGMA synchronous = {durability.upper()}")
+        self.conn.execute("PRAGMA foreign_keys = ON")
+
+    def _ensure_layout(self) -> None:
+        app_id, version = self._layout()
+        if app_id == 0 and version == 0 and not self._tables():
+            with self.write():
+                self.conn.execute(SCHEMA_SQL)
+                self.conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+                self.conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            for name in (self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm")):
+                if name.exists():
+                    os.chmod(name, 0o600)
+            return
+        self._check_layout()
+
+    def _check_layout(self) -> None:
+        app_id, version = self._layout()
+        if app_id != APPLICATION_ID:
+            raise SchemaError(f"{self.path} is not a piwf state database (application id {app_id:#x}). {RESET_HINT}")
+        if version > SCHEMA_VERSION:
+            raise SchemaError(
+                f"{self.path} has layout {version}, newer than this piwf understands ({SCHEMA_VERSION}). {RESET_HINT}"
+            )
+        if version < 1:
+            raise SchemaError(f"{self.path} has an unknown layout {version}. {RESET_HINT}")
+        missing = sorted(set(REQUIRED_TABLES) - self._tables())
+        if missing:
+            raise SchemaError(f"{self.path} is missing tables {', '.join(missing)}. {RESET_HINT}")
+
+    def _layout(self) -> tuple[int, int]:
+        app_id = self.conn.execute("PRAGMA application_id").fetchall()[0][0]
+        version = self.conn.execute("PRAGMA user_version").fetchall()[0][0]
+        return app_id, version
+
+    def _tables(self) -> set[str]:
+        rows = self.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
+        return {name for (name,) in rows}
+
+    # --- statements -------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator[Database]:
+        """A write transaction; nested calls join the outer one."""
+        if self._depth:
+            self._depth += 1
+            try:
+                yield self
+            finally:
+                self._depth -= 1
+            return
+        try:
+            self.conn.execute("BEGIN IMMEDIATE")
+        except apsw.Error as exc:
+            raise _translate(exc, self.path) from exc
+        self._depth = 1
+        try:
+            yield self
+        except BaseException:
+            self._depth = 0
+            self.conn.execute("ROLLBACK")
+            raise
+        self._depth = 0
+        try:
+            self.conn.execute("COMMIT")
+        except apsw.Error as exc:
+            self.conn.execute("ROLLBACK")
+            raise _translate(exc, self.path) from exc
+
+    def execute(self, sql: str, params: Any = ()) -> apsw.Cursor:
+        try:
+            return self.conn.execute(sql, params)
+        except apsw.ConstraintError:
+            raise
+        except apsw.Error as exc:
+            raise _translate(exc, self.path) from exc
+
+    def one(self, sql: str, params: Any = ()) -> tuple[Any, ...] | None:
+        for row in self.execute(sql, params):
+            return row
+        return None
+
+    def scalar(self, sql: str, params: Any = ()) -> Any:
+        row = self.one(sql, params)
+        return None if row is None else row[0]
+
+    def changes(self) -> int:
+        return self.conn.changes()
+
+    # --- blobs ------------------------------------------------------------------------
+
+    def put_json(self, value: Any, now: int) -> tuple[str | None, str | None]:
+        """Store a JSON value: inline when small, else in ``blobs``. Returns (inline, hash)."""
+        data = canonical_json(value)
+        if len(data) <= INLINE_JSON_LIMIT:
+            return data.decode(), None
+        return None, self.put_blob(data, now)
+
+    def put_blob(self, data: bytes, now: int) -> str:
+        digest = sha256_hex(data)
+        self.execute(
+            "INSERT OR IGNORE INTO blobs (hash, content, created_at) VALUES (?, ?, ?)",
+            (digest, data, now),
+        )
+        return digest
+
+    def get_json(self, inline: str | None, digest: str | None) -> Any:
+        if inline is not None:
+            return decode_json(inline.encode())
+        if digest is None:
+            return None
+        return decode_json(self.get_blob(digest))
+
+    def get_blob(self, digest: str) -> bytes:
+        content = self.scalar("SELECT content FROM blobs WHERE hash = ?", (digest,))
+        if content is None:
+            raise StoreError(f"blob {digest} is missing")
+        return bytes(content)
+
+
+def _check_header(path: Path) -> None:
+    """Refuse a file that is not SQLite before apsw can 'repair' anything."""
+    try:
+        with open(path, "rb") as handle:
+            header = handle.read(16)
+    except OSError as exc:
+        raise StoreError(f"cannot read {path}: {exc.strerror}") from exc
+    if header and header != b"SQLite format 3\x00":
+        raise CorruptStateError(f"{path} is not a SQLite database (corrupt or foreign file). {RESET_HINT}")
+
+
+def _translate(exc: apsw.Error, path: Path) -> StoreError:
+    if isinstance(exc, (apsw.NotADBError, apsw.CorruptError)):
+        return CorruptStateError(f"{path} is corrupt: {exc}. {RESET_HINT}")
+    if isinstance(exc, apsw.FullError):
+        return StoreError(f"disk full writing {path}: {exc}")
+    if isinstance(exc, apsw.BusyError):
+        return StoreError(f"{path} is busy (another writer held it for {BUSY_TIMEOUT_MS} ms)")
+    return StoreError(f"database error on {path}: {exc}")

@@ -1,0 +1,113 @@
+"""The host lease: which host owns the state directory, and since which epoch (seed 001)."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import HostAlreadyRunning, StoreError
+from .db import Database
+
+
+@dataclass(frozen=True)
+class HostClaim:
+    host_id: str
+    token: str
+    epoch: int
+    pid: int
+    identity: str
+    expires_at: int
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    epoch: int
+    host_id: str | None
+    pid: int | None
+    identity: str | None
+    started_at: int | None
+    heartbeat_at: int | None
+    expires_at: int | None
+
+    def live(self, now: int) -> bool:
+        return self.host_id is not None and self.expires_at is not None and self.expires_at > now
+
+    def as_json(self, now: int) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "hostId": self.host_id,
+            "pid": self.pid,
+            "startedAt": self.started_at,
+            "heartbeatAt": self.heartbeat_at,
+            "expiresAt": self.expires_at,
+            "live": self.live(now),
+        }
+
+
+def _token_hash(token: str) -> bytes:
+    return hashlib.sha256(token.encode()).digest()
+
+
+def read_lease(db: Database) -> LeaseRecord:
+    row = db.one(
+        """SELECT epoch, host_id, pid, process_start_identity, started_at, heartbeat_at, expires_at
+           FROM host_lease WHERE id = 1"""
+    )
+    if row is None:
+        raise StoreError("host lease row is missing")
+    return LeaseRecord(*row)
+
+
+def acquire_lease(
+    db: Database, *, host_id: str, pid: int, identity: str, lease_ms: int, now: int,
+    owner_dead: bool = False,
+) -> HostClaim:
+    """Take the lease with a new epoch.
+
+    A live lease is only taken when the caller has proved its owner dead (``owner_dead``):
+    that is how a restarted host serves again at once instead of after the lease expires.
+    """
+    with db.write():
+        current = read_lease(db)
+        if current.live(now) and not owner_dead:
+            raise HostAlreadyRunning(
+                f"a live piwf host (pid {current.pid}) owns this state directory at epoch {current.epoch}"
+            )
+        token = secrets.token_urlsafe(32)
+        epoch = current.epoch + 1
+        db.execute(
+            """UPDATE host_lease SET epoch = ?, host_id = ?, token_hash = ?, pid = ?,
+                 process_start_identity = ?, started_at = ?, heartbeat_at = ?, expires_at = ?
+               WHERE id = 1 AND epoch = ?""",
+            (epoch, host_id, _token_hash(token), pid, identity, now, now, now + lease_ms, current.epoch),
+        )
+        if db.changes() != 1:
+            raise StoreError("host lease changed during start-up")
+    return HostClaim(host_id, token, epoch, pid, identity, now + lease_ms)
+
+
+def renew_lease(db: Database, claim: HostClaim, lease_ms: int, now: int) -> HostClaim | None:
+    """Extend the lease; None when it was lost (expired or taken)."""
+    with db.write():
+        db.execute(
+            """UPDATE host_lease SET heartbeat_at = ?, expires_at = ?
+               WHERE id = 1 AND epoch = ? AND host_id = ? AND token_hash = ? AND expires_at > ?""",
+            (now, now + lease_ms, claim.epoch, claim.host_id, _token_hash(claim.token), now),
+        )
+        if db.changes() != 1:
+            return None
+    return HostClaim(claim.host_id, claim.token, claim.epoch, claim.pid, claim.identity, now + lease_ms)
+
+
+def release_lease(db: Database, claim: HostClaim) -> bool:
+    with db.write():
+        db.execute(
+            """UPDATE host_lease SET host_id = NULL, token_hash = NULL, pid = NULL,
+                 process_start_identity = NULL, started_at = NULL, heartbeat_at = NULL,
+                 expires_at = NULL
+               WHERE id = 1 AND epoch = ? AND host_id = ? AND token_hash = ?""",
+            (claim.epoch, claim.host_id, _token_hash(claim.token)),
+        )
+        return db.changes() == 1

@@ -1,0 +1,209 @@
+"""The run queue state machine (seed 003): claim, renew, verify, run, park, settle.
+
+Queue status and engine status change together in one transaction so the lifecycle
+projection (``lifecycle_contradictions``) always holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ClaimLost
+from ..wire import canonical_json
+from .db import Database
+
+LIVE = "status IN ('starting', 'running')"
+CLAIMABLE = """(
+  (q.status IN ('queued', 'parked') AND q.held = 0)
+  OR (q.status IN ('starting', 'running')
+      AND q.claim_expires_at IS NOT NULL AND q.claim_expires_at <= :now)
+)"""
+# A parked run of a session waits while another run of that session is active.
+SESSION_FREE = """(
+  q.origin_session_id IS NULL OR q.status = 'queued' OR NOT EXISTS (
+    SELECT 1 FROM run_queue o WHERE o.origin_session_id = q.origin_session_id
+      AND o.run_id != q.run_id AND o.status IN ('queued', 'starting', 'running')))"""
+
+
+@dataclass(frozen=True)
+class Claim:
+    run_id: str
+    token: str
+    generation: int
+    expires_at: int
+
+
+def claim_next_run(
+    db: Database, *, runner_id: str, token: str, lease_ms: int, now: int, epoch: int,
+    exclude: frozenset[str] = frozenset(),
+) -> Claim | None:
+    """Claim the oldest claimable run, or None."""
+    with db.write():
+        for (run_id,) in db.execute(
+            f"""SELECT q.run_id FROM run_queue q
+                WHERE {CLAIMABLE} AND {SESSION_FREE}
+                ORDER BY q.created_at, q.run_id LIMIT 16""",
+            {"now": now},
+        ):
+            if run_id not in exclude:
+                return _take(db, run_id, runner_id, token, lease_ms, now, epoch)
+    return None
+
+
+def claim_run(
+    db: Database, run_id: str, *, runner_id: str, token: str, lease_ms: int, now: int, epoch: int
+) -> Claim | None:
+    """Claim one named run if it is claimable."""
+    with db.write():
+        row = db.one(f"SELECT 1 FROM run_queue q WHERE q.run_id = :run AND {CLAIMABLE} AND {SESSION_FREE}",
+                     {"run": run_id, "now": now})
+        return None if row is None else _take(db, run_id, runner_id, token, lease_ms, now, epoch)
+
+
+def _take(db: Database, run_id: str, runner_id: str, token: str, lease_ms: int, now: int, epoch: int) -> Claim:
+    db.execute(
+        """UPDATE run_queue SET status = 'starting', runner_id = ?, claim_token = ?,
+             claim_expires_at = ?, generation = generation + 1, owner_epoch = ?,
+             started_at = COALESCE(started_at, ?), updated_at = ?
+           WHERE run_id = ?""",
+        (runner_id, token, now + lease_ms, epoch, now, now, run_id),
+    )
+    db.execute("UPDATE runs SET status = 'running', updated_at = ? WHERE run_id = ? AND status = 'queued'",
+               (now, run_id))
+    # Whatever a previous generation left running was interrupted; it will run again.
+    db.execute("""UPDATE node_attempts SET status = 'interrupted', finished_at = ?
+                  WHERE run_id = ? AND status = 'running'""", (now, run_id))
+    generation = db.scalar("SELECT generation FROM run_queue WHERE run_id = ?", (run_id,))
+    add_event(db, run_id, "claimed", {"generation": generation, "epoch": epoch}, now)
+    return Claim(run_id, token, generation, now + lease_ms)
+
+
+def renew_claim(db: Database, run_id: str, token: str, lease_ms: int, now: int) -> bool:
+    with db.write():
+        db.execute(
+            f"""UPDATE run_queue SET claim_expires_at = ?
+                WHERE run_id = ? AND claim_token = ? AND {LIVE} AND claim_expires_at > ?""",
+            (now + lease_ms, run_id, token, now),
+        )
+        return db.changes() == 1
+
+
+def verify_claim(db: Database, run_id: str, token: str, now: int) -> bool:
+    row = db.one(
+        f"SELECT 1 FROM run_queue WHERE run_id = ? AND claim_token = ? AND {LIVE} AND claim_expires_at > ?",
+        (run_id, token, now),
+    )
+    return row is not None
+
+
+def require_claim(db: Database, run_id: str, token: str, now: int) -> None:
+    if not verify_claim(db, run_id, token, now):
+        raise ClaimLost(f"the claim on run {run_id} is no longer live")
+
+
+def mark_running(db: Database, run_id: str, token: str, now: int) -> bool:
+    with db.write():
+        require_claim(db, run_id, token, now)
+        db.execute(
+            """UPDATE run_queue SET status = 'running', updated_at = ?
+               WHERE run_id = ? AND claim_token = ? AND status = 'starting'""",
+            (now, run_id, token),
+        )
+        return db.changes() == 1
+
+
+def park_run(db: Database, run_id: str, token: str, now: int, *, hold: str | None = None) -> bool:
+    """Release a live claim, leaving the run for the next claim (or held, with a reason)."""
+    with db.write():
+        db.execute(
+            f"""UPDATE run_queue SET status = 'parked', runner_id = NULL, claim_token = NULL,
+                  claim_expires_at = NULL, held = held OR ?, updated_at = ?
+                WHERE run_id = ? AND claim_token = ? AND {LIVE}""",
+            (hold is not None, now, run_id, token),
+        )
+        if db.changes() != 1:
+            return False
+        if hold is not None:
+            db.execute("UPDATE runs SET status_detail = ?, updated_at = ? WHERE run_id = ?", (hold, now, run_id))
+        add_event(db, run_id, "parked", {} if hold is None else {"reason": hold}, now)
+        return True
+
+
+def complete_run(db: Database, run_id: str, token: str, output: Any, now: int) -> int:
+    """Settle a run as completed; returns its new revision."""
+    with db.write():
+        require_claim(db, run_id, token, now)
+        inline, digest = db.put_json(output, now)
+        _settle_queue(db, run_id, "done", now)
+        db.execute(
+            """UPDATE runs SET status = 'completed', output_json = ?, output_hash = ?,
+                 status_detail = NULL, finished_at = ?, updated_at = ?, revision = revision + 1
+               WHERE run_id = ?""",
+            (inline, digest, now, now, run_id),
+        )
+        add_event(db, run_id, "completed", {}, now)
+        return db.scalar("SELECT revision FROM runs WHERE run_id = ?", (run_id,))
+
+
+def fail_run(db: Database, run_id: str, token: str, error: dict[str, Any], now: int) -> int:
+    with db.write():
+        require_claim(db, run_id, token, now)
+        _settle_queue(db, run_id, "failed", now, error)
+        db.execute(
+            """UPDATE runs SET status = 'failed', error_json = ?, status_detail = NULL,
+                 finished_at = ?, updated_at = ?, revision = revision + 1 WHERE run_id = ?""",
+            (canonical_json(error).decode(), now, now, run_id),
+        )
+        add_event(db, run_id, "failed", {"error": error.get("message")}, now)
+        return db.scalar("SELECT revision FROM runs WHERE run_id = ?", (run_id,))
+
+
+def cancel_run(db: Database, run_id: str, now: int, *, token: str | None = None) -> bool:
+    """Cancel a run. Without a token only unclaimed runs (queued, parked) can be cancelled."""
+    with db.write():
+        where = f"claim_token = :token AND {LIVE}" if token else "status IN ('queued', 'parked')"
+        row = db.one(f"SELECT 1 FROM run_queue WHERE run_id = :run AND {where}", {"run": run_id, "token": token})
+        if row is None:
+            return False
+        _settle_queue(db, run_id, "cancelled", now)
+        db.execute(
+            """UPDATE runs SET status = 'cancelled', status_detail = NULL, finished_at = ?,
+                 updated_at = ?, revision = revision + 1 WHERE run_id = ?""",
+            (now, now, run_id),
+        )
+        db.execute("""UPDATE node_attempts SET status = 'interrupted', finished_at = ?
+                      WHERE run_id = ? AND status = 'running'""", (now, run_id))
+        add_event(db, run_id, "cancelled", {}, now)
+        return True
+
+
+def _settle_queue(db: Database, run_id: str, status: str, now: int, error: dict[str, Any] | None = None) -> None:
+    db.execute(
+        """UPDATE run_queue SET status = ?, runner_id = NULL, claim_token = NULL,
+             claim_expires_at = NULL, held = 0, error_code = ?, error_message = ?,
+             finished_at = ?, updated_at = ?
+           WHERE run_id = ?""",
+        (status, error and error.get("type"), error and str(error.get("message", ""))[:2048], now, now, run_id),
+    )
+
+
+def expire_claims_before(db: Database, epoch: int, now: int) -> list[str]:
+    """On takeover: claims held by earlier epochs are dead; make their runs claimable now."""
+    with db.write():
+        rows = db.execute(
+            f"SELECT run_id FROM run_queue WHERE {LIVE} AND (owner_epoch IS NULL OR owner_epoch < ?)", (epoch,)
+        ).fetchall()
+        db.execute(
+            f"""UPDATE run_queue SET claim_expires_at = ?
+                WHERE {LIVE} AND (owner_epoch IS NULL OR owner_epoch < ?)""",
+            (now, epoch),
+        )
+        return [run_id for (run_id,) in rows]
+
+
+def add_event(db: Database, run_id: str, kind: str, payload: dict[str, Any], now: int) -> None:
+    db.execute(
+        "INSERT INTO run_events (run_id, at, type, payload_json) VALUES (?, ?, ?, ?)",
+        (run_id, now, kind, canonical_json(payload).decode()),
+    )

@@ -1,0 +1,297 @@
+"""Runs: creation, operator controls, node attempts, and everything read about them."""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import apsw
+
+from ..errors import Conflict, NotFound, Rejected
+from ..wire import canonical_json, decode_json, sha256_hex
+from .db import Database
+from .queue import add_event, require_claim
+from .timefmt import iso
+
+
+def create_run(
+    db: Database, *, run_id: str, workflow: str, project_path: str, source: bytes, digest: str,
+    input: Any, origin_session_id: str | None, now: int,
+) -> dict[str, Any]:
+    with db.write():
+        if db.one("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)):
+            raise Rejected(f"run id {run_id} is already taken")
+        if origin_session_id is not None:
+            active = db.scalar(
+                """SELECT run_id FROM run_queue WHERE origin_session_id = ?
+                   AND status IN ('queued', 'starting', 'running')""",
+                (origin_session_id,),
+            )
+            if active is not None:
+                raise Rejected(f"session {origin_session_id} already has an active run {active}")
+        definition_hash = db.put_blob(source, now)
+        inline, input_hash = db.put_json(input, now)
+        try:
+            db.execute(
+                """INSERT INTO runs (run_id, workflow, project_path, definition_hash,
+                     definition_digest, input_json, input_hash, status, origin_session_id,
+                     created_at, updated_at)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, 'queued', ?, ?, ?)""",
+                (run_id, workflow, project_path, definition_hash, digest, inline, input_hash,
+                 origin_session_id, now, now),
+            )
+            db.execute(
+                """INSERT INTO run_queue (run_id, status, origin_session_id, created_at, updated_at)
+                   VALUES (?, 'queued', ?, ?, ?)""",
+                (run_id, origin_session_id, now, now),
+            )
+        except apsw.ConstraintError as exc:
+            raise Rejected(f"run {run_id} cannot be queued: {exc}") from exc
+        add_event(db, run_id, "created", {"workflow": workflow}, now)
+    return {"runId": run_id, "status": "queued", "revision": 1}
+
+
+def revision(db: Database, run_id: str) -> int:
+    value = db.scalar("SELECT revision FROM runs WHERE run_id = ?", (run_id,))
+    if value is None:
+        raise NotFound(f"run {run_id} not found")
+    return value
+
+
+def check_revision(db: Database, run_id: str, expected: int | None) -> int:
+    current = revision(db, run_id)
+    if expected is not None and expected != current:
+        raise Conflict(f"run {run_id} is at revision {current}, not {expected}")
+    return current
+
+
+def pause_run(db: Database, run_id: str, now: int) -> dict[str, Any]:
+    """Hold a run: it is not claimed again, and an active worker stops at the next node boundary."""
+    with db.write():
+        queue_status = _queue_status(db, run_id)
+        if queue_status in ("done", "failed", "cancelled"):
+            raise Rejected(f"run {run_id} has already ended ({queue_status})")
+        db.execute("UPDATE run_queue SET held = 1, updated_at = ? WHERE run_id = ?", (now, run_id))
+        db.execute(
+            """UPDATE runs SET paused = 1, status_detail = 'paused', updated_at = ?,
+                 revision = revision + 1 WHERE run_id = ?""",
+            (now, run_id),
+        )
+        add_event(db, run_id, "paused", {}, now)
+        return {"runId": run_id, "paused": True, "queueStatus": queue_status}
+
+
+def resume_run(db: Database, run_id: str, now: int) -> dict[str, Any]:
+    with db.write():
+        queue_status = _queue_status(db, run_id)
+        if queue_status in ("done", "failed", "cancelled"):
+            raise Rejected(f"run {run_id} has already ended ({queue_status})")
+        db.execute("UPDATE run_queue SET held = 0, updated_at = ? WHERE run_id = ?", (now, run_id))
+        db.execute(
+            """UPDATE runs SET paused = 0, status_detail = NULL, updated_at = ?,
+                 revision = revision + 1 WHERE run_id = ?""",
+            (now, run_id),
+        )
+        add_event(db, run_id, "resumed", {}, now)
+        return {"runId": run_id, "paused": False, "queueStatus": queue_status}
+
+
+def is_paused(db: Database, run_id: str) -> bool:
+    return bool(db.scalar("SELECT paused FROM runs WHERE run_id = ?", (run_id,)))
+
+
+def _queue_status(db: Database, run_id: str) -> str:
+    status = db.scalar("SELECT status FROM run_queue WHERE run_id = ?", (run_id,))
+    if status is None:
+        raise NotFound(f"run {run_id} not found")
+    return status
+
+
+# --- node attempts (written on behalf of a claim) ---------------------------------------
+
+
+def start_attempt(
+    db: Database, run_id: str, token: str, *, seq: int, node: str, generation: int, now: int
+) -> tuple[str, int]:
+    with db.write():
+        require_claim(db, run_id, token, now)
+        attempt_id = secrets.token_hex(8)
+        db.execute(
+            """INSERT INTO node_attempts (attempt_id, run_id, seq, node_id, generation, status, started_at)
+               VALUES (?, ?, ?, ?, ?, 'running', ?)""",
+            (attempt_id, run_id, seq, node, generation, now),
+        )
+        add_event(db, run_id, "attempt.started", {"node": node, "seq": seq, "attemptId": attempt_id}, now)
+        return attempt_id, _bump(db, run_id, now)
+
+
+def accept_attempt(
+    db: Database, run_id: str, token: str, *, attempt_id: str, output: Any, exit_name: str | None, now: int
+) -> int:
+    with db.write():
+        require_claim(db, run_id, token, now)
+        inline, digest = db.put_json(output, now)
+        db.execute(
+            """UPDATE node_attempts SET status = 'accepted', output_json = ?, output_hash = ?,
+                 exit_name = ?, finished_at = ?
+               WHERE attempt_id = ? AND run_id = ? AND status = 'running'""",
+            (inline, digest, exit_name, now, attempt_id, run_id),
+        )
+        if db.changes() != 1:
+            raise Rejected(f"attempt {attempt_id} is not running")
+        node = db.scalar("SELECT node_id FROM node_attempts WHERE attempt_id = ?", (attempt_id,))
+        add_event(db, run_id, "attempt.accepted", {"node": node, "attemptId": attempt_id, "exit": exit_name}, now)
+        return _bump(db, run_id, now)
+
+
+def fail_attempt(db: Database, run_id: str, token: str, *, attempt_id: str, error: dict[str, Any], now: int) -> int:
+    with db.write():
+        require_claim(db, run_id, token, now)
+        db.execute(
+            """UPDATE node_attempts SET status = 'failed', error_json = ?, finished_at = ?
+               WHERE attempt_id = ? AND run_id = ? AND status = 'running'""",
+            (canonical_json(error).decode(), now, attempt_id, run_id),
+        )
+        if db.changes() != 1:
+            raise Rejected(f"attempt {attempt_id} is not running")
+        add_event(db, run_id, "attempt.failed", {"attemptId": attempt_id, "error": error.get("message")}, now)
+        return _bump(db, run_id, now)
+
+
+def _bump(db: Database, run_id: str, now: int) -> int:
+    db.execute("UPDATE runs SET revision = revision + 1, updated_at = ? WHERE run_id = ?", (now, run_id))
+    return db.scalar("SELECT revision FROM runs WHERE run_id = ?", (run_id,))
+
+
+def accepted_steps(db: Database, run_id: str) -> list[dict[str, Any]]:
+    rows = db.execute(
+        """SELECT seq, node_id, exit_name, output_json, output_hash FROM node_attempts
+           WHERE run_id = ? AND status = 'accepted' ORDER BY seq""",
+        (run_id,),
+    ).fetchall()
+    return [
+        {"seq": seq, "node": node, "exit": exit_name, "output": db.get_json(inline, digest)}
+        for seq, node, exit_name, inline, digest in rows
+    ]
+
+
+# --- reads -------------------------------------------------------------------------------
+
+RUN_COLUMNS = """r.run_id, r.workflow, r.status, q.status, r.paused, r.status_detail, r.revision,
+  r.origin_session_id, r.created_at, r.updated_at, r.finished_at, q.generation"""
+
+
+def _summary(row: tuple[Any, ...]) -> dict[str, Any]:
+    (run_id, workflow, status, queue_status, paused, detail, rev, session, created, updated,
+     finished, generation) = row
+    return {
+        "runId": run_id, "workflow": workflow, "status": status, "queueStatus": queue_status,
+        "paused": bool(paused), "statusDetail": detail, "revision": rev, "originSessionId": session,
+        "generation": generation, "createdAt": iso(created), "updatedAt": iso(updated),
+        "finishedAt": iso(finished),
+    }
+
+
+def list_runs(db: Database, limit: int = 50, status: str | None = None) -> list[dict[str, Any]]:
+    where, params = ("WHERE r.status = ?", (status, limit)) if status else ("", (limit,))
+    rows = db.execute(
+        f"""SELECT {RUN_COLUMNS} FROM runs r JOIN run_queue q ON q.run_id = r.run_id {where}
+            ORDER BY r.created_at DESC, r.run_id DESC LIMIT ?""",
+        params,
+    ).fetchall()
+    return [_summary(row) for row in rows]
+
+
+def get_run(db: Database, run_id: str) -> dict[str, Any]:
+    row = db.one(
+        f"""SELECT {RUN_COLUMNS}, r.project_path, r.definition_digest, r.input_json, r.input_hash,
+              r.output_json, r.output_hash, r.error_json
+            FROM runs r JOIN run_queue q ON q.run_id = r.run_id WHERE r.run_id = ?""",
+        (run_id,),
+    )
+    if row is None:
+        raise NotFound(f"run {run_id} not found")
+    run = _summary(row[:12])
+    project, digest, input_json, input_hash, output_json, output_hash, error_json = row[12:]
+    run.update(
+        projectPath=project, definitionDigest=digest,
+        input=db.get_json(input_json, input_hash),
+        output=db.get_json(output_json, output_hash),
+        error=None if error_json is None else decode_json(error_json.encode()),
+        steps=_step_summaries(db, run_id),
+    )
+    return run
+
+
+def _step_summaries(db: Database, run_id: str) -> list[dict[str, Any]]:
+    rows = db.execute(
+        """SELECT seq, node_id, status, generation, exit_name, started_at, finished_at
+           FROM node_attempts WHERE run_id = ? ORDER BY seq, started_at""",
+        (run_id,),
+    ).fetchall()
+    return [
+        {"seq": seq, "node": node, "status": status, "generation": gen, "exit": exit_name,
+         "startedAt": iso(started), "finishedAt": iso(finished)}
+        for seq, node, status, gen, exit_name, started, finished in rows
+    ]
+
+
+def run_source(db: Database, run_id: str) -> tuple[str, str, str, Any, str | None]:
+    """(workflow, project path, digest, input, origin session) for launching a worker."""
+    row = db.one(
+        """SELECT workflow, project_path, definition_digest, input_json, input_hash, origin_session_id
+           FROM runs WHERE run_id = ?""",
+        (run_id,),
+    )
+    if row is None:
+        raise NotFound(f"run {run_id} not found")
+    workflow, project, digest, inline, digest_input, session = row
+    return workflow, project, digest, db.get_json(inline, digest_input), session
+
+
+def input_hash(value: Any) -> str:
+    return "sha256:" + sha256_hex(canonical_json(value))
+
+
+def run_events(db: Database, run_id: str, after: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
+    revision(db, run_id)  # NotFound for an unknown run
+    rows = db.execute(
+        """SELECT event_id, at, type, payload_json FROM run_events
+           WHERE run_id = ? AND event_id > ? ORDER BY event_id LIMIT ?""",
+        (run_id, after, limit),
+    ).fetchall()
+    return [
+        {"eventId": event_id, "at": iso(at), "type": kind, **decode_json(payload.encode())}
+        for event_id, at, kind, payload in rows
+    ]
+
+
+LIFECYCLE_CONTRADICTIONS = """
+SELECT COUNT(*) FROM runs r JOIN run_queue q ON q.run_id = r.run_id
+WHERE NOT (
+  (r.status = 'queued' AND q.status = 'queued')
+  OR (r.status = 'running' AND q.status IN ('starting', 'running', 'parked'))
+  OR (r.status = 'waiting' AND q.status = 'parked')
+  OR (r.status = 'completed' AND q.status = 'done')
+  OR (r.status IN ('failed', 'timed_out') AND q.status = 'failed')
+  OR (r.status = 'cancelled' AND q.status = 'cancelled'))"""
+
+
+def status_counts(db: Database, now: int) -> dict[str, int]:
+    def count(sql: str, *params: Any) -> int:
+        return int(db.scalar(sql, params) or 0)
+
+    return {
+        "queuedRuns": count("SELECT COUNT(*) FROM run_queue WHERE status = 'queued'"),
+        "runningRuns": count("SELECT COUNT(*) FROM run_queue WHERE status IN ('starting', 'running')"),
+        "parkedRuns": count("SELECT COUNT(*) FROM run_queue WHERE status = 'parked'"),
+        "waitingRuns": count("SELECT COUNT(*) FROM runs WHERE status = 'waiting'"),
+        "pausedRuns": count("SELECT COUNT(*) FROM runs WHERE paused = 1"),
+        "completedRuns": count("SELECT COUNT(*) FROM runs WHERE status = 'completed'"),
+        "failedRuns": count("SELECT COUNT(*) FROM runs WHERE status IN ('failed', 'timed_out')"),
+        "cancelledRuns": count("SELECT COUNT(*) FROM runs WHERE status = 'cancelled'"),
+        "expiredClaims": count(
+            """SELECT COUNT(*) FROM run_queue WHERE status IN ('starting', 'running')
+               AND claim_expires_at <= ?""", now),
+        "lifecycleContradictions": count(LIFECYCLE_CONTRADICTIONS),
+    }

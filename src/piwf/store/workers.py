@@ -1,0 +1,104 @@
+"""Worker records and answered worker messages (seed 001)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from ..wire import WorkerMessage, WorkerResponse, canonical_json, worker_fingerprint
+from .db import Database
+
+ACTIVE = "status IN ('starting', 'running')"
+
+
+def record_start(db: Database, *, worker_epoch: str, run_id: str, generation: int, host_epoch: int, now: int) -> None:
+    with db.write():
+        db.execute(
+            """INSERT INTO run_workers (worker_epoch, run_id, generation, host_epoch, status, started_at)
+               VALUES (?, ?, ?, ?, 'starting', ?)""",
+            (worker_epoch, run_id, generation, host_epoch, now),
+        )
+
+
+def attach_process(db: Database, worker_epoch: str, pid: int, identity: str) -> None:
+    with db.write():
+        db.execute(
+            "UPDATE run_workers SET pid = ?, process_start_identity = ? WHERE worker_epoch = ?",
+            (pid, identity, worker_epoch),
+        )
+
+
+def mark_ready(db: Database, worker_epoch: str, now: int) -> None:
+    db.execute(
+        "UPDATE run_workers SET status = 'running', ready_at = ? WHERE worker_epoch = ? AND status = 'starting'",
+        (now, worker_epoch),
+    )
+
+
+def finish(
+    db: Database, worker_epoch: str, outcome: str, now: int, *,
+    exit_code: int | None = None, signal: int | None = None, diagnostic: str | None = None,
+) -> bool:
+    with db.write():
+        db.execute(
+            f"""UPDATE run_workers SET status = ?, finished_at = ?, exit_code = ?, signal = ?, diagnostic = ?
+                WHERE worker_epoch = ? AND {ACTIVE}""",
+            (outcome, now, exit_code, signal, diagnostic, worker_epoch),
+        )
+        return db.changes() == 1
+
+
+def orphan_before(db: Database, host_epoch: int, now: int) -> list[tuple[str, int, str]]:
+    """Mark workers of earlier host epochs orphaned; returns (worker epoch, pid, identity) to reap."""
+    with db.write():
+        rows = db.execute(
+            f"""SELECT worker_epoch, pid, process_start_identity FROM run_workers
+                WHERE {ACTIVE} AND host_epoch < ?""",
+            (host_epoch,),
+        ).fetchall()
+        db.execute(
+            f"UPDATE run_workers SET status = 'orphaned', finished_at = ? WHERE {ACTIVE} AND host_epoch < ?",
+            (now, host_epoch),
+        )
+    return [(epoch, pid, identity) for epoch, pid, identity in rows if pid is not None and identity]
+
+
+def active_count(db: Database) -> int:
+    return int(db.scalar(f"SELECT COUNT(*) FROM run_workers WHERE {ACTIVE}") or 0)
+
+
+def read_message(db: Database, message: WorkerMessage) -> WorkerResponse | None:
+    """The stored answer to a repeated message id (or a rejection if its body changed)."""
+    row = db.one(
+        "SELECT request_fingerprint, response_json FROM worker_messages WHERE worker_epoch = ? AND message_id = ?",
+        (message.workerEpoch, message.messageId),
+    )
+    if row is None:
+        return None
+    if bytes(row[0]) != worker_fingerprint(message):
+        return WorkerResponse(message.messageId, "rejected", error="messageId was reused with another body")
+    return msgspec.json.decode(row[1].encode(), type=WorkerResponse)
+
+
+def record_message(db: Database, message: WorkerMessage, response: WorkerResponse, now: int) -> None:
+    """Record an answer; call inside the transaction that made the message's change."""
+    db.execute(
+        """INSERT INTO worker_messages (worker_epoch, message_id, request_fingerprint, response_json, completed_at)
+           VALUES (?, ?, ?, ?, ?)""",
+        (message.workerEpoch, message.messageId, worker_fingerprint(message),
+         canonical_json(response).decode(), now),
+    )
+
+
+def worker_summaries(db: Database, run_id: str) -> list[dict[str, Any]]:
+    rows = db.execute(
+        """SELECT worker_epoch, generation, pid, status, exit_code, signal, diagnostic
+           FROM run_workers WHERE run_id = ? ORDER BY started_at""",
+        (run_id,),
+    ).fetchall()
+    return [
+        {"workerEpoch": w, "generation": g, "pid": p, "status": s, "exitCode": c, "signal": sig,
+         "diagnostic": d}
+        for w, g, p, s, c, sig, d in rows
+    ]

@@ -1,0 +1,171 @@
+"""Messages and NDJSON framing shared by host, worker and client.
+
+Requests are decoded in two steps: first as plain JSON (so a ``requestId`` can be read
+from a frame that is otherwise wrong), then converted into a typed struct, whose
+validation errors name the offending field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import msgspec
+
+from .errors import ProtocolError
+
+MAX_LINE = 1024 * 1024
+MAX_WORKER_LINE = 16 * 1024 * 1024
+MAX_ID_BYTES = 256
+
+HOST_REQUEST = "piwf.host-request.v1"
+HOST_RESPONSE = "piwf.host-response.v1"
+
+OUTCOMES = ("accepted", "adopted", "rejected", "conflict", "notFound", "claimLost", "unavailable")
+
+_encoder = msgspec.json.Encoder(order="sorted")
+_json_decoder = msgspec.json.Decoder()
+
+
+class HostRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    schema: str
+    requestId: str
+    clientId: str
+    idempotencyKey: str
+    operation: str
+    runId: str | None = None
+    expectedRevision: int | None = None
+    payload: dict[str, Any] = {}
+
+
+class HostResponse(msgspec.Struct, omit_defaults=True):
+    requestId: str
+    outcome: str
+    schema: str = HOST_RESPONSE
+    revision: int | None = None
+    receipt: Any = None
+    error: str | None = None
+
+
+class WorkerMessage(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    messageId: str
+    workerEpoch: str
+    generation: int
+    expectedRevision: int
+    operation: str
+    payload: dict[str, Any] = {}
+
+
+class WorkerResponse(msgspec.Struct, omit_defaults=True):
+    messageId: str
+    outcome: str
+    revision: int | None = None
+    result: Any = None
+    error: str | None = None
+
+
+class LaunchEnvelope(msgspec.Struct, forbid_unknown_fields=True):
+    runId: str
+    generation: int
+    workerEpoch: str
+    projectPath: str
+    workflow: str
+    definitionDigest: str
+    inputHash: str
+
+
+def canonical_json(value: Any) -> bytes:
+    """Deterministic JSON: sorted keys, no spaces. Used for hashes and fingerprints."""
+    return _encoder.encode(value)
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def encode_line(message: Any) -> bytes:
+    return _encoder.encode(message) + b"\n"
+
+
+def decode_json(line: bytes) -> Any:
+    try:
+        return _json_decoder.decode(line)
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(f"line is not valid JSON: {exc}") from exc
+
+
+def request_fingerprint(request: HostRequest) -> bytes:
+    """Everything but ``requestId``: a retry under a new id with the same body matches."""
+    body = msgspec.structs.asdict(request)
+    body.pop("requestId")
+    return hashlib.sha256(canonical_json(body)).digest()
+
+
+def worker_fingerprint(message: WorkerMessage) -> bytes:
+    body = msgspec.structs.asdict(message)
+    body.pop("messageId")
+    return hashlib.sha256(canonical_json(body)).digest()
+
+
+def check_id(value: str, field: str) -> None:
+    if not value or len(value.encode()) > MAX_ID_BYTES:
+        raise ProtocolError(f"{field} must be non-empty text of at most {MAX_ID_BYTES} bytes")
+
+
+def readable_request_id(obj: Any) -> str | None:
+    """The request id of a decoded frame, if one can be read at all."""
+    if isinstance(obj, dict):
+        value = obj.get("requestId")
+        if isinstance(value, str) and 0 < len(value.encode()) <= MAX_ID_BYTES:
+            return value
+    return None
+
+
+def parse_request(obj: Any) -> HostRequest:
+    try:
+        request = msgspec.convert(obj, HostRequest)
+    except msgspec.ValidationError as exc:
+        raise ProtocolError(f"bad request: {exc}") from exc
+    if request.schema != HOST_REQUEST:
+        raise ProtocolError(f"unknown schema {request.schema!r}; expected {HOST_REQUEST!r}")
+    for field in ("requestId", "clientId", "idempotencyKey", "operation"):
+        check_id(getattr(request, field), field)
+    if request.runId is not None:
+        check_id(request.runId, "runId")
+    return request
+
+
+def parse_worker_message(line: bytes) -> WorkerMessage:
+    try:
+        return msgspec.json.decode(line, type=WorkerMessage)
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(f"bad worker message: {exc}") from exc
+
+
+class LineBuffer:
+    """Splits a byte stream into lines, refusing any line longer than ``limit``.
+
+    The limit is enforced while reading: a peer streaming bytes without a newline is cut
+    off once it passes the limit, not after it has filled memory.
+    """
+
+    def __init__(self, limit: int = MAX_LINE) -> None:
+        self.limit = limit
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> list[bytes]:
+        self._buffer += data
+        lines: list[bytes] = []
+        while (end := self._buffer.find(b"\n")) >= 0:
+            line = bytes(self._buffer[:end])
+            del self._buffer[: end + 1]
+            if len(line) > self.limit:
+                raise ProtocolError(f"line exceeds the {self.limit}-byte limit")
+            lines.append(line)
+        if len(self._buffer) > self.limit:
+            raise ProtocolError(f"line exceeds the {self.limit}-byte limit")
+        return lines
+
+    @property
+    def pending(self) -> int:
+        return len(self._buffer)
