@@ -12,6 +12,7 @@ class PiwfError(Exception):
 
     code = "error"
     outcome = "rejected"
+    exit_code = 1
 
     def __str__(self) -> str:
         text = super().__str__()
@@ -29,12 +30,14 @@ class SchemaError(StoreError):
     """The database has an unknown or newer layout; it is refused and left untouched."""
 
     code = "schema"
+    exit_code = 4
 
 
 class CorruptStateError(StoreError):
     """The database file is not a readable SQLite database."""
 
     code = "corrupt"
+    exit_code = 3
 
 
 class ClaimLost(StoreError):
@@ -89,9 +92,13 @@ class WorkflowLoadError(WorkflowError):
 
 
 class NodeFailed(WorkflowError):
-    """A node raised or (for shell nodes) exited non-zero."""
+    """A node raised or (for shell nodes) exited non-zero; ``error`` describes it."""
 
     code = "nodeFailed"
+
+    def __init__(self, message: str, error: dict | None = None) -> None:
+        super().__init__(message)
+        self.error = error or {"type": "NodeFailed", "message": message}
 
 
 # --- host ------------------------------------------------------------------------------
@@ -103,6 +110,7 @@ class HostError(PiwfError):
 
 class HostAlreadyRunning(HostError):
     code = "hostRunning"
+    exit_code = 5
 
 
 class StateDirError(HostError):

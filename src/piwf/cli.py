@@ -1,0 +1,300 @@
+"""``piwf``: argument parsing and printing; talks to the host through ``client``.
+
+Heavy modules (trio, the host, the engine) are imported only by the commands that use
+them, so ``piwf status`` stays quick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from .client import Client
+from .errors import HostUnavailable, PiwfError
+from .paths import StatePaths
+from .wire import HostResponse
+
+AT_REST = ("completed", "failed", "timed_out", "cancelled", "waiting")
+FAILED = ("failed", "timed_out", "cancelled")
+
+
+class CommandFailed(PiwfError):
+    pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args) or 0
+    except PiwfError as exc:
+        print(f"piwf: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--state-dir", metavar="DIR", help="state directory (default: $PIWF_STATE_DIR, "
+                        "$XDG_STATE_HOME/piwf or ~/.local/state/piwf)")
+    common.add_argument("--json", action="store_true", help="print one JSON document and nothing else")
+    parser = argparse.ArgumentParser(prog="piwf", description="A durable workflow host for one machine.",
+                                     parents=[common])
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser("serve", parents=[common], help="run the host in the foreground")
+    serve.add_argument("--max-workers", type=_positive, default=4, metavar="N", help="concurrent runs (default 4)")
+    serve.add_argument("--durability", choices=("full", "normal"), default="full",
+                       help="SQLite synchronous setting (default full)")
+    serve.set_defaults(handler=cmd_serve)
+    commands.add_parser("status", parents=[common], help="host state and counts").set_defaults(handler=cmd_status)
+    commands.add_parser("stop", parents=[common], help="ask the host to drain and exit").set_defaults(handler=cmd_stop)
+
+    workflows = commands.add_parser("workflows", parents=[common], help="workflow files").add_subparsers(
+        dest="sub", required=True, metavar="SUBCOMMAND")
+    wf_list = workflows.add_parser("list", parents=[common], help="list and validate a project's workflows")
+    wf_list.add_argument("--project", default=".", metavar="DIR")
+    wf_list.set_defaults(handler=cmd_workflows_list)
+
+    run = commands.add_parser("run", parents=[common], help="start and manage runs").add_subparsers(
+        dest="sub", required=True, metavar="SUBCOMMAND")
+    start = run.add_parser("start", parents=[common], help="start a run of workflow NAME")
+    start.add_argument("name", metavar="NAME")
+    start.add_argument("--input", default="{}", metavar="JSON", help="run input as JSON (default {})")
+    start.add_argument("--project", default=".", metavar="DIR", help="project directory (default .)")
+    start.add_argument("--session", metavar="ID", help="origin session id (one active run per session)")
+    start.add_argument("--run-id", metavar="ID", help="choose the run id (default: the host makes one)")
+    start.add_argument("--wait", action="store_true", help="wait until the run ends or waits")
+    start.set_defaults(handler=cmd_run_start)
+    listing = run.add_parser("list", parents=[common], help="recent runs")
+    listing.add_argument("--limit", type=_positive, default=50)
+    listing.add_argument("--status", help="only runs with this engine status")
+    listing.set_defaults(handler=cmd_run_list)
+    for name, handler, text in (
+        ("show", cmd_run_show, "one run in detail"),
+        ("events", cmd_run_events, "a run's trace"),
+        ("cancel", cmd_run_control, "cancel a run (its worker's processes are killed)"),
+        ("pause", cmd_run_control, "park a run at its next node boundary"),
+        ("resume", cmd_run_control, "let a paused or held run continue"),
+    ):
+        sub = run.add_parser(name, parents=[common], help=text)
+        sub.add_argument("run_id", metavar="RUN_ID")
+        sub.set_defaults(handler=handler)
+    return parser
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+# --- commands --------------------------------------------------------------------------------
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import logging
+
+    import trio
+
+    from .host.host import Host
+    from .host.state import HostConfig
+
+    logging.basicConfig(format="%(asctime)s piwf[%(process)d] %(levelname)s %(message)s", level=logging.INFO,
+                        stream=sys.stderr)
+    config = HostConfig(StatePaths.resolve(args.state_dir), max_workers=args.max_workers,
+                        durability=args.durability)
+    trio.run(Host(config).serve)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    paths = StatePaths.resolve(args.state_dir)
+    try:
+        with Client(paths) as client:
+            receipt = _ok(client.call("host.status"))
+    except HostUnavailable:
+        receipt = offline_status(paths)
+    _print(args, receipt, _format_status)
+    return 0
+
+
+def offline_status(paths: StatePaths) -> dict[str, Any]:
+    """What the state directory says when no host answers."""
+    if not paths.db.exists():
+        return {"state": "uninitialized", "stateDir": str(paths.root), "socketAvailable": False}
+    from .clock import WallClock
+    from .store import Database, runs
+    from .store.hosts import read_lease
+
+    db = Database.open_readonly(paths.db)
+    try:
+        now = WallClock().now_ms()
+        lease = read_lease(db)
+        return {"state": "stale" if lease.live(now) else "stopped", **lease.as_json(now),
+                "stateDir": str(paths.root), "socketAvailable": False, "activeWorkers": 0,
+                **runs.status_counts(db, now)}
+    finally:
+        db.close()
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    paths = StatePaths.resolve(args.state_dir)
+    try:
+        with Client(paths) as client:
+            _ok(client.call("host.stop"))
+            try:  # the host closes every connection once it has drained
+                while True:
+                    client.read_line()
+            except (HostUnavailable, OSError):
+                pass
+        stopped = True
+    except HostUnavailable:
+        stopped = False
+    _print(args, {"stopped": stopped}, lambda r: "host stopped" if stopped else "no host was running")
+    return 0
+
+
+def cmd_workflows_list(args: argparse.Namespace) -> int:
+    from .engine.loader import load_workflow, workflow_names
+
+    project = Path(args.project).absolute()
+    rows = []
+    for name in workflow_names(project):
+        try:
+            workflow = load_workflow(project, name)
+            rows.append({"name": name, "nodes": len(workflow.nodes), "startAt": workflow.start_at,
+                         "digest": workflow.digest(), "error": None})
+        except PiwfError as exc:
+            rows.append({"name": name, "error": str(exc)})
+    _print(args, rows, lambda rs: "\n".join(
+        f"{r['name']:20} " + (f"ERROR {r['error']}" if r["error"] else f"{r['nodes']} nodes, starts at {r['startAt']}")
+        for r in rs) or f"no workflows in {project / '.piwf' / 'workflows'}")
+    return 0
+
+
+def cmd_run_start(args: argparse.Namespace) -> int:
+    try:
+        run_input = json.loads(args.input)
+    except ValueError as exc:
+        raise CommandFailed(f"--input is not valid JSON: {exc}") from None
+    payload: dict[str, Any] = {"workflow": args.name, "projectPath": str(Path(args.project).absolute()),
+                               "input": run_input}
+    if args.session:
+        payload["originSessionId"] = args.session
+    with Client(_paths(args)) as client:
+        receipt = _ok(client.call("run.start", run_id=args.run_id, payload=payload))
+        run_id = receipt["runId"]
+        if not args.wait:
+            _print(args, {"runId": run_id}, lambda r: run_id)
+            return 0
+        run = wait_for_run(client, run_id)
+    _print(args, run, _format_run)
+    return 1 if run["status"] in FAILED else 0
+
+
+def wait_for_run(client: Client, run_id: str) -> dict[str, Any]:
+    client.timeout = None
+    if client._sock is not None:
+        client._sock.settimeout(None)
+    while True:
+        run = _ok(client.call("run.wait", run_id=run_id, payload={"timeoutMs": 600_000}))
+        if run["status"] in AT_REST or run["paused"] or run["statusDetail"]:
+            return run
+
+
+def cmd_run_list(args: argparse.Namespace) -> int:
+    payload: dict[str, Any] = {"limit": args.limit}
+    if args.status:
+        payload["status"] = args.status
+    with Client(_paths(args)) as client:
+        rows = _ok(client.call("run.list", payload=payload))
+    _print(args, rows, lambda rs: "\n".join(
+        f"{r['runId']:22} {r['workflow']:16} {r['status']:10} {r['queueStatus']:9} "
+        f"{'paused ' if r['paused'] else ''}{r['createdAt']}" for r in rs) or "no runs")
+    return 0
+
+
+def cmd_run_show(args: argparse.Namespace) -> int:
+    with Client(_paths(args)) as client:
+        run = _ok(client.call("run.status", run_id=args.run_id))
+    _print(args, run, _format_run)
+    return 0
+
+
+def cmd_run_events(args: argparse.Namespace) -> int:
+    with Client(_paths(args)) as client:
+        events = _ok(client.call("run.events", run_id=args.run_id))
+    _print(args, events, lambda es: "\n".join(
+        f"{e['at']} {e['type']:18} " + " ".join(f"{k}={v}" for k, v in e.items() if k not in ("eventId", "at", "type"))
+        for e in es))
+    return 0
+
+
+def cmd_run_control(args: argparse.Namespace) -> int:
+    operation = f"run.{args.sub}"
+    with Client(_paths(args)) as client:
+        receipt = _ok(client.call(operation, run_id=args.run_id))
+    _print(args, receipt, lambda r: f"{args.run_id}: {args.sub} accepted")
+    return 0
+
+
+# --- printing ---------------------------------------------------------------------------------
+
+
+def _paths(args: argparse.Namespace) -> StatePaths:
+    return StatePaths.resolve(args.state_dir)
+
+
+def _ok(response: HostResponse) -> Any:
+    if response.outcome not in ("accepted", "adopted"):
+        raise CommandFailed(f"{response.outcome}: {response.error}")
+    return response.receipt
+
+
+def _print(args: argparse.Namespace, value: Any, human: Any) -> None:
+    if args.json:
+        sys.stdout.write(json.dumps(value, indent=2, sort_keys=True) + "\n")
+    else:
+        text = human(value)
+        if text:
+            print(text)
+
+
+def _format_status(s: dict[str, Any]) -> str:
+    lines = [f"host:      {s['state']}" + (f" (pid {s['pid']}, epoch {s['epoch']})" if s.get("pid") else ""),
+             f"state dir: {s['stateDir']}"]
+    if "queuedRuns" in s:
+        lines.append(f"runs:      {s['queuedRuns']} queued, {s['runningRuns']} running, {s['parkedRuns']} parked, "
+                     f"{s['completedRuns']} completed, {s['failedRuns']} failed, {s['cancelledRuns']} cancelled")
+        lines.append(f"workers:   {s.get('activeWorkers', 0)} active")
+        if s["lifecycleContradictions"]:
+            lines.append(f"WARNING:   {s['lifecycleContradictions']} lifecycle contradictions")
+    return "\n".join(lines)
+
+
+def _format_run(r: dict[str, Any]) -> str:
+    lines = [f"run:      {r['runId']} ({r['workflow']})",
+             f"status:   {r['status']} / {r['queueStatus']}" + (" (paused)" if r["paused"] else ""),
+             f"created:  {r['createdAt']}" + (f", finished {r['finishedAt']}" if r["finishedAt"] else "")]
+    if r.get("statusDetail"):
+        lines.append(f"detail:   {r['statusDetail']}")
+    for step in r.get("steps", []):
+        lines.append(f"  step {step['seq']}: {step['node']:16} {step['status']} (generation {step['generation']})")
+    if r.get("output") is not None:
+        lines.append("output:   " + json.dumps(r["output"]))
+    if r.get("error"):
+        lines.append(f"error:    {r['error'].get('message')}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

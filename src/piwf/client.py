@@ -1,0 +1,142 @@
+"""Host protocol clients: ``Client`` (blocking, for the CLI) and ``AsyncClient`` (trio).
+
+A client retries nothing by itself; to retry safely, send the same ``requestId`` (or the
+same ``idempotencyKey``) again and the host answers from its command log.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from typing import Any
+
+import msgspec
+
+from .errors import HostUnavailable, ProtocolError
+from .paths import StatePaths
+from .wire import HOST_REQUEST, MAX_LINE, HostRequest, HostResponse, LineBuffer, encode_line
+
+
+def make_request(
+    operation: str, *, client_id: str, run_id: str | None = None, payload: dict[str, Any] | None = None,
+    expected_revision: int | None = None, request_id: str | None = None, idempotency_key: str | None = None,
+) -> HostRequest:
+    request_id = request_id or uuid.uuid4().hex
+    return HostRequest(
+        schema=HOST_REQUEST, requestId=request_id, clientId=client_id,
+        idempotencyKey=idempotency_key or request_id, operation=operation, runId=run_id,
+        expectedRevision=expected_revision, payload=payload or {},
+    )
+
+
+def _decode(line: bytes) -> HostResponse:
+    try:
+        return msgspec.json.decode(line, type=HostResponse)
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(f"the host sent an unreadable response: {exc}") from exc
+
+
+class Client:
+    def __init__(self, paths: StatePaths, *, client_id: str | None = None, timeout: float | None = 30.0) -> None:
+        self.paths = paths
+        self.client_id = client_id or f"cli-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.timeout = timeout
+        self._sock: socket.socket | None = None
+        self._buffer = LineBuffer(MAX_LINE * 16)
+        self._lines: list[bytes] = []
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def connect(self) -> None:
+        if self._sock is not None:
+            return
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(str(self.paths.socket))
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            sock.close()
+            raise HostUnavailable(f"no piwf host is serving {self.paths.root} (start one with `piwf serve`)") from exc
+        self._sock = sock
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def send_line(self, line: bytes) -> bytes:
+        """Send raw bytes (one line) and return the raw response line."""
+        self.connect()
+        assert self._sock is not None
+        self._sock.sendall(line)
+        return self.read_line()
+
+    def read_line(self) -> bytes:
+        assert self._sock is not None
+        while not self._lines:
+            chunk = self._sock.recv(65536)
+            if not chunk:
+                self.close()
+                raise HostUnavailable("the host closed the connection")
+            self._lines.extend(self._buffer.feed(chunk))
+        return self._lines.pop(0)
+
+    def send(self, request: HostRequest) -> HostResponse:
+        return _decode(self.send_line(encode_line(request)))
+
+    def call(self, operation: str, **kwargs: Any) -> HostResponse:
+        return self.send(make_request(operation, client_id=self.client_id, **kwargs))
+
+
+class AsyncClient:
+    """The same protocol over a trio stream, for tests and tools."""
+
+    def __init__(self, paths: StatePaths, *, client_id: str | None = None) -> None:
+        self.paths = paths
+        self.client_id = client_id or f"async-{uuid.uuid4().hex[:8]}"
+        self._stream: Any = None
+        self._buffer = LineBuffer(MAX_LINE * 16)
+        self._lines: list[bytes] = []
+
+    async def __aenter__(self) -> AsyncClient:
+        await self.connect()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def connect(self) -> None:
+        import trio
+
+        try:
+            self._stream = await trio.open_unix_socket(str(self.paths.socket))
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            raise HostUnavailable(f"no piwf host is serving {self.paths.root}") from exc
+
+    async def aclose(self) -> None:
+        if self._stream is not None:
+            await self._stream.aclose()
+            self._stream = None
+
+    async def send_line(self, line: bytes) -> bytes:
+        await self._stream.send_all(line)
+        return await self.read_line()
+
+    async def read_line(self) -> bytes:
+        while not self._lines:
+            chunk = await self._stream.receive_some(65536)
+            if not chunk:
+                raise HostUnavailable("the host closed the connection")
+            self._lines.extend(self._buffer.feed(chunk))
+        return self._lines.pop(0)
+
+    async def send(self, request: HostRequest) -> HostResponse:
+        return _decode(await self.send_line(encode_line(request)))
+
+    async def call(self, operation: str, **kwargs: Any) -> HostResponse:
+        return await self.send(make_request(operation, client_id=self.client_id, **kwargs))

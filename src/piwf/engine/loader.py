@@ -1,0 +1,53 @@
+"""Finding and importing workflow files: ``<project>/.piwf/workflows/<name>.py``."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import traceback
+from pathlib import Path
+
+from ..errors import DefinitionError, WorkflowLoadError
+from .definition import Workflow
+
+WORKFLOW_DIR = Path(".piwf") / "workflows"
+
+
+def workflow_path(project: str | Path, name: str) -> Path:
+    if not name or "/" in name or name.startswith(".") or not name.replace("-", "_").isidentifier():
+        raise WorkflowLoadError(f"{name!r} is not a workflow name")
+    return Path(project) / WORKFLOW_DIR / f"{name}.py"
+
+
+def workflow_names(project: str | Path) -> list[str]:
+    directory = Path(project) / WORKFLOW_DIR
+    if not directory.is_dir():
+        return []
+    return sorted(p.stem for p in directory.glob("*.py") if not p.name.startswith("_"))
+
+
+def load_workflow(project: str | Path, name: str) -> Workflow:
+    path = workflow_path(project, name)
+    if not path.is_file():
+        raise WorkflowLoadError(f"no workflow {name!r}: {path} does not exist")
+    module_name = f"piwf_workflow_{name.replace('-', '_')}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise WorkflowLoadError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except DefinitionError as exc:
+        raise DefinitionError(f"{path}: {exc}") from exc
+    except Exception as exc:
+        tail = traceback.format_exception_only(exc)[-1].strip()
+        raise WorkflowLoadError(f"{path} failed to import: {tail}") from exc
+    finally:
+        sys.modules.pop(module_name, None)
+    workflow = getattr(module, "workflow", None)
+    if not isinstance(workflow, Workflow):
+        raise WorkflowLoadError(f"{path} defines no module-level `workflow = Workflow(...)`")
+    if workflow.name != name:
+        raise WorkflowLoadError(f"{path} defines workflow {workflow.name!r}; the file name says {name!r}")
+    return workflow

@@ -1,0 +1,61 @@
+"""Workflow lookup for ``run.start``: validate and digest in a throwaway process.
+
+User code never runs inside the host. Results are cached by the file's content hash, so
+starting the same workflow again costs one file read.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+from ..engine.loader import workflow_path
+from ..errors import PiwfError, Rejected
+from ..wire import decode_json, sha256_hex
+
+INSPECT_TIMEOUT_S = 30
+
+
+@dataclass(frozen=True)
+class WorkflowInfo:
+    name: str
+    digest: str
+    source: bytes
+
+
+class Catalog:
+    def __init__(self) -> None:
+        self._cache: dict[tuple[str, str], str] = {}
+
+    async def inspect(self, project: str, name: str) -> WorkflowInfo:
+        try:
+            path = workflow_path(project, name)
+            source = await trio.Path(path).read_bytes()
+        except PiwfError as exc:
+            raise Rejected(str(exc)) from exc
+        except OSError as exc:
+            raise Rejected(f"no workflow {name!r} in {project}: {path} {exc.strerror.lower()}") from exc
+        key = (str(path), sha256_hex(source))
+        if key not in self._cache:
+            self._cache[key] = await self._digest(project, name)
+        return WorkflowInfo(name, self._cache[key], source)
+
+    async def _digest(self, project: str, name: str) -> str:
+        with trio.move_on_after(INSPECT_TIMEOUT_S) as timeout:
+            done = await trio.run_process(
+                [sys.executable, "-m", "piwf.engine.inspect", project, name],
+                capture_stdout=True, capture_stderr=True, check=False, cwd=Path(project),
+            )
+        if timeout.cancelled_caught:
+            raise Rejected(f"workflow {name!r} took over {INSPECT_TIMEOUT_S} s to load")
+        try:
+            result = decode_json(done.stdout.strip().splitlines()[-1])
+        except (PiwfError, IndexError):
+            tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+            raise Rejected(f"workflow {name!r} could not be inspected: {tail[0]}") from None
+        if "error" in result:
+            raise Rejected(result["error"])
+        return result["digest"]

@@ -1,0 +1,136 @@
+"""``piwf serve``: the nursery tree of DESIGN.md §3.
+
+    host scope
+    ├── heartbeat        renews the host lease; on loss stops the host
+    ├── stop watcher     SIGTERM, SIGINT or host.stop: cancel the host scope (drain)
+    ├── socket server    one task per connection
+    └── run dispatcher   one supervisor per active run, each in its own scope
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import trio
+
+from ..clock import Clock, WallClock
+from ..errors import HostAlreadyRunning, PiwfError
+from ..store import Database, queue, workers
+from ..store.hosts import acquire_lease, read_lease, release_lease, renew_lease
+from . import processes
+from .lock import HostLock
+from .runs import serve_dispatcher
+from .server import open_listener, serve_socket
+from .state import HostConfig, HostState, log
+
+CLEANUP_S = 15.0
+
+
+class Host:
+    def __init__(self, config: HostConfig, *, clock: Clock | None = None) -> None:
+        self.config = config
+        self.clock = clock or WallClock()
+        self.state: HostState | None = None
+
+    async def serve(self, *, task_status: trio.TaskStatus[HostState] = trio.TASK_STATUS_IGNORED) -> None:
+        paths = self.config.state_dir
+        paths.ensure()
+        pid = os.getpid()
+        identity = processes.identity(pid) or f"pid:{pid}"
+        lock = HostLock.acquire(paths, {"pid": pid, "identity": identity})
+        try:
+            db = Database.open(paths.db, durability=self.config.durability)
+            try:
+                host = HostState(self.config, db, self.clock)
+                self.state = host
+                _take_over(host, pid, identity)
+                await self._serve(host, task_status)
+            finally:
+                db.close()
+        finally:
+            lock.release()
+
+    async def _serve(self, host: HostState, task_status: trio.TaskStatus[HostState]) -> None:
+        listener = await open_listener(self.config.state_dir.socket)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_watch_stop, host, nursery.cancel_scope)
+                nursery.start_soon(_heartbeat, host)
+                await nursery.start(serve_dispatcher, host)
+                await nursery.start(serve_socket, host, listener)
+                log.info("serving %s at epoch %d (max %d workers)", self.config.state_dir.socket,
+                         host.epoch, self.config.max_workers)
+                task_status.started(host)
+        finally:
+            host.stopping = True
+            with trio.CancelScope(shield=True) as cleanup:
+                cleanup.deadline = trio.current_time() + CLEANUP_S
+                await listener.aclose()
+                self.config.state_dir.socket.unlink(missing_ok=True)
+                _release(host)
+            log.info("stopped")
+
+
+def _take_over(host: HostState, pid: int, identity: str) -> None:
+    """Take the lease with a new epoch and recover whatever the previous host left.
+
+    Holding the flock proves no other host runs here; the lease owner is taken to be
+    dead unless its recorded pid still carries its recorded start identity.
+    """
+    now = host.now()
+    previous = read_lease(host.db)
+    owner_alive = previous.pid is not None and previous.pid != pid and processes.matches(previous.pid, previous.identity)
+    if owner_alive and previous.live(now):
+        raise HostAlreadyRunning(f"the host with pid {previous.pid} still holds the lease")
+    host.lease = acquire_lease(host.db, host_id=host.host_id, pid=pid, identity=identity,
+                               lease_ms=host.config.host_lease_ms, now=now, owner_dead=True)
+    reclaimed = queue.expire_claims_before(host.db, host.epoch, now)
+    for worker_epoch, worker_pid, worker_identity in workers.orphan_before(host.db, host.epoch, now):
+        if processes.kill_recorded_group(worker_pid, worker_identity):
+            log.info("killed orphaned worker %s (pid %d)", worker_epoch, worker_pid)
+    if previous.host_id is not None:
+        log.info("took over from epoch %d; %d run(s) to claim again", previous.epoch, len(reclaimed))
+
+
+async def _watch_stop(host: HostState, scope: trio.CancelScope) -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_first_signal, signals, host)
+            await host.stop_requested.wait()
+            log.info("draining: parking active runs")
+            host.stopping = True
+            scope.cancel()
+
+
+async def _first_signal(signals: trio.abc.ReceiveChannel[int], host: HostState) -> None:
+    async for signum in signals:
+        log.info("received %s", signal.Signals(signum).name)
+        host.stop_requested.set()
+        return
+
+
+async def _heartbeat(host: HostState) -> None:
+    interval = host.config.host_lease_ms / 3000
+    while True:
+        await trio.sleep(interval)
+        assert host.lease is not None
+        try:
+            renewed = renew_lease(host.db, host.lease, host.config.host_lease_ms, host.now())
+        except PiwfError as exc:
+            log.warning("lease renewal failed (%s); will retry", exc)
+            continue
+        if renewed is None:
+            log.error("the host lease was lost; stopping")
+            host.stop_requested.set()
+            return
+        host.lease = renewed
+
+
+def _release(host: HostState) -> None:
+    if host.lease is None:
+        return
+    try:
+        release_lease(host.db, host.lease)
+    except PiwfError as exc:
+        log.error("could not release the host lease: %s", exc)

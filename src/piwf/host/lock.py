@@ -1,0 +1,57 @@
+"""The host lock: an ``flock`` held for the host's whole life.
+
+The descriptor is close-on-exec, so workers never inherit it, and the kernel drops it the
+moment the host dies, however it dies. ``host.lock.json`` beside it says who holds it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+
+from ..errors import HostAlreadyRunning
+from ..paths import StatePaths
+
+
+class HostLock:
+    def __init__(self, paths: StatePaths, fd: int) -> None:
+        self.paths = paths
+        self._fd = fd
+
+    @classmethod
+    def acquire(cls, paths: StatePaths, record: dict[str, object]) -> HostLock:
+        fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            holder = read_record(paths)
+            who = f"pid {holder['pid']}" if holder else "another process"
+            raise HostAlreadyRunning(f"a piwf host ({who}) is already serving {paths.root}") from None
+        lock = cls(paths, fd)
+        lock._write_record(record)
+        return lock
+
+    def _write_record(self, record: dict[str, object]) -> None:
+        tmp = self.paths.lock_record.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            json.dump({"schema": "piwf.host-lock.v1", **record}, handle)
+            handle.write("\n")
+        os.replace(tmp, self.paths.lock_record)
+
+    def release(self) -> None:
+        # The lock file itself stays: unlinking an flock'ed file lets two hosts lock two files.
+        try:
+            self.paths.lock_record.unlink()
+        except FileNotFoundError:
+            pass
+        os.close(self._fd)
+
+
+def read_record(paths: StatePaths) -> dict[str, object] | None:
+    try:
+        return json.loads(paths.lock_record.read_text())
+    except (OSError, ValueError):
+        return None

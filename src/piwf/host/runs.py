@@ -1,0 +1,135 @@
+"""The run dispatcher and one supervisor per active run.
+
+The dispatcher claims runs while capacity allows, woken at once by ``run.start``,
+``run.resume`` and a worker's exit, with a slow poll only as a backstop (expired claims,
+crash back-off). Each supervisor owns one cancel scope: cancelling it (run.cancel, claim
+loss, host stop) stops the worker, and shielded cleanup parks whatever is left.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import trio
+
+from ..errors import PiwfError
+from ..store import queue, runs, workers
+from ..store.queue import Claim
+from ..wire import LaunchEnvelope
+from .state import ActiveRun, CrashRecord, HostState, log
+from .worker_process import WorkerExit, run_worker
+
+MAX_CRASHES = 5
+CLEANUP_S = 10.0
+
+
+async def serve_dispatcher(host: HostState, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    async with trio.open_nursery() as nursery:
+        task_status.started()
+        while True:
+            host.wake_dispatcher = trio.Event()
+            try:
+                for claim in _claim_available(host):
+                    active = ActiveRun(claim, worker_epoch=secrets.token_hex(8))
+                    host.active[claim.run_id] = active
+                    nursery.start_soon(supervise_run, host, active)
+            except PiwfError as exc:
+                log.error("dispatcher could not claim runs: %s", exc)
+            with trio.move_on_after(host.config.poll_s):
+                await host.wake_dispatcher.wait()
+
+
+def _claim_available(host: HostState) -> list[Claim]:
+    claims: list[Claim] = []
+    now_s = trio.current_time()
+    backing_off = frozenset(r for r, c in host.crashes.items() if c.not_before > now_s)
+    while len(host.active) + len(claims) < host.config.max_workers:
+        claim = queue.claim_next_run(
+            host.db, runner_id=host.host_id, token=secrets.token_urlsafe(24),
+            lease_ms=host.config.run_lease_ms, now=host.now(), epoch=host.epoch,
+            exclude=backing_off | frozenset(host.active),
+        )
+        if claim is None:
+            break
+        claims.append(claim)
+    return claims
+
+
+async def supervise_run(host: HostState, active: ActiveRun) -> None:
+    result: WorkerExit | None = None
+    try:
+        with active.scope:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_renew_claim, host, active)
+                result = await _launch(host, active)
+                nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True) as cleanup:
+            cleanup.deadline = trio.current_time() + CLEANUP_S
+            _settle(host, active, result)
+        del host.active[active.run_id]
+        host.changed()
+        host.wake()
+
+
+async def _launch(host: HostState, active: ActiveRun) -> WorkerExit:
+    workflow, project, digest, run_input, _ = runs.run_source(host.db, active.run_id)
+    envelope = LaunchEnvelope(
+        runId=active.run_id, generation=active.claim.generation, workerEpoch=active.worker_epoch,
+        projectPath=project, workflow=workflow, definitionDigest=digest, inputHash=runs.input_hash(run_input),
+    )
+    workers.record_start(host.db, worker_epoch=active.worker_epoch, run_id=active.run_id,
+                         generation=active.claim.generation, host_epoch=host.epoch, now=host.now())
+    log.info("run %s: claimed (generation %d)", active.run_id, active.claim.generation)
+    return await run_worker(host, active, envelope, project)
+
+
+async def _renew_claim(host: HostState, active: ActiveRun) -> None:
+    interval = host.config.run_lease_ms / 3000
+    while True:
+        await trio.sleep(interval)
+        try:
+            renewed = queue.renew_claim(host.db, active.run_id, active.claim.token,
+                                        host.config.run_lease_ms, host.now())
+        except PiwfError as exc:
+            log.warning("run %s: claim renewal failed (%s); will retry", active.run_id, exc)
+            continue
+        if not renewed:
+            log.warning("run %s: claim lost; stopping its worker", active.run_id)
+            active.stop("claimLost")
+            return
+
+
+def _settle(host: HostState, active: ActiveRun, result: WorkerExit | None) -> None:
+    """Record the worker's outcome and leave the run parked unless it settled."""
+    outcome = active.stop_reason or (result.outcome if result else "crashed")
+    if outcome == "drain":
+        outcome = "orphaned"
+    now = host.now()
+    try:
+        workers.finish(host.db, active.worker_epoch, outcome, now,
+                       exit_code=result.exit_code if result else None,
+                       signal=result.signal if result else None,
+                       diagnostic=(result.diagnostic or None) if result else None)
+        if active.settled or outcome in ("cancelled", "claimLost"):
+            host.crashes.pop(active.run_id, None)
+            return
+        hold = _crash_hold(host, active, outcome, result)
+        if queue.park_run(host.db, active.run_id, active.claim.token, now, hold=hold):
+            log.info("run %s: parked after worker %s%s", active.run_id, outcome, f" ({hold})" if hold else "")
+    except PiwfError as exc:
+        log.error("run %s: could not park after worker %s: %s", active.run_id, outcome, exc)
+
+
+def _crash_hold(host: HostState, active: ActiveRun, outcome: str, result: WorkerExit | None) -> str | None:
+    """Back off a run whose worker keeps crashing; hold it after MAX_CRASHES in a row."""
+    if outcome not in ("crashed", "timedOut"):
+        return None
+    record = host.crashes.get(active.run_id, CrashRecord(0, 0.0))
+    record = CrashRecord(record.count + 1, trio.current_time() + min(60.0, 0.5 * 2 ** record.count))
+    host.crashes[active.run_id] = record
+    if record.count < MAX_CRASHES:
+        return None
+    host.crashes.pop(active.run_id)
+    last = (result.diagnostic.strip().splitlines() or ["no output"])[-1][:300] if result else "no output"
+    return f"worker crashed {record.count} times in a row; last output: {last}"

@@ -1,0 +1,147 @@
+"""One worker process: spawned in its own process group, spoken to over its own pipes,
+stopped with SIGTERM, a grace period, then SIGKILL of the whole group."""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import subprocess
+import sys
+from collections import deque
+from dataclasses import dataclass
+
+import trio
+
+from ..errors import ProtocolError
+from ..store import workers
+from ..wire import MAX_WORKER_LINE, LaunchEnvelope, LineBuffer, canonical_json, encode_line, parse_worker_message
+from . import processes
+from .state import ActiveRun, HostState, log
+from .worker_messages import handle
+
+DIAGNOSTIC_BYTES = 64 * 1024
+
+
+@dataclass
+class WorkerExit:
+    outcome: str  # exited, crashed, cancelled, claimLost, timedOut, orphaned
+    exit_code: int | None
+    signal: int | None
+    diagnostic: str
+
+
+class Diagnostics:
+    """The last 64 KiB of a worker's stdout and stderr."""
+
+    def __init__(self) -> None:
+        self._chunks: deque[bytes] = deque()
+        self._size = 0
+
+    def add(self, data: bytes) -> None:
+        self._chunks.append(data)
+        self._size += len(data)
+        while self._size - len(self._chunks[0]) >= DIAGNOSTIC_BYTES:
+            self._size -= len(self._chunks.popleft())
+
+    def text(self) -> str:
+        return b"".join(self._chunks)[-DIAGNOSTIC_BYTES:].decode(errors="replace")
+
+
+async def run_worker(host: HostState, active: ActiveRun, envelope: LaunchEnvelope, project: str) -> WorkerExit:
+    """Run the worker to its exit; on cancellation stop it, and always reap its group."""
+    to_worker_r, to_worker_w = os.pipe2(os.O_CLOEXEC)
+    from_worker_r, from_worker_w = os.pipe2(os.O_CLOEXEC)
+    env = {**os.environ, **host.config.worker_env,
+           "PIWF_WORKER_LAUNCH": base64.urlsafe_b64encode(canonical_json(envelope)).decode().rstrip("="),
+           "PIWF_WORKER_FDS": f"{to_worker_r},{from_worker_w}"}
+    diagnostics = Diagnostics()
+    try:
+        proc = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "piwf.worker"], cwd=project, env=env, start_new_session=True,
+            pass_fds=(to_worker_r, from_worker_w), stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )
+    except OSError as exc:
+        for fd in (to_worker_r, to_worker_w, from_worker_r, from_worker_w):
+            os.close(fd)
+        return WorkerExit("crashed", None, None, f"cannot start worker: {exc}")
+    os.close(to_worker_r)
+    os.close(from_worker_w)
+    active.pid = proc.pid
+    workers.attach_process(host.db, envelope.workerEpoch, proc.pid, processes.identity(proc.pid) or "")
+    send = trio.lowlevel.FdStream(to_worker_w)
+    receive = trio.lowlevel.FdStream(from_worker_r)
+    outcome = "exited"
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_drain, proc.stdout, diagnostics)
+            nursery.start_soon(_pump, host, active, receive, send, proc)
+            nursery.start_soon(_watch_startup, host, active, proc)
+            await proc.wait()
+            nursery.cancel_scope.cancel()
+    except trio.Cancelled:
+        outcome = active.stop_reason or "cancelled"
+        raise
+    finally:
+        with trio.CancelScope(shield=True):
+            await _stop(proc, host.config.kill_grace_s)
+            for stream in (send, receive, proc.stdout):
+                await stream.aclose()
+    return _exit(proc, outcome, diagnostics)
+
+
+def _exit(proc: trio.Process, outcome: str, diagnostics: Diagnostics) -> WorkerExit:
+    code = proc.returncode
+    if code is not None and code < 0:
+        return WorkerExit("crashed" if outcome == "exited" else outcome, None, -code, diagnostics.text())
+    if outcome == "exited" and code == 3:
+        outcome = "claimLost"
+    elif outcome == "exited" and code != 0:
+        outcome = "crashed"
+    return WorkerExit(outcome, code, None, diagnostics.text())
+
+
+async def _stop(proc: trio.Process, grace_s: float) -> None:
+    """SIGTERM the group, wait out the grace, SIGKILL the group; then reap."""
+    if proc.returncode is None:
+        processes.signal_group(proc.pid, signal.SIGTERM)
+        with trio.move_on_after(grace_s):
+            await proc.wait()
+    # Whatever the worker left in its group (shell children, their children) dies with it.
+    processes.signal_group(proc.pid, signal.SIGKILL)
+    await proc.wait()
+
+
+async def _watch_startup(host: HostState, active: ActiveRun, proc: trio.Process) -> None:
+    with trio.move_on_after(host.config.worker_startup_s):
+        await active.ready.wait()
+        return
+    log.warning("run %s: worker not ready after %s s; stopping it", active.run_id, host.config.worker_startup_s)
+    active.stop_reason = active.stop_reason or "timedOut"
+    processes.signal_group(proc.pid, signal.SIGKILL)
+
+
+async def _drain(stream: trio.abc.ReceiveStream | None, diagnostics: Diagnostics) -> None:
+    if stream is None:
+        return
+    while chunk := await stream.receive_some(65536):
+        diagnostics.add(chunk)
+
+
+async def _pump(host: HostState, active: ActiveRun, receive: trio.lowlevel.FdStream,
+                send: trio.lowlevel.FdStream, proc: trio.Process) -> None:
+    buffer = LineBuffer(MAX_WORKER_LINE)
+    while chunk := await receive.receive_some(65536):
+        try:
+            messages = [parse_worker_message(line) for line in buffer.feed(chunk)]
+        except ProtocolError as exc:
+            log.warning("run %s: worker broke the protocol (%s); stopping it", active.run_id, exc)
+            processes.signal_group(proc.pid, signal.SIGKILL)
+            return
+        for message in messages:
+            response = handle(host, active, message)
+            try:
+                await send.send_all(encode_line(response))
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return
