@@ -38,12 +38,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="piwf", description="A durable workflow host for one machine.")
+    _add_common(parser, defaults=True)
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--state-dir", metavar="DIR", help="state directory (default: $PIWF_STATE_DIR, "
-                        "$XDG_STATE_HOME/piwf or ~/.local/state/piwf)")
-    common.add_argument("--json", action="store_true", help="print one JSON document and nothing else")
-    parser = argparse.ArgumentParser(prog="piwf", description="A durable workflow host for one machine.",
-                                     parents=[common])
+    _add_common(common, defaults=False)  # on subcommands too, without overriding the top level
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = commands.add_parser("serve", parents=[common], help="run the host in the foreground")
@@ -85,6 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("run_id", metavar="RUN_ID")
         sub.set_defaults(handler=handler)
     return parser
+
+
+def _add_common(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
+    extra = {} if defaults else {"default": argparse.SUPPRESS}
+    parser.add_argument("--state-dir", metavar="DIR", help="state directory (default: $PIWF_STATE_DIR, "
+                        "$XDG_STATE_HOME/piwf or ~/.local/state/piwf)", **extra)
+    parser.add_argument("--json", action="store_true", help="print one JSON document and nothing else", **extra)
 
 
 def _positive(text: str) -> int:

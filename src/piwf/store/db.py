@@ -37,8 +37,7 @@ class Database:
     def open(cls, path: str | os.PathLike[str], *, durability: str = "full") -> Database:
         """Open (creating if absent) a database for writing."""
         path = Path(path)
-        existed = path.exists()
-        if existed:
+        if path.exists():
             _check_header(path)
         old_umask = os.umask(0o077)
         try:
@@ -47,8 +46,13 @@ class Database:
             os.umask(old_umask)
         db = cls(conn, path)
         try:
+            conn.setbusytimeout(BUSY_TIMEOUT_MS)
+            fresh = db._is_empty()
+            if not fresh:
+                db._check_layout()  # before any pragma that writes: a foreign file stays untouched
             db._configure(durability)
-            db._ensure_layout()
+            if fresh:
+                db._create()
         except apsw.Error as exc:
             conn.close()
             raise _translate(exc, path) from exc
@@ -76,23 +80,22 @@ class Database:
     def _configure(self, durability: str) -> None:
         if durability not in ("full", "normal"):
             raise StoreError(f"durability must be 'full' or 'normal', not {durability!r}")
-        self.conn.setbusytimeout(BUSY_TIMEOUT_MS)
         self.conn.execute("PRAGMA journal_mode = WAL")
         self.conn.execute(f"PRAGMA synchronous = {durability.upper()}")
         self.conn.execute("PRAGMA foreign_keys = ON")
 
-    def _ensure_layout(self) -> None:
+    def _is_empty(self) -> bool:
         app_id, version = self._layout()
-        if app_id == 0 and version == 0 and not self._tables():
-            with self.write():
-                self.conn.execute(SCHEMA_SQL)
-                self.conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
-                self.conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            for name in (self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm")):
-                if name.exists():
-                    os.chmod(name, 0o600)
-            return
-        self._check_layout()
+        return app_id == 0 and version == 0 and not self._tables()
+
+    def _create(self) -> None:
+        with self.write():
+            self.conn.execute(SCHEMA_SQL)
+            self.conn.execute(f"PRAGMA application_id = {APPLICATION_ID}")
+            self.conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        for name in (self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm")):
+            if name.exists():
+                os.chmod(name, 0o600)
 
     def _check_layout(self) -> None:
         app_id, version = self._layout()

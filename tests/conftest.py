@@ -1,0 +1,213 @@
+"""Shared fixtures: real state directories, real projects, real hosts."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from piwf.client import AsyncClient
+from piwf.clock import ManualClock
+from piwf.errors import HostUnavailable
+from piwf.host.host import Host
+from piwf.host.state import HostConfig, HostState
+from piwf.paths import StatePaths
+from piwf.store import Database
+
+WORKFLOWS = {
+    "greet": """
+        from piwf import Workflow, compute, shell
+
+        workflow = Workflow(
+            name="greet",
+            start_at="hello",
+            nodes={
+                "hello": shell(["echo", "hello"]),
+                "shout": compute(lambda ctx: {"text": ctx.outputs["hello"]["stdout"].upper()}),
+            },
+            edges=[("hello", "shout")],
+        )
+    """,
+    # once: counted side effect; gate: blocks until the file 'gate' exists; done: final.
+    "gated": """
+        from pathlib import Path
+        from piwf import Workflow, compute, shell
+
+        def once(ctx):
+            with open(Path(ctx.project_path) / "once.log", "a") as f:
+                f.write(ctx.run_id + "\\n")
+            return {"counted": True}
+
+        workflow = Workflow(
+            name="gated",
+            start_at="once",
+            nodes={
+                "once": compute(once),
+                "wait": shell(["sh", "-c", "echo started >> wait.log; while [ ! -e gate ]; do sleep 0.02; done"]),
+                "done": compute(lambda ctx: {"input": ctx.input, "once": ctx.outputs["once"]}),
+            },
+            edges=[("once", "wait"), ("wait", "done")],
+        )
+    """,
+    "sleepy": """
+        from piwf import Workflow, shell
+
+        workflow = Workflow(
+            name="sleepy",
+            start_at="nap",
+            nodes={"nap": shell(["sh", "-c", "sleep 300 & sleep 300; wait"])},
+        )
+    """,
+    "boom": """
+        from piwf import Workflow, compute
+
+        def explode(ctx):
+            raise ValueError("the fuse was lit")
+
+        workflow = Workflow(name="boom", start_at="explode", nodes={"explode": compute(explode)})
+    """,
+}
+
+
+def write_workflow(project: Path, name: str, source: str) -> Path:
+    path = project / ".piwf" / "workflows" / f"{name}.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(source))
+    return path
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    root = tmp_path / "project"
+    for name, source in WORKFLOWS.items():
+        write_workflow(root, name, source)
+    return root
+
+
+@pytest.fixture
+def paths(tmp_path: Path) -> StatePaths:
+    return StatePaths.resolve(tmp_path / "state")
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Any:
+    database = Database.open(tmp_path / "unit.db")
+    yield database
+    database.close()
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+async def wait_for(predicate: Callable[[], Any], timeout: float = 20, interval: float = 0.02) -> Any:
+    """Poll observable state until it holds, failing after ``timeout`` seconds."""
+    with trio.fail_after(timeout):
+        while not (value := await _maybe_await(predicate())):
+            await trio.sleep(interval)
+        return value
+
+
+async def _maybe_await(value: Any) -> Any:
+    if hasattr(value, "__await__"):
+        return await value
+    return value
+
+
+def config(paths: StatePaths, **overrides: Any) -> HostConfig:
+    return HostConfig(paths, **{"kill_grace_s": 1.0, **overrides})
+
+
+@pytest.fixture
+async def host(paths: StatePaths, nursery: trio.Nursery) -> AsyncIterator[HostState]:
+    """An in-process host; real worker processes, real SQLite."""
+    state = await nursery.start(Host(config(paths)).serve)
+    yield state
+    state.stop_requested.set()
+
+
+@pytest.fixture
+async def client(host: HostState, paths: StatePaths) -> AsyncIterator[AsyncClient]:
+    async with AsyncClient(paths) as c:
+        yield c
+
+
+class HostProcess:
+    """``piwf serve`` as a real child process."""
+
+    def __init__(self, paths: StatePaths, log: Path, *extra: str) -> None:
+        self.paths = paths
+        self.log = log
+        self.extra = extra
+        self.proc: trio.Process | None = None
+
+    async def start(self) -> HostProcess:
+        with open(self.log, "ab") as log:
+            self.proc = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "piwf", "serve", "--state-dir", str(self.paths.root), *self.extra],
+                stdout=log, stderr=log, start_new_session=True,
+            )
+        await wait_for(self.answers, timeout=20)
+        return self
+
+    async def answers(self) -> bool:
+        assert self.proc is not None
+        if self.proc.returncode is not None:
+            raise AssertionError(f"host exited with {self.proc.returncode}: {self.log.read_text()[-2000:]}")
+        try:
+            async with AsyncClient(self.paths) as c:
+                return (await c.call("host.status")).outcome == "accepted"
+        except (HostUnavailable, OSError):
+            return False
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    async def wait(self, timeout: float = 20) -> int:
+        assert self.proc is not None
+        with trio.fail_after(timeout):
+            return await self.proc.wait()
+
+    def kill_group(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture
+async def host_process(paths: StatePaths, tmp_path: Path) -> AsyncIterator[Callable[..., HostProcess]]:
+    started: list[HostProcess] = []
+
+    def make(*extra: str) -> HostProcess:
+        process = HostProcess(paths, tmp_path / "host.log", *extra)
+        started.append(process)
+        return process
+
+    yield make
+    for process in started:
+        if process.proc is not None and process.proc.returncode is None:
+            process.signal(signal.SIGTERM)
+            with trio.move_on_after(10):
+                await process.proc.wait()
+            process.kill_group()
+            await process.proc.wait()
+
+
+async def piwf(paths: StatePaths, *args: str, cwd: Path | None = None, check: bool = True) -> subprocess.CompletedProcess[bytes]:
+    """Run the real CLI."""
+    done = await trio.run_process(
+        [sys.executable, "-m", "piwf", *args, "--state-dir", str(paths.root)],
+        capture_stdout=True, capture_stderr=True, check=False, cwd=cwd,
+    )
+    if check and done.returncode != 0:
+        raise AssertionError(f"piwf {' '.join(args)} exited {done.returncode}: {done.stderr.decode()}")
+    return done

@@ -1,0 +1,83 @@
+"""Opening the state database: new, foreign, newer, corrupt; and file modes."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from pathlib import Path
+
+import apsw
+import pytest
+
+from piwf.errors import CorruptStateError, SchemaError
+from piwf.store import Database
+from piwf.store.schema import APPLICATION_ID, SCHEMA_VERSION
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_new_database_has_application_id_version_and_private_mode(tmp_path: Path) -> None:
+    db = Database.open(tmp_path / "state.db")
+    assert db.scalar("PRAGMA application_id") == APPLICATION_ID
+    assert db.scalar("PRAGMA user_version") == SCHEMA_VERSION
+    db.close()
+    assert stat.S_IMODE(os.stat(tmp_path / "state.db").st_mode) == 0o600
+    Database.open(tmp_path / "state.db").close()  # reopens cleanly
+
+
+def test_foreign_sqlite_database_is_refused_and_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "other.db"
+    conn = apsw.Connection(str(path))
+    conn.execute("CREATE TABLE notes(x); INSERT INTO notes VALUES (1)")
+    conn.close()
+    before = digest(path)
+    with pytest.raises(SchemaError, match="not a piwf state database"):
+        Database.open(path)
+    assert digest(path) == before
+
+
+def test_newer_layout_is_refused_and_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    Database.open(path).close()
+    conn = apsw.Connection(str(path))
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn.close()
+    before = digest(path)
+    with pytest.raises(SchemaError, match="newer than this piwf understands"):
+        Database.open(path)
+    assert digest(path) == before
+
+
+def test_missing_tables_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    Database.open(path).close()
+    conn = apsw.Connection(str(path))
+    conn.execute("DROP TABLE run_events")
+    conn.close()
+    with pytest.raises(SchemaError, match="missing tables run_events"):
+        Database.open(path)
+
+
+def test_garbage_file_is_refused_as_corrupt_and_never_rewritten(tmp_path: Path) -> None:
+    path = tmp_path / "state.db"
+    path.write_bytes(b"this is not a database at all" * 100)
+    before = digest(path)
+    with pytest.raises(CorruptStateError) as info:
+        Database.open(path)
+    assert info.value.exit_code == 3
+    assert digest(path) == before
+
+
+def test_blobs_are_content_addressed(tmp_path: Path) -> None:
+    db = Database.open(tmp_path / "state.db")
+    big = {"text": "y" * 10_000}
+    inline, first = db.put_json(big, 1)
+    _, second = db.put_json(big, 2)
+    assert inline is None and first == second
+    assert db.scalar("SELECT COUNT(*) FROM blobs") == 1
+    assert db.get_json(None, first) == big
+    assert db.put_json({"small": 1}, 3) == ('{"small":1}', None)
+    db.close()
