@@ -17,7 +17,7 @@ from typing import Any
 import trio
 
 from ..errors import PiwfError, Rejected
-from ..store import commands, queue, runs
+from ..store import commands, queue, runs, workers
 from ..store.hosts import read_lease
 from ..wire import HostRequest, HostResponse, check_id, request_fingerprint
 from .catalog import WorkflowInfo
@@ -82,7 +82,9 @@ def status_receipt(host: HostState) -> dict[str, Any]:
 
 
 async def _run_status(host: HostState, request: HostRequest) -> Any:
-    return runs.get_run(host.db, _run_id(request))
+    run = runs.get_run(host.db, _run_id(request))
+    run["workers"] = workers.worker_summaries(host.db, run["runId"])
+    return run
 
 
 async def _run_list(host: HostState, request: HostRequest) -> Any:
