@@ -66,15 +66,18 @@ def check_revision(db: Database, run_id: str, expected: int | None) -> int:
 
 
 def pause_run(db: Database, run_id: str, now: int) -> dict[str, Any]:
-    """Hold a run: it is not claimed again, and an active worker stops at the next node boundary."""
+    """Hold a run: it is not claimed again, and an active worker stops at the next node boundary.
+
+    Pause and resume change operator flags, not engine state, so the run revision (which
+    fences the worker's writes) stays as it is.
+    """
     with db.write():
         queue_status = _queue_status(db, run_id)
         if queue_status in ("done", "failed", "cancelled"):
             raise Rejected(f"run {run_id} has already ended ({queue_status})")
         db.execute("UPDATE run_queue SET held = 1, updated_at = ? WHERE run_id = ?", (now, run_id))
         db.execute(
-            """UPDATE runs SET paused = 1, status_detail = 'paused', updated_at = ?,
-                 revision = revision + 1 WHERE run_id = ?""",
+            "UPDATE runs SET paused = 1, status_detail = 'paused', updated_at = ? WHERE run_id = ?",
             (now, run_id),
         )
         add_event(db, run_id, "paused", {}, now)
@@ -88,8 +91,7 @@ def resume_run(db: Database, run_id: str, now: int) -> dict[str, Any]:
             raise Rejected(f"run {run_id} has already ended ({queue_status})")
         db.execute("UPDATE run_queue SET held = 0, updated_at = ? WHERE run_id = ?", (now, run_id))
         db.execute(
-            """UPDATE runs SET paused = 0, status_detail = NULL, updated_at = ?,
-                 revision = revision + 1 WHERE run_id = ?""",
+            "UPDATE runs SET paused = 0, status_detail = NULL, updated_at = ? WHERE run_id = ?",
             (now, run_id),
         )
         add_event(db, run_id, "resumed", {}, now)

@@ -1,0 +1,210 @@
+"""The done-when points of the end-to-end issue, with real `piwf serve` processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+import trio
+
+from piwf.client import AsyncClient
+from piwf.paths import StatePaths
+
+from .conftest import HostProcess, piwf, wait_for
+
+
+async def call(paths: StatePaths, operation: str, **kwargs: Any) -> Any:
+    async with AsyncClient(paths) as client:
+        response = await client.call(operation, **kwargs)
+    assert response.outcome in ("accepted", "adopted"), response
+    return response.receipt
+
+
+async def run_status(paths: StatePaths, run_id: str) -> dict[str, Any]:
+    return await call(paths, "run.status", run_id=run_id)
+
+
+async def start(paths: StatePaths, project: Path, workflow: str) -> str:
+    receipt = await call(paths, "run.start", payload={"workflow": workflow, "projectPath": str(project)})
+    return receipt["runId"]
+
+
+async def contradictions(paths: StatePaths) -> int:
+    return (await call(paths, "host.status"))["lifecycleContradictions"]
+
+
+def step_states(run: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(s["node"], s["status"]) for s in run["steps"]]
+
+
+def group_members(pgid: int) -> list[int]:
+    members = []
+    for proc in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(proc.pid) == pgid and proc.status() != psutil.STATUS_ZOMBIE:
+                members.append(proc.pid)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
+    return members
+
+
+async def test_run_start_wait_and_show_through_the_cli(
+    host_process: Callable[..., HostProcess], paths: StatePaths, project: Path
+) -> None:
+    await host_process().start()
+    started = await piwf(paths, "run", "start", "greet", "--project", str(project), "--wait", "--json")
+    run_id = json.loads(started.stdout)["runId"]
+    shown = json.loads((await piwf(paths, "run", "show", run_id, "--json")).stdout)
+    assert shown["status"] == "completed" and shown["queueStatus"] == "done"
+    assert shown["output"] == {"text": "HELLO\n"}
+    for key in ("runId", "workflow", "paused", "error", "createdAt", "finishedAt"):
+        assert key in shown
+    events = json.loads((await piwf(paths, "run", "events", run_id, "--json")).stdout)
+    assert [e["type"] for e in events][0] == "created" and events[-1]["type"] == "completed"
+    failed = await piwf(paths, "run", "start", "boom", "--project", str(project), "--wait", check=False)
+    assert failed.returncode == 1 and b"the fuse was lit" in failed.stdout
+    status = json.loads((await piwf(paths, "status", "--json")).stdout)
+    assert status["lifecycleContradictions"] == 0 and status["completedRuns"] == 1
+
+
+async def test_sigkilled_host_resumes_without_redoing_accepted_steps(
+    host_process: Callable[..., HostProcess], paths: StatePaths, project: Path
+) -> None:
+    first = await host_process().start()
+    run_id = await start(paths, project, "gated")
+    await wait_for(lambda: (project / "wait.log").exists())  # 'once' accepted, 'wait' running
+    run = await run_status(paths, run_id)
+    assert step_states(run) == [("once", "accepted"), ("wait", "running")]
+    worker_pid = run["workers"][0]["pid"]
+    first.signal(signal.SIGKILL)
+    assert await first.wait() == -signal.SIGKILL
+    # The orphaned worker notices its host is gone and takes its process group with it.
+    await wait_for(lambda: not group_members(worker_pid))
+    (project / "gate").touch()
+    await host_process().start()
+    done = await call(paths, "run.wait", run_id=run_id, payload={"timeoutMs": 20_000})
+    assert done["status"] == "completed"
+    assert (project / "once.log").read_text().splitlines() == [run_id]  # ran exactly once
+    assert (project / "wait.log").read_text().splitlines() == ["started", "started"]  # interrupted, ran again
+    assert step_states(done) == [("once", "accepted"), ("wait", "interrupted"), ("wait", "accepted"),
+                                 ("done", "accepted")]
+    assert done["output"]["once"] == {"counted": True}
+    assert await contradictions(paths) == 0
+
+
+async def test_pause_parks_at_the_next_boundary_and_resume_finishes(
+    host_process: Callable[..., HostProcess], paths: StatePaths, project: Path
+) -> None:
+    await host_process().start()
+    run_id = await start(paths, project, "gated")
+    await wait_for(lambda: (project / "wait.log").exists())
+    await call(paths, "run.pause", run_id=run_id)
+    assert await contradictions(paths) == 0
+    (project / "gate").touch()  # 'wait' finishes; 'done' must not start
+    await wait_for(lambda: _no_active_workers(paths))
+    parked = await run_status(paths, run_id)
+    assert (parked["queueStatus"], parked["paused"], parked["status"]) == ("parked", True, "running")
+    assert step_states(parked) == [("once", "accepted"), ("wait", "accepted")]
+    assert parked["workers"][-1]["status"] == "exited"  # stopped cleanly at the boundary
+    # It stays parked: another run wakes the dispatcher and completes, and it is not claimed.
+    other = await start(paths, project, "greet")
+    assert (await call(paths, "run.wait", run_id=other))["status"] == "completed"
+    assert (await run_status(paths, run_id))["queueStatus"] == "parked"
+    assert len((await run_status(paths, run_id))["workers"]) == 1
+    assert await contradictions(paths) == 0
+    await piwf(paths, "run", "resume", run_id)
+    done = await call(paths, "run.wait", run_id=run_id, payload={"timeoutMs": 20_000})
+    assert done["status"] == "completed" and not done["paused"]
+    assert step_states(done)[-1] == ("done", "accepted")
+
+
+async def _no_active_workers(paths: StatePaths) -> bool:
+    return (await call(paths, "host.status"))["activeWorkers"] == 0
+
+
+async def test_cancel_ends_the_run_and_kills_its_worker_group(
+    host_process: Callable[..., HostProcess], paths: StatePaths, project: Path
+) -> None:
+    await host_process().start()
+    run_id = await start(paths, project, "sleepy")
+    running = await wait_for(lambda: _running_worker(paths, run_id))
+    worker_pid = running["workers"][0]["pid"]
+    await wait_for(lambda: len(group_members(worker_pid)) >= 3)  # worker, sh, two sleeps
+    cancelled = await piwf(paths, "run", "cancel", run_id, "--json")
+    assert json.loads(cancelled.stdout)["status"] == "cancelled"
+    await wait_for(lambda: not group_members(worker_pid))
+    run = await run_status(paths, run_id)
+    assert (run["status"], run["queueStatus"]) == ("cancelled", "cancelled")
+    await wait_for(lambda: _worker_outcome(paths, run_id, "cancelled"))
+    assert await contradictions(paths) == 0
+    again = await piwf(paths, "run", "cancel", run_id, check=False)
+    assert again.returncode == 1 and b"cannot be cancelled" in again.stderr
+
+
+async def _running_worker(paths: StatePaths, run_id: str) -> dict[str, Any] | None:
+    run = await run_status(paths, run_id)
+    return run if run["queueStatus"] == "running" and run["workers"] and run["workers"][0]["pid"] else None
+
+
+async def _worker_outcome(paths: StatePaths, run_id: str, outcome: str) -> bool:
+    return (await run_status(paths, run_id))["workers"][-1]["status"] == outcome
+
+
+async def test_second_host_refuses_to_start_while_the_first_keeps_serving(
+    host_process: Callable[..., HostProcess], paths: StatePaths, project: Path
+) -> None:
+    first = await host_process().start()
+    second = await piwf(paths, "serve", check=False)
+    assert second.returncode != 0
+    assert b"already serving" in second.stderr and len(second.stderr.strip().splitlines()) == 1
+    assert await first.answers()
+    run_id = await start(paths, project, "greet")
+    assert (await call(paths, "run.wait", run_id=run_id))["status"] == "completed"
+
+
+async def test_sigterm_drains_and_the_next_host_finishes_the_runs(
+    host_process: Callable[..., HostProcess], paths: StatePaths, project: Path
+) -> None:
+    first = await host_process().start()
+    run_id = await start(paths, project, "gated")
+    await wait_for(lambda: (project / "wait.log").exists())
+    worker_pid = (await run_status(paths, run_id))["workers"][0]["pid"]
+    host_pid = first.proc.pid
+    first.signal(signal.SIGTERM)
+    assert await first.wait() == 0
+    assert not paths.socket.exists()
+    assert not group_members(worker_pid)
+    assert not [p for p in psutil.process_iter() if _parent_is(p, host_pid)]
+    status = json.loads((await piwf(paths, "status", "--json")).stdout)
+    assert status["state"] == "stopped" and status["parkedRuns"] == 1
+    assert status["lifecycleContradictions"] == 0
+    (project / "gate").touch()
+    await host_process().start()
+    done = await call(paths, "run.wait", run_id=run_id, payload={"timeoutMs": 20_000})
+    assert done["status"] == "completed"
+    assert (project / "once.log").read_text().splitlines() == [run_id]
+
+
+def _parent_is(proc: psutil.Process, pid: int) -> bool:
+    try:
+        return proc.ppid() == pid
+    except psutil.NoSuchProcess:
+        return False
+
+
+async def test_piwf_stop_drains_the_host(
+    host_process: Callable[..., HostProcess], paths: StatePaths
+) -> None:
+    first = await host_process().start()
+    stopped = await piwf(paths, "stop", "--json")
+    assert json.loads(stopped.stdout) == {"stopped": True}
+    assert await first.wait() == 0
+    again = await piwf(paths, "stop")
+    assert b"no host was running" in again.stdout
+    with trio.fail_after(1):
+        assert not paths.socket.exists()
