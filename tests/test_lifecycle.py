@@ -97,6 +97,30 @@ async def test_sigkilled_host_resumes_without_redoing_accepted_steps(
     assert await contradictions(paths) == 0
 
 
+async def test_a_changed_workflow_parks_the_run_until_resumed_on_the_new_source(
+    host_process: Callable[..., HostProcess], paths: StatePaths, project: Path
+) -> None:
+    first = await host_process().start()
+    run_id = await start(paths, project, "gated")
+    await wait_for(lambda: (project / "wait.log").exists())
+    worker_pid = (await run_status(paths, run_id))["workers"][0]["pid"]
+    first.signal(signal.SIGKILL)
+    await first.wait()
+    await wait_for(lambda: not group_members(worker_pid))
+    source = project / ".piwf" / "workflows" / "gated.py"
+    source.write_text(source.read_text().replace('compute(lambda ctx: {"input"', 'compute(lambda ctx: {"v2": True, "input"'))
+    (project / "gate").touch()
+    await host_process().start()
+    held = await call(paths, "run.wait", run_id=run_id, payload={"timeoutMs": 20_000})
+    assert (held["status"], held["queueStatus"], held["hold"]) == ("running", "parked", "source")
+    assert held["statusDetail"].startswith("workflow source changed")
+    assert await contradictions(paths) == 0
+    await piwf(paths, "run", "resume", run_id)
+    done = await call(paths, "run.wait", run_id=run_id, payload={"timeoutMs": 20_000})
+    assert done["status"] == "completed" and done["output"]["v2"] is True
+    assert (project / "once.log").read_text().splitlines() == [run_id]
+
+
 async def test_pause_parks_at_the_next_boundary_and_resume_finishes(
     host_process: Callable[..., HostProcess], paths: StatePaths, project: Path
 ) -> None:

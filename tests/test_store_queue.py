@@ -86,7 +86,7 @@ def test_park_releases_the_claim(db: Database, clock: ManualClock) -> None:
 def test_park_with_hold_is_not_claimed_until_resumed(db: Database, clock: ManualClock) -> None:
     new_run(db, clock)
     claim(db, clock)
-    assert queue.park_run(db, "r1", "t1", clock.now_ms(), hold="workflow source changed")
+    assert queue.park_run(db, "r1", "t1", clock.now_ms(), hold="source", detail="workflow source changed")
     assert runs.get_run(db, "r1")["statusDetail"] == "workflow source changed"
     assert claim(db, clock, token="t2") is None
     runs.resume_run(db, "r1", clock.now_ms())

@@ -212,7 +212,8 @@ def wait_for_run(client: Client, run_id: str) -> dict[str, Any]:
         client._sock.settimeout(None)
     while True:
         run = _ok(client.call("run.wait", run_id=run_id, payload={"timeoutMs": 600_000}))
-        if run["status"] in AT_REST or run["paused"] or run["statusDetail"]:
+        held = run["hold"] is not None and run["queueStatus"] in ("queued", "parked")
+        if run["status"] in AT_REST or held:
             return run
 
 

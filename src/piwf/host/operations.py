@@ -114,14 +114,15 @@ async def _run_wait(host: HostState, request: HostRequest) -> Any:
         raise Rejected(f"payload.timeoutMs must be an integer from 0 to {WAIT_LIMIT_MS}")
     run_id = _run_id(request)
     with trio.move_on_after(timeout_ms / 1000):
-        while not _at_rest(run := runs.get_run(host.db, run_id)):
+        while not at_rest(runs.get_run(host.db, run_id)):
             await host.run_changed.wait()
     return runs.get_run(host.db, run_id)
 
 
-def _at_rest(run: dict[str, Any]) -> bool:
-    held = run["queueStatus"] in ("queued", "parked") and (run["paused"] or run["statusDetail"])
-    return run["status"] in SETTLED or bool(held)
+def at_rest(run: dict[str, Any]) -> bool:
+    """Ended, waiting, or held and not running: nothing will happen without someone acting."""
+    held = run["hold"] is not None and run["queueStatus"] in ("queued", "parked")
+    return run["status"] in SETTLED or held
 
 
 # --- writes --------------------------------------------------------------------------------
@@ -193,10 +194,20 @@ def _run_pause(host: HostState, request: HostRequest, prepared: None, after: Aft
     return HostResponse(request.requestId, "accepted", revision=runs.revision(host.db, run_id), receipt=receipt)
 
 
-def _run_resume(host: HostState, request: HostRequest, prepared: None, after: After) -> HostResponse:
+async def _prepare_resume(host: HostState, request: HostRequest) -> WorkflowInfo | None:
+    """A run held because its workflow changed resumes on the workflow as it is now."""
+    run_id = _run_id(request)
+    if runs.hold_of(host.db, run_id) != "source":
+        return None
+    workflow, project, _, _, _ = runs.run_source(host.db, run_id)
+    return await host.catalog.inspect(project, workflow)
+
+
+def _run_resume(host: HostState, request: HostRequest, info: WorkflowInfo | None, after: After) -> HostResponse:
     run_id = _run_id(request)
     _check_revision(host, request)
-    receipt = runs.resume_run(host.db, run_id, host.now())
+    definition = None if info is None else (info.digest, info.source)
+    receipt = runs.resume_run(host.db, run_id, host.now(), definition=definition)
     host.crashes.pop(run_id, None)
     after.append(host.wake)
     return HostResponse(request.requestId, "accepted", revision=runs.revision(host.db, run_id), receipt=receipt)
@@ -237,5 +248,5 @@ WRITES: dict[str, tuple[Prepare, Apply]] = {
     "run.start": (_prepare_start, _run_start),
     "run.cancel": (None, _run_cancel),
     "run.pause": (None, _run_pause),
-    "run.resume": (None, _run_resume),
+    "run.resume": (_prepare_resume, _run_resume),
 }

@@ -114,14 +114,15 @@ def _settle(host: HostState, active: ActiveRun, result: WorkerExit | None) -> No
         if active.settled or outcome in ("cancelled", "claimLost"):
             host.crashes.pop(active.run_id, None)
             return
-        hold = _crash_hold(host, active, outcome, result)
-        if queue.park_run(host.db, active.run_id, active.claim.token, now, hold=hold):
-            log.info("run %s: parked after worker %s%s", active.run_id, outcome, f" ({hold})" if hold else "")
+        detail = _crash_detail(host, active, outcome, result)
+        if queue.park_run(host.db, active.run_id, active.claim.token, now,
+                          hold="crashed" if detail else None, detail=detail):
+            log.info("run %s: parked after worker %s%s", active.run_id, outcome, f" ({detail})" if detail else "")
     except PiwfError as exc:
         log.error("run %s: could not park after worker %s: %s", active.run_id, outcome, exc)
 
 
-def _crash_hold(host: HostState, active: ActiveRun, outcome: str, result: WorkerExit | None) -> str | None:
+def _crash_detail(host: HostState, active: ActiveRun, outcome: str, result: WorkerExit | None) -> str | None:
     """Back off a run whose worker keeps crashing; hold it after MAX_CRASHES in a row."""
     if outcome not in ("crashed", "timedOut"):
         return None

@@ -55,7 +55,11 @@ def _run_fail(host: HostState, active: ActiveRun, payload: dict[str, Any], now: 
 
 
 def _run_park(host: HostState, active: ActiveRun, payload: dict[str, Any], now: int) -> tuple[Any, bool]:
-    if not queue.park_run(host.db, active.run_id, active.claim.token, now, hold=_str(payload, "reason")[:2000]):
+    hold = _str(payload, "hold")
+    if hold not in ("source",):
+        raise Rejected(f"a worker cannot hold a run for {hold!r}")
+    if not queue.park_run(host.db, active.run_id, active.claim.token, now, hold=hold,
+                          detail=_str(payload, "reason")[:2000]):
         raise ClaimLost(f"the claim on run {active.run_id} is no longer live")
     return {}, True
 

@@ -15,7 +15,7 @@ from .db import Database
 
 LIVE = "status IN ('starting', 'running')"
 CLAIMABLE = """(
-  (q.status IN ('queued', 'parked') AND q.held = 0)
+  (q.status IN ('queued', 'parked') AND q.hold IS NULL)
   OR (q.status IN ('starting', 'running')
       AND q.claim_expires_at IS NOT NULL AND q.claim_expires_at <= :now)
 )"""
@@ -113,20 +113,25 @@ def mark_running(db: Database, run_id: str, token: str, now: int) -> bool:
         return db.changes() == 1
 
 
-def park_run(db: Database, run_id: str, token: str, now: int, *, hold: str | None = None) -> bool:
-    """Release a live claim, leaving the run for the next claim (or held, with a reason)."""
+def park_run(db: Database, run_id: str, token: str, now: int, *,
+             hold: str | None = None, detail: str | None = None) -> bool:
+    """Release a live claim, leaving the run for the next claim.
+
+    With ``hold`` ('source', 'crashed') the run is not claimed again until resumed, and
+    ``detail`` says why; a run paused meanwhile stays held as paused.
+    """
     with db.write():
         db.execute(
             f"""UPDATE run_queue SET status = 'parked', runner_id = NULL, claim_token = NULL,
-                  claim_expires_at = NULL, held = held OR ?, updated_at = ?
+                  claim_expires_at = NULL, hold = COALESCE(hold, ?), updated_at = ?
                 WHERE run_id = ? AND claim_token = ? AND {LIVE}""",
-            (hold is not None, now, run_id, token),
+            (hold, now, run_id, token),
         )
         if db.changes() != 1:
             return False
-        if hold is not None:
-            db.execute("UPDATE runs SET status_detail = ?, updated_at = ? WHERE run_id = ?", (hold, now, run_id))
-        add_event(db, run_id, "parked", {} if hold is None else {"reason": hold}, now)
+        if detail is not None:
+            db.execute("UPDATE runs SET status_detail = ?, updated_at = ? WHERE run_id = ?", (detail, now, run_id))
+        add_event(db, run_id, "parked", {} if detail is None else {"reason": detail}, now)
         return True
 
 
@@ -181,7 +186,7 @@ def cancel_run(db: Database, run_id: str, now: int, *, token: str | None = None)
 def _settle_queue(db: Database, run_id: str, status: str, now: int, error: dict[str, Any] | None = None) -> None:
     db.execute(
         """UPDATE run_queue SET status = ?, runner_id = NULL, claim_token = NULL,
-             claim_expires_at = NULL, held = 0, error_code = ?, error_message = ?,
+             claim_expires_at = NULL, hold = NULL, error_code = ?, error_message = ?,
              finished_at = ?, updated_at = ?
            WHERE run_id = ?""",
         (status, error and error.get("type"), error and str(error.get("message", ""))[:2048], now, now, run_id),

@@ -75,7 +75,8 @@ def pause_run(db: Database, run_id: str, now: int) -> dict[str, Any]:
         queue_status = _queue_status(db, run_id)
         if queue_status in ("done", "failed", "cancelled"):
             raise Rejected(f"run {run_id} has already ended ({queue_status})")
-        db.execute("UPDATE run_queue SET held = 1, updated_at = ? WHERE run_id = ?", (now, run_id))
+        db.execute("UPDATE run_queue SET hold = COALESCE(hold, 'paused'), updated_at = ? WHERE run_id = ?",
+                   (now, run_id))
         db.execute(
             "UPDATE runs SET paused = 1, status_detail = 'paused', updated_at = ? WHERE run_id = ?",
             (now, run_id),
@@ -84,12 +85,22 @@ def pause_run(db: Database, run_id: str, now: int) -> dict[str, Any]:
         return {"runId": run_id, "paused": True, "queueStatus": queue_status}
 
 
-def resume_run(db: Database, run_id: str, now: int) -> dict[str, Any]:
+def hold_of(db: Database, run_id: str) -> str | None:
+    return db.scalar("SELECT hold FROM run_queue WHERE run_id = ?", (run_id,))
+
+
+def resume_run(db: Database, run_id: str, now: int, *, definition: tuple[str, bytes] | None = None) -> dict[str, Any]:
+    """Release a held run. ``definition`` (digest, source) replaces the run's workflow
+    definition: resuming a run held because its workflow changed adopts the new one."""
     with db.write():
         queue_status = _queue_status(db, run_id)
         if queue_status in ("done", "failed", "cancelled"):
             raise Rejected(f"run {run_id} has already ended ({queue_status})")
-        db.execute("UPDATE run_queue SET held = 0, updated_at = ? WHERE run_id = ?", (now, run_id))
+        if definition is not None:
+            digest, source = definition
+            db.execute("UPDATE runs SET definition_digest = ?, definition_hash = ? WHERE run_id = ?",
+                       (digest, db.put_blob(source, now), run_id))
+        db.execute("UPDATE run_queue SET hold = NULL, updated_at = ? WHERE run_id = ?", (now, run_id))
         db.execute(
             "UPDATE runs SET paused = 0, status_detail = NULL, updated_at = ? WHERE run_id = ?",
             (now, run_id),
@@ -180,15 +191,15 @@ def accepted_steps(db: Database, run_id: str) -> list[dict[str, Any]]:
 # --- reads -------------------------------------------------------------------------------
 
 RUN_COLUMNS = """r.run_id, r.workflow, r.status, q.status, r.paused, r.status_detail, r.revision,
-  r.origin_session_id, r.created_at, r.updated_at, r.finished_at, q.generation"""
+  r.origin_session_id, r.created_at, r.updated_at, r.finished_at, q.generation, q.hold"""
 
 
 def _summary(row: tuple[Any, ...]) -> dict[str, Any]:
     (run_id, workflow, status, queue_status, paused, detail, rev, session, created, updated,
-     finished, generation) = row
+     finished, generation, hold) = row
     return {
         "runId": run_id, "workflow": workflow, "status": status, "queueStatus": queue_status,
-        "paused": bool(paused), "statusDetail": detail, "revision": rev, "originSessionId": session,
+        "paused": bool(paused), "hold": hold, "statusDetail": detail, "revision": rev, "originSessionId": session,
         "generation": generation, "createdAt": iso(created), "updatedAt": iso(updated),
         "finishedAt": iso(finished),
     }
@@ -213,8 +224,8 @@ def get_run(db: Database, run_id: str) -> dict[str, Any]:
     )
     if row is None:
         raise NotFound(f"run {run_id} not found")
-    run = _summary(row[:12])
-    project, digest, input_json, input_hash, output_json, output_hash, error_json = row[12:]
+    run = _summary(row[:13])
+    project, digest, input_json, input_hash, output_json, output_hash, error_json = row[13:]
     run.update(
         projectPath=project, definitionDigest=digest,
         input=db.get_json(input_json, input_hash),

@@ -72,7 +72,7 @@ CREATE TABLE run_queue (
   run_id TEXT PRIMARY KEY REFERENCES runs(run_id),
   status TEXT NOT NULL CHECK (status IN
     ('queued', 'starting', 'running', 'parked', 'done', 'failed', 'cancelled')),
-  held INTEGER NOT NULL DEFAULT 0,
+  hold TEXT CHECK (hold IN ('paused', 'source', 'crashed')),
   runner_id TEXT,
   claim_token TEXT,
   claim_expires_at INTEGER,

@@ -50,11 +50,11 @@ def run(envelope: LaunchEnvelope, channel: Channel) -> None:
     try:
         workflow = load_workflow(envelope.projectPath, envelope.workflow)
     except (WorkflowLoadError, DefinitionError) as exc:
-        channel.request("run.park", {"reason": f"workflow cannot load: {exc}"})
+        channel.request("run.park", {"hold": "source", "reason": f"workflow cannot load: {exc}"})
         return
     digest = workflow.digest()
     if digest != envelope.definitionDigest:
-        channel.request("run.park", {"reason": f"workflow source changed (digest {digest[:19]}, run has "
+        channel.request("run.park", {"hold": "source", "reason": f"workflow source changed (digest {digest[:19]}, run has "
                                                f"{envelope.definitionDigest[:19]}); resume to run the new source"})
         return
     steps = [Step(s["seq"], s["node"], s["exit"], s["output"]) for s in ready["steps"]]
