@@ -40,7 +40,7 @@ def load_workflow(project: str | Path, name: str) -> Workflow:
         spec.loader.exec_module(module)
     except DefinitionError as exc:
         raise DefinitionError(f"{path}: {exc}") from exc
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # a module calling sys.exit() did not load either
         tail = traceback.format_exception_only(exc)[-1].strip()
         raise WorkflowLoadError(f"{path} failed to import: {tail}") from exc
     finally:

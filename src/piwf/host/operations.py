@@ -82,8 +82,12 @@ def status_receipt(host: HostState) -> dict[str, Any]:
 
 
 async def _run_status(host: HostState, request: HostRequest) -> Any:
-    run = runs.get_run(host.db, _run_id(request))
-    run["workers"] = workers.worker_summaries(host.db, run["runId"])
+    return run_receipt(host, _run_id(request))
+
+
+def run_receipt(host: HostState, run_id: str) -> dict[str, Any]:
+    run = runs.get_run(host.db, run_id)
+    run["workers"] = workers.worker_summaries(host.db, run_id)
     return run
 
 
@@ -116,7 +120,7 @@ async def _run_wait(host: HostState, request: HostRequest) -> Any:
     with trio.move_on_after(timeout_ms / 1000):
         while not at_rest(runs.get_run(host.db, run_id)):
             await host.run_changed.wait()
-    return runs.get_run(host.db, run_id)
+    return run_receipt(host, run_id)
 
 
 def at_rest(run: dict[str, Any]) -> bool:

@@ -19,7 +19,6 @@ from ..wire import LaunchEnvelope
 from .state import ActiveRun, CrashRecord, HostState, log
 from .worker_process import WorkerExit, run_worker
 
-MAX_CRASHES = 5
 CLEANUP_S = 10.0
 
 
@@ -35,8 +34,15 @@ async def serve_dispatcher(host: HostState, *, task_status: trio.TaskStatus[None
                     nursery.start_soon(supervise_run, host, active)
             except PiwfError as exc:
                 log.error("dispatcher could not claim runs: %s", exc)
-            with trio.move_on_after(host.config.poll_s):
+            with trio.move_on_after(_next_poll(host)):
                 await host.wake_dispatcher.wait()
+
+
+def _next_poll(host: HostState) -> float:
+    """The backstop poll, or sooner when a crashed run's back-off ends."""
+    now = trio.current_time()
+    waits = [c.not_before - now for c in host.crashes.values() if c.not_before > now]
+    return min([host.config.poll_s, *waits])
 
 
 def _claim_available(host: HostState) -> list[Claim]:
@@ -123,13 +129,13 @@ def _settle(host: HostState, active: ActiveRun, result: WorkerExit | None) -> No
 
 
 def _crash_detail(host: HostState, active: ActiveRun, outcome: str, result: WorkerExit | None) -> str | None:
-    """Back off a run whose worker keeps crashing; hold it after MAX_CRASHES in a row."""
+    """Back off a run whose worker keeps crashing; hold it after ``max_crashes`` in a row."""
     if outcome not in ("crashed", "timedOut"):
         return None
     record = host.crashes.get(active.run_id, CrashRecord(0, 0.0))
-    record = CrashRecord(record.count + 1, trio.current_time() + min(60.0, 0.5 * 2 ** record.count))
+    record = CrashRecord(record.count + 1, trio.current_time() + min(60.0, host.config.crash_backoff_s * 2 ** record.count))
     host.crashes[active.run_id] = record
-    if record.count < MAX_CRASHES:
+    if record.count < host.config.max_crashes:
         return None
     host.crashes.pop(active.run_id)
     last = (result.diagnostic.strip().splitlines() or ["no output"])[-1][:300] if result else "no output"

@@ -29,6 +29,8 @@ class HostConfig:
     poll_s: float = 2.0
     worker_startup_s: float = 15.0
     kill_grace_s: float = 2.0
+    crash_backoff_s: float = 0.5
+    max_crashes: int = 5
     idle_timeout_s: float = 300.0
     max_connections: int = 64
     worker_env: dict[str, str] = field(default_factory=dict)

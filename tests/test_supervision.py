@@ -1,0 +1,133 @@
+"""Run supervision with an in-process host: crashes, back-off, held runs, claim renewal."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+
+from piwf.client import AsyncClient
+from piwf.clock import TrioClock
+from piwf.host.host import Host
+from piwf.host.runs import _renew_claim
+from piwf.host.state import ActiveRun, HostState
+from piwf.paths import StatePaths
+from piwf.store import Database, queue, runs
+from piwf.store.hosts import acquire_lease
+
+from .conftest import config, wait_for, write_workflow
+
+CRASHER = """
+    import os
+    from pathlib import Path
+    from piwf import Workflow, compute
+
+    def crash(ctx):
+        marker = Path(ctx.project_path) / "crashes.log"
+        with open(marker, "a") as f:
+            f.write("x\\n")
+        if len(marker.read_text().splitlines()) <= int(ctx.input.get("crashes", 0)):
+            os._exit(9)
+        return {"survived": True}
+
+    workflow = Workflow(name="crasher", start_at="crash", nodes={"crash": compute(crash)})
+"""
+
+
+async def test_a_crashed_worker_parks_its_run_for_another_try(paths: StatePaths, project: Path,
+                                                              nursery: trio.Nursery) -> None:
+    write_workflow(project, "crasher", CRASHER)
+    await nursery.start(Host(config(paths, crash_backoff_s=0.01)).serve)
+    async with AsyncClient(paths) as client:
+        started = await client.call("run.start", payload={"workflow": "crasher", "projectPath": str(project),
+                                                          "input": {"crashes": 2}})
+        run_id = started.receipt["runId"]
+        run = (await client.call("run.wait", run_id=run_id)).receipt
+        assert run["status"] == "completed" and run["output"] == {"survived": True}
+        run = await wait_for(lambda: _all_workers_finished(client, run_id))
+    assert [w["status"] for w in run["workers"]] == ["crashed", "crashed", "exited"]
+    assert run["workers"][0]["exitCode"] == 9
+    assert [s["status"] for s in run["steps"]] == ["interrupted", "interrupted", "accepted"]
+
+
+async def _all_workers_finished(client: AsyncClient, run_id: str) -> dict | None:
+    run = (await client.call("run.status", run_id=run_id)).receipt
+    return run if all(w["status"] not in ("starting", "running") for w in run["workers"]) else None
+
+
+async def test_a_run_that_keeps_crashing_is_held_with_the_reason(paths: StatePaths, project: Path,
+                                                                nursery: trio.Nursery) -> None:
+    write_workflow(project, "crasher", CRASHER)
+    await nursery.start(Host(config(paths, crash_backoff_s=0.01, max_crashes=3)).serve)
+    async with AsyncClient(paths) as client:
+        started = await client.call("run.start", payload={"workflow": "crasher", "projectPath": str(project),
+                                                          "input": {"crashes": 99}})
+        run_id = started.receipt["runId"]
+        held = (await client.call("run.wait", run_id=run_id)).receipt
+        assert (held["queueStatus"], held["hold"]) == ("parked", "crashed")
+        assert held["statusDetail"].startswith("worker crashed 3 times in a row")
+        assert len(held["workers"]) == 3
+        status = (await client.call("host.status")).receipt
+        assert status["lifecycleContradictions"] == 0
+
+
+async def test_an_unloadable_workflow_holds_the_run(paths: StatePaths, project: Path, client: AsyncClient) -> None:
+    started = await client.call("run.start", payload={"workflow": "gated", "projectPath": str(project)})
+    run_id = started.receipt["runId"]
+    await wait_for(lambda: (project / "wait.log").exists())
+    await client.call("run.pause", run_id=run_id)
+    (project / "gate").touch()
+    source = project / ".piwf" / "workflows" / "gated.py"
+    good = source.read_text()
+    held = (await client.call("run.wait", run_id=run_id)).receipt
+    assert held["hold"] == "paused"
+    source.write_text("raise SystemExit('broken on purpose')\n")
+    assert (await client.call("run.resume", run_id=run_id)).outcome == "accepted"
+    held = (await client.call("run.wait", run_id=run_id)).receipt
+    assert held["hold"] == "source" and "broken on purpose" in held["statusDetail"]
+    refused = await client.call("run.resume", run_id=run_id)
+    assert refused.outcome == "rejected" and "broken on purpose" in refused.error
+    assert (await client.call("run.status", run_id=run_id)).receipt["hold"] == "source"  # nothing changed
+    source.write_text(good)
+    assert (await client.call("run.resume", run_id=run_id)).outcome == "accepted"
+    done = (await client.call("run.wait", run_id=run_id)).receipt
+    assert done["status"] == "completed"
+
+
+async def test_claim_renewal_keeps_a_claim_live_across_many_leases(tmp_path: Path, autojump_clock: trio.abc.Clock) -> None:
+    host, active = _claimed_run(tmp_path)
+    with trio.CancelScope() as scope:
+        active.scope = scope
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_renew_claim, host, active)
+            await trio.sleep(host.config.run_lease_ms / 1000 * 20)
+            assert queue.verify_claim(host.db, active.run_id, active.claim.token, host.now())
+            nursery.cancel_scope.cancel()
+    assert active.stop_reason is None
+
+
+async def test_a_lost_claim_cancels_the_run_scope(tmp_path: Path, autojump_clock: trio.abc.Clock) -> None:
+    host, active = _claimed_run(tmp_path)
+    # Another epoch takes the run over: its claim is expired and claimed anew.
+    queue.expire_claims_before(host.db, host.epoch + 1, host.now())
+    assert queue.claim_run(host.db, active.run_id, runner_id="other", token="theirs", lease_ms=30_000,
+                           now=host.now(), epoch=host.epoch + 1)
+    with trio.fail_after(60):
+        with active.scope:
+            await _renew_claim(host, active)
+            await trio.sleep_forever()
+    assert active.scope.cancelled_caught and active.stop_reason == "claimLost"
+
+
+def _claimed_run(tmp_path: Path) -> tuple[HostState, ActiveRun]:
+    paths = StatePaths.resolve(tmp_path / "state")
+    paths.ensure()
+    db = Database.open(paths.db)
+    host = HostState(config(paths, run_lease_ms=3000), db, TrioClock())
+    host.lease = acquire_lease(db, host_id=host.host_id, pid=1, identity="x", lease_ms=3000, now=host.now())
+    runs.create_run(db, run_id="r", workflow="w", project_path="/", source=b"", digest="d", input={},
+                    origin_session_id=None, now=host.now())
+    claim = queue.claim_next_run(db, runner_id=host.host_id, token="mine", lease_ms=3000, now=host.now(),
+                                 epoch=host.epoch)
+    assert claim is not None
+    return host, ActiveRun(claim, worker_epoch="w1")
