@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .client import Client
+from .host.lock import read_record
 from .errors import HostUnavailable, PiwfError
 from .paths import StatePaths
 from .wire import HostResponse
@@ -155,17 +156,28 @@ def cmd_stop(args: argparse.Namespace) -> int:
     paths = StatePaths.resolve(args.state_dir)
     try:
         with Client(paths) as client:
+            holder = read_record(paths)
             _ok(client.call("host.stop"))
-            try:  # the host closes every connection once it has drained
-                while True:
-                    client.read_line()
-            except (HostUnavailable, OSError):
-                pass
         stopped = True
     except HostUnavailable:
         stopped = False
+    if stopped and holder:
+        _wait_for_exit(int(holder["pid"]), str(holder.get("identity")))
     _print(args, {"stopped": stopped}, lambda r: "host stopped" if stopped else "no host was running")
     return 0
+
+
+def _wait_for_exit(pid: int, identity: str, timeout_s: float = 60.0) -> None:
+    """Return once the host process (that very process, not a reuse of its pid) is gone."""
+    import time
+
+    from .host.processes import alive
+
+    deadline = time.monotonic() + timeout_s
+    while alive(pid, identity):
+        if time.monotonic() > deadline:
+            raise CommandFailed(f"the host (pid {pid}) is still draining after {timeout_s:.0f} s")
+        time.sleep(0.02)
 
 
 def cmd_workflows_list(args: argparse.Namespace) -> int:

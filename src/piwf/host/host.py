@@ -16,7 +16,7 @@ import trio
 
 from ..clock import Clock, WallClock
 from ..errors import HostAlreadyRunning, PiwfError
-from ..store import Database, queue, workers
+from ..store import Database, commands, queue, workers
 from ..store.hosts import acquire_lease, read_lease, release_lease, renew_lease
 from . import processes
 from .lock import HostLock
@@ -25,6 +25,7 @@ from .server import open_listener, serve_socket
 from .state import HostConfig, HostState, log
 
 CLEANUP_S = 15.0
+PRUNE_INTERVAL_S = 3600
 
 
 class Host:
@@ -57,6 +58,7 @@ class Host:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_watch_stop, host, nursery.cancel_scope)
                 nursery.start_soon(_heartbeat, host)
+                nursery.start_soon(_prune_commands, host)
                 await nursery.start(serve_dispatcher, host)
                 await nursery.start(serve_socket, host, listener)
                 log.info("serving %s at epoch %d (max %d workers)", self.config.state_dir.socket,
@@ -80,7 +82,7 @@ def _take_over(host: HostState, pid: int, identity: str) -> None:
     """
     now = host.now()
     previous = read_lease(host.db)
-    owner_alive = previous.pid is not None and previous.pid != pid and processes.matches(previous.pid, previous.identity)
+    owner_alive = previous.pid is not None and previous.pid != pid and processes.alive(previous.pid, previous.identity)
     if owner_alive and previous.live(now):
         raise HostAlreadyRunning(f"the host with pid {previous.pid} still holds the lease")
     host.lease = acquire_lease(host.db, host_id=host.host_id, pid=pid, identity=identity,
@@ -125,6 +127,18 @@ async def _heartbeat(host: HostState) -> None:
             host.stop_requested.set()
             return
         host.lease = renewed
+
+
+async def _prune_commands(host: HostState) -> None:
+    """Forget logged commands older than the retention window, hourly."""
+    while True:
+        try:
+            pruned = commands.prune(host.db, host.now())
+            if pruned:
+                log.info("pruned %d command(s) older than the retention window", pruned)
+        except PiwfError as exc:
+            log.warning("could not prune the command log: %s", exc)
+        await trio.sleep(PRUNE_INTERVAL_S)
 
 
 def _release(host: HostState) -> None:

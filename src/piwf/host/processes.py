@@ -41,6 +41,11 @@ def matches(pid: int, recorded: str | None) -> bool:
     return recorded is not None and identity(pid) == recorded
 
 
+def alive(pid: int, recorded: str | None) -> bool:
+    """The recorded process still runs (a zombie has finished: it only awaits its reaping)."""
+    return matches(pid, recorded) and not is_zombie(pid)
+
+
 def is_zombie(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()

@@ -1,0 +1,1 @@
+"""The supervisor: nursery tree, socket server, operations, run supervision."""

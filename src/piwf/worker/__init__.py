@@ -1,0 +1,1 @@
+"""The child-process side of a run: ``python -m piwf.worker``."""
