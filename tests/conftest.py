@@ -202,7 +202,9 @@ async def host_process(paths: StatePaths, tmp_path: Path) -> AsyncIterator[Calla
             await process.proc.wait()
 
 
-async def piwf(paths: StatePaths, *args: str, cwd: Path | None = None, check: bool = True) -> subprocess.CompletedProcess[bytes]:
+async def piwf(
+    paths: StatePaths, *args: str, cwd: Path | None = None, check: bool = True
+) -> subprocess.CompletedProcess[bytes]:
     """Run the real CLI."""
     done = await trio.run_process(
         [sys.executable, "-m", "piwf", *args, "--state-dir", str(paths.root)],

@@ -53,6 +53,17 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
+async def gated_run_in_its_second_node(
+    host_process: Callable[..., HostProcess], paths: StatePaths, project: Path
+) -> tuple[HostProcess, str, int]:
+    """A host with a 'gated' run whose 'once' node is accepted and whose 'wait' node runs."""
+    host = await host_process().start()
+    run_id = await start(paths, project, "gated")
+    await wait_for(lambda: (project / "wait.log").exists())
+    worker_pid = (await run_status(paths, run_id))["workers"][0]["pid"]
+    return host, run_id, worker_pid
+
+
 async def test_run_start_wait_and_show_through_the_cli(
     host_process: Callable[..., HostProcess], paths: StatePaths, project: Path
 ) -> None:
@@ -65,7 +76,7 @@ async def test_run_start_wait_and_show_through_the_cli(
     for key in ("runId", "workflow", "paused", "error", "createdAt", "finishedAt"):
         assert key in shown
     events = json.loads((await piwf(paths, "run", "events", run_id, "--json")).stdout)
-    assert [e["type"] for e in events][0] == "created" and events[-1]["type"] == "completed"
+    assert events[0]["type"] == "created" and events[-1]["type"] == "completed"
     failed = await piwf(paths, "run", "start", "boom", "--project", str(project), "--wait", check=False)
     assert failed.returncode == 1 and b"the fuse was lit" in failed.stdout
     status = json.loads((await piwf(paths, "status", "--json")).stdout)
@@ -100,15 +111,13 @@ async def test_sigkilled_host_resumes_without_redoing_accepted_steps(
 async def test_a_changed_workflow_parks_the_run_until_resumed_on_the_new_source(
     host_process: Callable[..., HostProcess], paths: StatePaths, project: Path
 ) -> None:
-    first = await host_process().start()
-    run_id = await start(paths, project, "gated")
-    await wait_for(lambda: (project / "wait.log").exists())
-    worker_pid = (await run_status(paths, run_id))["workers"][0]["pid"]
+    first, run_id, worker_pid = await gated_run_in_its_second_node(host_process, paths, project)
     first.signal(signal.SIGKILL)
     await first.wait()
     await wait_for(lambda: not group_members(worker_pid))
     source = project / ".piwf" / "workflows" / "gated.py"
-    source.write_text(source.read_text().replace('compute(lambda ctx: {"input"', 'compute(lambda ctx: {"v2": True, "input"'))
+    changed = source.read_text().replace('lambda ctx: {"input"', 'lambda ctx: {"v2": True, "input"')
+    source.write_text(changed)
     (project / "gate").touch()
     await host_process().start()
     held = await call(paths, "run.wait", run_id=run_id, payload={"timeoutMs": 20_000})
@@ -124,9 +133,7 @@ async def test_a_changed_workflow_parks_the_run_until_resumed_on_the_new_source(
 async def test_pause_parks_at_the_next_boundary_and_resume_finishes(
     host_process: Callable[..., HostProcess], paths: StatePaths, project: Path
 ) -> None:
-    await host_process().start()
-    run_id = await start(paths, project, "gated")
-    await wait_for(lambda: (project / "wait.log").exists())
+    _, run_id, _ = await gated_run_in_its_second_node(host_process, paths, project)
     await call(paths, "run.pause", run_id=run_id)
     assert await contradictions(paths) == 0
     (project / "gate").touch()  # 'wait' finishes; 'done' must not start
@@ -194,10 +201,7 @@ async def test_second_host_refuses_to_start_while_the_first_keeps_serving(
 async def test_sigterm_drains_and_the_next_host_finishes_the_runs(
     host_process: Callable[..., HostProcess], paths: StatePaths, project: Path
 ) -> None:
-    first = await host_process().start()
-    run_id = await start(paths, project, "gated")
-    await wait_for(lambda: (project / "wait.log").exists())
-    worker_pid = (await run_status(paths, run_id))["workers"][0]["pid"]
+    first, run_id, worker_pid = await gated_run_in_its_second_node(host_process, paths, project)
     host_pid = first.proc.pid
     first.signal(signal.SIGTERM)
     assert await first.wait() == 0

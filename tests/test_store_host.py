@@ -70,13 +70,17 @@ def test_same_request_id_with_another_body_is_a_conflict(db: Database) -> None:
 
 def test_idempotency_key_adopts_a_retry_under_a_new_request_id(db: Database) -> None:
     calls: list[int] = []
-    run_op(db, make_request("run.pause", client_id="c", run_id="r", request_id="q1", idempotency_key="k"), calls)
-    retry = run_op(db, make_request("run.pause", client_id="c", run_id="r", request_id="q2", idempotency_key="k"), calls)
+
+    def pause(client: str, run: str, request_id: str) -> HostResponse:
+        request = make_request("run.pause", client_id=client, run_id=run, request_id=request_id, idempotency_key="k")
+        return run_op(db, request, calls)
+
+    pause("c", "r", "q1")
+    retry = pause("c", "r", "q2")
     assert retry.outcome == "adopted" and retry.requestId == "q2" and len(calls) == 1
-    other = run_op(db, make_request("run.pause", client_id="c", run_id="x", request_id="q3", idempotency_key="k"), calls)
+    other = pause("c", "x", "q3")
     assert other.outcome == "conflict" and "idempotencyKey" in other.error
-    elsewhere = run_op(db, make_request("run.pause", client_id="d", run_id="x", request_id="q4", idempotency_key="k"), calls)
-    assert elsewhere.outcome == "accepted"  # keys belong to one client
+    assert pause("d", "x", "q4").outcome == "accepted"  # keys belong to one client
 
 
 def test_a_refused_operation_leaves_no_log_entry(db: Database) -> None:

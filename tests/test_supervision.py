@@ -94,7 +94,9 @@ async def test_an_unloadable_workflow_holds_the_run(paths: StatePaths, project: 
     assert done["status"] == "completed"
 
 
-async def test_claim_renewal_keeps_a_claim_live_across_many_leases(tmp_path: Path, autojump_clock: trio.abc.Clock) -> None:
+async def test_claim_renewal_keeps_a_claim_live_across_many_leases(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
     host, active = _claimed_run(tmp_path)
     with trio.CancelScope() as scope:
         active.scope = scope

@@ -43,10 +43,7 @@ class HostLock:
 
     def release(self) -> None:
         # The lock file itself stays: unlinking an flock'ed file lets two hosts lock two files.
-        try:
-            self.paths.lock_record.unlink()
-        except FileNotFoundError:
-            pass
+        self.paths.lock_record.unlink(missing_ok=True)
         os.close(self._fd)
 
 

@@ -20,6 +20,7 @@ from .state import ActiveRun, CrashRecord, HostState, log
 from .worker_process import WorkerExit, run_worker
 
 CLEANUP_S = 10.0
+MAX_BACKOFF_S = 60.0
 
 
 async def serve_dispatcher(host: HostState, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -133,7 +134,8 @@ def _crash_detail(host: HostState, active: ActiveRun, outcome: str, result: Work
     if outcome not in ("crashed", "timedOut"):
         return None
     record = host.crashes.get(active.run_id, CrashRecord(0, 0.0))
-    record = CrashRecord(record.count + 1, trio.current_time() + min(60.0, host.config.crash_backoff_s * 2 ** record.count))
+    backoff = min(MAX_BACKOFF_S, host.config.crash_backoff_s * 2**record.count)
+    record = CrashRecord(record.count + 1, trio.current_time() + backoff)
     host.crashes[active.run_id] = record
     if record.count < host.config.max_crashes:
         return None

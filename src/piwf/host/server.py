@@ -7,6 +7,7 @@ capped. A bad frame never reaches an operation and never crashes the host.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import struct
@@ -105,10 +106,8 @@ async def _answer(host: HostState, stream: trio.SocketStream, line: bytes) -> bo
 
 
 async def _refuse(stream: trio.SocketStream, outcome: str, error: str, request_id: str = "") -> None:
-    try:
+    with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
         await stream.send_all(encode_line(HostResponse(request_id, outcome, error=error)))
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass
 
 
 def _peer_is_us(stream: trio.SocketStream) -> bool:

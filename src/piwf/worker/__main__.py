@@ -54,8 +54,9 @@ def run(envelope: LaunchEnvelope, channel: Channel) -> None:
         return
     digest = workflow.digest()
     if digest != envelope.definitionDigest:
-        channel.request("run.park", {"hold": "source", "reason": f"workflow source changed (digest {digest[:19]}, run has "
-                                               f"{envelope.definitionDigest[:19]}); resume to run the new source"})
+        reason = (f"workflow source changed (digest {digest[:19]}, run has {envelope.definitionDigest[:19]}); "
+                  "resume to run the new source")
+        channel.request("run.park", {"hold": "source", "reason": reason})
         return
     steps = [Step(s["seq"], s["node"], s["exit"], s["output"]) for s in ready["steps"]]
     try:
