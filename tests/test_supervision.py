@@ -133,3 +133,19 @@ def _claimed_run(tmp_path: Path) -> tuple[HostState, ActiveRun]:
                                  epoch=host.epoch)
     assert claim is not None
     return host, ActiveRun(claim, worker_epoch="w1")
+
+
+async def test_a_run_whose_worker_cannot_start_is_held_and_the_host_stays_up(
+    paths: StatePaths, tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    paths.ensure()
+    db = Database.open(paths.db)
+    runs.create_run(db, run_id="lost", workflow="greet", project_path=str(tmp_path / "deleted-project"),
+                    source=b"", digest="d", input={}, origin_session_id=None, now=TrioClock().now_ms())
+    db.close()
+    await nursery.start(Host(config(paths, crash_backoff_s=0.01, max_crashes=2)).serve)
+    async with AsyncClient(paths) as client:
+        held = (await client.call("run.wait", run_id="lost")).receipt
+        assert (held["hold"], held["queueStatus"]) == ("crashed", "parked")
+        assert "cannot start worker" in held["statusDetail"]
+        assert (await client.call("host.status")).receipt["lifecycleContradictions"] == 0

@@ -21,7 +21,7 @@ from ..store import commands, queue, runs, workers
 from ..store.hosts import read_lease
 from ..wire import HostRequest, HostResponse, check_id, request_fingerprint
 from .catalog import WorkflowInfo
-from .state import HostState
+from .state import HostState, log
 
 After = list[Callable[[], None]]
 WAIT_LIMIT_MS = 600_000
@@ -41,6 +41,9 @@ async def handle_request(host: HostState, request: HostRequest) -> tuple[HostRes
         raise Rejected(f"unknown operation {request.operation!r}; known: {known}")
     except PiwfError as exc:
         return HostResponse(request.requestId, exc.outcome, error=str(exc)), []
+    except Exception as exc:  # a bug must cost one request, not the host
+        log.exception("%s failed", request.operation)
+        return HostResponse(request.requestId, "rejected", error=f"internal error: {exc}"), []
 
 
 async def _write(host: HostState, request: HostRequest) -> tuple[HostResponse, After]:

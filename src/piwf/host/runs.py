@@ -68,7 +68,7 @@ async def supervise_run(host: HostState, active: ActiveRun) -> None:
         with active.scope:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_renew_claim, host, active)
-                result = await _launch(host, active)
+                result = await _launch_contained(host, active)
                 nursery.cancel_scope.cancel()
     finally:
         with trio.CancelScope(shield=True) as cleanup:
@@ -77,6 +77,15 @@ async def supervise_run(host: HostState, active: ActiveRun) -> None:
         del host.active[active.run_id]
         host.changed()
         host.wake()
+
+
+async def _launch_contained(host: HostState, active: ActiveRun) -> WorkerExit:
+    """A failure supervising one run parks that run; it never takes the host down."""
+    try:
+        return await _launch(host, active)
+    except Exception as exc:
+        log.exception("run %s: supervision failed", active.run_id)
+        return WorkerExit("crashed", None, None, f"supervision failed: {exc}")
 
 
 async def _launch(host: HostState, active: ActiveRun) -> WorkerExit:
@@ -109,9 +118,8 @@ async def _renew_claim(host: HostState, active: ActiveRun) -> None:
 
 def _settle(host: HostState, active: ActiveRun, result: WorkerExit | None) -> None:
     """Record the worker's outcome and leave the run parked unless it settled."""
-    outcome = active.stop_reason or (result.outcome if result else "crashed")
-    if outcome == "drain":
-        outcome = "orphaned"
+    # No result and no reason: the host is draining (or something failed on the way).
+    outcome = active.stop_reason or (result.outcome if result else "orphaned" if host.stopping else "crashed")
     now = host.now()
     try:
         workers.finish(host.db, active.worker_epoch, outcome, now,
