@@ -10,7 +10,7 @@ from pathlib import Path
 import apsw
 import pytest
 
-from piwf.errors import CorruptStateError, SchemaError
+from piwf.errors import CorruptStateError, SchemaError, StoreError
 from piwf.store import Database
 from piwf.store.schema import APPLICATION_ID, SCHEMA_VERSION
 
@@ -81,3 +81,14 @@ def test_blobs_are_content_addressed(tmp_path: Path) -> None:
     assert db.get_json(None, first) == big
     assert db.put_json({"small": 1}, 3) == ('{"small":1}', None)
     db.close()
+
+
+def test_durability_sets_sqlite_synchronous(tmp_path: Path) -> None:
+    full = Database.open(tmp_path / "a.db")
+    normal = Database.open(tmp_path / "b.db", durability="normal")
+    assert (full.scalar("PRAGMA synchronous"), normal.scalar("PRAGMA synchronous")) == (2, 1)
+    assert full.scalar("PRAGMA journal_mode") == "wal"
+    full.close()
+    normal.close()
+    with pytest.raises(StoreError, match="durability must be"):
+        Database.open(tmp_path / "c.db", durability="sometimes")

@@ -8,12 +8,12 @@ import trio
 
 from piwf.client import AsyncClient
 from piwf.clock import TrioClock
-from piwf.host.host import Host
+from piwf.host.host import Host, _heartbeat
 from piwf.host.runs import _renew_claim
 from piwf.host.state import ActiveRun, HostState
 from piwf.paths import StatePaths
 from piwf.store import Database, queue, runs
-from piwf.store.hosts import acquire_lease
+from piwf.store.hosts import acquire_lease, read_lease
 
 from .conftest import config, wait_for, write_workflow
 
@@ -125,7 +125,7 @@ def _claimed_run(tmp_path: Path) -> tuple[HostState, ActiveRun]:
     paths = StatePaths.resolve(tmp_path / "state")
     paths.ensure()
     db = Database.open(paths.db)
-    host = HostState(config(paths, run_lease_ms=3000), db, TrioClock())
+    host = HostState(config(paths, run_lease_ms=3000, host_lease_ms=3000), db, TrioClock())
     host.lease = acquire_lease(db, host_id=host.host_id, pid=1, identity="x", lease_ms=3000, now=host.now())
     runs.create_run(db, run_id="r", workflow="w", project_path="/", source=b"", digest="d", input={},
                     origin_session_id=None, now=host.now())
@@ -149,3 +149,20 @@ async def test_a_run_whose_worker_cannot_start_is_held_and_the_host_stays_up(
         assert (held["hold"], held["queueStatus"]) == ("crashed", "parked")
         assert "cannot start worker" in held["statusDetail"]
         assert (await client.call("host.status")).receipt["lifecycleContradictions"] == 0
+
+
+async def test_heartbeat_renews_the_host_lease_and_stops_the_host_when_it_is_lost(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    host, _ = _claimed_run(tmp_path)
+    with trio.fail_after(600):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_heartbeat, host)
+            await trio.sleep(30)  # ten leases
+            assert read_lease(host.db).live(host.now()) and not host.stop_requested.is_set()
+            # Another host takes the state directory (it proved this one dead).
+            acquire_lease(host.db, host_id="usurper", pid=2, identity="y", lease_ms=3000, now=host.now(),
+                          owner_dead=True)
+            await host.stop_requested.wait()
+            nursery.cancel_scope.cancel()
+    assert read_lease(host.db).host_id == "usurper"

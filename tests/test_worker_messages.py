@@ -1,0 +1,106 @@
+"""Answering worker messages: fencing, revisions, and stored answers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from piwf.clock import ManualClock
+from piwf.host.state import ActiveRun, HostState
+from piwf.host.worker_messages import handle
+from piwf.paths import StatePaths
+from piwf.store import Database, queue, runs, workers
+from piwf.store.hosts import acquire_lease
+from piwf.wire import WorkerMessage
+
+from .conftest import config
+
+LEASE = 30_000
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> tuple[HostState, ActiveRun, ManualClock]:
+    paths = StatePaths.resolve(tmp_path / "state")
+    paths.ensure()
+    clock = ManualClock()
+    db = Database.open(paths.db)
+    host = HostState(config(paths, run_lease_ms=LEASE), db, clock)
+    host.lease = acquire_lease(db, host_id=host.host_id, pid=1, identity="x", lease_ms=LEASE, now=clock.now_ms())
+    runs.create_run(db, run_id="r", workflow="w", project_path="/", source=b"", digest="d", input={"a": 1},
+                    origin_session_id=None, now=clock.now_ms())
+    claim = queue.claim_next_run(db, runner_id=host.host_id, token="tok", lease_ms=LEASE, now=clock.now_ms(),
+                                 epoch=host.epoch)
+    assert claim is not None
+    workers.record_start(db, worker_epoch="w1", run_id="r", generation=claim.generation, host_epoch=host.epoch,
+                         now=clock.now_ms())
+    yield host, ActiveRun(claim, worker_epoch="w1"), clock
+    db.close()
+
+
+def message(message_id: str, operation: str, revision: int, generation: int = 1, epoch: str = "w1",
+            **payload: object) -> WorkerMessage:
+    return WorkerMessage(message_id, epoch, generation, revision, operation, dict(payload))
+
+
+def test_ready_returns_the_input_and_marks_the_run_running(setup) -> None:
+    host, active, _ = setup
+    response = handle(host, active, message("m1", "worker.ready", 0))
+    assert response.outcome == "accepted" and response.result == {"input": {"a": 1}, "steps": []}
+    assert runs.get_run(host.db, "r")["queueStatus"] == "running"
+    assert active.ready.is_set()
+
+
+def test_a_repeated_message_id_gets_the_stored_answer_and_changes_nothing(setup) -> None:
+    host, active, _ = setup
+    ready = handle(host, active, message("m1", "worker.ready", 0))
+    start = message("m2", "attempt.start", ready.revision, seq=0, node="a")
+    first = handle(host, active, start)
+    again = handle(host, active, start)
+    assert first == again and first.outcome == "accepted"
+    assert len(runs.get_run(host.db, "r")["steps"]) == 1
+
+
+def test_a_stale_generation_or_worker_epoch_gets_claim_lost(setup) -> None:
+    host, active, _ = setup
+    assert handle(host, active, message("m1", "worker.ready", 0, generation=0)).outcome == "claimLost"
+    assert handle(host, active, message("m1", "worker.ready", 0, epoch="w0")).outcome == "claimLost"
+    assert runs.get_run(host.db, "r")["queueStatus"] == "starting"  # nothing was written
+
+
+def test_a_stale_revision_is_rejected(setup) -> None:
+    host, active, _ = setup
+    ready = handle(host, active, message("m1", "worker.ready", 0))
+    stale = handle(host, active, message("m2", "attempt.start", ready.revision - 1, seq=0, node="a"))
+    assert stale.outcome == "rejected" and "revision conflict" in stale.error
+    assert runs.get_run(host.db, "r")["steps"] == []
+
+
+def test_an_expired_claim_refuses_every_write_and_stops_the_run(setup) -> None:
+    host, active, clock = setup
+    ready = handle(host, active, message("m1", "worker.ready", 0))
+    clock.advance(LEASE)
+    response = handle(host, active, message("m2", "run.complete", ready.revision, output=1))
+    assert response.outcome == "claimLost"
+    assert active.stop_reason == "claimLost"
+    assert runs.get_run(host.db, "r")["status"] == "running"
+
+
+def test_bad_payloads_and_unknown_operations_are_rejected(setup) -> None:
+    host, active, _ = setup
+    ready = handle(host, active, message("m1", "worker.ready", 0))
+    bad = handle(host, active, message("m2", "attempt.start", ready.revision, seq=-1, node="a"))
+    assert bad.outcome == "rejected" and "'seq'" in bad.error
+    unknown = handle(host, active, message("m3", "run.teleport", ready.revision))
+    assert unknown.outcome == "rejected" and "unknown worker operation" in unknown.error
+    hold = handle(host, active, message("m4", "run.park", ready.revision, hold="paused", reason="x"))
+    assert hold.outcome == "rejected"
+
+
+def test_a_paused_run_is_told_to_stop_at_the_boundary(setup) -> None:
+    host, active, clock = setup
+    ready = handle(host, active, message("m1", "worker.ready", 0))
+    runs.pause_run(host.db, "r", clock.now_ms())
+    response = handle(host, active, message("m2", "attempt.start", ready.revision, seq=0, node="a"))
+    assert response.result == {"stop": "paused"}
+    assert runs.get_run(host.db, "r")["steps"] == []
