@@ -237,3 +237,16 @@ async def test_piwf_stop_drains_the_host(
     assert b"no host was running" in again.stdout
     with trio.fail_after(1):
         assert not paths.socket.exists()
+
+
+async def test_a_corrupt_database_is_refused_at_start_and_left_as_it_was(paths: StatePaths) -> None:
+    paths.ensure()
+    paths.db.write_bytes(b"definitely not sqlite" * 50)
+    before = paths.db.read_bytes()
+    serve = await piwf(paths, "serve", check=False)
+    assert serve.returncode == 3
+    assert b"is not a SQLite database" in serve.stderr and len(serve.stderr.strip().splitlines()) == 1
+    status = await piwf(paths, "status", check=False)
+    assert status.returncode == 3
+    assert paths.db.read_bytes() == before
+    assert not paths.socket.exists()

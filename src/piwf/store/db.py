@@ -37,6 +37,8 @@ class Database:
     def open(cls, path: str | os.PathLike[str], *, durability: str = "full") -> Database:
         """Open (creating if absent) a database for writing."""
         path = Path(path)
+        if durability not in ("full", "normal"):
+            raise StoreError(f"durability must be 'full' or 'normal', not {durability!r}")
         if path.exists():
             _check_header(path)
         old_umask = os.umask(0o077)
@@ -78,8 +80,6 @@ class Database:
         self.conn.close()
 
     def _configure(self, durability: str) -> None:
-        if durability not in ("full", "normal"):
-            raise StoreError(f"durability must be 'full' or 'normal', not {durability!r}")
         self.conn.execute("PRAGMA journal_mode = WAL")
         self.conn.execute(f"PRAGMA synchronous = {durability.upper()}")
         self.conn.execute("PRAGMA foreign_keys = ON")
