@@ -15,7 +15,7 @@ import trio
 
 from ..errors import ProtocolError
 from ..store import workers
-from ..wire import MAX_WORKER_LINE, LaunchEnvelope, LineBuffer, canonical_json, encode_line, parse_worker_message
+from ..wire import WORKER_EXIT_CLAIM_LOST, WORKER_EXIT_OK, MAX_WORKER_LINE, LaunchEnvelope, LineBuffer, canonical_json, encode_line, parse_worker_message
 from . import processes
 from .state import ActiveRun, HostState, log
 from .worker_messages import handle
@@ -69,36 +69,29 @@ async def run_worker(host: HostState, active: ActiveRun, envelope: LaunchEnvelop
     os.close(to_worker_r)
     os.close(from_worker_w)
     active.pid = proc.pid
-    workers.attach_process(host.db, envelope.workerEpoch, proc.pid, processes.identity(proc.pid) or "")
     send = trio.lowlevel.FdStream(to_worker_w)
     receive = trio.lowlevel.FdStream(from_worker_r)
-    outcome = "exited"
     try:
+        workers.attach_process(host.db, envelope.workerEpoch, proc.pid, processes.identity(proc.pid) or "")
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_drain, proc.stdout, diagnostics)
             nursery.start_soon(_pump, host, active, receive, send, proc)
             nursery.start_soon(_watch_startup, host, active, proc)
             await proc.wait()
             nursery.cancel_scope.cancel()
-    except trio.Cancelled:
-        outcome = active.stop_reason or "cancelled"
-        raise
-    finally:
+    finally:  # cancelled, failed or done: the worker's whole group goes, and is reaped
         with trio.CancelScope(shield=True):
             await _stop(proc, host.config.kill_grace_s)
             for stream in (send, receive, proc.stdout):
                 await stream.aclose()
-    return _exit(proc, outcome, diagnostics)
+    return _exit(proc, diagnostics)
 
 
-def _exit(proc: trio.Process, outcome: str, diagnostics: Diagnostics) -> WorkerExit:
+def _exit(proc: trio.Process, diagnostics: Diagnostics) -> WorkerExit:
     code = proc.returncode
     if code is not None and code < 0:
-        return WorkerExit("crashed" if outcome == "exited" else outcome, None, -code, diagnostics.text())
-    if outcome == "exited" and code == 3:
-        outcome = "claimLost"
-    elif outcome == "exited" and code != 0:
-        outcome = "crashed"
+        return WorkerExit("crashed", None, -code, diagnostics.text())
+    outcome = {WORKER_EXIT_OK: "exited", WORKER_EXIT_CLAIM_LOST: "claimLost"}.get(code, "crashed")
     return WorkerExit(outcome, code, None, diagnostics.text())
 
 

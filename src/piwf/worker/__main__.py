@@ -16,10 +16,9 @@ import msgspec
 from ..engine.executor import Step, Stop, describe_error, execute
 from ..engine.loader import load_workflow
 from ..errors import ClaimLost, DefinitionError, NodeFailed, PiwfError, WorkflowLoadError
-from ..wire import LaunchEnvelope
+from ..wire import WORKER_EXIT_CLAIM_LOST, WORKER_EXIT_OK, WORKER_EXIT_PROTOCOL, LaunchEnvelope
 from .channel import Channel
 
-EXIT_OK, EXIT_CLAIM_LOST, EXIT_PROTOCOL = 0, 3, 4
 
 
 class HostJournal:
@@ -80,11 +79,11 @@ def main() -> int:
     try:
         run(envelope, channel)
     except ClaimLost:
-        return EXIT_CLAIM_LOST
+        return WORKER_EXIT_CLAIM_LOST
     except PiwfError as exc:
         print(f"piwf worker: {exc}", file=sys.stderr)
-        return EXIT_PROTOCOL
-    return EXIT_OK
+        return WORKER_EXIT_PROTOCOL
+    return WORKER_EXIT_OK
 
 
 if __name__ == "__main__":
