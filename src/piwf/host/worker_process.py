@@ -15,7 +15,16 @@ import trio
 
 from ..errors import ProtocolError
 from ..store import workers
-from ..wire import WORKER_EXIT_CLAIM_LOST, WORKER_EXIT_OK, MAX_WORKER_LINE, LaunchEnvelope, LineBuffer, canonical_json, encode_line, parse_worker_message
+from ..wire import (
+    LaunchEnvelope,
+    LineBuffer,
+    MAX_WORKER_LINE,
+    WORKER_EXIT_CLAIM_LOST,
+    WORKER_EXIT_OK,
+    canonical_json,
+    encode_line,
+    parse_worker_message,
+)
 from . import processes
 from .state import ActiveRun, HostState, log
 from .worker_messages import handle
