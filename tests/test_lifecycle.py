@@ -5,17 +5,46 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 import trio
 
 from piwf.client import AsyncClient
+from piwf.errors import StoreError
 from piwf.paths import StatePaths
+from piwf.store import Database
+from piwf.store.runs import LIFECYCLE_CONTRADICTIONS
 
 from .conftest import HostProcess, piwf, wait_for
+
+
+@pytest.fixture(autouse=True)
+async def no_lifecycle_contradictions_throughout(
+    paths: StatePaths, request: pytest.FixtureRequest
+) -> AsyncIterator[None]:
+    """Sample the database every few milliseconds, across host kills and restarts."""
+    samples: list[int] = []
+
+    async def sample() -> None:
+        db = None
+        while True:
+            try:
+                db = db or Database.open_readonly(paths.db)
+                samples.append(db.scalar(LIFECYCLE_CONTRADICTIONS))
+            except (StoreError, OSError):
+                pass  # not created yet, or deliberately corrupt
+            await trio.sleep(0.005)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(sample)
+        yield
+        nursery.cancel_scope.cancel()
+    assert samples or request.node.get_closest_marker("unreadable_db"), "the database was never sampled"
+    assert not any(samples), f"lifecycle contradictions seen: {max(samples)}"
 
 
 async def call(paths: StatePaths, operation: str, **kwargs: Any) -> Any:
@@ -239,6 +268,7 @@ async def test_piwf_stop_drains_the_host(
         assert not paths.socket.exists()
 
 
+@pytest.mark.unreadable_db
 async def test_a_corrupt_database_is_refused_at_start_and_left_as_it_was(paths: StatePaths) -> None:
     paths.ensure()
     paths.db.write_bytes(b"definitely not sqlite" * 50)
