@@ -48,6 +48,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-workers", type=_positive, default=4, metavar="N", help="concurrent runs (default 4)")
     serve.add_argument("--durability", choices=("full", "normal"), default="full",
                        help="SQLite synchronous setting (default full)")
+    serve.add_argument("--worker-startup-timeout", type=_seconds, default=15.0, metavar="S",
+                       help="seconds a worker has to report ready (default 15)")
+    serve.add_argument("--kill-grace", type=_seconds, default=2.0, metavar="S",
+                       help="seconds between SIGTERM and SIGKILL when stopping a worker (default 2)")
     serve.set_defaults(handler=cmd_serve)
     commands.add_parser("status", parents=[common], help="host state and counts").set_defaults(handler=cmd_status)
     commands.add_parser("stop", parents=[common], help="ask the host to drain and exit").set_defaults(handler=cmd_stop)
@@ -92,6 +96,16 @@ def _add_common(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON document and nothing else", **extra)
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError("must be more than 0 and at most 3600 seconds")
+    return value
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -116,7 +130,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(format="%(asctime)s piwf[%(process)d] %(levelname)s %(message)s", level=logging.INFO,
                         stream=sys.stderr)
     config = HostConfig(StatePaths.resolve(args.state_dir), max_workers=args.max_workers,
-                        durability=args.durability)
+                        durability=args.durability, worker_startup_s=args.worker_startup_timeout,
+                        kill_grace_s=args.kill_grace)
     trio.run(Host(config).serve)
     return 0
 

@@ -129,6 +129,9 @@ def _settle(host: HostState, active: ActiveRun, result: WorkerExit | None) -> No
         if active.settled or outcome in ("cancelled", "claimLost"):
             host.crashes.pop(active.run_id, None)
             return
+        if outcome in ("crashed", "timedOut") and result is not None:
+            log.warning("run %s: worker %s (exit %s, signal %s): %s", active.run_id, outcome, result.exit_code,
+                        result.signal, _last_line(result.diagnostic))
         detail = _crash_detail(host, active, outcome, result)
         if queue.park_run(host.db, active.run_id, active.claim.token, now,
                           hold="crashed" if detail else None, detail=detail):
@@ -148,5 +151,9 @@ def _crash_detail(host: HostState, active: ActiveRun, outcome: str, result: Work
     if record.count < host.config.max_crashes:
         return None
     host.crashes.pop(active.run_id)
-    last = (result.diagnostic.strip().splitlines() or ["no output"])[-1][:300] if result else "no output"
+    last = _last_line(result.diagnostic if result else "")
     return f"worker crashed {record.count} times in a row; last output: {last}"
+
+
+def _last_line(text: str) -> str:
+    return (text.strip().splitlines() or ["no output"])[-1][:300]

@@ -8,6 +8,7 @@ import msgspec
 
 from ..wire import WorkerMessage, WorkerResponse, canonical_json, worker_fingerprint
 from .db import Database
+from .queue import add_event
 
 ACTIVE = "status IN ('starting', 'running')"
 
@@ -46,7 +47,12 @@ def finish(
                 WHERE worker_epoch = ? AND {ACTIVE}""",
             (outcome, now, exit_code, signal, diagnostic, worker_epoch),
         )
-        return db.changes() == 1
+        if db.changes() != 1:
+            return False
+        run_id = db.scalar("SELECT run_id FROM run_workers WHERE worker_epoch = ?", (worker_epoch,))
+        add_event(db, run_id, "worker.finished",
+                  {"workerEpoch": worker_epoch, "outcome": outcome, "exitCode": exit_code, "signal": signal}, now)
+        return True
 
 
 def orphan_before(db: Database, host_epoch: int, now: int) -> list[tuple[str, int, str]]:
