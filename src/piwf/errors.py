@@ -40,6 +40,12 @@ class CorruptStateError(StoreError):
     exit_code = 3
 
 
+class ConstraintViolation(StoreError):
+    """A write broke a uniqueness or integrity rule of the schema."""
+
+    code = "constraint"
+
+
 class ClaimLost(StoreError):
     """A write on behalf of a claim found the claim no longer live."""
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import apsw
 
-from ..errors import CorruptStateError, SchemaError, StoreError
+from ..errors import ConstraintViolation, CorruptStateError, SchemaError, StoreError
 from ..wire import canonical_json, decode_json, sha256_hex
 from .schema import APPLICATION_ID, REQUIRED_TABLES, SCHEMA_SQL, SCHEMA_VERSION
 
@@ -153,8 +153,6 @@ class Database:
     def execute(self, sql: str, params: Any = ()) -> apsw.Cursor:
         try:
             return self.conn.execute(sql, params)
-        except apsw.ConstraintError:
-            raise
         except apsw.Error as exc:
             raise _translate(exc, self.path) from exc
 
@@ -213,6 +211,8 @@ def _check_header(path: Path) -> None:
 
 
 def _translate(exc: apsw.Error, path: Path) -> StoreError:
+    if isinstance(exc, apsw.ConstraintError):
+        return ConstraintViolation(f"constraint violated: {exc}")
     if isinstance(exc, (apsw.NotADBError, apsw.CorruptError)):
         return CorruptStateError(f"{path} is corrupt: {exc}. {RESET_HINT}")
     if isinstance(exc, apsw.FullError):

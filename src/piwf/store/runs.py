@@ -5,9 +5,7 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-import apsw
-
-from ..errors import Conflict, NotFound, Rejected
+from ..errors import Conflict, ConstraintViolation, NotFound, Rejected
 from ..wire import canonical_json, decode_json, sha256_hex
 from .db import Database
 from .queue import add_event, require_claim
@@ -45,7 +43,7 @@ def create_run(
                    VALUES (?, 'queued', ?, ?, ?)""",
                 (run_id, origin_session_id, now, now),
             )
-        except apsw.ConstraintError as exc:
+        except ConstraintViolation as exc:
             raise Rejected(f"run {run_id} cannot be queued: {exc}") from exc
         add_event(db, run_id, "created", {"workflow": workflow}, now)
     return {"runId": run_id, "status": "queued", "revision": 1}
