@@ -45,7 +45,6 @@ class ActiveRun:
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     settled: bool = False
     stop_reason: str | None = None
-    pid: int | None = None
     ready: trio.Event = field(default_factory=trio.Event)
 
     @property

@@ -77,7 +77,6 @@ async def run_worker(host: HostState, active: ActiveRun, envelope: LaunchEnvelop
         return WorkerExit("crashed", None, None, f"cannot start worker: {exc}")
     os.close(to_worker_r)
     os.close(from_worker_w)
-    active.pid = proc.pid
     send = trio.lowlevel.FdStream(to_worker_w)
     receive = trio.lowlevel.FdStream(from_worker_r)
     try:

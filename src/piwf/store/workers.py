@@ -70,10 +70,6 @@ def orphan_before(db: Database, host_epoch: int, now: int) -> list[tuple[str, in
     return [(epoch, pid, identity) for epoch, pid, identity in rows if pid is not None and identity]
 
 
-def active_count(db: Database) -> int:
-    return int(db.scalar(f"SELECT COUNT(*) FROM run_workers WHERE {ACTIVE}") or 0)
-
-
 def read_message(db: Database, message: WorkerMessage) -> WorkerResponse | None:
     """The stored answer to a repeated message id (or a rejection if its body changed)."""
     row = db.one(
