@@ -154,3 +154,23 @@ async def test_protocol_lines_are_answered_in_order(client: AsyncClient) -> None
     await client._stream.send_all(b"".join(encode_line(r) for r in requests))
     replies = [json.loads(await client.read_line()) for _ in requests]
     assert [r["requestId"] for r in replies] == [r.requestId for r in requests]
+
+
+async def test_a_stale_expected_revision_is_a_conflict_and_changes_nothing(client: AsyncClient, project: Path) -> None:
+    run_id = (await client.call("run.start", payload=start_payload(project, "sleepy"))).receipt["runId"]
+    current = (await client.call("run.status", run_id=run_id)).receipt["revision"]
+    stale = await client.call("run.cancel", run_id=run_id, expected_revision=current + 5)
+    assert stale.outcome == "conflict" and f"revision {current}" in stale.error
+    assert (await client.call("run.status", run_id=run_id)).receipt["status"] != "cancelled"
+    assert (await client.call("run.cancel", run_id=run_id)).outcome == "accepted"
+
+
+async def test_one_active_run_per_origin_session(client: AsyncClient, project: Path) -> None:
+    first = await client.call("run.start", payload=start_payload(project, "sleepy", originSessionId="s1"))
+    second = await client.call("run.start", payload=start_payload(project, "greet", originSessionId="s1"))
+    assert second.outcome == "rejected" and "already has an active run" in second.error
+    other = await client.call("run.start", payload=start_payload(project, "greet", originSessionId="s2"))
+    assert other.outcome == "accepted"
+    await client.call("run.cancel", run_id=first.receipt["runId"])
+    again = await client.call("run.start", payload=start_payload(project, "greet", originSessionId="s1"))
+    assert again.outcome == "accepted"
