@@ -11,11 +11,9 @@ import socket
 import uuid
 from typing import Any
 
-import msgspec
-
-from .errors import HostUnavailable, ProtocolError
+from .errors import HostUnavailable
 from .paths import StatePaths
-from .wire import HOST_REQUEST, MAX_LINE, HostRequest, HostResponse, LineBuffer, encode_line
+from .wire import HOST_REQUEST, MAX_LINE, HostRequest, HostResponse, LineBuffer, decode_as, encode_line
 
 
 def make_request(
@@ -31,10 +29,7 @@ def make_request(
 
 
 def _decode(line: bytes) -> HostResponse:
-    try:
-        return msgspec.json.decode(line, type=HostResponse)
-    except msgspec.DecodeError as exc:
-        raise ProtocolError(f"the host sent an unreadable response: {exc}") from exc
+    return decode_as(line, HostResponse, "host response")
 
 
 class Client:

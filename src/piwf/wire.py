@@ -8,11 +8,13 @@ validation errors name the offending field.
 from __future__ import annotations
 
 import hashlib
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
 from .errors import ProtocolError
+
+T = TypeVar("T")
 
 MAX_LINE = 1024 * 1024
 MAX_WORKER_LINE = 16 * 1024 * 1024
@@ -138,11 +140,16 @@ def parse_request(obj: Any) -> HostRequest:
     return request
 
 
-def parse_worker_message(line: bytes) -> WorkerMessage:
+def decode_as(line: bytes, kind: type[T], what: str) -> T:
+    """Decode one line into ``kind``; a ProtocolError naming ``what`` otherwise."""
     try:
-        return msgspec.json.decode(line, type=WorkerMessage)
+        return msgspec.json.decode(line, type=kind)
     except msgspec.DecodeError as exc:
-        raise ProtocolError(f"bad worker message: {exc}") from exc
+        raise ProtocolError(f"unreadable {what}: {exc}") from exc
+
+
+def parse_worker_message(line: bytes) -> WorkerMessage:
+    return decode_as(line, WorkerMessage, "worker message")
 
 
 class LineBuffer:

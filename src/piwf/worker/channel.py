@@ -13,10 +13,8 @@ import signal
 import threading
 from typing import Any
 
-import msgspec
-
 from ..errors import ClaimLost, PiwfError
-from ..wire import MAX_WORKER_LINE, LineBuffer, WorkerMessage, WorkerResponse, encode_line
+from ..wire import MAX_WORKER_LINE, LineBuffer, WorkerMessage, WorkerResponse, decode_as, encode_line
 
 
 class HostRefused(PiwfError):
@@ -52,7 +50,7 @@ class Channel:
             raise HostRefused(f"{operation} message is {len(line)} bytes, over the {MAX_WORKER_LINE}-byte limit")
         _write_all(self._write_fd, line)
         answer = self._answers.get()
-        response = msgspec.json.decode(answer, type=WorkerResponse)
+        response = decode_as(answer, WorkerResponse, "host answer")
         if response.revision is not None:
             self.revision = response.revision
         if response.outcome == "claimLost":
