@@ -33,11 +33,14 @@ class Channel:
 
     def _read(self, fd: int) -> None:
         buffer = LineBuffer(MAX_WORKER_LINE)
-        while chunk := os.read(fd, 65536):
-            for line in buffer.feed(chunk):
-                self._answers.put(line)
-        # The host is gone (crashed or killed): nothing this process does can be accepted.
-        os.killpg(os.getpgid(0), signal.SIGKILL)
+        try:
+            while chunk := os.read(fd, 65536):
+                for line in buffer.feed(chunk):
+                    self._answers.put(line)
+        finally:
+            # The host is gone (or broke the protocol): nothing this process does can be
+            # accepted any more, so the run's whole process group goes now.
+            os.killpg(os.getpgid(0), signal.SIGKILL)
 
     def request(self, operation: str, payload: dict[str, Any] | None = None) -> Any:
         self._sent += 1
