@@ -166,3 +166,19 @@ async def test_heartbeat_renews_the_host_lease_and_stops_the_host_when_it_is_los
             await host.stop_requested.wait()
             nursery.cancel_scope.cancel()
     assert read_lease(host.db).host_id == "usurper"
+
+
+async def test_dispatch_is_bounded_and_event_driven(paths: StatePaths, project: Path, nursery: trio.Nursery) -> None:
+    # With a ten-minute backstop poll, only events (start, capacity freed) can wake the dispatcher.
+    host = await nursery.start(Host(config(paths, max_workers=2, poll_s=600)).serve)
+    async with AsyncClient(paths) as client:
+        payload = {"workflow": "sleepy", "projectPath": str(project)}
+        started = [(await client.call("run.start", payload=payload)).receipt["runId"] for _ in range(3)]
+        await wait_for(lambda: len(host.active) == 2)
+        statuses = [(await client.call("run.status", run_id=r)).receipt["queueStatus"] for r in started]
+        assert statuses.count("queued") == 1
+        assert (await client.call("host.status")).receipt["activeWorkers"] == 2
+        await client.call("run.cancel", run_id=started[0])
+        await wait_for(lambda: started[2] in host.active)  # capacity freed: claimed at once
+        for run_id in started[1:]:
+            await client.call("run.cancel", run_id=run_id)
