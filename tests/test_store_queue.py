@@ -243,3 +243,10 @@ def test_lifecycle_never_contradicts(db: Database, clock: ManualClock) -> None:
     assert runs.status_counts(db, clock.now_ms())["lifecycleContradictions"] == 0
     db.execute("UPDATE runs SET status = 'completed' WHERE run_id = 'd'")
     assert runs.status_counts(db, clock.now_ms())["lifecycleContradictions"] == 1
+
+
+def test_many_excluded_runs_do_not_hide_a_claimable_one(db: Database, clock: ManualClock) -> None:
+    for i in range(40):
+        new_run(db, clock, f"r{i:02}")
+    got = claim(db, clock, exclude=frozenset(f"r{i:02}" for i in range(39)))
+    assert got is not None and got.run_id == "r39"

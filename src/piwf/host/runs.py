@@ -19,7 +19,6 @@ from ..wire import LaunchEnvelope
 from .state import ActiveRun, CrashRecord, HostState, log
 from .worker_process import WorkerExit, run_worker
 
-CLEANUP_S = 10.0
 MAX_BACKOFF_S = 60.0
 
 
@@ -28,13 +27,10 @@ async def serve_dispatcher(host: HostState, *, task_status: trio.TaskStatus[None
         task_status.started()
         while True:
             host.wake_dispatcher = trio.Event()
-            try:
-                for claim in _claim_available(host):
-                    active = ActiveRun(claim, worker_epoch=secrets.token_hex(8))
-                    host.active[claim.run_id] = active
-                    nursery.start_soon(supervise_run, host, active)
-            except PiwfError as exc:
-                log.error("dispatcher could not claim runs: %s", exc)
+            for claim in _claim_available(host):
+                active = ActiveRun(claim, worker_epoch=secrets.token_hex(8))
+                host.active[claim.run_id] = active
+                nursery.start_soon(supervise_run, host, active)
             with trio.move_on_after(_next_poll(host)):
                 await host.wake_dispatcher.wait()
 
@@ -47,18 +43,23 @@ def _next_poll(host: HostState) -> float:
 
 
 def _claim_available(host: HostState) -> list[Claim]:
+    """Claim runs up to capacity; a store error ends this round with what was claimed."""
     claims: list[Claim] = []
     now_s = trio.current_time()
-    backing_off = frozenset(r for r, c in host.crashes.items() if c.not_before > now_s)
+    exclude = {r for r, c in host.crashes.items() if c.not_before > now_s} | set(host.active)
     while len(host.active) + len(claims) < host.config.max_workers:
-        claim = queue.claim_next_run(
-            host.db, runner_id=host.host_id, token=secrets.token_urlsafe(24),
-            lease_ms=host.config.run_lease_ms, now=host.now(), epoch=host.epoch,
-            exclude=backing_off | frozenset(host.active),
-        )
+        try:
+            claim = queue.claim_next_run(
+                host.db, runner_id=host.host_id, token=secrets.token_urlsafe(24),
+                lease_ms=host.config.run_lease_ms, now=host.now(), epoch=host.epoch, exclude=frozenset(exclude),
+            )
+        except PiwfError as exc:
+            log.error("dispatcher could not claim runs: %s", exc)
+            break
         if claim is None:
             break
         claims.append(claim)
+        exclude.add(claim.run_id)
     return claims
 
 
@@ -71,9 +72,7 @@ async def supervise_run(host: HostState, active: ActiveRun) -> None:
                 result = await _launch_contained(host, active)
                 nursery.cancel_scope.cancel()
     finally:
-        with trio.CancelScope(shield=True) as cleanup:
-            cleanup.deadline = trio.current_time() + CLEANUP_S
-            _settle(host, active, result)
+        _settle(host, active, result)  # synchronous: cancellation cannot interrupt it
         del host.active[active.run_id]
         host.changed()
         host.wake()

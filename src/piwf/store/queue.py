@@ -38,17 +38,17 @@ def claim_next_run(
     db: Database, *, runner_id: str, token: str, lease_ms: int, now: int, epoch: int,
     exclude: frozenset[str] = frozenset(),
 ) -> Claim | None:
-    """Claim the oldest claimable run, or None."""
+    """Claim the oldest claimable run not in ``exclude``, or None."""
+    excluded = {f"x{i}": run_id for i, run_id in enumerate(sorted(exclude))}
+    not_in = f"AND q.run_id NOT IN ({', '.join(':' + k for k in excluded)})" if excluded else ""
     with db.write():
-        for (run_id,) in db.execute(
+        run_id = db.scalar(
             f"""SELECT q.run_id FROM run_queue q
-                WHERE {CLAIMABLE} AND {SESSION_FREE}
-                ORDER BY q.created_at, q.run_id LIMIT 16""",
-            {"now": now},
-        ):
-            if run_id not in exclude:
-                return _take(db, run_id, runner_id, token, lease_ms, now, epoch)
-    return None
+                WHERE {CLAIMABLE} AND {SESSION_FREE} {not_in}
+                ORDER BY q.created_at, q.run_id LIMIT 1""",
+            {"now": now, **excluded},
+        )
+        return None if run_id is None else _take(db, run_id, runner_id, token, lease_ms, now, epoch)
 
 
 def claim_run(
