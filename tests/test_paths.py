@@ -42,3 +42,10 @@ def test_a_file_in_place_of_the_state_directory_is_refused(tmp_path: Path) -> No
     (tmp_path / "state").write_text("not a directory")
     with pytest.raises(StateDirError, match="cannot create"):
         StatePaths.resolve(tmp_path / "state").ensure()
+
+
+def test_a_state_directory_too_long_for_a_socket_is_refused_before_anything_is_created(tmp_path: Path) -> None:
+    root = tmp_path / ("d" * 120)
+    with pytest.raises(StateDirError, match="too long for a Unix socket"):
+        StatePaths.resolve(root).ensure()
+    assert not root.exists()

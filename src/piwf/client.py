@@ -57,6 +57,9 @@ class Client:
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             sock.close()
             raise HostUnavailable(f"no piwf host is serving {self.paths.root} (start one with `piwf serve`)") from exc
+        except OSError as exc:
+            sock.close()
+            raise HostUnavailable(f"cannot reach the piwf host at {self.paths.socket}: {exc}") from exc
         self._sock = sock
 
     def close(self) -> None:

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from .errors import StateDirError
 
+MAX_SOCKET_PATH = 108  # sizeof(sockaddr_un.sun_path) on Linux
+
 
 def default_state_dir() -> Path:
     if env := os.environ.get("PIWF_STATE_DIR"):
@@ -49,6 +51,9 @@ class StatePaths:
 
     def ensure(self) -> None:
         """Create the state and host directories (0700) or refuse unsafe ones."""
+        if len(os.fsencode(self.socket)) >= MAX_SOCKET_PATH:
+            raise StateDirError(f"socket path {self.socket} is too long for a Unix socket "
+                                f"(at most {MAX_SOCKET_PATH - 1} bytes); choose a shorter state directory")
         for directory in (self.root, self.host_dir):
             try:
                 directory.mkdir(mode=0o700, parents=True, exist_ok=True)
