@@ -32,7 +32,6 @@ class Host:
     def __init__(self, config: HostConfig, *, clock: Clock | None = None) -> None:
         self.config = config
         self.clock = clock or WallClock()
-        self.state: HostState | None = None
 
     async def serve(self, *, task_status: trio.TaskStatus[HostState] = trio.TASK_STATUS_IGNORED) -> None:
         paths = self.config.state_dir
@@ -44,7 +43,6 @@ class Host:
             db = Database.open(paths.db, durability=self.config.durability)
             try:
                 host = HostState(self.config, db, self.clock)
-                self.state = host
                 _take_over(host, pid, identity)
                 await self._serve(host, task_status)
             finally:
