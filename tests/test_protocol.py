@@ -22,7 +22,7 @@ async def test_run_start_and_wait_completes(client: AsyncClient, project: Path) 
     assert started.outcome == "accepted", started.error
     run_id = started.receipt["runId"]
     done = await client.call("run.wait", run_id=run_id, payload={"timeoutMs": 20_000})
-    assert done.receipt["status"] == "completed"
+    assert done.receipt["status"] == "completed" and done.receipt["atRest"]
     assert done.receipt["output"] == {"text": "HELLO\n"}
 
 
@@ -174,3 +174,11 @@ async def test_one_active_run_per_origin_session(client: AsyncClient, project: P
     await client.call("run.cancel", run_id=first.receipt["runId"])
     again = await client.call("run.start", payload=start_payload(project, "greet", originSessionId="s1"))
     assert again.outcome == "accepted"
+
+
+async def test_run_wait_returns_at_its_timeout_when_the_run_is_busy(client: AsyncClient, project: Path) -> None:
+    run_id = (await client.call("run.start", payload=start_payload(project, "sleepy"))).receipt["runId"]
+    busy = await client.call("run.wait", run_id=run_id, payload={"timeoutMs": 50})
+    assert busy.outcome == "accepted" and not busy.receipt["atRest"]
+    await client.call("run.cancel", run_id=run_id)
+    assert (await client.call("run.wait", run_id=run_id)).receipt["atRest"]

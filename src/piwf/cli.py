@@ -18,7 +18,6 @@ from .errors import HostUnavailable, PiwfError
 from .paths import StatePaths
 from .wire import HostResponse
 
-AT_REST = ("completed", "failed", "timed_out", "cancelled", "waiting")
 FAILED = ("failed", "timed_out", "cancelled")
 
 
@@ -238,8 +237,7 @@ def wait_for_run(client: Client, run_id: str) -> dict[str, Any]:
         client._sock.settimeout(None)
     while True:
         run = _ok(client.call("run.wait", run_id=run_id, payload={"timeoutMs": 600_000}))
-        held = run["hold"] is not None and run["queueStatus"] in ("queued", "parked")
-        if run["status"] in AT_REST or held:
+        if run.pop("atRest"):
             return run
 
 

@@ -123,7 +123,9 @@ async def _run_wait(host: HostState, request: HostRequest) -> Any:
     with trio.move_on_after(timeout_ms / 1000):
         while not at_rest(runs.get_run(host.db, run_id)):
             await host.run_changed.wait()
-    return run_receipt(host, run_id)
+    receipt = run_receipt(host, run_id)
+    receipt["atRest"] = at_rest(receipt)
+    return receipt
 
 
 def at_rest(run: dict[str, Any]) -> bool:
