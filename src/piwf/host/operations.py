@@ -121,7 +121,7 @@ async def _run_wait(host: HostState, request: HostRequest) -> Any:
         raise Rejected(f"payload.timeoutMs must be an integer from 0 to {WAIT_LIMIT_MS}")
     run_id = _run_id(request)
     with trio.move_on_after(timeout_ms / 1000):
-        while not at_rest(runs.get_run(host.db, run_id)):
+        while not at_rest(runs.run_summary(host.db, run_id)):
             await host.run_changed.wait()
     receipt = run_receipt(host, run_id)
     receipt["atRest"] = at_rest(receipt)

@@ -213,6 +213,15 @@ def list_runs(db: Database, limit: int = 50, status: str | None = None) -> list[
     return [_summary(row) for row in rows]
 
 
+def run_summary(db: Database, run_id: str) -> dict[str, Any]:
+    """The status fields of one run, without its input, output or steps."""
+    row = db.one(f"SELECT {RUN_COLUMNS} FROM runs r JOIN run_queue q ON q.run_id = r.run_id WHERE r.run_id = ?",
+                 (run_id,))
+    if row is None:
+        raise NotFound(f"run {run_id} not found")
+    return _summary(row)
+
+
 def get_run(db: Database, run_id: str) -> dict[str, Any]:
     row = db.one(
         f"""SELECT {RUN_COLUMNS}, r.project_path, r.definition_digest, r.input_json, r.input_hash,
