@@ -36,6 +36,16 @@ class RecordingJournal:
     def fail(self, attempt_id: str, error: dict) -> None:
         self.events.append(("fail", attempt_id, error["type"], error["message"]))
 
+    def effect(self, node: str, key: str, apply: Any, observe: Any) -> Any:
+        self.events.append(("effect", node, key))
+        return apply()
+
+    def process_started(self, node: str, pid: int) -> None:
+        self.events.append(("process", node))
+
+    def process_ended(self, pid: int) -> None:
+        self.events.append(("process ended",))
+
 
 def run(workflow: Workflow, journal: RecordingJournal | None = None, accepted: list[Step] | None = None,
         input: Any = None, project: str = "/") -> Any:

@@ -196,16 +196,25 @@ async def test_cancel_ends_the_run_and_kills_its_worker_group(
     run_id = await start(paths, project, "sleepy")
     running = await wait_for(lambda: _running_worker(paths, run_id))
     worker_pid = running["workers"][0]["pid"]
-    await wait_for(lambda: len(group_members(worker_pid)) >= 3)  # worker, sh, two sleeps
+    shell_pid = await wait_for(lambda: _shell_group(worker_pid))
+    await wait_for(lambda: len(group_members(shell_pid)) >= 3)  # sh and its two sleeps, in their own group
     cancelled = await piwf(paths, "run", "cancel", run_id, "--json")
     assert json.loads(cancelled.stdout)["status"] == "cancelled"
-    await wait_for(lambda: not group_members(worker_pid))
+    await wait_for(lambda: not group_members(worker_pid) and not group_members(shell_pid))
     run = await run_status(paths, run_id)
     assert (run["status"], run["queueStatus"]) == ("cancelled", "cancelled")
     await wait_for(lambda: _worker_outcome(paths, run_id, "cancelled"))
     assert await contradictions(paths) == 0
     again = await piwf(paths, "run", "cancel", run_id, check=False)
     assert again.returncode == 1 and b"cannot be cancelled" in again.stderr
+
+
+def _shell_group(worker_pid: int) -> int | None:
+    """The process group a worker started for its shell node."""
+    for child in psutil.Process(worker_pid).children():
+        if os.getpgid(child.pid) == child.pid:
+            return child.pid
+    return None
 
 
 async def _running_worker(paths: StatePaths, run_id: str) -> dict[str, Any] | None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 
-from piwf.host import processes
+from piwf import processes
 
 
 def sleeper() -> subprocess.Popen[bytes]:

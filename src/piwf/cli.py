@@ -85,6 +85,15 @@ def build_parser() -> argparse.ArgumentParser:
         sub = run.add_parser(name, parents=[common], help=text)
         sub.add_argument("run_id", metavar="RUN_ID")
         sub.set_defaults(handler=handler)
+    resolve = run.add_parser("resolve-effect", parents=[common],
+                             help="say whether an ambiguous effect was applied, releasing its run")
+    resolve.add_argument("run_id", metavar="RUN_ID")
+    resolve.add_argument("key", metavar="KEY")
+    outcome = resolve.add_mutually_exclusive_group(required=True)
+    outcome.add_argument("--applied", action="store_true", help="it was applied: the run goes on with --result")
+    outcome.add_argument("--not-applied", action="store_true", help="it was not applied: the run applies it again")
+    resolve.add_argument("--result", metavar="JSON", help="the effect's result as JSON, with --applied (default null)")
+    resolve.set_defaults(handler=cmd_run_resolve_effect)
     return parser
 
 
@@ -126,6 +135,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .host.host import Host
     from .host.state import HostConfig
 
+    from . import faults
+
+    faults.configure()
     logging.basicConfig(format="%(asctime)s piwf[%(process)d] %(levelname)s %(message)s", level=logging.INFO,
                         stream=sys.stderr)
     config = HostConfig(StatePaths.resolve(args.state_dir), max_workers=args.max_workers,
@@ -184,7 +196,7 @@ def _wait_for_exit(pid: int, identity: str, timeout_s: float = 60.0) -> None:
     """Return once the host process (that very process, not a reuse of its pid) is gone."""
     import time
 
-    from .host.processes import alive
+    from .processes import alive
 
     deadline = time.monotonic() + timeout_s
     while alive(pid, identity):
@@ -269,6 +281,21 @@ def cmd_run_events(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run_resolve_effect(args: argparse.Namespace) -> int:
+    if args.result is not None and not args.applied:
+        raise CommandFailed("--result goes with --applied")
+    try:
+        result = None if args.result is None else json.loads(args.result)
+    except ValueError as exc:
+        raise CommandFailed(f"--result is not valid JSON: {exc}") from None
+    payload = {"key": args.key, "applied": bool(args.applied), "result": result}
+    with Client(_paths(args)) as client:
+        receipt = _ok(client.call("effect.resolve", run_id=args.run_id, payload=payload))
+    _print(args, receipt, lambda r: f"{args.run_id}: effect {args.key} resolved as {r['status']}"
+           + (f"; still ambiguous: {', '.join(r['ambiguous'])}" if r["ambiguous"] else ""))
+    return 0
+
+
 def cmd_run_control(args: argparse.Namespace) -> int:
     operation = f"run.{args.sub}"
     with Client(_paths(args)) as client:
@@ -319,6 +346,8 @@ def _format_run(r: dict[str, Any]) -> str:
         lines.append(f"detail:   {r['statusDetail']}")
     for step in r.get("steps", []):
         lines.append(f"  step {step['seq']}: {step['node']:16} {step['status']} (generation {step['generation']})")
+    for effect in r.get("effects", []):
+        lines.append(f"  effect {effect['key']}: {effect['status']} (node {effect['node']})")
     if r.get("output") is not None:
         lines.append("output:   " + json.dumps(r["output"]))
     if r.get("error"):

@@ -7,18 +7,21 @@ going on, so a step is either accepted durably or will run again.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import signal
 import subprocess
 import traceback
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Protocol
 
 import msgspec
 
-from ..errors import DefinitionError, NodeFailed
+from ..errors import ClaimLost, DefinitionError, NodeFailed
 from ..wire import canonical_json
 from .definition import DEFAULT_EXIT, Compute, Route, Shell, Workflow
 
@@ -33,10 +36,26 @@ class Stop(Exception):
         self.reason = reason
 
 
+# Not node failures: the run is being stopped under the node, which must not record a failure.
+STOPPING = (Stop, ClaimLost)
+
+
 class Journal(Protocol):
     def start(self, seq: int, node: str) -> str: ...
     def accept(self, attempt_id: str, output: Any, exit_name: str) -> None: ...
     def fail(self, attempt_id: str, error: dict[str, Any]) -> None: ...
+    def effect(self, node: str, key: str, apply: Callable[[], Any], observe: Callable[[], Any] | None) -> Any: ...
+    def process_started(self, node: str, pid: int) -> None: ...
+    def process_ended(self, pid: int) -> None: ...
+
+
+class EffectRejected(Exception):
+    """An effect's ``apply()`` failed once; its stored error is raised again, never retried."""
+
+    def __init__(self, key: str, error: dict[str, Any]) -> None:
+        super().__init__(f"effect {key!r} was rejected: {error.get('message', error)}")
+        self.key = key
+        self.error = error
 
 
 @dataclass(frozen=True)
@@ -57,6 +76,20 @@ class Context:
     input: Any
     outputs: Mapping[str, Any]
     project_path: str
+    journal: Journal = field(repr=False, compare=False)
+
+    def effect(self, key: str, apply: Callable[[], Any], observe: Callable[[], Any] | None = None) -> Any:
+        """Apply an external side effect at most once per run and return its JSON result.
+
+        The host records the effect before ``apply()`` runs and its result after. A key
+        already settled returns the stored result (or raises ``EffectRejected``) without
+        calling ``apply``. If an earlier attempt crashed while applying, ``observe()`` says
+        what happened: a result means applied, ``None`` means not applied (apply again);
+        without ``observe`` the run is held as ambiguous for an operator.
+        """
+        if not isinstance(key, str) or not key or len(key.encode()) > 256:
+            raise ValueError("an effect key must be non-empty text of at most 256 bytes")
+        return self.journal.effect(self.node, key, apply, observe)
 
 
 def execute(workflow: Workflow, *, run_id: str, project_path: str, input: Any,
@@ -74,10 +107,12 @@ def execute(workflow: Workflow, *, run_id: str, project_path: str, input: Any,
             output, exit_name = step.output, step.exit or DEFAULT_EXIT
         else:
             attempt_id = journal.start(seq, node)
-            ctx = Context(run_id, node, attempt_id, input, MappingProxyType(dict(outputs)), project_path)
+            ctx = Context(run_id, node, attempt_id, input, MappingProxyType(dict(outputs)), project_path, journal)
             try:
                 output, exit_name = run_node(workflow.nodes[node], ctx)
                 workflow.next_node(node, exit_name)  # an unknown exit fails this node
+            except STOPPING:
+                raise
             except Exception as exc:
                 error = describe_error(exc, node)
                 journal.fail(attempt_id, error)
@@ -92,7 +127,7 @@ def execute(workflow: Workflow, *, run_id: str, project_path: str, input: Any,
 
 def run_node(node: Compute | Shell, ctx: Context) -> tuple[Any, str]:
     if isinstance(node, Shell):
-        return run_shell(node, ctx.project_path), DEFAULT_EXIT
+        return run_shell(node, ctx), DEFAULT_EXIT
     result = node.fn(ctx)
     exit_name = DEFAULT_EXIT
     if isinstance(result, Route):
@@ -104,24 +139,46 @@ def run_node(node: Compute | Shell, ctx: Context) -> tuple[Any, str]:
     return result, exit_name
 
 
-def run_shell(node: Shell, project_path: str) -> dict[str, Any]:
-    cwd = Path(project_path) / node.cwd if node.cwd else Path(project_path)
+# The shell node's program starts only once the host has recorded its process: the gate
+# line arrives on stdin after registration; if the worker dies first, the gate sees EOF
+# and nothing runs. The program itself gets /dev/null as stdin.
+GATE = 'read -r _ || exit 125; exec "$@" </dev/null'
+
+
+def run_shell(node: Shell, ctx: Context) -> dict[str, Any]:
+    """Run a shell node in its own process group, which dies with the node."""
+    cwd = Path(ctx.project_path) / node.cwd if node.cwd else Path(ctx.project_path)
     env = {**os.environ, **(node.env or {})}
+    program = node.argv[0]
+    if shutil.which(program, path=env.get("PATH")) is None and not os.access(cwd / program, os.X_OK):
+        raise OSError(f"cannot run {program}: not found or not executable")
+    proc = subprocess.Popen(["/bin/sh", "-c", GATE, "piwf-shell", *node.argv], cwd=cwd, env=env,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
     try:
-        done = subprocess.run(list(node.argv), cwd=cwd, env=env, capture_output=True,
-                              timeout=node.timeout, stdin=subprocess.DEVNULL)
+        ctx.journal.process_started(ctx.node, proc.pid)
+        stdout, stderr = proc.communicate(b"go\n", timeout=node.timeout)
     except subprocess.TimeoutExpired as exc:
-        raise TimeoutError(f"{node.argv[0]} timed out after {node.timeout} s") from exc
-    except OSError as exc:
-        raise OSError(f"cannot run {node.argv[0]}: {exc.strerror}") from exc
+        _kill_group(proc.pid)
+        proc.communicate()
+        raise TimeoutError(f"{program} timed out after {node.timeout} s") from exc
+    finally:
+        _kill_group(proc.pid)  # whatever the program left behind in its group
+        proc.wait()
+        ctx.journal.process_ended(proc.pid)
     output = {
-        "stdout": done.stdout.decode(errors="replace"),
-        "stderr": done.stderr.decode(errors="replace"),
-        "exitCode": done.returncode,
+        "stdout": stdout.decode(errors="replace"),
+        "stderr": stderr.decode(errors="replace"),
+        "exitCode": proc.returncode,
     }
-    if done.returncode != 0:
-        raise ShellExit(output, node.argv[0])
+    if proc.returncode != 0:
+        raise ShellExit(output, program)
     return output
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 class ShellExit(Exception):

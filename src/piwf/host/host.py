@@ -18,11 +18,12 @@ from ..clock import Clock, WallClock
 from ..errors import HostAlreadyRunning, PiwfError
 from ..store import Database, commands, queue, workers
 from ..store.hosts import acquire_lease, read_lease, release_lease, renew_lease
-from . import processes
+from .. import faults, processes
 from .lock import HostLock
 from .runs import serve_dispatcher
 from .server import open_listener, serve_socket
 from .state import HostConfig, HostState, log
+from .worker_process import reap_registered
 
 CLEANUP_S = 15.0
 PRUNE_INTERVAL_S = 3600
@@ -89,6 +90,8 @@ def _take_over(host: HostState, pid: int, identity: str) -> None:
     for worker_epoch, worker_pid, worker_identity in workers.orphan_before(host.db, host.epoch, now):
         if processes.kill_recorded_group(worker_pid, worker_identity):
             log.info("killed orphaned worker %s (pid %d)", worker_epoch, worker_pid)
+    reap_registered(host, workers.orphaned_processes(host.db, host.epoch))
+    faults.point("host.takeover.committed")
     if previous.host_id is not None:
         log.info("took over from epoch %d; %d run(s) to claim again", previous.epoch, len(reclaimed))
 
@@ -125,6 +128,7 @@ async def _heartbeat(host: HostState) -> None:
             host.stop_requested.set()
             return
         host.lease = renewed
+        faults.point("host.lease.renewed")
 
 
 async def _prune_commands(host: HostState) -> None:

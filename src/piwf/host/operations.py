@@ -16,8 +16,9 @@ from typing import Any
 
 import trio
 
+from .. import faults
 from ..errors import PiwfError, Rejected
-from ..store import commands, queue, runs, workers
+from ..store import commands, effects, queue, runs, workers
 from ..store.hosts import read_lease
 from ..wire import HostRequest, HostResponse, check_id, request_fingerprint
 from .catalog import WorkflowInfo
@@ -55,6 +56,7 @@ async def _write(host: HostState, request: HostRequest) -> tuple[HostResponse, A
     after: After = []
     response = commands.execute(host.db, request, host.epoch, host.now(),
                                 lambda: apply(host, request, prepared, after))
+    faults.point("host.command.committed")
     if response.outcome != "accepted":
         after = []
     host.changed()
@@ -91,6 +93,7 @@ async def _run_status(host: HostState, request: HostRequest) -> Any:
 def run_receipt(host: HostState, run_id: str) -> dict[str, Any]:
     run = runs.get_run(host.db, run_id)
     run["workers"] = workers.worker_summaries(host.db, run_id)
+    run["effects"] = effects.list_effects(host.db, run_id)
     return run
 
 
@@ -222,6 +225,23 @@ def _run_resume(host: HostState, request: HostRequest, info: WorkflowInfo | None
     return HostResponse(request.requestId, "accepted", revision=runs.revision(host.db, run_id), receipt=receipt)
 
 
+def _effect_resolve(host: HostState, request: HostRequest, prepared: None, after: After) -> HostResponse:
+    run_id = _run_id(request)
+    _only(request, "key", "applied", "result")
+    key, applied = request.payload.get("key"), request.payload.get("applied")
+    if not isinstance(key, str) or not key:
+        raise Rejected("payload.key must be the effect's key")
+    if not isinstance(applied, bool):
+        raise Rejected("payload.applied must be true or false")
+    if not applied and request.payload.get("result") is not None:
+        raise Rejected("payload.result goes only with applied: true")
+    runs.revision(host.db, run_id)  # notFound for an unknown run
+    receipt = effects.resolve(host.db, run_id, key, applied=applied, result=request.payload.get("result"),
+                              now=host.now())
+    after.append(host.wake)
+    return HostResponse(request.requestId, "accepted", revision=runs.revision(host.db, run_id), receipt=receipt)
+
+
 # --- helpers -------------------------------------------------------------------------------
 
 
@@ -258,4 +278,5 @@ WRITES: dict[str, tuple[Prepare, Apply]] = {
     "run.cancel": (None, _run_cancel),
     "run.pause": (None, _run_pause),
     "run.resume": (_prepare_resume, _run_resume),
+    "effect.resolve": (None, _effect_resolve),
 }

@@ -12,6 +12,7 @@ import secrets
 
 import trio
 
+from .. import faults
 from ..errors import PiwfError
 from ..store import queue, runs, workers
 from ..store.queue import Claim
@@ -28,6 +29,7 @@ async def serve_dispatcher(host: HostState, *, task_status: trio.TaskStatus[None
         while True:
             host.wake_dispatcher = trio.Event()
             for claim in _claim_available(host):
+                faults.point("host.claim.committed")
                 active = ActiveRun(claim, worker_epoch=secrets.token_hex(8))
                 host.active[claim.run_id] = active
                 nursery.start_soon(supervise_run, host, active)
@@ -73,6 +75,7 @@ async def supervise_run(host: HostState, active: ActiveRun) -> None:
                 nursery.cancel_scope.cancel()
     finally:
         _settle(host, active, result)  # synchronous: cancellation cannot interrupt it
+        faults.point("host.run.settled")
         del host.active[active.run_id]
         host.changed()
         host.wake()

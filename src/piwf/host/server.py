@@ -15,6 +15,7 @@ from pathlib import Path
 
 import trio
 
+from .. import faults
 from ..errors import ProtocolError
 from ..wire import HostResponse, LineBuffer, decode_json, encode_line, parse_request, readable_request_id
 from .operations import handle_request
@@ -99,9 +100,12 @@ async def _answer(host: HostState, stream: trio.SocketStream, line: bytes) -> bo
         await _refuse(stream, "rejected", str(exc), request_id or "")
         return request_id is not None
     response, after = await handle_request(host, request)
-    await stream.send_all(encode_line(response))
-    for action in after:
-        action()
+    try:
+        await stream.send_all(encode_line(response))
+        faults.point("host.reply.sent")
+    finally:  # committed is committed: a client gone before the reply changes nothing
+        for action in after:
+            action()
     return True
 
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from .. import faults
 from ..errors import ClaimLost, PiwfError, Rejected
-from ..store import queue, runs, workers
+from ..store import effects, queue, runs, workers
 from ..wire import WorkerMessage, WorkerResponse
 from .state import ActiveRun, HostState, log
 
@@ -45,13 +46,74 @@ def _attempt_fail(host: HostState, active: ActiveRun, payload: dict[str, Any], n
 
 
 def _run_complete(host: HostState, active: ActiveRun, payload: dict[str, Any], now: int) -> tuple[Any, bool]:
+    if _held_for_effects(host, active, now):
+        return {}, True
     queue.complete_run(host.db, active.run_id, active.claim.token, payload.get("output"), now)
     return {}, True
 
 
 def _run_fail(host: HostState, active: ActiveRun, payload: dict[str, Any], now: int) -> tuple[Any, bool]:
+    if _held_for_effects(host, active, now):
+        return {}, True
     queue.fail_run(host.db, active.run_id, active.claim.token, _dict(payload, "error"), now)
     return {}, True
+
+
+def _held_for_effects(host: HostState, active: ActiveRun, now: int) -> bool:
+    """A run does not end while an effect's outcome is unknown: it is held instead."""
+    ambiguous = effects.interrupted_before(host.db, active.run_id, active.claim.generation, now)
+    if ambiguous:
+        _hold_ambiguous(host, active, ambiguous[0], now)
+    return bool(ambiguous)
+
+
+def _hold_ambiguous(host: HostState, active: ActiveRun, key: str, now: int) -> None:
+    queue.park_run(host.db, active.run_id, active.claim.token, now, hold="effect", detail=f"ambiguous effect {key}")
+
+
+# --- effects -----------------------------------------------------------------------------
+
+
+def _effect_reserve(host: HostState, active: ActiveRun, payload: dict[str, Any], now: int) -> tuple[Any, bool]:
+    key = _str(payload, "key")
+    observable = payload.get("observable")
+    if not isinstance(observable, bool):
+        raise Rejected("worker payload field 'observable' must be true or false")
+    state = effects.reserve(host.db, active.run_id, key, node=_str(payload, "node"),
+                            generation=active.claim.generation, observable=observable, now=now)
+    if state["state"] == "ambiguous":
+        _hold_ambiguous(host, active, key, now)
+        return state, True
+    return state, False
+
+
+def _effect_apply(host: HostState, active: ActiveRun, payload: dict[str, Any], now: int) -> tuple[Any, bool]:
+    effects.begin_apply(host.db, active.run_id, _str(payload, "key"), generation=active.claim.generation, now=now)
+    return {}, False
+
+
+def _effect_settle(host: HostState, active: ActiveRun, payload: dict[str, Any], now: int) -> tuple[Any, bool]:
+    error = payload.get("error")
+    if error is not None and not isinstance(error, dict):
+        raise Rejected("worker payload field 'error' must be an object")
+    effects.settle(host.db, active.run_id, _str(payload, "key"), generation=active.claim.generation,
+                   result=payload.get("result"), error=error, now=now)
+    return {}, False
+
+
+# --- processes a worker started in their own groups ---------------------------------------
+
+
+def _process_register(host: HostState, active: ActiveRun, payload: dict[str, Any], now: int) -> tuple[Any, bool]:
+    workers.register_process(host.db, worker_epoch=active.worker_epoch, run_id=active.run_id,
+                             pid=_int(payload, "pid"), identity=_str(payload, "identity"),
+                             node=payload.get("node") if isinstance(payload.get("node"), str) else None, now=now)
+    return {}, False
+
+
+def _process_unregister(host: HostState, active: ActiveRun, payload: dict[str, Any], now: int) -> tuple[Any, bool]:
+    workers.unregister_process(host.db, active.worker_epoch, _int(payload, "pid"), now)
+    return {}, False
 
 
 def _run_park(host: HostState, active: ActiveRun, payload: dict[str, Any], now: int) -> tuple[Any, bool]:
@@ -72,6 +134,11 @@ HANDLERS: dict[str, Handler] = {
     "run.complete": _run_complete,
     "run.fail": _run_fail,
     "run.park": _run_park,
+    "effect.reserve": _effect_reserve,
+    "effect.apply": _effect_apply,
+    "effect.settle": _effect_settle,
+    "process.register": _process_register,
+    "process.unregister": _process_unregister,
 }
 
 
@@ -95,6 +162,7 @@ def handle(host: HostState, active: ActiveRun, message: WorkerMessage) -> Worker
             response = WorkerResponse(message.messageId, "accepted",
                                       revision=runs.revision(host.db, active.run_id), result=result)
             workers.record_message(host.db, message, response, now)
+        faults.point("host.worker.committed")
     except ClaimLost as exc:
         active.stop("claimLost")
         return WorkerResponse(message.messageId, "claimLost", error=str(exc))

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import trio
 
-from ..errors import ProtocolError
+from .. import faults, processes
+from ..errors import PiwfError, ProtocolError
 from ..store import workers
 from ..wire import (
     LaunchEnvelope,
@@ -25,7 +26,6 @@ from ..wire import (
     encode_line,
     parse_worker_message,
 )
-from . import processes
 from .state import ActiveRun, HostState, log
 from .worker_messages import handle
 
@@ -90,9 +90,22 @@ async def run_worker(host: HostState, active: ActiveRun, envelope: LaunchEnvelop
     finally:  # cancelled, failed or done: the worker's whole group goes, and is reaped
         with trio.CancelScope(shield=True):
             await _stop(proc, host.config.kill_grace_s)
+            reap_registered(host, workers.live_processes(host.db, [envelope.workerEpoch]))
             for stream in (send, receive, proc.stdout):
                 await stream.aclose()
     return _exit(proc, diagnostics)
+
+
+def reap_registered(host: HostState, rows: list[tuple[str, int, str]]) -> None:
+    """Kill the process groups a worker registered (its shell nodes) and forget them."""
+    for worker_epoch, pid, identity in rows:
+        if processes.kill_recorded_group(pid, identity):
+            log.info("killed process group %d left by worker %s", pid, worker_epoch)
+    if rows:
+        try:
+            workers.mark_processes_gone(host.db, rows, host.now())
+        except PiwfError as exc:  # they are dead; the next host retries the bookkeeping
+            log.warning("could not record reaped processes: %s", exc)
 
 
 def _exit(proc: trio.Process, diagnostics: Diagnostics) -> WorkerExit:
@@ -146,3 +159,4 @@ async def _pump(host: HostState, active: ActiveRun, receive: trio.lowlevel.FdStr
                 await send.send_all(encode_line(response))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return
+            faults.point("host.worker.answered")

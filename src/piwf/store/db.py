@@ -16,7 +16,7 @@ import apsw
 
 from ..errors import ConstraintViolation, CorruptStateError, SchemaError, StoreError
 from ..wire import canonical_json, decode_json, sha256_hex
-from .schema import APPLICATION_ID, REQUIRED_TABLES, SCHEMA_SQL, SCHEMA_VERSION
+from .schema import APPLICATION_ID, MIGRATIONS, REQUIRED_TABLES, SCHEMA_SQL, SCHEMA_VERSION
 
 INLINE_JSON_LIMIT = 4096
 BUSY_TIMEOUT_MS = 5000
@@ -55,6 +55,8 @@ class Database:
             db._configure(durability)
             if fresh:
                 db._create()
+            else:
+                db._migrate()
         except apsw.Error as exc:
             conn.close()
             raise _translate(exc, path) from exc
@@ -96,6 +98,16 @@ class Database:
         for name in (self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm")):
             if name.exists():
                 os.chmod(name, 0o600)
+
+    def _migrate(self) -> None:
+        """Bring an older layout up to date, all steps in one transaction."""
+        _, version = self._layout()
+        if version == SCHEMA_VERSION:
+            return
+        with self.write():
+            for step in range(version, SCHEMA_VERSION):
+                self.conn.execute(MIGRATIONS[step])
+            self.conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def _check_layout(self) -> None:
         app_id, version = self._layout()

@@ -94,6 +94,9 @@ def resume_run(db: Database, run_id: str, now: int, *, definition: tuple[str, by
         queue_status = _queue_status(db, run_id)
         if queue_status in ("done", "failed", "cancelled"):
             raise Rejected(f"run {run_id} has already ended ({queue_status})")
+        if hold_of(db, run_id) == "effect":
+            raise Rejected(f"run {run_id} is held for an ambiguous effect; "
+                           "say what happened with piwf run resolve-effect")
         if definition is not None:
             digest, source = definition
             db.execute("UPDATE runs SET definition_digest = ?, definition_hash = ? WHERE run_id = ?",

@@ -1,7 +1,7 @@
 """The state database layout. Bump SCHEMA_VERSION and add a migration for any change."""
 
 APPLICATION_ID = 0x70697766  # "piwf"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 RUN_ENGINE_STATUSES = ("queued", "running", "waiting", "completed", "failed", "timed_out", "cancelled")
 QUEUE_STATUSES = ("queued", "starting", "running", "parked", "done", "failed", "cancelled")
@@ -72,7 +72,7 @@ CREATE TABLE run_queue (
   run_id TEXT PRIMARY KEY REFERENCES runs(run_id),
   status TEXT NOT NULL CHECK (status IN
     ('queued', 'starting', 'running', 'parked', 'done', 'failed', 'cancelled')),
-  hold TEXT CHECK (hold IN ('paused', 'source', 'crashed')),
+  hold TEXT CHECK (hold IN ('paused', 'source', 'crashed', 'effect')),
   runner_id TEXT,
   claim_token TEXT,
   claim_expires_at INTEGER,
@@ -144,9 +144,103 @@ CREATE TABLE worker_messages (
   completed_at INTEGER NOT NULL,
   PRIMARY KEY (worker_epoch, message_id)
 );
+
+CREATE TABLE effects (
+  run_id TEXT NOT NULL REFERENCES runs(run_id),
+  effect_key TEXT NOT NULL,
+  status TEXT NOT NULL CHECK (status IN ('pending', 'applying', 'applied', 'rejected', 'ambiguous')),
+  node_id TEXT NOT NULL,
+  generation INTEGER NOT NULL,
+  result_json TEXT,
+  result_hash TEXT,
+  error_json TEXT,
+  created_at INTEGER NOT NULL,
+  updated_at INTEGER NOT NULL,
+  settled_at INTEGER,
+  PRIMARY KEY (run_id, effect_key)
+);
+
+-- Processes a worker started in their own process groups (shell nodes), to reap with it.
+CREATE TABLE run_processes (
+  worker_epoch TEXT NOT NULL,
+  pid INTEGER NOT NULL,
+  process_start_identity TEXT NOT NULL,
+  run_id TEXT NOT NULL,
+  node_id TEXT,
+  status TEXT NOT NULL CHECK (status IN ('live', 'gone')),
+  registered_at INTEGER NOT NULL,
+  ended_at INTEGER,
+  PRIMARY KEY (worker_epoch, pid)
+);
+CREATE INDEX run_processes_live ON run_processes(status, worker_epoch);
 """
 
+# Tables every known layout has; a database missing one is incomplete, not old.
 REQUIRED_TABLES = (
     "blobs", "host_lease", "host_commands", "runs", "run_queue",
     "node_attempts", "run_events", "run_workers", "worker_messages",
 )
+
+# MIGRATIONS[v] takes a database from layout v to v + 1, inside one write transaction.
+MIGRATIONS = {
+    # 2: effects, the child-process registry, and the 'effect' hold (SQLite cannot alter a
+    # CHECK constraint, so run_queue is rebuilt).
+    1: """
+ALTER TABLE run_queue RENAME TO run_queue_v1;
+DROP INDEX run_queue_claimable;
+DROP INDEX run_queue_session_reservation;
+CREATE TABLE run_queue (
+  run_id TEXT PRIMARY KEY REFERENCES runs(run_id),
+  status TEXT NOT NULL CHECK (status IN
+    ('queued', 'starting', 'running', 'parked', 'done', 'failed', 'cancelled')),
+  hold TEXT CHECK (hold IN ('paused', 'source', 'crashed', 'effect')),
+  runner_id TEXT,
+  claim_token TEXT,
+  claim_expires_at INTEGER,
+  generation INTEGER NOT NULL DEFAULT 0,
+  owner_epoch INTEGER,
+  origin_session_id TEXT,
+  error_code TEXT,
+  error_message TEXT,
+  created_at INTEGER NOT NULL,
+  updated_at INTEGER NOT NULL,
+  started_at INTEGER,
+  finished_at INTEGER
+);
+CREATE INDEX run_queue_claimable ON run_queue(status, claim_expires_at);
+-- One active run per origin session; detached runs (no session) are exempt.
+CREATE UNIQUE INDEX run_queue_session_reservation ON run_queue(origin_session_id)
+  WHERE origin_session_id IS NOT NULL AND status IN ('queued', 'starting', 'running');
+INSERT INTO run_queue SELECT * FROM run_queue_v1;
+DROP TABLE run_queue_v1;
+
+CREATE TABLE effects (
+  run_id TEXT NOT NULL REFERENCES runs(run_id),
+  effect_key TEXT NOT NULL,
+  status TEXT NOT NULL CHECK (status IN ('pending', 'applying', 'applied', 'rejected', 'ambiguous')),
+  node_id TEXT NOT NULL,
+  generation INTEGER NOT NULL,
+  result_json TEXT,
+  result_hash TEXT,
+  error_json TEXT,
+  created_at INTEGER NOT NULL,
+  updated_at INTEGER NOT NULL,
+  settled_at INTEGER,
+  PRIMARY KEY (run_id, effect_key)
+);
+
+-- Processes a worker started in their own process groups (shell nodes), to reap with it.
+CREATE TABLE run_processes (
+  worker_epoch TEXT NOT NULL,
+  pid INTEGER NOT NULL,
+  process_start_identity TEXT NOT NULL,
+  run_id TEXT NOT NULL,
+  node_id TEXT,
+  status TEXT NOT NULL CHECK (status IN ('live', 'gone')),
+  registered_at INTEGER NOT NULL,
+  ended_at INTEGER,
+  PRIMARY KEY (worker_epoch, pid)
+);
+CREATE INDEX run_processes_live ON run_processes(status, worker_epoch);
+""",
+}

@@ -104,3 +104,51 @@ def worker_summaries(db: Database, run_id: str) -> list[dict[str, Any]]:
          "diagnostic": d}
         for w, g, p, s, c, sig, d in rows
     ]
+
+
+# --- processes a worker registered (shell nodes in their own process groups) ------------------
+
+
+def register_process(db: Database, *, worker_epoch: str, run_id: str, pid: int, identity: str,
+                     node: str | None, now: int) -> None:
+    db.execute(
+        """INSERT OR REPLACE INTO run_processes
+             (worker_epoch, pid, process_start_identity, run_id, node_id, status, registered_at)
+           VALUES (?, ?, ?, ?, ?, 'live', ?)""",
+        (worker_epoch, pid, identity, run_id, node, now),
+    )
+
+
+def unregister_process(db: Database, worker_epoch: str, pid: int, now: int) -> None:
+    db.execute("UPDATE run_processes SET status = 'gone', ended_at = ? WHERE worker_epoch = ? AND pid = ?",
+               (now, worker_epoch, pid))
+
+
+def live_processes(db: Database, worker_epochs: list[str]) -> list[tuple[str, int, str]]:
+    """(worker epoch, pid, identity) of registered processes not yet known to be gone."""
+    if not worker_epochs:
+        return []
+    marks = ", ".join("?" * len(worker_epochs))
+    rows = db.execute(
+        f"""SELECT worker_epoch, pid, process_start_identity FROM run_processes
+            WHERE status = 'live' AND worker_epoch IN ({marks})""",
+        worker_epochs,
+    )
+    return list(rows)
+
+
+def orphaned_processes(db: Database, host_epoch: int) -> list[tuple[str, int, str]]:
+    """Registered processes of workers started by earlier host epochs, still marked live."""
+    rows = db.execute(
+        """SELECT p.worker_epoch, p.pid, p.process_start_identity FROM run_processes p
+           JOIN run_workers w ON w.worker_epoch = p.worker_epoch
+           WHERE p.status = 'live' AND w.host_epoch < ?""",
+        (host_epoch,),
+    )
+    return list(rows)
+
+
+def mark_processes_gone(db: Database, rows: list[tuple[str, int, str]], now: int) -> None:
+    with db.write():
+        for worker_epoch, pid, _ in rows:
+            unregister_process(db, worker_epoch, pid, now)

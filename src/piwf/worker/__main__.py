@@ -9,14 +9,17 @@ from __future__ import annotations
 import base64
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
-from ..engine.executor import Step, Stop, describe_error, execute
+from .. import faults
+from ..engine.executor import EffectRejected, Step, Stop, describe_error, execute
 from ..engine.loader import load_workflow
 from ..errors import ClaimLost, DefinitionError, NodeFailed, PiwfError, WorkflowLoadError
-from ..wire import WORKER_EXIT_CLAIM_LOST, WORKER_EXIT_OK, WORKER_EXIT_PROTOCOL, LaunchEnvelope
+from .. import processes
+from ..wire import WORKER_EXIT_CLAIM_LOST, WORKER_EXIT_OK, WORKER_EXIT_PROTOCOL, LaunchEnvelope, canonical_json
 from .channel import Channel
 
 
@@ -36,6 +39,53 @@ class HostJournal:
 
     def fail(self, attempt_id: str, error: dict[str, Any]) -> None:
         self.channel.request("attempt.fail", {"attemptId": attempt_id, "error": error})
+
+    def effect(self, node: str, key: str, apply: Callable[[], Any], observe: Callable[[], Any] | None) -> Any:
+        state = self.channel.request("effect.reserve", {"key": key, "node": node, "observable": observe is not None})
+        if state["state"] == "applied":
+            return state["result"]
+        if state["state"] == "rejected":
+            raise EffectRejected(key, state["error"])
+        if state["state"] == "ambiguous":
+            raise Stop(f"ambiguous effect {key}")
+        if state["state"] == "observe":
+            assert observe is not None
+            observed = _json_result(observe(), key, "observe()")
+            if observed is not None:
+                self.channel.request("effect.settle", {"key": key, "result": observed})
+                return observed
+        self.channel.request("effect.apply", {"key": key})
+        faults.point("worker.effect.applying")
+        try:
+            result = _json_result(apply(), key, "apply()")
+        except Exception as exc:
+            self.channel.request("effect.settle", {"key": key, "error": {"type": type(exc).__name__,
+                                                                         "message": str(exc)[:2000]}})
+            raise
+        faults.point("worker.effect.applied")
+        self.channel.request("effect.settle", {"key": key, "result": result})
+        return result
+
+    def process_started(self, node: str, pid: int) -> None:
+        faults.point("worker.shell.spawned")
+        identity = processes.identity(pid)
+        if identity is None:  # cannot happen before the gate opens: the process waits for it
+            raise PiwfError(f"shell process {pid} vanished before it was registered")
+        self.channel.children.add(pid)
+        self.channel.request("process.register", {"pid": pid, "identity": identity, "node": node})
+
+    def process_ended(self, pid: int) -> None:
+        if pid in self.channel.children:
+            self.channel.children.discard(pid)
+            self.channel.request("process.unregister", {"pid": pid})
+
+
+def _json_result(value: Any, key: str, where: str) -> Any:
+    try:
+        canonical_json(value)
+    except (TypeError, msgspec.EncodeError) as exc:
+        raise TypeError(f"effect {key!r}: {where} returned a value that is not JSON: {exc}") from exc
+    return value
 
 
 def read_envelope() -> LaunchEnvelope:
@@ -73,6 +123,7 @@ def run(envelope: LaunchEnvelope, channel: Channel) -> None:
 
 
 def main() -> int:
+    faults.configure()
     envelope = read_envelope()
     read_fd, write_fd = (int(fd) for fd in os.environ["PIWF_WORKER_FDS"].split(","))
     channel = Channel(read_fd, write_fd, worker_epoch=envelope.workerEpoch, generation=envelope.generation)

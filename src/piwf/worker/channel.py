@@ -7,12 +7,14 @@ whole process group is killed at once: a run must never go on without its host.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import signal
 import threading
 from typing import Any
 
+from .. import faults
 from ..errors import ClaimLost, PiwfError
 from ..wire import MAX_WORKER_LINE, LineBuffer, WorkerMessage, WorkerResponse, decode_as, encode_line
 
@@ -29,6 +31,7 @@ class Channel:
         self.generation = generation
         self.revision = 0
         self._sent = 0
+        self.children: set[int] = set()  # process groups of registered shell processes
         threading.Thread(target=self._read, args=(read_fd,), daemon=True, name="piwf-host-pipe").start()
 
     def _read(self, fd: int) -> None:
@@ -39,7 +42,10 @@ class Channel:
                     self._answers.put(line)
         finally:
             # The host is gone (or broke the protocol): nothing this process does can be
-            # accepted any more, so the run's whole process group goes now.
+            # accepted any more, so the run's shell processes and its own group go now.
+            for pgid in list(self.children):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pgid, signal.SIGKILL)
             os.killpg(os.getpgid(0), signal.SIGKILL)
 
     def request(self, operation: str, payload: dict[str, Any] | None = None) -> Any:
@@ -52,7 +58,9 @@ class Channel:
         if len(line) > MAX_WORKER_LINE:
             raise HostRefused(f"{operation} message is {len(line)} bytes, over the {MAX_WORKER_LINE}-byte limit")
         _write_all(self._write_fd, line)
+        faults.point("worker.message.sent")
         answer = self._answers.get()
+        faults.point("worker.answer.received")
         response = decode_as(answer, WorkerResponse, "host answer")
         if response.revision is not None:
             self.revision = response.revision
