@@ -144,17 +144,18 @@ async def client(host: HostState, paths: StatePaths) -> AsyncIterator[AsyncClien
 class HostProcess:
     """``piwf serve`` as a real child process."""
 
-    def __init__(self, paths: StatePaths, log: Path, *extra: str) -> None:
+    def __init__(self, paths: StatePaths, log: Path, *extra: str, env: dict[str, str] | None = None) -> None:
         self.paths = paths
         self.log = log
         self.extra = extra
+        self.env = {**os.environ, **(env or {})}
         self.proc: trio.Process | None = None
 
     async def start(self) -> HostProcess:
         with open(self.log, "ab") as log:
             self.proc = await trio.lowlevel.open_process(
                 [sys.executable, "-m", "piwf", "serve", "--state-dir", str(self.paths.root), *self.extra],
-                stdout=log, stderr=log, start_new_session=True,
+                stdout=log, stderr=log, start_new_session=True, env=self.env,
             )
         await wait_for(self.answers, timeout=20)
         return self
@@ -187,8 +188,8 @@ class HostProcess:
 async def host_process(paths: StatePaths, tmp_path: Path) -> AsyncIterator[Callable[..., HostProcess]]:
     started: list[HostProcess] = []
 
-    def make(*extra: str) -> HostProcess:
-        process = HostProcess(paths, tmp_path / "host.log", *extra)
+    def make(*extra: str, env: dict[str, str] | None = None) -> HostProcess:
+        process = HostProcess(paths, tmp_path / "host.log", *extra, env=env)
         started.append(process)
         return process
 

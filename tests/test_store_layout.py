@@ -92,3 +92,24 @@ def test_durability_sets_sqlite_synchronous(tmp_path: Path) -> None:
     normal.close()
     with pytest.raises(StoreError, match="durability must be"):
         Database.open(tmp_path / "c.db", durability="sometimes")
+
+
+def test_a_layout_1_database_is_migrated_with_its_runs_intact(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    conn = apsw.Connection(str(path))
+    conn.execute((Path(__file__).parent / "data" / "schema_v1.sql").read_text())
+    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = 1")
+    conn.execute("INSERT INTO runs (run_id, workflow, project_path, definition_hash, definition_digest, status, "
+                 "created_at, updated_at) VALUES ('r1', 'w', '/p', 'h', 'd', 'running', 1, 1)")
+    conn.execute("INSERT INTO run_queue (run_id, status, hold, generation, created_at, updated_at) "
+                 "VALUES ('r1', 'parked', 'crashed', 3, 1, 1)")
+    conn.close()
+    db = Database.open(path)
+    assert db.scalar("PRAGMA user_version") == SCHEMA_VERSION == 2
+    assert db.one("SELECT status, hold, generation FROM run_queue WHERE run_id = 'r1'") == ("parked", "crashed", 3)
+    db.execute("UPDATE run_queue SET hold = 'effect' WHERE run_id = 'r1'")  # the new hold is allowed
+    assert db.scalar("SELECT count(*) FROM effects") == 0
+    assert {"run_queue_claimable", "run_queue_session_reservation"} <= {
+        name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert db.scalar("PRAGMA integrity_check") == "ok"
+    db.close()
