@@ -1,0 +1,102 @@
+"""Fault points: declared, reachable, and acting as specified."""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from piwf import faults
+from piwf.paths import StatePaths
+
+from .conftest import HostProcess, config, piwf, wait_for, write_workflow
+from .test_lifecycle import call
+
+SRC = Path(__file__).parent.parent / "src" / "piwf"
+
+EVERYTHING = """
+    from piwf import Workflow, compute, shell
+
+    workflow = Workflow(
+        name="everything",
+        start_at="hello",
+        nodes={
+            "hello": shell(["echo", "hello"]),
+            "send": compute(lambda ctx: ctx.effect("send", lambda: {"sent": True})),
+        },
+        edges=[("hello", "send")],
+    )
+"""
+
+
+@pytest.fixture(autouse=True)
+def disarmed() -> Iterator[None]:
+    yield
+    faults.configure({})
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("nowhere:exit", "unknown fault point 'nowhere'"),
+    ("host.reply.sent:explode", "action must be one of exit, raise, sleep, not 'explode'"),
+    ("host.reply.sent:exit:0", "count must be a positive integer, not '0'"),
+    ("host.reply.sent:exit:x", "count must be a positive integer, not 'x'"),
+    ("host.reply.sent", "must be point:action[:nth]"),
+])
+def test_a_bad_fault_spec_is_refused(spec: str, message: str) -> None:
+    with pytest.raises(faults.BadFaultSpec, match=re.escape(message)):
+        faults.configure({"PIWF_FAULT": spec})
+
+
+async def test_serve_refuses_a_bad_fault_spec_before_touching_the_state_dir(paths: StatePaths) -> None:
+    done = await trio.run_process(
+        [sys.executable, "-m", "piwf", "serve", "--state-dir", str(paths.root)],
+        env={**os.environ, "PIWF_FAULT": "nowhere:exit"}, capture_stderr=True, check=False)
+    assert done.returncode == 2
+    assert done.stderr.decode().count("\n") == 1 and "unknown fault point" in done.stderr.decode()
+    assert not paths.root.exists()
+
+
+def test_every_point_used_in_the_source_is_declared_and_every_declared_point_is_used() -> None:
+    used = set()
+    for path in SRC.rglob("*.py"):
+        used |= set(re.findall(r'faults\.point\("([^"]+)"\)', path.read_text()))
+    assert used == set(faults.POINTS)
+
+
+async def test_every_declared_point_is_reached(paths: StatePaths, project: Path, tmp_path: Path,
+                                               nursery: trio.Nursery) -> None:
+    from piwf.host.host import Host
+
+    trace = tmp_path / "trace"
+    write_workflow(project, "everything", EVERYTHING)
+    faults.configure({"PIWF_FAULT_TRACE": str(trace)})
+    # A 300 ms host lease: the heartbeat renews every 100 ms.
+    host_config = config(paths, host_lease_ms=300, worker_env={"PIWF_FAULT_TRACE": str(trace)})
+    host = await nursery.start(Host(host_config).serve)
+    receipt = await call(paths, "run.start", payload={"workflow": "everything", "projectPath": str(project)})
+    done = await call(paths, "run.wait", run_id=receipt["runId"], payload={"timeoutMs": 20_000})
+    assert done["status"] == "completed", done
+
+    def reached() -> set[str]:
+        return set(trace.read_text().split()) if trace.exists() else set()
+
+    await wait_for(lambda: {"host.lease.renewed", "host.run.settled"} <= reached())
+    host.stop_requested.set()
+    assert reached() == set(faults.POINTS), f"never reached: {sorted(set(faults.POINTS) - reached())}"
+
+
+async def test_a_raise_at_a_worker_commit_costs_one_worker_not_the_run(
+    host_process: Callable[..., HostProcess], paths: StatePaths, project: Path
+) -> None:
+    await host_process(env={"PIWF_FAULT": "host.worker.committed:raise:2"}).start()
+    run_id = (await call(paths, "run.start", payload={"workflow": "greet", "projectPath": str(project)}))["runId"]
+    done = await call(paths, "run.wait", run_id=run_id, payload={"timeoutMs": 20_000})
+    assert done["status"] == "completed", done
+    assert done["workers"][0]["status"] == "crashed"
+    log = (await piwf(paths, "status")).stdout  # the host is still serving
+    assert b"running" in log
