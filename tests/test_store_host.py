@@ -109,3 +109,10 @@ def test_worker_messages_are_answered_once(db: Database) -> None:
     assert stored is not None and stored.result == {"a": 1} and stored.revision == 2
     changed = WorkerMessage("m1", "w1", 1, 1, "attempt.start", {"seq": 1})
     assert workers.read_message(db, changed).outcome == "rejected"
+
+
+def test_an_expired_lease_nobody_took_is_renewed_by_its_owner(db: Database, clock: ManualClock) -> None:
+    claim = take(db, clock)
+    clock.advance(LEASE * 3)  # the disk was full, or the machine slept
+    renewed = renew_lease(db, claim, LEASE, clock.now_ms())
+    assert renewed is not None and read_lease(db).live(clock.now_ms())

@@ -26,6 +26,14 @@ class StoreError(PiwfError):
     code = "store"
 
 
+class StorageFull(StoreError):
+    """The disk (or the database's size limit) is full; the write changed nothing. Retry
+    once space is freed: the host stays up meanwhile."""
+
+    code = "storageFull"
+    outcome = "unavailable"
+
+
 class SchemaError(StoreError):
     """The database has an unknown or newer layout; it is refused and left untouched."""
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import apsw
 
-from ..errors import ConstraintViolation, CorruptStateError, SchemaError, StoreError
+from ..errors import ConstraintViolation, CorruptStateError, SchemaError, StorageFull, StoreError
 from ..wire import canonical_json, decode_json, sha256_hex
 from .schema import APPLICATION_ID, MIGRATIONS, REQUIRED_TABLES, SCHEMA_SQL, SCHEMA_VERSION
 
@@ -153,14 +153,21 @@ class Database:
             yield self
         except BaseException:
             self._depth = 0
-            self.conn.execute("ROLLBACK")
+            self._rollback()
             raise
         self._depth = 0
         try:
             self.conn.execute("COMMIT")
         except apsw.Error as exc:
-            self.conn.execute("ROLLBACK")
+            self._rollback()
             raise _translate(exc, self.path) from exc
+
+    def _rollback(self) -> None:
+        # SQLite rolls some failures back by itself (SQLITE_FULL, SQLITE_IOERR): then there
+        # is no transaction left to roll back.
+        if not self.conn.in_transaction:
+            return
+        self.conn.execute("ROLLBACK")
 
     def execute(self, sql: str, params: Any = ()) -> apsw.Cursor:
         try:
@@ -228,7 +235,7 @@ def _translate(exc: apsw.Error, path: Path) -> StoreError:
     if isinstance(exc, (apsw.NotADBError, apsw.CorruptError)):
         return CorruptStateError(f"{path} is corrupt: {exc}. {RESET_HINT}")
     if isinstance(exc, apsw.FullError):
-        return StoreError(f"disk full writing {path}: {exc}")
+        return StorageFull(f"disk full writing {path}: nothing was changed; free space and retry")
     if isinstance(exc, apsw.BusyError):
         return StoreError(f"{path} is busy (another writer held it for {BUSY_TIMEOUT_MS} ms)")
     return StoreError(f"database error on {path}: {exc}")

@@ -89,12 +89,16 @@ def acquire_lease(
 
 
 def renew_lease(db: Database, claim: HostClaim, lease_ms: int, now: int) -> HostClaim | None:
-    """Extend the lease; None when it was lost (expired or taken)."""
+    """Extend the lease; None when it was lost (taken by another host).
+
+    A lease that expired while nobody took it (the disk was full, the machine slept) is
+    still this host's: another host needs the flock this one holds to take it.
+    """
     with db.write():
         db.execute(
             """UPDATE host_lease SET heartbeat_at = ?, expires_at = ?
-               WHERE id = 1 AND epoch = ? AND host_id = ? AND token_hash = ? AND expires_at > ?""",
-            (now, now + lease_ms, claim.epoch, claim.host_id, _token_hash(claim.token), now),
+               WHERE id = 1 AND epoch = ? AND host_id = ? AND token_hash = ?""",
+            (now, now + lease_ms, claim.epoch, claim.host_id, _token_hash(claim.token)),
         )
         if db.changes() != 1:
             return None
