@@ -71,13 +71,23 @@ class Client:
         """Send raw bytes (one line) and return the raw response line."""
         self.connect()
         assert self._sock is not None
-        self._sock.sendall(line)
+        try:
+            self._sock.sendall(line)
+        except OSError as exc:  # the host went away mid-request: whether it committed is unknown
+            self.close()
+            raise HostUnavailable(f"lost the connection to the host: {exc}; retry with the same requestId") from exc
         return self.read_line()
 
     def read_line(self) -> bytes:
         assert self._sock is not None
         while not self._lines:
-            chunk = self._sock.recv(65536)
+            try:
+                chunk = self._sock.recv(65536)
+            except TimeoutError:
+                raise
+            except OSError as exc:
+                self.close()
+                raise HostUnavailable(f"lost the connection to the host: {exc}") from exc
             if not chunk:
                 self.close()
                 raise HostUnavailable("the host closed the connection")

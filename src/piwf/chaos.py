@@ -1,0 +1,356 @@
+"""``python -m piwf.chaos``: run workflows while killing the host and its workers.
+
+Starts a host on a temporary state directory, submits ``--runs`` runs of a workflow with
+shell nodes and effects (the outside world is a ledger file), and meanwhile kills
+``--kills`` times at random: SIGKILL of the host, SIGKILL of a worker, or a host started
+with a fault point that makes it exit at a commit or reply boundary. Clients retry with the
+same request ids, as they should. Afterwards it plays the operator for effects held as
+ambiguous (the ledger says what happened), waits for every run, and prints one JSON
+summary on stdout. Progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from .client import Client, make_request
+from .errors import HostUnavailable
+from .faults import POINTS
+from .paths import StatePaths
+from .store import Database
+from .wire import HostRequest, HostResponse
+
+WORKFLOW = """
+    import os
+    import time
+    from pathlib import Path
+    from piwf import Workflow, compute, shell
+
+    LEDGER = Path(os.environ["PIWF_CHAOS_LEDGER"])
+
+    def effect(ctx, key, observable):
+        entry = f"{ctx.run_id} {key}"
+
+        def apply():
+            with LEDGER.open("a") as handle:
+                handle.write(entry + "\\n")
+                handle.flush()
+                os.fsync(handle.fileno())
+            time.sleep(0.01)  # a window for kills between apply and settle
+            return {"done": entry}
+
+        def observe():
+            applied = LEDGER.exists() and entry in LEDGER.read_text().splitlines()
+            return {"done": entry} if applied else None
+
+        return ctx.effect(key, apply, observe if observable else None)
+
+    workflow = Workflow(
+        name="chaos",
+        start_at="prepare",
+        nodes={
+            "prepare": shell(["sh", "-c", "sleep 0.02; echo prepared"]),
+            "charge": compute(lambda ctx: effect(ctx, "charge", observable=True)),
+            "notify": compute(lambda ctx: effect(ctx, "notify", observable=ctx.input["observeNotify"])),
+            "finish": shell(["echo", "finished"]),
+        },
+        edges=[("prepare", "charge"), ("charge", "notify"), ("notify", "finish")],
+    )
+"""
+
+# Host-side points only: a worker point would fire in every worker of that host.
+HOST_POINTS = sorted(p for p in POINTS if p.startswith("host."))
+
+
+@dataclass
+class Tally:
+    takeover_ms: list[float] = field(default_factory=list)
+    host_kills: int = 0
+    worker_kills: int = 0
+    fault_exits: int = 0
+    accepted: dict[int, str] = field(default_factory=dict)  # submission index -> run id
+    ambiguous_runs: set[str] = field(default_factory=set)
+
+
+class Chaos:
+    def __init__(self, args: argparse.Namespace, root: Path) -> None:
+        self.args = args
+        self.rng = random.Random(args.seed)
+        self.root = root
+        self.paths = StatePaths.resolve(root / "state")
+        self.project = root / "project"
+        self.ledger = root / "ledger.txt"
+        self.log = root / "host.log"
+        self.host: subprocess.Popen[bytes] | None = None
+        self.tally = Tally()
+        self.lock = threading.Lock()
+
+    # --- the host ---
+
+    def start_host(self, fault: str | None = None) -> None:
+        env = {**os.environ, "PIWF_CHAOS_LEDGER": str(self.ledger)}
+        env.pop("PIWF_FAULT", None)
+        if fault:
+            env["PIWF_FAULT"] = fault
+        began = time.monotonic()
+        with open(self.log, "ab") as log:
+            self.host = subprocess.Popen(
+                [sys.executable, "-m", "piwf", "serve", "--state-dir", str(self.paths.root),
+                 "--max-workers", str(self.args.max_workers), "--durability", self.args.durability],
+                stdout=log, stderr=log, env=env, start_new_session=True,
+            )
+        while not self._answers():
+            if self.host.poll() is not None:
+                if fault:  # the fault fired during start-up (takeover): that is a kill too
+                    self.tally.fault_exits += 1
+                    return self.start_host()
+                raise RuntimeError(f"host exited with {self.host.returncode}; see {self.log}")
+            if time.monotonic() - began > 30:
+                raise RuntimeError(f"host not serving after 30 s; see {self.log}")
+            time.sleep(0.005)
+        self.tally.takeover_ms.append((time.monotonic() - began) * 1000)
+        return None
+
+    def _answers(self) -> bool:
+        try:
+            with Client(self.paths, timeout=5) as client:
+                return client.call("host.status").outcome == "accepted"
+        except (HostUnavailable, OSError):
+            return False
+
+    def ensure_host(self) -> None:
+        """Restart the host if a fault point made it exit."""
+        assert self.host is not None
+        if self.host.poll() is not None:
+            self.tally.fault_exits += 1
+            self.start_host()
+
+    def kill_host(self) -> None:
+        assert self.host is not None
+        with contextlib.suppress(ProcessLookupError):
+            self.host.send_signal(signal.SIGKILL)
+        self.host.wait()
+        self.tally.host_kills += 1
+        fault = None
+        if self.rng.random() < 0.5:
+            fault = f"{self.rng.choice(HOST_POINTS)}:exit:{self.rng.randint(1, 40)}"
+        self.start_host(fault)
+
+    def kill_worker(self) -> bool:
+        assert self.host is not None
+        try:
+            workers = [p for p in psutil.Process(self.host.pid).children()
+                       if "piwf.worker" in " ".join(p.cmdline())]
+        except psutil.Error:
+            return False
+        if not workers:
+            return False
+        with contextlib.suppress(psutil.Error):
+            self.rng.choice(workers).send_signal(signal.SIGKILL)
+            self.tally.worker_kills += 1
+            return True
+        return False
+
+    # --- clients ---
+
+    def request(self, request: HostRequest, deadline_s: float = 120.0) -> HostResponse:
+        """Send until answered, retrying the same request across host deaths."""
+        deadline = time.monotonic() + deadline_s
+        while True:
+            try:
+                with Client(self.paths, timeout=30) as client:
+                    response = client.send(request)
+                if response.outcome != "unavailable":
+                    return response
+            except (HostUnavailable, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{request.operation} unanswered for {deadline_s} s")
+            time.sleep(0.01)
+
+    def submit_all(self) -> None:
+        for index in range(self.args.runs):
+            request = make_request(
+                "run.start", client_id="chaos", idempotency_key=f"chaos-{index}", request_id=f"chaos-{index}",
+                payload={"workflow": "chaos", "projectPath": str(self.project),
+                         "input": {"index": index, "observeNotify": index % 2 == 0}})
+            response = self.request(request)
+            if response.outcome not in ("accepted", "adopted"):
+                raise RuntimeError(f"run.start {index}: {response.outcome}: {response.error}")
+            with self.lock:
+                self.tally.accepted[index] = response.receipt["runId"]
+            time.sleep(self.rng.uniform(0, 0.03))
+
+    def call(self, operation: str, **kwargs: Any) -> Any:
+        response = self.request(make_request(operation, client_id="chaos", **kwargs))
+        if response.outcome not in ("accepted", "adopted"):
+            raise RuntimeError(f"{operation}: {response.outcome}: {response.error}")
+        return response.receipt
+
+    # --- the run ---
+
+    def run(self) -> dict[str, Any]:
+        self.project.joinpath(".piwf", "workflows").mkdir(parents=True)
+        self.project.joinpath(".piwf", "workflows", "chaos.py").write_text(textwrap.dedent(WORKFLOW))
+        self.start_host()
+        self.tally.takeover_ms.clear()  # the first start is not a takeover
+        submitter = threading.Thread(target=self.submit_all, name="submitter", daemon=True)
+        submitter.start()
+        for _ in range(self.args.kills):
+            time.sleep(self.rng.uniform(0.05, 0.5))
+            self.ensure_host()
+            if self.rng.random() < 0.5 or not self.kill_worker():
+                self.kill_host()
+        submitter.join()
+        if self.host is not None and self.host.poll() is not None:
+            self.tally.fault_exits += 1
+        self.restart_clean()
+        return self.settle_and_summarize()
+
+    def restart_clean(self) -> None:
+        """The last host runs without faults: the end state must be reachable by itself."""
+        assert self.host is not None
+        if self.host.poll() is None:
+            self.host.send_signal(signal.SIGKILL)
+            self.host.wait()
+        self.start_host()
+
+    def settle_and_summarize(self) -> dict[str, Any]:
+        deadline = time.monotonic() + self.args.timeout
+        final: dict[str, dict[str, Any]] = {}
+        for run_id in self.tally.accepted.values():
+            final[run_id] = self.wait_run(run_id, deadline)
+        summary = self.summarize(final)
+        self.stop_host()
+        summary["integrity_check"] = self.integrity()
+        return summary
+
+    def wait_run(self, run_id: str, deadline: float) -> dict[str, Any]:
+        while True:
+            left_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
+            run = self.call("run.wait", run_id=run_id, payload={"timeoutMs": min(left_ms, 600_000)})
+            if run.get("hold") == "effect":
+                self.tally.ambiguous_runs.add(run_id)
+                self.resolve(run)
+                continue
+            if run["atRest"] or left_ms == 0:
+                return run
+
+    def resolve(self, run: dict[str, Any]) -> None:
+        """The operator's part: the ledger says whether each ambiguous effect was applied."""
+        entries = set(self.ledger.read_text().splitlines()) if self.ledger.exists() else set()
+        for effect in run["effects"]:
+            if effect["status"] != "ambiguous":
+                continue
+            entry = f"{run['runId']} {effect['key']}"
+            applied = entry in entries
+            self.call("effect.resolve", run_id=run["runId"],
+                      payload={"key": effect["key"], "applied": applied,
+                               "result": {"done": entry} if applied else None})
+
+    def summarize(self, final: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        known = {r["runId"] for r in self.call("run.list", payload={"limit": 1000})}
+        applied = Counter(self.ledger.read_text().splitlines()) if self.ledger.exists() else Counter()
+        status = self.call("host.status")
+        takeover = self.tally.takeover_ms or [0.0]
+        return {
+            "runs": self.args.runs,
+            "kills": self.args.kills,
+            "host_kills": self.tally.host_kills,
+            "worker_kills": self.tally.worker_kills,
+            "fault_exits": self.tally.fault_exits,
+            "runs_lost": sum(1 for run_id in self.tally.accepted.values() if run_id not in known)
+            + (self.args.runs - len(self.tally.accepted)),
+            "runs_duplicated": len(known) - len(set(self.tally.accepted.values())),
+            "runs_completed": sum(1 for r in final.values() if r["status"] == "completed"),
+            "runs_failed": sum(1 for r in final.values() if r["status"] in ("failed", "timed_out", "cancelled")),
+            "runs_stuck": sum(1 for r in final.values() if r["status"] not in
+                              ("completed", "failed", "timed_out", "cancelled")),
+            "effects_applied": sum(applied.values()),
+            "effects_applied_twice": sum(1 for count in applied.values() if count > 1),
+            "runs_parked_ambiguous": len(self.tally.ambiguous_runs),
+            "lifecycle_contradictions": status["lifecycleContradictions"],
+            "takeover_ms": {"p50": round(statistics.median(takeover), 1), "max": round(max(takeover), 1),
+                            "count": len(self.tally.takeover_ms)},
+        }
+
+    def stop_host(self) -> None:
+        if self.host is None or self.host.poll() is not None:
+            return
+        self.host.send_signal(signal.SIGTERM)
+        try:
+            self.host.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.host.pid, signal.SIGKILL)
+            self.host.wait()
+
+    def integrity(self) -> str:
+        db = Database.open_readonly(self.paths.db)
+        try:
+            return str(db.scalar("PRAGMA integrity_check"))
+        finally:
+            db.close()
+
+    def cleanup(self) -> None:
+        if self.host is not None and self.host.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.host.pid, signal.SIGKILL)
+            self.host.wait()
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m piwf.chaos", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=50, help="workflow runs to submit (default 50)")
+    parser.add_argument("--kills", type=int, default=20, help="host and worker kills (default 20)")
+    parser.add_argument("--seed", type=int, default=None, help="random seed (default: random, printed)")
+    parser.add_argument("--max-workers", type=int, default=4)
+    parser.add_argument("--durability", choices=("full", "normal"), default="full")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for runs to settle")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary directory (path on stderr)")
+    args = parser.parse_args(argv)
+    if args.runs < 1 or args.kills < 0 or args.max_workers < 1:
+        parser.error("--runs and --max-workers must be at least 1, --kills at least 0")
+    if args.seed is None:
+        args.seed = random.randrange(2**32)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    root = Path(tempfile.mkdtemp(prefix="piwf-chaos-"))
+    chaos = Chaos(args, root)
+    print(f"piwf chaos: seed {args.seed}, {args.runs} runs, {args.kills} kills, in {root}", file=sys.stderr)
+    try:
+        summary = chaos.run()
+    finally:
+        chaos.cleanup()
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+    summary["seed"] = args.seed
+    print(json.dumps(summary, sort_keys=True))
+    bad = summary["runs_lost"] or summary["effects_applied_twice"] or summary["runs_stuck"] \
+        or summary["runs_duplicated"] or summary["integrity_check"] != "ok"
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,43 @@
+"""The chaos harness: runs with shell nodes and effects while host and workers are killed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def chaos(*args: str) -> dict:
+    done = subprocess.run([sys.executable, "-m", "piwf.chaos", *args], capture_output=True, timeout=900, check=False)
+    assert done.stdout.count(b"\n") == 1, done.stderr.decode()[-3000:]
+    summary = json.loads(done.stdout)
+    assert done.returncode == 0, summary
+    return summary
+
+
+def check(summary: dict) -> None:
+    seed = summary["seed"]
+    assert summary["runs_lost"] == 0, seed
+    assert summary["runs_duplicated"] == 0, seed
+    assert summary["effects_applied_twice"] == 0, seed
+    assert summary["runs_stuck"] == 0, seed
+    assert summary["runs_failed"] == 0, seed
+    assert summary["runs_completed"] == summary["runs"], seed
+    assert summary["effects_applied"] == 2 * summary["runs"], seed  # each effect exactly once
+    assert summary["lifecycle_contradictions"] == 0, seed
+    assert summary["integrity_check"] == "ok", seed
+    assert summary["host_kills"] + summary["worker_kills"] >= summary["kills"], seed
+
+
+def test_a_small_chaos_run_loses_nothing_and_repeats_no_effect() -> None:
+    summary = chaos("--runs", "8", "--kills", "5")
+    check(summary)
+    assert summary["takeover_ms"]["count"] >= 1
+
+
+@pytest.mark.soak
+def test_the_documented_chaos_run() -> None:
+    summary = chaos("--runs", "50", "--kills", "20")
+    check(summary)  # takeover times are figures to read (docs/guarantees.md), not to assert
