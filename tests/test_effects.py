@@ -167,16 +167,19 @@ async def _held(paths: StatePaths, run_id: str) -> bool:
     return (await run_status(paths, run_id))["hold"] == "effect"
 
 
+@pytest.mark.parametrize("durability", ["full", "normal"])
 async def test_a_host_killed_while_a_worker_applies_loses_nothing_and_applies_once(
-    host_process: Callable[..., HostProcess], paths: StatePaths, project: Path, shop: dict[str, Any]
+    host_process: Callable[..., HostProcess], paths: StatePaths, project: Path, shop: dict[str, Any],
+    durability: str,
 ) -> None:
-    # The worker stalls right after apply(); the host is SIGKILLed; the next host observes.
-    first = await host_process(env={"PIWF_FAULT": "worker.effect.applied:sleep"}).start()
+    # The worker stalls right after apply(); the host is SIGKILLed; the next host observes
+    # the effect its reservation recorded.
+    first = await host_process("--durability", durability, env={"PIWF_FAULT": "worker.effect.applied:sleep"}).start()
     run_id = await start_pay(paths, project, {"ledger": shop["ledger"], "observe": True})
     await wait_for(lambda: charges(shop) == 1)
     first.signal(signal.SIGKILL)
     await first.wait()
-    await host_process().start()
+    await host_process("--durability", durability).start()
     run = await wait_at_rest(paths, run_id)
     assert run["status"] == "completed", run
     assert charges(shop) == 1

@@ -164,3 +164,39 @@ async def _attempt_started(paths: StatePaths, run_id: str) -> bool:
 async def _finished_worker(paths: StatePaths, run_id: str) -> dict[str, Any] | None:
     worker = (await run_status(paths, run_id))["workers"][0]
     return worker if worker["status"] not in ("starting", "running") else None
+
+
+async def test_a_host_that_lost_its_lease_stops_without_touching_the_runs_it_no_longer_owns(
+    paths: StatePaths, project: Path
+) -> None:
+    from piwf.host.host import Host
+    from piwf.store.hosts import acquire_lease
+
+    host_config = config(paths, host_lease_ms=300)  # the heartbeat looks every 100 ms
+    async with trio.open_nursery() as nursery:
+        host = await nursery.start(Host(host_config).serve)
+        run_id = await start(paths, project, "sleepy")
+        running = await wait_for(lambda: _running_worker(paths, run_id))
+        worker_pid = running["workers"][0]["pid"]
+        shell_pid = await wait_for(lambda: _shell_group(worker_pid))
+        usurper = Database.open(paths.db)
+        try:  # another host proved this one dead (wrongly) and took the state with its run
+            lease = acquire_lease(usurper, host_id="usurper", pid=1, identity="u", lease_ms=600_000,
+                                  now=host.now(), owner_dead=True)
+            queue.expire_claims_before(usurper, lease.epoch, host.now())
+            taken = queue.claim_run(usurper, run_id, runner_id="usurper", token="usurper-token",
+                                    lease_ms=600_000, now=host.now(), epoch=lease.epoch)
+            assert taken is not None
+        finally:
+            usurper.close()
+        with trio.fail_after(20):
+            await host.stop_requested.wait()  # the host stops itself
+    after = Database.open(paths.db)
+    try:
+        row = after.one("SELECT status, claim_token, runner_id, generation FROM run_queue WHERE run_id = ?",
+                        (run_id,))
+        assert row == ("starting", "usurper-token", "usurper", taken.generation)  # untouched
+        assert after.scalar("SELECT host_id FROM host_lease") == "usurper"
+    finally:
+        after.close()
+    await wait_for(lambda: not group_members(worker_pid) and not group_members(shell_pid))
