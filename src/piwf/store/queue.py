@@ -71,9 +71,7 @@ def _take(db: Database, run_id: str, runner_id: str, token: str, lease_ms: int, 
     )
     db.execute("UPDATE runs SET status = 'running', updated_at = ? WHERE run_id = ? AND status = 'queued'",
                (now, run_id))
-    # Whatever a previous generation left running was interrupted; it will run again.
-    db.execute("""UPDATE node_attempts SET status = 'interrupted', finished_at = ?
-                  WHERE run_id = ? AND status = 'running'""", (now, run_id))
+    _interrupt_attempts(db, run_id, now)  # whatever a previous generation left running
     generation = db.scalar("SELECT generation FROM run_queue WHERE run_id = ?", (run_id,))
     add_event(db, run_id, "claimed", {"generation": generation, "epoch": epoch}, now)
     return Claim(run_id, token, generation, now + lease_ms)
@@ -129,6 +127,7 @@ def park_run(db: Database, run_id: str, token: str, now: int, *,
         )
         if db.changes() != 1:
             return False
+        _interrupt_attempts(db, run_id, now)
         if detail is not None:
             db.execute("UPDATE runs SET status_detail = ?, updated_at = ? WHERE run_id = ?", (detail, now, run_id))
         add_event(db, run_id, "parked", {} if detail is None else {"reason": detail}, now)
@@ -177,10 +176,16 @@ def cancel_run(db: Database, run_id: str, now: int, *, token: str | None = None)
                  updated_at = ?, revision = revision + 1 WHERE run_id = ?""",
             (now, now, run_id),
         )
-        db.execute("""UPDATE node_attempts SET status = 'interrupted', finished_at = ?
-                      WHERE run_id = ? AND status = 'running'""", (now, run_id))
+        _interrupt_attempts(db, run_id, now)
         add_event(db, run_id, "cancelled", {}, now)
         return True
+
+
+def _interrupt_attempts(db: Database, run_id: str, now: int) -> None:
+    """A node attempt still running when its run is parked, cancelled or claimed again was
+    interrupted: it will run again on the next claim."""
+    db.execute("""UPDATE node_attempts SET status = 'interrupted', finished_at = ?
+                  WHERE run_id = ? AND status = 'running'""", (now, run_id))
 
 
 def _settle_queue(db: Database, run_id: str, status: str, now: int, error: dict[str, Any] | None = None) -> None:
