@@ -117,6 +117,7 @@ async def test_an_unobservable_interrupted_effect_holds_the_run_until_an_operato
     assert (held["status"], held["queueStatus"], held["hold"]) == ("running", "parked", "effect")
     assert held["statusDetail"] == "ambiguous effect charge"
     assert effect_states(held) == {"charge": "ambiguous"}
+    assert [s["status"] for s in held["steps"]] == ["interrupted", "interrupted"]  # nothing shown running
     shown = await piwf(paths, "run", "show", run_id)
     assert b"ambiguous effect charge" in shown.stdout
     refused = await piwf(paths, "run", "resume", run_id, check=False)
