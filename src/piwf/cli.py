@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds a worker has to report ready (default 15)")
     serve.add_argument("--kill-grace", type=_seconds, default=2.0, metavar="S",
                        help="seconds between SIGTERM and SIGKILL when stopping a worker (default 2)")
+    serve.add_argument("--worker-start", choices=("fork", "spawn"), default="fork",
+                       help="fork workers from a preloaded template process (default; Linux) "
+                            "or spawn a new interpreter for each")
     serve.set_defaults(handler=cmd_serve)
     commands.add_parser("status", parents=[common], help="host state and counts").set_defaults(handler=cmd_status)
     commands.add_parser("stop", parents=[common], help="ask the host to drain and exit").set_defaults(handler=cmd_stop)
@@ -142,7 +145,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         stream=sys.stderr)
     config = HostConfig(StatePaths.resolve(args.state_dir), max_workers=args.max_workers,
                         durability=args.durability, worker_startup_s=args.worker_startup_timeout,
-                        kill_grace_s=args.kill_grace)
+                        kill_grace_s=args.kill_grace, worker_start=args.worker_start)
     trio.run(Host(config).serve)
     return 0
 

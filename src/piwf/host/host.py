@@ -19,6 +19,7 @@ from ..errors import HostAlreadyRunning, PiwfError
 from ..store import Database, commands, queue, workers
 from ..store.hosts import acquire_lease, read_lease, release_lease, renew_lease
 from .. import faults, processes
+from .launcher import ForkLauncher, fork_available
 from .lock import HostLock
 from .runs import serve_dispatcher
 from .server import open_listener, serve_socket
@@ -52,6 +53,17 @@ class Host:
             lock.release()
 
     async def _serve(self, host: HostState, task_status: trio.TaskStatus[HostState]) -> None:
+        # The launcher outlives the runs: stopping a forked worker needs its exit report.
+        async with trio.open_nursery() as outer:
+            if self.config.worker_start == "fork" and fork_available():
+                host.launcher = ForkLauncher()
+                await outer.start(host.launcher.serve)
+            try:
+                await self._serve_runs(host, task_status)
+            finally:
+                outer.cancel_scope.cancel()
+
+    async def _serve_runs(self, host: HostState, task_status: trio.TaskStatus[HostState]) -> None:
         listener = await open_listener(self.config.state_dir.socket)
         try:
             async with trio.open_nursery() as nursery:

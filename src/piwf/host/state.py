@@ -15,6 +15,7 @@ from ..store import Database
 from ..store.hosts import HostClaim
 from ..store.queue import Claim
 from .catalog import Catalog
+from .launcher import Launcher, SpawnLauncher
 
 log = logging.getLogger("piwf.host")
 
@@ -34,6 +35,7 @@ class HostConfig:
     idle_timeout_s: float = 300.0
     max_connections: int = 64
     worker_env: dict[str, str] = field(default_factory=dict)
+    worker_start: str = "fork"  # or "spawn"
 
 
 @dataclass(eq=False)
@@ -72,6 +74,7 @@ class HostState:
     host_id: str = field(default_factory=lambda: "host-" + secrets.token_hex(6))
     lease: HostClaim | None = None
     catalog: Catalog = field(default_factory=Catalog)
+    launcher: Launcher = field(default_factory=SpawnLauncher)
     active: dict[str, ActiveRun] = field(default_factory=dict)
     crashes: dict[str, CrashRecord] = field(default_factory=dict)
     connections: int = 0

@@ -6,8 +6,6 @@ from __future__ import annotations
 import base64
 import os
 import signal
-import subprocess
-import sys
 from collections import deque
 from dataclasses import dataclass
 
@@ -26,6 +24,7 @@ from ..wire import (
     encode_line,
     parse_worker_message,
 )
+from .launcher import Launch, WorkerHandle
 from .state import ActiveRun, HostState, log
 from .worker_messages import handle
 
@@ -62,15 +61,10 @@ async def run_worker(host: HostState, active: ActiveRun, envelope: LaunchEnvelop
     to_worker_r, to_worker_w = os.pipe2(os.O_CLOEXEC)
     from_worker_r, from_worker_w = os.pipe2(os.O_CLOEXEC)
     env = {**os.environ, **host.config.worker_env,
-           "PIWF_WORKER_LAUNCH": base64.urlsafe_b64encode(canonical_json(envelope)).decode().rstrip("="),
-           "PIWF_WORKER_FDS": f"{to_worker_r},{from_worker_w}"}
+           "PIWF_WORKER_LAUNCH": base64.urlsafe_b64encode(canonical_json(envelope)).decode().rstrip("=")}
     diagnostics = Diagnostics()
     try:
-        proc = await trio.lowlevel.open_process(
-            [sys.executable, "-m", "piwf.worker"], cwd=project, env=env, start_new_session=True,
-            pass_fds=(to_worker_r, from_worker_w), stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        )
+        proc = await host.launcher.start(Launch(project, env, to_worker_r, from_worker_w))
     except OSError as exc:
         for fd in (to_worker_r, to_worker_w, from_worker_r, from_worker_w):
             os.close(fd)
@@ -108,7 +102,7 @@ def reap_registered(host: HostState, rows: list[tuple[str, int, str]]) -> None:
             log.warning("could not record reaped processes: %s", exc)
 
 
-def _exit(proc: trio.Process, diagnostics: Diagnostics) -> WorkerExit:
+def _exit(proc: WorkerHandle, diagnostics: Diagnostics) -> WorkerExit:
     code = proc.returncode
     if code is not None and code < 0:
         return WorkerExit("crashed", None, -code, diagnostics.text())
@@ -116,7 +110,7 @@ def _exit(proc: trio.Process, diagnostics: Diagnostics) -> WorkerExit:
     return WorkerExit(outcome, code, None, diagnostics.text())
 
 
-async def _stop(proc: trio.Process, grace_s: float) -> None:
+async def _stop(proc: WorkerHandle, grace_s: float) -> None:
     """SIGTERM the group, wait out the grace, SIGKILL the group; then reap."""
     if proc.returncode is None:
         processes.signal_group(proc.pid, signal.SIGTERM)
@@ -127,7 +121,7 @@ async def _stop(proc: trio.Process, grace_s: float) -> None:
     await proc.wait()
 
 
-async def _watch_startup(host: HostState, active: ActiveRun, proc: trio.Process) -> None:
+async def _watch_startup(host: HostState, active: ActiveRun, proc: WorkerHandle) -> None:
     with trio.move_on_after(host.config.worker_startup_s):
         await active.ready.wait()
         return
@@ -144,7 +138,7 @@ async def _drain(stream: trio.abc.ReceiveStream | None, diagnostics: Diagnostics
 
 
 async def _pump(host: HostState, active: ActiveRun, receive: trio.lowlevel.FdStream,
-                send: trio.lowlevel.FdStream, proc: trio.Process) -> None:
+                send: trio.lowlevel.FdStream, proc: WorkerHandle) -> None:
     buffer = LineBuffer(MAX_WORKER_LINE)
     while chunk := await receive.receive_some(65536):
         try:

@@ -1,0 +1,161 @@
+"""``python -m piwf.worker.forkserver``: a template process that forks workers fast.
+
+Starting ``python -m piwf.worker`` costs an interpreter start and the imports of msgspec
+and the engine (about 80 ms here). The host keeps this one template process instead, with
+those modules imported and no user code: for each run it forks a fresh child, which
+starts a new session (its own process group), takes the run's pipes as its descriptors,
+its project as cwd and its environment, and runs the worker. A run still gets a new
+process and a new process group; only the start-up is shared.
+
+The template is single-threaded (forking a threaded process is unsafe). It speaks to the
+host over a SOCK_SEQPACKET socket (descriptor ``$PIWF_FORKSERVER_FD``), one JSON message
+per packet, descriptors passed with SCM_RIGHTS:
+
+    host → template  {"id": n, "cwd": dir, "env": {...}}  + fds [to_worker_r, from_worker_w, output_w]
+    template → host  {"ready": true}                       once, at start
+                     {"id": n, "pid": pid} | {"id": n, "error": text}
+                     {"exited": pid, "status": wait status}  when a child ends (it is reaped here)
+
+The template exits when the host's end of the socket closes.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+from typing import Any
+
+from . import __main__ as worker_main
+
+MAX_MESSAGE = 1 << 20  # the environment of a run fits easily
+FD_COUNT = 3
+
+
+def serve(control: socket.socket) -> None:
+    wakeup_r, wakeup_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wakeup_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so the wakeup fd hears it
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the host's to handle
+    selector = selectors.DefaultSelector()
+    selector.register(control, selectors.EVENT_READ, "control")
+    selector.register(wakeup_r, selectors.EVENT_READ, "child")
+    _send(control, {"ready": True})
+    while True:
+        for key, _ in selector.select():
+            if key.data == "child":
+                _drain(wakeup_r)
+                _reap(control)
+            elif not _handle(control):
+                return
+
+
+def _handle(control: socket.socket) -> bool:
+    """Fork one worker; False once the host has gone."""
+    fds = array.array("i")
+    try:
+        data, ancdata, _, _ = control.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(FD_COUNT * fds.itemsize))
+    except (ConnectionResetError, BrokenPipeError):
+        return False
+    if not data:
+        return False
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    request = json.loads(data)
+    try:
+        if len(fds) != FD_COUNT:
+            raise ValueError(f"expected {FD_COUNT} descriptors, got {len(fds)}")
+        if not os.path.isdir(request["cwd"]):
+            raise FileNotFoundError(f"the project directory {request['cwd']} does not exist")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        session_r, session_w = os.pipe2(os.O_CLOEXEC)
+        pid = os.fork()
+        if pid == 0:
+            os.close(session_r)
+            _child(control, request, list(fds), session_w)  # never returns
+        os.close(session_w)
+        # The host signals the worker's process group: answer once the group exists.
+        os.read(session_r, 1)
+        os.close(session_r)
+        _send(control, {"id": request["id"], "pid": pid})
+    except (OSError, ValueError) as exc:
+        _send(control, {"id": request["id"], "error": str(exc)})
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return True
+
+
+def _child(control: socket.socket, request: dict[str, Any], fds: list[int], session_w: int) -> None:
+    code = 70
+    try:
+        os.setsid()
+        os.write(session_w, b"s")
+        os.close(session_w)
+        for signum in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
+            signal.signal(signum, signal.SIG_DFL)
+        signal.set_wakeup_fd(-1)
+        control.close()
+        to_worker_r, from_worker_w, output_w = fds
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(output_w, 1)
+        os.dup2(output_w, 2)
+        os.close(devnull)
+        os.close(output_w)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        os.environ["PIWF_WORKER_FDS"] = f"{to_worker_r},{from_worker_w}"
+        sys.argv = ["piwf-worker"]
+        code = worker_main.main()
+    except BaseException as exc:  # the child must end here, whatever happened
+        print(f"piwf worker: {type(exc).__name__}: {exc}", file=sys.stderr)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _reap(control: socket.socket) -> None:
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        _send(control, {"exited": pid, "status": status})
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
+
+
+def _send(control: socket.socket, message: dict[str, Any]) -> None:
+    with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the host has gone: the next read ends it
+        control.send(json.dumps(message).encode())
+
+
+def main() -> int:
+    control = socket.socket(fileno=int(os.environ.pop("PIWF_FORKSERVER_FD")))
+    try:
+        serve(control)
+    finally:
+        control.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
