@@ -158,8 +158,8 @@ class Chaos:
     def kill_worker(self) -> bool:
         assert self.host is not None
         try:
-            workers = [p for p in psutil.Process(self.host.pid).children()
-                       if "piwf.worker" in " ".join(p.cmdline())]
+            workers = [p for p in psutil.Process(self.host.pid).children(recursive=True)
+                       if _is_worker(p, self.host.pid)]
         except psutil.Error:
             return False
         if not workers:
@@ -315,6 +315,15 @@ class Chaos:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.host.pid, signal.SIGKILL)
             self.host.wait()
+
+
+def _is_worker(process: psutil.Process, host_pid: int) -> bool:
+    """A worker, spawned by the host or forked by its template (not the template itself)."""
+    try:
+        command = " ".join(process.cmdline())
+        return "piwf.worker" in command and not ("forkserver" in command and process.ppid() == host_pid)
+    except psutil.Error:
+        return False
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

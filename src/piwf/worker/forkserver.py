@@ -98,11 +98,11 @@ def _child(control: socket.socket, request: dict[str, Any], fds: list[int], sess
     try:
         os.setsid()
         os.write(session_w, b"s")
-        os.close(session_w)
         for signum in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
             signal.signal(signum, signal.SIG_DFL)
         signal.set_wakeup_fd(-1)
-        control.close()
+        control.detach()
+        _close_all_but(0, 1, 2, *fds)  # the template's socket, selector and wake-up pipe
         to_worker_r, from_worker_w, output_w = fds
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
@@ -122,6 +122,13 @@ def _child(control: socket.socket, request: dict[str, Any], fds: list[int], sess
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def _close_all_but(*keep: int) -> None:
+    for fd in sorted(int(name) for name in os.listdir("/proc/self/fd")):
+        if fd not in keep:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def _reap(control: socket.socket) -> None:

@@ -1,0 +1,70 @@
+"""Worker start-up: forked from the preloaded template, or spawned; same isolation either way."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+
+from piwf.paths import StatePaths
+
+from .conftest import HostProcess, write_workflow
+from .test_lifecycle import call
+
+WHOAMI = """
+    import os
+    from piwf import Workflow, compute
+
+    def whoami(ctx):
+        fds = sorted(int(fd) for fd in os.listdir("/proc/self/fd"))
+        return {"pid": os.getpid(), "ppid": os.getppid(), "pgid": os.getpgid(0), "sid": os.getsid(0),
+                "cwd": os.getcwd(), "marker": os.environ.get("PIWF_TEST_MARKER"), "fds": fds,
+                "template": os.environ.get("PIWF_FORKSERVER_FD")}
+
+    workflow = Workflow(name="whoami", start_at="who", nodes={"who": compute(whoami)})
+"""
+
+
+async def run_whoami(paths: StatePaths, project: Path) -> dict:
+    receipt = await call(paths, "run.start", payload={"workflow": "whoami", "projectPath": str(project)})
+    done = await call(paths, "run.wait", run_id=receipt["runId"], payload={"timeoutMs": 20_000})
+    assert done["status"] == "completed", done
+    return done["output"]
+
+
+@pytest.mark.parametrize("mode", ["fork", "spawn"])
+async def test_each_run_gets_a_fresh_process_in_its_own_session(
+    host_process: Callable[..., HostProcess], paths: StatePaths, project: Path, mode: str
+) -> None:
+    write_workflow(project, "whoami", WHOAMI)
+    host = await host_process("--worker-start", mode, env={"PIWF_TEST_MARKER": mode}).start()
+    first, second = await run_whoami(paths, project), await run_whoami(paths, project)
+    assert first["pid"] != second["pid"]
+    for seen in (first, second):
+        assert seen["pid"] == seen["pgid"] == seen["sid"]  # its own session and process group
+        assert seen["cwd"] == str(project)
+        assert seen["marker"] == mode  # the host's environment, passed on
+        assert seen["template"] is None
+        assert seen["fds"][:3] == [0, 1, 2] and len(seen["fds"]) <= 8  # its pipes, no template leftovers
+    assert host.proc is not None
+    template = [p.pid for p in psutil.Process(host.proc.pid).children() if "forkserver" in " ".join(p.cmdline())]
+    assert len(template) == (1 if mode == "fork" else 0)
+    assert first["ppid"] == (template[0] if mode == "fork" else host.proc.pid)
+
+
+async def test_a_killed_template_falls_back_to_spawn(
+    host_process: Callable[..., HostProcess], paths: StatePaths, project: Path
+) -> None:
+    write_workflow(project, "whoami", WHOAMI)
+    host = await host_process().start()
+    assert host.proc is not None
+    await run_whoami(paths, project)  # the template is up and used
+    template = next(p for p in psutil.Process(host.proc.pid).children() if "forkserver" in " ".join(p.cmdline()))
+    os.kill(template.pid, signal.SIGKILL)
+    seen = await run_whoami(paths, project)
+    assert seen["ppid"] == host.proc.pid  # spawned by the host itself now
+    assert "starting workers with plain spawn" in host.log.read_text()
