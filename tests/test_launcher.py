@@ -36,6 +36,18 @@ async def run_whoami(paths: StatePaths, project: Path) -> dict:
     return done["output"]
 
 
+def templates(host_pid: int) -> list[int]:
+    """The host's fork server, if it has one (a worker just ended may be a zombie child)."""
+    found = []
+    for child in psutil.Process(host_pid).children():
+        try:
+            if "forkserver" in " ".join(child.cmdline()):
+                found.append(child.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
 @pytest.mark.parametrize("mode", ["fork", "spawn"])
 async def test_each_run_gets_a_fresh_process_in_its_own_session(
     host_process: Callable[..., HostProcess], paths: StatePaths, project: Path, mode: str
@@ -51,7 +63,7 @@ async def test_each_run_gets_a_fresh_process_in_its_own_session(
         assert seen["template"] is None
         assert seen["fds"][:3] == [0, 1, 2] and len(seen["fds"]) <= 8  # its pipes, no template leftovers
     assert host.proc is not None
-    template = [p.pid for p in psutil.Process(host.proc.pid).children() if "forkserver" in " ".join(p.cmdline())]
+    template = templates(host.proc.pid)
     assert len(template) == (1 if mode == "fork" else 0)
     assert first["ppid"] == (template[0] if mode == "fork" else host.proc.pid)
 
@@ -63,8 +75,7 @@ async def test_a_killed_template_falls_back_to_spawn(
     host = await host_process().start()
     assert host.proc is not None
     await run_whoami(paths, project)  # the template is up and used
-    template = next(p for p in psutil.Process(host.proc.pid).children() if "forkserver" in " ".join(p.cmdline()))
-    os.kill(template.pid, signal.SIGKILL)
+    os.kill(templates(host.proc.pid)[0], signal.SIGKILL)
     seen = await run_whoami(paths, project)
     assert seen["ppid"] == host.proc.pid  # spawned by the host itself now
     assert "starting workers with plain spawn" in host.log.read_text()

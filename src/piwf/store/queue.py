@@ -14,11 +14,10 @@ from ..wire import canonical_json
 from .db import Database
 
 LIVE = "status IN ('starting', 'running')"
-CLAIMABLE = """(
-  (q.status IN ('queued', 'parked') AND q.hold IS NULL)
-  OR (q.status IN ('starting', 'running')
-      AND q.claim_expires_at IS NOT NULL AND q.claim_expires_at <= :now)
-)"""
+READY = "(q.status IN ('queued', 'parked') AND q.hold IS NULL)"
+EXPIRED = """(q.status IN ('starting', 'running')
+  AND q.claim_expires_at IS NOT NULL AND q.claim_expires_at <= :now)"""
+CLAIMABLE = f"({READY} OR {EXPIRED})"
 # A parked run of a session waits while another run of that session is active.
 SESSION_FREE = """(
   q.origin_session_id IS NULL OR q.status = 'queued' OR NOT EXISTS (
@@ -41,14 +40,17 @@ def claim_next_run(
     """Claim the oldest claimable run not in ``exclude``, or None."""
     excluded = {f"x{i}": run_id for i, run_id in enumerate(sorted(exclude))}
     not_in = f"AND q.run_id NOT IN ({', '.join(':' + k for k in excluded)})" if excluded else ""
+    params = {"now": now, **excluded}
     with db.write():
-        run_id = db.scalar(
-            f"""SELECT q.run_id FROM run_queue q
-                WHERE {CLAIMABLE} AND {SESSION_FREE} {not_in}
-                ORDER BY q.created_at, q.run_id LIMIT 1""",
-            {"now": now, **excluded},
-        )
-        return None if run_id is None else _take(db, run_id, runner_id, token, lease_ms, now, epoch)
+        # Two halves of CLAIMABLE, each walking its own index in order; the older wins.
+        candidates = [
+            db.one(f"""SELECT q.created_at, q.run_id FROM run_queue q {index}
+                       WHERE {half} AND {SESSION_FREE} {not_in}
+                       ORDER BY q.created_at, q.run_id LIMIT 1""", params)
+            for half, index in ((READY, "INDEXED BY run_queue_ready"), (EXPIRED, ""))
+        ]
+        found = min((c for c in candidates if c is not None), default=None)
+        return None if found is None else _take(db, found[1], runner_id, token, lease_ms, now, epoch)
 
 
 def claim_run(

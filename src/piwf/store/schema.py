@@ -87,6 +87,9 @@ CREATE TABLE run_queue (
   finished_at INTEGER
 );
 CREATE INDEX run_queue_claimable ON run_queue(status, claim_expires_at);
+-- Claims take the oldest ready run: this index hands it over without sorting the queue.
+CREATE INDEX run_queue_ready ON run_queue(created_at, run_id)
+  WHERE status IN ('queued', 'parked') AND hold IS NULL;
 -- One active run per origin session; detached runs (no session) are exempt.
 CREATE UNIQUE INDEX run_queue_session_reservation ON run_queue(origin_session_id)
   WHERE origin_session_id IS NOT NULL AND status IN ('queued', 'starting', 'running');
@@ -183,8 +186,8 @@ REQUIRED_TABLES = (
 
 # MIGRATIONS[v] takes a database from layout v to v + 1, inside one write transaction.
 MIGRATIONS = {
-    # 2: effects, the child-process registry, and the 'effect' hold (SQLite cannot alter a
-    # CHECK constraint, so run_queue is rebuilt).
+    # 2: effects, the child-process registry, the 'effect' hold (SQLite cannot alter a
+    # CHECK constraint, so run_queue is rebuilt) and an index for claims.
     1: """
 ALTER TABLE run_queue RENAME TO run_queue_v1;
 DROP INDEX run_queue_claimable;
@@ -208,6 +211,9 @@ CREATE TABLE run_queue (
   finished_at INTEGER
 );
 CREATE INDEX run_queue_claimable ON run_queue(status, claim_expires_at);
+-- Claims take the oldest ready run: this index hands it over without sorting the queue.
+CREATE INDEX run_queue_ready ON run_queue(created_at, run_id)
+  WHERE status IN ('queued', 'parked') AND hold IS NULL;
 -- One active run per origin session; detached runs (no session) are exempt.
 CREATE UNIQUE INDEX run_queue_session_reservation ON run_queue(origin_session_id)
   WHERE origin_session_id IS NOT NULL AND status IN ('queued', 'starting', 'running');
