@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import trio
+import trio_util
 
 from .. import processes
 
@@ -69,6 +70,7 @@ class ForkedWorker:
     pidfd: int | None
     returncode: int | None = None
     exited: trio.Event = field(default_factory=trio.Event)
+    reporter_gone: trio.Event = field(default_factory=trio.Event)  # the template died
 
     def report(self, status: int) -> None:
         self.returncode = os.waitstatus_to_exitcode(status)
@@ -80,7 +82,7 @@ class ForkedWorker:
         if not self.exited.is_set() and self.pidfd is not None:
             await trio.lowlevel.wait_readable(self.pidfd)
             with trio.move_on_after(EXIT_REPORT_GRACE_S):
-                await self.exited.wait()
+                await trio_util.wait_any(self.exited.wait, self.reporter_gone.wait)
             if not self.exited.is_set():
                 self.returncode = -9  # unknown: counted as killed
                 self.exited.set()
@@ -211,6 +213,8 @@ class ForkLauncher:
             log.warning("%s; starting workers with plain spawn", reason)
         self._failed = reason
         self._ready.set()
+        for worker in self._workers.values():
+            worker.reporter_gone.set()
         for event, slot in self._pending.values():
             slot.append(reason)
             event.set()
