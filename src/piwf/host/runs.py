@@ -28,9 +28,9 @@ async def serve_dispatcher(host: HostState, *, task_status: trio.TaskStatus[None
         task_status.started()
         while True:
             host.wake_dispatcher = trio.Event()
-            for claim in _claim_available(host):
+            for claim, worker_epoch in _claim_available(host):
                 faults.point("host.claim.committed")
-                active = ActiveRun(claim, worker_epoch=secrets.token_hex(8))
+                active = ActiveRun(claim, worker_epoch=worker_epoch)
                 host.active[claim.run_id] = active
                 nursery.start_soon(supervise_run, host, active)
             with trio.move_on_after(_next_poll(host)):
@@ -44,25 +44,36 @@ def _next_poll(host: HostState) -> float:
     return min([host.config.poll_s, *waits])
 
 
-def _claim_available(host: HostState) -> list[Claim]:
-    """Claim runs up to capacity; a store error ends this round with what was claimed."""
-    claims: list[Claim] = []
+def _claim_available(host: HostState) -> list[tuple[Claim, str]]:
+    """Claim runs up to capacity, each with its worker record in the claim's transaction;
+    a store error ends this round with what was claimed."""
+    claims: list[tuple[Claim, str]] = []
     now_s = trio.current_time()
     exclude = {r for r, c in host.crashes.items() if c.not_before > now_s} | set(host.active)
     while len(host.active) + len(claims) < host.config.max_workers:
         try:
-            claim = queue.claim_next_run(
-                host.db, runner_id=host.host_id, token=secrets.token_urlsafe(24),
-                lease_ms=host.config.run_lease_ms, now=host.now(), epoch=host.epoch, exclude=frozenset(exclude),
-            )
+            taken = _claim_one(host, frozenset(exclude))
         except PiwfError as exc:
             log.error("dispatcher could not claim runs: %s", exc)
             break
-        if claim is None:
+        if taken is None:
             break
-        claims.append(claim)
-        exclude.add(claim.run_id)
+        claims.append(taken)
+        exclude.add(taken[0].run_id)
     return claims
+
+
+def _claim_one(host: HostState, exclude: frozenset[str]) -> tuple[Claim, str] | None:
+    now = host.now()
+    with host.db.write():
+        claim = queue.claim_next_run(host.db, runner_id=host.host_id, token=secrets.token_urlsafe(24),
+                                     lease_ms=host.config.run_lease_ms, now=now, epoch=host.epoch, exclude=exclude)
+        if claim is None:
+            return None
+        worker_epoch = secrets.token_hex(8)
+        workers.record_start(host.db, worker_epoch=worker_epoch, run_id=claim.run_id, generation=claim.generation,
+                             host_epoch=host.epoch, now=now)
+        return claim, worker_epoch
 
 
 async def supervise_run(host: HostState, active: ActiveRun) -> None:
@@ -96,8 +107,6 @@ async def _launch(host: HostState, active: ActiveRun) -> WorkerExit:
         runId=active.run_id, generation=active.claim.generation, workerEpoch=active.worker_epoch,
         projectPath=project, workflow=workflow, definitionDigest=digest, inputHash=runs.input_hash(run_input),
     )
-    workers.record_start(host.db, worker_epoch=active.worker_epoch, run_id=active.run_id,
-                         generation=active.claim.generation, host_epoch=host.epoch, now=host.now())
     log.info("run %s: claimed (generation %d)", active.run_id, active.claim.generation)
     return await run_worker(host, active, envelope, project)
 
@@ -124,7 +133,7 @@ def _settle(host: HostState, active: ActiveRun, result: WorkerExit | None) -> No
     outcome = active.stop_reason or (result.outcome if result else "orphaned" if host.stopping else "crashed")
     now = host.now()
     try:
-        workers.finish(host.db, active.worker_epoch, outcome, now,
+        workers.finish(host.db, active.worker_epoch, active.run_id, outcome, now,
                        exit_code=result.exit_code if result else None,
                        signal=result.signal if result else None,
                        diagnostic=(result.diagnostic or None) if result else None)

@@ -48,6 +48,7 @@ class ActiveRun:
     settled: bool = False
     stop_reason: str | None = None
     ready: trio.Event = field(default_factory=trio.Event)
+    answered: set[str] = field(default_factory=set)  # message ids this host answered for the worker
 
     @property
     def run_id(self) -> str:

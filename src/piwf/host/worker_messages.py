@@ -126,6 +126,9 @@ def _run_park(host: HostState, active: ActiveRun, payload: dict[str, Any], now: 
     return {}, True
 
 
+# Operations that may change the run revision; the others leave it as it was.
+REVISING = frozenset({"attempt.start", "attempt.accept", "attempt.fail", "run.complete", "run.fail"})
+
 HANDLERS: dict[str, Handler] = {
     "worker.ready": _ready,
     "attempt.start": _attempt_start,
@@ -145,23 +148,25 @@ HANDLERS: dict[str, Handler] = {
 def handle(host: HostState, active: ActiveRun, message: WorkerMessage) -> WorkerResponse:
     if message.workerEpoch != active.worker_epoch or message.generation != active.claim.generation:
         return WorkerResponse(message.messageId, "claimLost", error="worker epoch or generation is stale")
-    stored = workers.read_message(host.db, message)
-    if stored is not None:
-        return stored
+    if message.messageId in active.answered:  # a repeat gets the stored answer (new ids skip the lookup)
+        stored = workers.read_message(host.db, message)
+        if stored is not None:
+            return stored
     handler = HANDLERS.get(message.operation)
     if handler is None:
         return WorkerResponse(message.messageId, "rejected", error=f"unknown worker operation {message.operation!r}")
     now = host.now()
     try:
         with host.db.write():
-            queue.require_claim(host.db, active.run_id, active.claim.token, now)
-            current = runs.revision(host.db, active.run_id)
+            current = queue.fenced_revision(host.db, active.run_id, active.claim.token, now)
             if message.operation != "worker.ready" and message.expectedRevision != current:
                 raise Rejected(f"run revision conflict: expected {message.expectedRevision}, now {current}")
             result, settles = handler(host, active, message.payload, now)
-            response = WorkerResponse(message.messageId, "accepted",
-                                      revision=runs.revision(host.db, active.run_id), result=result)
+            if message.operation in REVISING:
+                current = runs.revision(host.db, active.run_id)
+            response = WorkerResponse(message.messageId, "accepted", revision=current, result=result)
             workers.record_message(host.db, message, response, now)
+        active.answered.add(message.messageId)
         faults.point("host.worker.committed")
     except ClaimLost as exc:
         active.stop("claimLost")

@@ -29,24 +29,22 @@ def _stored_response(db: Database, request_id: str, row: tuple[Any, ...]) -> Hos
 
 def lookup(db: Database, request: HostRequest, fingerprint: bytes) -> HostResponse | None:
     """A stored response for this request (``adopted``), a ``conflict``, or None if new."""
-    row = db.one(
-        """SELECT request_fingerprint, outcome, revision, receipt_json, receipt_hash, error
-           FROM host_commands WHERE request_id = ?""",
-        (request.requestId,),
-    )
-    if row is not None:
+    rows = db.execute(
+        """SELECT request_id = ?, request_fingerprint, outcome, revision, receipt_json, receipt_hash, error
+           FROM host_commands WHERE request_id = ? OR (client_id = ? AND idempotency_key = ?)""",
+        (request.requestId, request.requestId, request.clientId, request.idempotencyKey),
+    ).fetchall()
+    if not rows:
+        return None
+    by_request = [row[1:] for row in rows if row[0]]
+    if by_request:
+        row = by_request[0]
         if bytes(row[0]) != fingerprint:
             return HostResponse(request.requestId, "conflict", error="requestId was reused with another request body")
         stored = _stored_response(db, request.requestId, row[1:])
         stored.outcome = "adopted"
         return stored
-    row = db.one(
-        """SELECT request_fingerprint, outcome, revision, receipt_json, receipt_hash, error
-           FROM host_commands WHERE client_id = ? AND idempotency_key = ?""",
-        (request.clientId, request.idempotencyKey),
-    )
-    if row is None:
-        return None
+    row = rows[0][1:]
     if bytes(row[0]) != fingerprint:
         return HostResponse(
             request.requestId, "conflict", error="idempotencyKey was reused with another request body"

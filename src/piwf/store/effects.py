@@ -112,11 +112,13 @@ def interrupted_before(db: Database, run_id: str, generation: int, now: int) -> 
     forgotten when the run ends. Returns every ambiguous key of the run.
     """
     with db.write():
-        rows = db.execute("SELECT effect_key FROM effects WHERE run_id = ? AND status = 'applying' "
-                          "AND generation < ?", (run_id, generation)).fetchall()
-        for (key,) in rows:
-            _mark_ambiguous(db, run_id, key, now)
-        return ambiguous_keys(db, run_id)
+        rows = db.execute("SELECT effect_key, status, generation FROM effects WHERE run_id = ? "
+                          "AND status IN ('applying', 'ambiguous') ORDER BY created_at, effect_key",
+                          (run_id,)).fetchall()
+        for key, status, owner in rows:
+            if status == "applying" and owner < generation:
+                _mark_ambiguous(db, run_id, key, now)
+        return [key for key, status, owner in rows if status == "ambiguous" or owner < generation]
 
 
 def ambiguous_keys(db: Database, run_id: str) -> list[str]:

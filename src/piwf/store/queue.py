@@ -64,17 +64,16 @@ def claim_run(
 
 
 def _take(db: Database, run_id: str, runner_id: str, token: str, lease_ms: int, now: int, epoch: int) -> Claim:
-    db.execute(
+    generation = db.scalar(
         """UPDATE run_queue SET status = 'starting', runner_id = ?, claim_token = ?,
              claim_expires_at = ?, generation = generation + 1, owner_epoch = ?,
              started_at = COALESCE(started_at, ?), updated_at = ?
-           WHERE run_id = ?""",
+           WHERE run_id = ? RETURNING generation""",
         (runner_id, token, now + lease_ms, epoch, now, now, run_id),
     )
     db.execute("UPDATE runs SET status = 'running', updated_at = ? WHERE run_id = ? AND status = 'queued'",
                (now, run_id))
     _interrupt_attempts(db, run_id, now)  # whatever a previous generation left running
-    generation = db.scalar("SELECT generation FROM run_queue WHERE run_id = ?", (run_id,))
     add_event(db, run_id, "claimed", {"generation": generation, "epoch": epoch}, now)
     return Claim(run_id, token, generation, now + lease_ms)
 
@@ -97,20 +96,35 @@ def verify_claim(db: Database, run_id: str, token: str, now: int) -> bool:
     return row is not None
 
 
+def fenced_revision(db: Database, run_id: str, token: str, now: int) -> int:
+    """The run's revision, read under its live claim; ClaimLost otherwise."""
+    revision = db.scalar(
+        f"""SELECT r.revision FROM run_queue q JOIN runs r ON r.run_id = q.run_id
+            WHERE q.run_id = ? AND q.claim_token = ? AND q.{LIVE} AND q.claim_expires_at > ?""",
+        (run_id, token, now),
+    )
+    if revision is None:
+        raise ClaimLost(f"the claim on run {run_id} is no longer live")
+    return revision
+
+
 def require_claim(db: Database, run_id: str, token: str, now: int) -> None:
     if not verify_claim(db, run_id, token, now):
         raise ClaimLost(f"the claim on run {run_id} is no longer live")
 
 
 def mark_running(db: Database, run_id: str, token: str, now: int) -> bool:
+    """``starting → running``; False if it was running already. Fenced by the claim."""
     with db.write():
-        require_claim(db, run_id, token, now)
         db.execute(
             """UPDATE run_queue SET status = 'running', updated_at = ?
-               WHERE run_id = ? AND claim_token = ? AND status = 'starting'""",
-            (now, run_id, token),
+               WHERE run_id = ? AND claim_token = ? AND status = 'starting' AND claim_expires_at > ?""",
+            (now, run_id, token, now),
         )
-        return db.changes() == 1
+        if db.changes() == 1:
+            return True
+        require_claim(db, run_id, token, now)
+        return False
 
 
 def park_run(db: Database, run_id: str, token: str, now: int, *,
@@ -139,30 +153,37 @@ def park_run(db: Database, run_id: str, token: str, now: int, *,
 def complete_run(db: Database, run_id: str, token: str, output: Any, now: int) -> int:
     """Settle a run as completed; returns its new revision."""
     with db.write():
-        require_claim(db, run_id, token, now)
+        _settle_claimed(db, run_id, token, "done", now)
         inline, digest = db.put_json(output, now)
-        _settle_queue(db, run_id, "done", now)
-        db.execute(
+        revision = db.scalar(
             """UPDATE runs SET status = 'completed', output_json = ?, output_hash = ?,
                  status_detail = NULL, finished_at = ?, updated_at = ?, revision = revision + 1
-               WHERE run_id = ?""",
+               WHERE run_id = ? RETURNING revision""",
             (inline, digest, now, now, run_id),
         )
         add_event(db, run_id, "completed", {}, now)
-        return db.scalar("SELECT revision FROM runs WHERE run_id = ?", (run_id,))
+        return revision
 
 
 def fail_run(db: Database, run_id: str, token: str, error: dict[str, Any], now: int) -> int:
     with db.write():
-        require_claim(db, run_id, token, now)
-        _settle_queue(db, run_id, "failed", now, error)
-        db.execute(
+        _settle_claimed(db, run_id, token, "failed", now, error)
+        revision = db.scalar(
             """UPDATE runs SET status = 'failed', error_json = ?, status_detail = NULL,
-                 finished_at = ?, updated_at = ?, revision = revision + 1 WHERE run_id = ?""",
+                 finished_at = ?, updated_at = ?, revision = revision + 1 WHERE run_id = ? RETURNING revision""",
             (canonical_json(error).decode(), now, now, run_id),
         )
         add_event(db, run_id, "failed", {"error": error.get("message")}, now)
-        return db.scalar("SELECT revision FROM runs WHERE run_id = ?", (run_id,))
+        return revision
+
+
+def _settle_claimed(db: Database, run_id: str, token: str, status: str, now: int,
+                    error: dict[str, Any] | None = None) -> None:
+    """Settle the queue row only while the claim is live: the fence is in the UPDATE."""
+    _settle_queue(db, run_id, status, now, error,
+                  fence=(f"AND claim_token = ? AND {LIVE} AND claim_expires_at > ?", (token, now)))
+    if db.changes() != 1:
+        raise ClaimLost(f"the claim on run {run_id} is no longer live")
 
 
 def cancel_run(db: Database, run_id: str, now: int, *, token: str | None = None) -> bool:
@@ -190,13 +211,15 @@ def _interrupt_attempts(db: Database, run_id: str, now: int) -> None:
                   WHERE run_id = ? AND status = 'running'""", (now, run_id))
 
 
-def _settle_queue(db: Database, run_id: str, status: str, now: int, error: dict[str, Any] | None = None) -> None:
+def _settle_queue(db: Database, run_id: str, status: str, now: int, error: dict[str, Any] | None = None,
+                  fence: tuple[str, tuple[Any, ...]] = ("", ())) -> None:
     db.execute(
-        """UPDATE run_queue SET status = ?, runner_id = NULL, claim_token = NULL,
-             claim_expires_at = NULL, hold = NULL, error_code = ?, error_message = ?,
-             finished_at = ?, updated_at = ?
-           WHERE run_id = ?""",
-        (status, error and error.get("type"), error and str(error.get("message", ""))[:2048], now, now, run_id),
+        f"""UPDATE run_queue SET status = ?, runner_id = NULL, claim_token = NULL,
+              claim_expires_at = NULL, hold = NULL, error_code = ?, error_message = ?,
+              finished_at = ?, updated_at = ?
+            WHERE run_id = ? {fence[0]}""",
+        (status, error and error.get("type"), error and str(error.get("message", ""))[:2048], now, now, run_id,
+         *fence[1]),
     )
 
 

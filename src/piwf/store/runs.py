@@ -145,15 +145,14 @@ def accept_attempt(
     with db.write():
         require_claim(db, run_id, token, now)
         inline, digest = db.put_json(output, now)
-        db.execute(
+        node = db.scalar(
             """UPDATE node_attempts SET status = 'accepted', output_json = ?, output_hash = ?,
                  exit_name = ?, finished_at = ?
-               WHERE attempt_id = ? AND run_id = ? AND status = 'running'""",
+               WHERE attempt_id = ? AND run_id = ? AND status = 'running' RETURNING node_id""",
             (inline, digest, exit_name, now, attempt_id, run_id),
         )
-        if db.changes() != 1:
+        if node is None:
             raise Rejected(f"attempt {attempt_id} is not running")
-        node = db.scalar("SELECT node_id FROM node_attempts WHERE attempt_id = ?", (attempt_id,))
         add_event(db, run_id, "attempt.accepted", {"node": node, "attemptId": attempt_id, "exit": exit_name}, now)
         return _bump(db, run_id, now)
 
@@ -173,8 +172,8 @@ def fail_attempt(db: Database, run_id: str, token: str, *, attempt_id: str, erro
 
 
 def _bump(db: Database, run_id: str, now: int) -> int:
-    db.execute("UPDATE runs SET revision = revision + 1, updated_at = ? WHERE run_id = ?", (now, run_id))
-    return db.scalar("SELECT revision FROM runs WHERE run_id = ?", (run_id,))
+    return db.scalar("UPDATE runs SET revision = revision + 1, updated_at = ? WHERE run_id = ? RETURNING revision",
+                     (now, run_id))
 
 
 def accepted_steps(db: Database, run_id: str) -> list[dict[str, Any]]:

@@ -38,7 +38,7 @@ def mark_ready(db: Database, worker_epoch: str, now: int) -> None:
 
 
 def finish(
-    db: Database, worker_epoch: str, outcome: str, now: int, *,
+    db: Database, worker_epoch: str, run_id: str, outcome: str, now: int, *,
     exit_code: int | None = None, signal: int | None = None, diagnostic: str | None = None,
 ) -> bool:
     with db.write():
@@ -49,7 +49,6 @@ def finish(
         )
         if db.changes() != 1:
             return False
-        run_id = db.scalar("SELECT run_id FROM run_workers WHERE worker_epoch = ?", (worker_epoch,))
         add_event(db, run_id, "worker.finished",
                   {"workerEpoch": worker_epoch, "outcome": outcome, "exitCode": exit_code, "signal": signal}, now)
         return True

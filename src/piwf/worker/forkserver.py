@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import array
 import contextlib
+import gc
 import json
 import os
 import selectors
@@ -157,6 +158,10 @@ def _send(control: socket.socket, message: dict[str, Any]) -> None:
 
 def main() -> int:
     control = socket.socket(fileno=int(os.environ.pop("PIWF_FORKSERVER_FD")))
+    # Everything imported so far is shared with every child: keep the collector from
+    # touching (and so copying) those pages in each of them.
+    gc.collect()
+    gc.freeze()
     try:
         serve(control)
     finally:

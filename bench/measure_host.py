@@ -1,0 +1,130 @@
+"""A real host: end-to-end runs, worker claim-to-ready, run.status round trip, `piwf status`."""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+from collections.abc import Iterator
+
+from piwf.client import Client
+from piwf.errors import HostUnavailable
+from piwf.paths import StatePaths
+from piwf.store import Database
+
+NOOP = """
+    from piwf import Workflow, compute
+
+    workflow = Workflow(name="noop", start_at="only", nodes={"only": compute(lambda ctx: {})})
+"""
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+@contextmanager
+def running_host(durability: str, max_workers: int, worker_start: str = "fork") -> Iterator[tuple[StatePaths, Path]]:
+    """A `piwf serve` on a fresh state directory, with a one-node project beside it."""
+    with tempfile.TemporaryDirectory(prefix="piwf-bench-") as tmp:
+        root = Path(tmp)
+        project = root / "project"
+        (project / ".piwf" / "workflows").mkdir(parents=True)
+        (project / ".piwf" / "workflows" / "noop.py").write_text(textwrap.dedent(NOOP))
+        paths = StatePaths.resolve(root / "state")
+        host = subprocess.Popen(
+            [sys.executable, "-m", "piwf", "serve", "--state-dir", str(paths.root), "--durability", durability,
+             "--max-workers", str(max_workers), "--worker-start", worker_start],
+            stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        try:
+            _wait_serving(paths, host)
+            yield paths, project
+        finally:
+            host.terminate()
+            host.wait(timeout=60)
+
+
+def _wait_serving(paths: StatePaths, host: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if host.poll() is not None:
+            raise RuntimeError(f"piwf serve exited with {host.returncode}")
+        try:
+            with Client(paths, timeout=5) as client:
+                if client.call("host.status").outcome == "accepted":
+                    return
+        except HostUnavailable:
+            time.sleep(0.01)
+    raise RuntimeError("piwf serve did not answer within 30 s")
+
+
+def _iso_ms(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000
+
+
+def end_to_end(durability: str, max_workers: int, n: int, worker_start: str = "fork") -> dict[str, Any]:
+    """N one-node runs started over the socket and completed by workers.
+
+    Throughput is N over the span from the first run's creation to the last one's
+    completion, both stamped by the host; latency is each run's creation to completion.
+    """
+    with running_host(durability, max_workers, worker_start) as (paths, project):
+        payload = {"workflow": "noop", "projectPath": str(project)}
+        with Client(paths, timeout=120) as client:
+            warm = client.call("run.start", payload=payload).receipt["runId"]  # the catalog caches the workflow
+            client.call("run.wait", run_id=warm)
+            ids = [client.call("run.start", payload=payload).receipt["runId"] for _ in range(n)]
+            finished = [client.call("run.wait", run_id=run_id).receipt for run_id in ids]
+        claim_to_ready = _claim_to_ready(paths, set(ids))
+    assert all(run["status"] == "completed" for run in finished)
+    created = [_iso_ms(run["createdAt"]) for run in finished]
+    ended = [_iso_ms(run["finishedAt"]) for run in finished]
+    latency = [e - c for c, e in zip(created, ended, strict=True)]
+    span_s = (max(ended) - min(created)) / 1000
+    return {"per_s": n / span_s, "n": n, "max_workers": max_workers, "latency_p50_ms": percentile(latency, 0.5),
+            "latency_p99_ms": percentile(latency, 0.99), **claim_to_ready}
+
+
+def _claim_to_ready(paths: StatePaths, run_ids: set[str]) -> dict[str, float]:
+    """From the host's worker records: claimed (worker record written) to worker.ready.
+    The records keep milliseconds, so these figures have 1 ms resolution."""
+    db = Database.open_readonly(paths.db)
+    try:
+        rows = db.execute("SELECT run_id, ready_at - started_at FROM run_workers WHERE ready_at IS NOT NULL")
+        values = [float(delta) for run_id, delta in rows if run_id in run_ids]
+    finally:
+        db.close()
+    return {"claim_to_ready_p50_ms": percentile(values, 0.5), "claim_to_ready_p99_ms": percentile(values, 0.99)}
+
+
+def status_round_trip(durability: str, n: int) -> dict[str, Any]:
+    """`run.status` of one completed run, one client, sequential requests."""
+    with running_host(durability, 2) as (paths, project), Client(paths) as client:
+        run_id = client.call("run.start", payload={"workflow": "noop", "projectPath": str(project)}).receipt
+        client.call("run.wait", run_id=run_id["runId"])
+        times = []
+        for _ in range(n):
+            began = time.perf_counter()
+            client.call("run.status", run_id=run_id["runId"])
+            times.append((time.perf_counter() - began) * 1e6)
+    return {"p50_us": percentile(times, 0.5), "p99_us": percentile(times, 0.99), "n": n}
+
+
+def cli_status(n: int) -> dict[str, Any]:
+    """`piwf status` as a whole process, host running."""
+    with running_host("normal", 2) as (paths, _):
+        times = []
+        for _ in range(n):
+            began = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "piwf", "status", "--state-dir", str(paths.root)],
+                           check=True, capture_output=True)
+            times.append((time.perf_counter() - began) * 1000)
+    return {"p50_ms": statistics.median(times), "n": n}
