@@ -91,9 +91,10 @@ async def _run_status(host: HostState, request: HostRequest) -> Any:
 
 
 def run_receipt(host: HostState, run_id: str) -> dict[str, Any]:
-    run = runs.get_run(host.db, run_id)
-    run["workers"] = workers.worker_summaries(host.db, run_id)
-    run["effects"] = effects.list_effects(host.db, run_id)
+    with host.db.read():
+        run = runs.get_run(host.db, run_id)
+        run["workers"] = workers.worker_summaries(host.db, run_id)
+        run["effects"] = effects.list_effects(host.db, run_id)
     return run
 
 

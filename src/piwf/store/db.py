@@ -20,6 +20,9 @@ from .schema import APPLICATION_ID, MIGRATIONS, REQUIRED_TABLES, SCHEMA_SQL, SCH
 
 INLINE_JSON_LIMIT = 4096
 BUSY_TIMEOUT_MS = 5000
+# Prepared statements kept per connection: more than piwf has distinct statements, so none
+# is compiled twice (apsw keeps 16 by default).
+STATEMENT_CACHE = 256
 RESET_HINT = "Move the state directory aside to start fresh, or use the piwf that created it."
 
 
@@ -43,7 +46,7 @@ class Database:
             _check_header(path)
         old_umask = os.umask(0o077)
         try:
-            conn = apsw.Connection(str(path))
+            conn = apsw.Connection(str(path), statementcachesize=STATEMENT_CACHE)
         finally:
             os.umask(old_umask)
         db = cls(conn, path)
@@ -70,7 +73,7 @@ class Database:
         path = Path(path)
         _check_header(path)
         try:
-            conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+            conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY, statementcachesize=STATEMENT_CACHE)
             conn.setbusytimeout(BUSY_TIMEOUT_MS)
             db = cls(conn, path)
             db._check_layout()
@@ -168,6 +171,19 @@ class Database:
         if not self.conn.in_transaction:
             return
         self.conn.execute("ROLLBACK")
+
+    @contextlib.contextmanager
+    def read(self) -> Iterator[Database]:
+        """Several reads from one snapshot of the database (and one WAL read lock, not one each)."""
+        if self._depth or self.conn.in_transaction:
+            yield self
+            return
+        self.execute("BEGIN")
+        try:
+            yield self
+        finally:
+            if self.conn.in_transaction:
+                self.conn.execute("COMMIT")
 
     def execute(self, sql: str, params: Any = ()) -> apsw.Cursor:
         try:

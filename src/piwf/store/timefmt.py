@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import time
 
 
 def iso(ms: int | None) -> str | None:
+    """``2026-11-30T09:27:40.123Z``; receipts carry many, so this avoids datetime objects."""
     if ms is None:
         return None
-    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    seconds, millis = divmod(ms, 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}Z"
