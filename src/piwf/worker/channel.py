@@ -1,18 +1,19 @@
 """The worker's side of the host pipe: one request, one answer, in order.
 
 The protocol runs on its own pipe descriptors, so user code printing to stdout cannot
-corrupt it. A reader thread watches the pipe: if the host goes away (EOF), the worker's
-whole process group is killed at once: a run must never go on without its host.
+corrupt it. A watcher thread waits for the pipe's hang-up: if the host goes away, the
+worker's whole process group is killed at once, even while user code runs: a run must
+never go on without its host.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import queue
+import select
 import signal
 import threading
-from typing import Any
+from typing import Any, NoReturn
 
 from .. import faults
 from ..errors import ClaimLost, PiwfError
@@ -25,28 +26,43 @@ class HostRefused(PiwfError):
 
 class Channel:
     def __init__(self, read_fd: int, write_fd: int, *, worker_epoch: str, generation: int) -> None:
+        self._read_fd = read_fd
         self._write_fd = write_fd
-        self._answers: queue.Queue[bytes | None] = queue.Queue()
+        self._buffer = LineBuffer(MAX_WORKER_LINE)
+        self._lines: list[bytes] = []
         self.worker_epoch = worker_epoch
         self.generation = generation
         self.revision = 0
         self._sent = 0
         self.children: set[int] = set()  # process groups of registered shell processes
-        threading.Thread(target=self._read, args=(read_fd,), daemon=True, name="piwf-host-pipe").start()
+        threading.Thread(target=self._watch, daemon=True, name="piwf-host-watch").start()
 
-    def _read(self, fd: int) -> None:
-        buffer = LineBuffer(MAX_WORKER_LINE)
-        try:
-            while chunk := os.read(fd, 65536):
-                for line in buffer.feed(chunk):
-                    self._answers.put(line)
-        finally:
-            # The host is gone (or broke the protocol): nothing this process does can be
-            # accepted any more, so the run's shell processes and its own group go now.
-            for pgid in list(self.children):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pgid, signal.SIGKILL)
-            os.killpg(os.getpgid(0), signal.SIGKILL)
+    def _watch(self) -> None:
+        """Wait for the host's end of the pipe to close, whatever the main thread is doing
+        (answers are read by the main thread; this one only hears the hang-up)."""
+        poller = select.poll()
+        poller.register(self._read_fd, 0)  # no events asked: only hang-up and errors wake it
+        while True:
+            for _, event in poller.poll():
+                if event & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
+                    self._host_gone()
+
+    def _host_gone(self) -> NoReturn:
+        """Nothing this process does can be accepted any more: the run's shell processes
+        and its own process group go now."""
+        for pgid in list(self.children):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+        raise AssertionError("unreachable")
+
+    def _next_answer(self) -> bytes:
+        while not self._lines:
+            chunk = os.read(self._read_fd, 65536)
+            if not chunk:
+                self._host_gone()
+            self._lines.extend(self._buffer.feed(chunk))
+        return self._lines.pop(0)
 
     def request(self, operation: str, payload: dict[str, Any] | None = None) -> Any:
         self._sent += 1
@@ -59,7 +75,7 @@ class Channel:
             raise HostRefused(f"{operation} message is {len(line)} bytes, over the {MAX_WORKER_LINE}-byte limit")
         _write_all(self._write_fd, line)
         faults.point("worker.message.sent")
-        answer = self._answers.get()
+        answer = self._next_answer()
         faults.point("worker.answer.received")
         response = decode_as(answer, WorkerResponse, "host answer")
         if response.revision is not None:

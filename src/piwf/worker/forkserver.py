@@ -32,6 +32,7 @@ import socket
 import sys
 from typing import Any
 
+from ..wire import LaunchEnvelope, WorkerMessage, WorkerResponse, canonical_json, decode_as, encode_line
 from . import __main__ as worker_main
 
 MAX_MESSAGE = 1 << 20  # the environment of a run fits easily
@@ -156,8 +157,19 @@ def _send(control: socket.socket, message: dict[str, Any]) -> None:
         control.send(json.dumps(message).encode())
 
 
+def _warm_up() -> None:
+    """Do once here what every worker would do first: msgspec resolves a struct's type
+    annotations on its first use, which costs each child half a millisecond."""
+    envelope = LaunchEnvelope(runId="r", generation=1, workerEpoch="e", projectPath="/", workflow="w",
+                              definitionDigest="d", inputHash="h")
+    decode_as(canonical_json(envelope), LaunchEnvelope, "launch envelope")
+    decode_as(encode_line(WorkerResponse("m", "accepted", revision=1, result={})), WorkerResponse, "answer")
+    encode_line(WorkerMessage("m", "e", 1, 1, "worker.ready", {}))
+
+
 def main() -> int:
     control = socket.socket(fileno=int(os.environ.pop("PIWF_FORKSERVER_FD")))
+    _warm_up()
     # Everything imported so far is shared with every child: keep the collector from
     # touching (and so copying) those pages in each of them.
     gc.collect()
