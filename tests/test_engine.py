@@ -30,8 +30,9 @@ class RecordingJournal:
         self.events.append(("start", seq, node))
         return f"a{seq}"
 
-    def accept(self, attempt_id: str, output: Any, exit_name: str) -> None:
+    def accept(self, attempt_id: str, output: Any, exit_name: str, *, final: bool = False) -> None:
         self.events.append(("accept", attempt_id, output, exit_name))
+        self.final = final
 
     def fail(self, attempt_id: str, error: dict) -> None:
         self.events.append(("fail", attempt_id, error["type"], error["message"]))
@@ -93,6 +94,7 @@ def test_executor_walks_edges_and_passes_outputs() -> None:
     journal = RecordingJournal()
     assert run(workflow, journal, input={"n": 1}) == {"n": 20}
     assert [e[0] for e in journal.events] == ["start", "accept", "start", "accept"]
+    assert journal.final  # the last accept says the run ends with it
 
 
 def test_named_exits_route_by_the_returned_exit() -> None:

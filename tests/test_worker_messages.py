@@ -104,3 +104,26 @@ def test_a_paused_run_is_told_to_stop_at_the_boundary(setup) -> None:
     response = handle(host, active, message("m2", "attempt.start", ready.revision, seq=0, node="a"))
     assert response.result == {"stop": "paused"}
     assert runs.get_run(host.db, "r")["steps"] == []
+
+
+def test_a_final_accept_completes_the_run_in_the_same_step(setup) -> None:
+    host, active, _ = setup
+    ready = handle(host, active, message("m1", "worker.ready", 0))
+    start = handle(host, active, message("m2", "attempt.start", ready.revision, seq=0, node="a"))
+    done = handle(host, active, message("m3", "attempt.accept", start.revision, attemptId=start.result["attemptId"],
+                                        output={"x": 1}, exit="next", final=True))
+    assert done.outcome == "accepted" and active.settled
+    run = runs.get_run(host.db, "r")
+    assert (run["status"], run["queueStatus"], run["output"]) == ("completed", "done", {"x": 1})
+    assert [s["status"] for s in run["steps"]] == ["accepted"]
+
+
+def test_a_worker_whose_steps_were_all_accepted_completes_with_run_complete(setup) -> None:
+    host, active, _ = setup
+    ready = handle(host, active, message("m1", "worker.ready", 0))
+    start = handle(host, active, message("m2", "attempt.start", ready.revision, seq=0, node="a"))
+    accepted = handle(host, active, message("m3", "attempt.accept", start.revision,
+                                            attemptId=start.result["attemptId"], output=1, exit="next"))
+    assert runs.get_run(host.db, "r")["status"] == "running"  # not final: the run goes on
+    done = handle(host, active, message("m4", "run.complete", accepted.revision, output=1))
+    assert done.outcome == "accepted" and runs.get_run(host.db, "r")["status"] == "completed"

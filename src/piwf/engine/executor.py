@@ -42,7 +42,10 @@ STOPPING = (Stop, ClaimLost)
 
 class Journal(Protocol):
     def start(self, seq: int, node: str) -> str: ...
-    def accept(self, attempt_id: str, output: Any, exit_name: str) -> None: ...
+    def accept(self, attempt_id: str, output: Any, exit_name: str, *, final: bool = False) -> None:
+        """Record a node's output. ``final``: it is the run's last node, so the journal may
+        complete the run with this output in the same step."""
+        ...
     def fail(self, attempt_id: str, error: dict[str, Any]) -> None: ...
     def effect(self, node: str, key: str, apply: Callable[[], Any], observe: Callable[[], Any] | None) -> Any: ...
     def process_started(self, node: str, pid: int) -> None: ...
@@ -110,14 +113,14 @@ def execute(workflow: Workflow, *, run_id: str, project_path: str, input: Any,
             ctx = Context(run_id, node, attempt_id, input, MappingProxyType(dict(outputs)), project_path, journal)
             try:
                 output, exit_name = run_node(workflow.nodes[node], ctx)
-                workflow.next_node(node, exit_name)  # an unknown exit fails this node
+                following = workflow.next_node(node, exit_name)  # an unknown exit fails this node
             except STOPPING:
                 raise
             except Exception as exc:
                 error = describe_error(exc, node)
                 journal.fail(attempt_id, error)
                 raise NodeFailed(error["message"], error) from exc
-            journal.accept(attempt_id, output, exit_name)
+            journal.accept(attempt_id, output, exit_name, final=following is None)
         outputs[node] = output
         last = output
         node = workflow.next_node(node, exit_name)

@@ -34,8 +34,12 @@ def _attempt_start(host: HostState, active: ActiveRun, payload: dict[str, Any], 
 
 
 def _attempt_accept(host: HostState, active: ActiveRun, payload: dict[str, Any], now: int) -> tuple[Any, bool]:
+    """Accept a node's output; with ``final`` (the run's last node) complete the run with it,
+    in the same transaction."""
     runs.accept_attempt(host.db, active.run_id, active.claim.token, attempt_id=_str(payload, "attemptId"),
                         output=payload.get("output"), exit_name=_str(payload, "exit"), now=now)
+    if payload.get("final") is True:
+        return _run_complete(host, active, payload, now)
     return {}, False
 
 

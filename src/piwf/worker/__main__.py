@@ -27,6 +27,7 @@ from .channel import Channel
 class HostJournal:
     def __init__(self, channel: Channel) -> None:
         self.channel = channel
+        self.finished = False  # the run was completed with its last node's output
 
     def start(self, seq: int, node: str) -> str:
         result = self.channel.request("attempt.start", {"seq": seq, "node": node})
@@ -34,8 +35,12 @@ class HostJournal:
             raise Stop(result["stop"])
         return result["attemptId"]
 
-    def accept(self, attempt_id: str, output: Any, exit_name: str) -> None:
-        self.channel.request("attempt.accept", {"attemptId": attempt_id, "output": output, "exit": exit_name})
+    def accept(self, attempt_id: str, output: Any, exit_name: str, *, final: bool = False) -> None:
+        payload = {"attemptId": attempt_id, "output": output, "exit": exit_name}
+        if final:  # the last node: accepted and the run completed in one step
+            payload["final"] = True
+        self.channel.request("attempt.accept", payload)
+        self.finished = final
 
     def fail(self, attempt_id: str, error: dict[str, Any]) -> None:
         self.channel.request("attempt.fail", {"attemptId": attempt_id, "error": error})
@@ -108,9 +113,10 @@ def run(envelope: LaunchEnvelope, channel: Channel) -> None:
         channel.request("run.park", {"hold": "source", "reason": reason})
         return
     steps = [Step(s["seq"], s["node"], s["exit"], s["output"]) for s in ready["steps"]]
+    journal = HostJournal(channel)
     try:
         output = execute(workflow, run_id=envelope.runId, project_path=envelope.projectPath,
-                         input=ready["input"], accepted=steps, journal=HostJournal(channel))
+                         input=ready["input"], accepted=steps, journal=journal)
     except Stop:
         return
     except NodeFailed as exc:
@@ -119,7 +125,8 @@ def run(envelope: LaunchEnvelope, channel: Channel) -> None:
     except DefinitionError as exc:
         channel.request("run.fail", {"error": describe_error(exc, "graph")})
         return
-    channel.request("run.complete", {"output": output})
+    if not journal.finished:  # every step was accepted before this worker: complete now
+        channel.request("run.complete", {"output": output})
 
 
 def main() -> int:
