@@ -1,7 +1,7 @@
 """Workflow lookup for ``run.start``: validate and digest in a throwaway process.
 
-User code never runs inside the host. Results are cached by the file's content hash, so
-starting the same workflow again costs one file read.
+User code never runs inside the host. Results are cached by the file's content hash, and
+the file is not read again while its size, mtime and inode stay as they were.
 """
 
 from __future__ import annotations
@@ -29,10 +29,16 @@ class WorkflowInfo:
 class Catalog:
     def __init__(self) -> None:
         self._cache: dict[tuple[str, str], str] = {}
+        self._seen: dict[str, tuple[tuple[int, int, int], WorkflowInfo]] = {}  # path -> (stat key, info)
 
     async def inspect(self, project: str, name: str) -> WorkflowInfo:
         try:
             path = workflow_path(project, name)
+            stat = path.stat()
+            stat_key = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+            seen = self._seen.get(str(path))
+            if seen is not None and seen[0] == stat_key:  # unchanged since the last start
+                return seen[1]
             source = await trio.Path(path).read_bytes()
         except PiwfError as exc:
             raise Rejected(str(exc)) from exc
@@ -41,7 +47,9 @@ class Catalog:
         key = (str(path), sha256_hex(source))
         if key not in self._cache:
             self._cache[key] = await self._digest(project, name)
-        return WorkflowInfo(name, self._cache[key], source)
+        info = WorkflowInfo(name, self._cache[key], source)
+        self._seen[str(path)] = (stat_key, info)
+        return info
 
     async def _digest(self, project: str, name: str) -> str:
         with trio.move_on_after(INSPECT_TIMEOUT_S) as timeout:

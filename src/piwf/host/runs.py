@@ -45,35 +45,35 @@ def _next_poll(host: HostState) -> float:
 
 
 def _claim_available(host: HostState) -> list[tuple[Claim, str]]:
-    """Claim runs up to capacity, each with its worker record in the claim's transaction;
-    a store error ends this round with what was claimed."""
-    claims: list[tuple[Claim, str]] = []
+    """Claim runs up to capacity in one transaction (one commit for the batch), each with
+    its worker record; a store error ends this round with nothing claimed."""
+    room = host.config.max_workers - len(host.active)
+    if room <= 0:
+        return []
     now_s = trio.current_time()
     exclude = {r for r, c in host.crashes.items() if c.not_before > now_s} | set(host.active)
-    while len(host.active) + len(claims) < host.config.max_workers:
-        try:
-            taken = _claim_one(host, frozenset(exclude))
-        except PiwfError as exc:
-            log.error("dispatcher could not claim runs: %s", exc)
-            break
-        if taken is None:
-            break
-        claims.append(taken)
-        exclude.add(taken[0].run_id)
+    claims: list[tuple[Claim, str]] = []
+    try:
+        with host.db.write():
+            while len(claims) < room and (taken := _claim_one(host, frozenset(exclude))) is not None:
+                claims.append(taken)
+                exclude.add(taken[0].run_id)
+    except PiwfError as exc:
+        log.error("dispatcher could not claim runs: %s", exc)
+        return []
     return claims
 
 
 def _claim_one(host: HostState, exclude: frozenset[str]) -> tuple[Claim, str] | None:
     now = host.now()
-    with host.db.write():
-        claim = queue.claim_next_run(host.db, runner_id=host.host_id, token=secrets.token_urlsafe(24),
-                                     lease_ms=host.config.run_lease_ms, now=now, epoch=host.epoch, exclude=exclude)
-        if claim is None:
-            return None
-        worker_epoch = secrets.token_hex(8)
-        workers.record_start(host.db, worker_epoch=worker_epoch, run_id=claim.run_id, generation=claim.generation,
-                             host_epoch=host.epoch, now=now)
-        return claim, worker_epoch
+    claim = queue.claim_next_run(host.db, runner_id=host.host_id, token=secrets.token_urlsafe(24),
+                                 lease_ms=host.config.run_lease_ms, now=now, epoch=host.epoch, exclude=exclude)
+    if claim is None:
+        return None
+    worker_epoch = secrets.token_hex(8)
+    workers.record_start(host.db, worker_epoch=worker_epoch, run_id=claim.run_id, generation=claim.generation,
+                         host_epoch=host.epoch, now=now)
+    return claim, worker_epoch
 
 
 async def supervise_run(host: HostState, active: ActiveRun) -> None:
