@@ -8,10 +8,14 @@ from hypothesis import strategies as st
 
 from piwf.client import make_request
 from piwf.errors import ProtocolError
-from piwf.wire import LineBuffer, decode_json, parse_request, readable_request_id, request_fingerprint
+from piwf.wire import LineBuffer, canonical_json, decode_json, read_request, readable_request_id, request_fingerprint
 
 GOOD = {"schema": "piwf.host-request.v1", "requestId": "r1", "clientId": "c", "idempotencyKey": "k",
         "operation": "run.list", "payload": {}}
+
+
+def parse_request(body: object) -> object:
+    return read_request(canonical_json(body))
 
 
 def test_a_good_request_parses() -> None:
@@ -36,6 +40,18 @@ def test_a_missing_field_is_named() -> None:
     del body["operation"]
     with pytest.raises(ProtocolError, match="missing required field `operation`"):
         parse_request(body)
+
+
+def test_a_refused_request_carries_its_id_when_one_can_be_read() -> None:
+    with pytest.raises(ProtocolError) as caught:
+        parse_request({**GOOD, "surprise": 1})
+    assert caught.value.request_id == "r1"
+    with pytest.raises(ProtocolError) as caught:
+        parse_request({**GOOD, "requestId": "x" * 300})
+    assert caught.value.request_id is None
+    with pytest.raises(ProtocolError) as caught:
+        read_request(b"{not json")
+    assert caught.value.request_id is None
 
 
 def test_request_id_is_readable_from_a_bad_frame() -> None:

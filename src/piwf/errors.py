@@ -65,9 +65,13 @@ class ClaimLost(StoreError):
 
 
 class ProtocolError(PiwfError):
-    """A frame that cannot be read as a request."""
+    """A frame that cannot be read as a request; ``request_id`` when one could be read."""
 
     code = "protocol"
+
+    def __init__(self, message: str, request_id: str | None = None) -> None:
+        super().__init__(message)
+        self.request_id = request_id
 
 
 class Rejected(PiwfError):

@@ -126,11 +126,25 @@ def readable_request_id(obj: Any) -> str | None:
     return None
 
 
-def parse_request(obj: Any) -> HostRequest:
+_request_decoder = msgspec.json.Decoder(HostRequest)
+
+
+def read_request(line: bytes) -> HostRequest:
+    """A request line straight into its struct (the common case), or a ProtocolError. When
+    it fails, the line is decoded again as plain JSON so the error can name the request id."""
     try:
-        request = msgspec.convert(obj, HostRequest)
-    except msgspec.ValidationError as exc:
-        raise ProtocolError(f"bad request: {exc}") from exc
+        request = _request_decoder.decode(line)
+    except msgspec.DecodeError as exc:
+        obj = decode_json(line)  # not JSON at all: ProtocolError without an id
+        raise ProtocolError(f"bad request: {exc}", readable_request_id(obj)) from exc
+    try:
+        return _check_request(request)
+    except ProtocolError as exc:
+        exc.request_id = readable_request_id({"requestId": request.requestId})
+        raise
+
+
+def _check_request(request: HostRequest) -> HostRequest:
     if request.schema != HOST_REQUEST:
         raise ProtocolError(f"unknown schema {request.schema!r}; expected {HOST_REQUEST!r}")
     for field in ("requestId", "clientId", "idempotencyKey", "operation"):

@@ -17,7 +17,7 @@ import trio
 
 from .. import faults
 from ..errors import ProtocolError
-from ..wire import HostResponse, LineBuffer, decode_json, encode_line, parse_request, readable_request_id
+from ..wire import HostResponse, LineBuffer, encode_line, read_request
 from .operations import handle_request
 from .state import HostState, log
 
@@ -89,16 +89,10 @@ async def _serve_lines(host: HostState, stream: trio.SocketStream) -> None:
 async def _answer(host: HostState, stream: trio.SocketStream, line: bytes) -> bool:
     """Answer one line; False closes the connection (no request id could be read)."""
     try:
-        obj = decode_json(line)
+        request = read_request(line)
     except ProtocolError as exc:
-        await _refuse(stream, "rejected", str(exc))
-        return False
-    try:
-        request = parse_request(obj)
-    except ProtocolError as exc:
-        request_id = readable_request_id(obj)
-        await _refuse(stream, "rejected", str(exc), request_id or "")
-        return request_id is not None
+        await _refuse(stream, "rejected", str(exc), exc.request_id or "")
+        return exc.request_id is not None
     response, after = await handle_request(host, request)
     try:
         await stream.send_all(encode_line(response))

@@ -138,6 +138,7 @@ CREATE TABLE run_workers (
   diagnostic TEXT
 );
 CREATE INDEX run_workers_active ON run_workers(status, host_epoch);
+CREATE INDEX run_workers_run ON run_workers(run_id, started_at);
 
 CREATE TABLE worker_messages (
   worker_epoch TEXT NOT NULL,
@@ -187,8 +188,9 @@ REQUIRED_TABLES = (
 # MIGRATIONS[v] takes a database from layout v to v + 1, inside one write transaction.
 MIGRATIONS = {
     # 2: effects, the child-process registry, the 'effect' hold (SQLite cannot alter a
-    # CHECK constraint, so run_queue is rebuilt) and an index for claims.
+    # CHECK constraint, so run_queue is rebuilt), indexes for claims and for a run's workers.
     1: """
+CREATE INDEX run_workers_run ON run_workers(run_id, started_at);
 ALTER TABLE run_queue RENAME TO run_queue_v1;
 DROP INDEX run_queue_claimable;
 DROP INDEX run_queue_session_reservation;
