@@ -248,15 +248,17 @@ def _read_one(db: Database, run_id: str, extra: str = "") -> tuple[Any, ...]:
 
 
 def _step_summaries(db: Database, run_id: str) -> list[dict[str, Any]]:
-    rows = db.execute(
-        """SELECT seq, node_id, status, generation, exit_name, started_at, finished_at
-           FROM node_attempts WHERE run_id = ? ORDER BY seq, started_at""",
+    # Sorted here, not by SQLite: for one run's few rows its sorter costs more than the
+    # query itself (measured 5 µs a call), and every run.status pays it.
+    rows = sorted(db.execute(
+        """SELECT seq, started_at, node_id, status, generation, exit_name, finished_at
+           FROM node_attempts WHERE run_id = ?""",
         (run_id,),
-    ).fetchall()
+    ), key=lambda row: (row[0], row[1]))
     return [
         {"seq": seq, "node": node, "status": status, "generation": gen, "exit": exit_name,
          "startedAt": iso(started), "finishedAt": iso(finished)}
-        for seq, node, status, gen, exit_name, started, finished in rows
+        for seq, started, node, status, gen, exit_name, finished in rows
     ]
 
 

@@ -93,15 +93,15 @@ def record_message(db: Database, message: WorkerMessage, response: WorkerRespons
 
 
 def worker_summaries(db: Database, run_id: str) -> list[dict[str, Any]]:
-    rows = db.execute(
-        """SELECT worker_epoch, generation, pid, status, exit_code, signal, diagnostic
-           FROM run_workers WHERE run_id = ? ORDER BY started_at""",
+    rows = sorted(db.execute(  # sorted here: see runs._step_summaries
+        """SELECT started_at, rowid, worker_epoch, generation, pid, status, exit_code, signal, diagnostic
+           FROM run_workers WHERE run_id = ?""",
         (run_id,),
-    ).fetchall()
+    ), key=lambda row: (row[0], row[1]))
     return [
         {"workerEpoch": w, "generation": g, "pid": p, "status": s, "exitCode": c, "signal": sig,
          "diagnostic": d}
-        for w, g, p, s, c, sig, d in rows
+        for _, _, w, g, p, s, c, sig, d in rows
     ]
 
 
