@@ -42,14 +42,14 @@ def claim_next_run(
     not_in = f"AND q.run_id NOT IN ({', '.join(':' + k for k in excluded)})" if excluded else ""
     params = {"now": now, **excluded}
     with db.write():
-        # Two halves of CLAIMABLE, each walking its own index in order; the older wins.
-        candidates = [
-            db.one(f"""SELECT q.created_at, q.run_id FROM run_queue q {index}
-                       WHERE {half} AND {SESSION_FREE} {not_in}
-                       ORDER BY q.created_at, q.run_id LIMIT 1""", params)
-            for half, index in ((READY, "INDEXED BY run_queue_ready"), (EXPIRED, ""))
-        ]
-        found = min((c for c in candidates if c is not None), default=None)
+        # The two halves of CLAIMABLE: the oldest ready run (its index is in claim order)
+        # and runs whose claims expired (few, so they are compared here, not sorted by SQLite).
+        ready = db.one(f"""SELECT q.created_at, q.run_id FROM run_queue q INDEXED BY run_queue_ready
+                           WHERE {READY} AND {SESSION_FREE} {not_in}
+                           ORDER BY q.created_at, q.run_id LIMIT 1""", params)
+        expired = db.execute(f"SELECT q.created_at, q.run_id FROM run_queue q WHERE {EXPIRED} AND {SESSION_FREE} "
+                             f"{not_in}", params).fetchall()
+        found = min([*expired, *([ready] if ready else [])], default=None)
         return None if found is None else _take(db, found[1], runner_id, token, lease_ms, now, epoch)
 
 
