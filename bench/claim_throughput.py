@@ -34,6 +34,7 @@ COUNTS = {  # (quick, full)
     "huey": (2000, 20000),
     "dbos": (100, 500),
     "status": (500, 5000),
+    "single": (30, 200),
     "cli": (3, 10),
 }
 BATCH = 100
@@ -71,14 +72,16 @@ def measure_durability(root: Path, durability: str, args: argparse.Namespace) ->
     n = count("store", args.quick)
     figures: dict[str, Any] = {
         "limit_raw_claim": measure_store.raw_claims(root / "raw.db", durability, n),
+        "store_claim": measure_store.store_claims(root / "claims.db", durability, n),
         "store_path": measure_store.store_path(root / "store.db", durability, n),
         "store_path_batched": measure_store.store_path(root / "batched.db", durability, n, batch=BATCH),
         "end_to_end": measure_host.end_to_end(durability, args.max_workers, count("e2e", args.quick)),
+        "one_at_a_time": measure_host.one_at_a_time(durability, count("single", args.quick)),
         "huey": peer("huey", count("huey", args.quick), root, durability),
         "dbos": peer("dbos", count("dbos", args.quick), root, durability),
     }
     limit = figures["limit_raw_claim"]["per_s"]
-    for name in ("store_path", "store_path_batched"):
+    for name in ("store_claim", "store_path", "store_path_batched"):
         figures[name]["vs_limit"] = figures[name]["per_s"] / limit
     e2e = figures["end_to_end"]
     for name in ("huey", "dbos"):
@@ -105,7 +108,7 @@ def check_targets(results: dict[str, Any], max_workers: int) -> dict[str, Any]:
     normal, full = results["durability"]["normal"], results["durability"]["full"]
     e2e = normal["end_to_end"]
     checks = {
-        "store_vs_limit": min(normal["store_path"]["vs_limit"], full["store_path"]["vs_limit"]),
+        "store_vs_limit": min(normal["store_path_batched"]["vs_limit"], full["store_path_batched"]["vs_limit"]),
         "e2e_vs_dbos": min(d["end_to_end"].get("vs_dbos", float("nan")) for d in (normal, full)),
         "e2e_runs_per_s": e2e["per_s"] if max_workers == 8 else float("nan"),
         "claim_to_ready_p50_ms": max(normal["end_to_end"]["claim_to_ready_p50_ms"],
@@ -133,6 +136,8 @@ def table(results: dict[str, Any]) -> str:
     lines.append(f"{'measure':44} {'normal':>14} {'full':>14}")
     rows = [
         ("limit: raw apsw claim, 1/txn", "limit_raw_claim", "per_s", "/s"),
+        ("piwf store: claim only, 1/txn", "store_claim", "per_s", "/s"),
+        ("  ratio to the limit", "store_claim", "vs_limit", "x"),
         ("piwf store: claim+running+complete, 1/txn", "store_path", "per_s", "/s"),
         ("  ratio to the limit", "store_path", "vs_limit", "x"),
         (f"piwf store: same, {BATCH} runs per txn", "store_path_batched", "per_s", "/s"),
@@ -144,6 +149,8 @@ def table(results: dict[str, Any]) -> str:
         ("  worker claim to ready p99", "end_to_end", "claim_to_ready_p99_ms", "ms"),
         ("  ratio to Huey", "end_to_end", "vs_huey", "x"),
         ("  ratio to DBOS", "end_to_end", "vs_dbos", "x"),
+        ("piwf one run at a time: start to completed", "one_at_a_time", "start_to_completed_p50_ms", "ms"),
+        ("  worker claim to ready p50", "one_at_a_time", "claim_to_ready_p50_ms", "ms"),
         ("Huey SqliteHuey: dequeue + execute", "huey", "per_s", "/s"),
         ("DBOS on SQLite: workflows", "dbos", "per_s", "/s"),
     ]

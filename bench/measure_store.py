@@ -41,6 +41,19 @@ def raw_claims(path: Path, durability: str, n: int) -> dict[str, Any]:
     return {"per_s": n / elapsed, "n": n}
 
 
+def store_claims(path: Path, durability: str, n: int) -> dict[str, Any]:
+    """piwf's claim alone (claim_next_run: oldest ready run, fenced token, generation, event),
+    one transaction per claim: the same work as the limit's loop, through the store."""
+    db = fresh_store(path, durability, n)
+    began = time.perf_counter()
+    for i in range(n):
+        assert queue.claim_next_run(db, runner_id="bench", token=f"t{i}", lease_ms=LEASE_MS, now=i + 1,
+                                    epoch=1) is not None
+    elapsed = time.perf_counter() - began
+    db.close()
+    return {"per_s": n / elapsed, "n": n}
+
+
 def _one_run(db: Database, i: int) -> None:
     now = i + 1
     claim = queue.claim_next_run(db, runner_id="bench", token=f"t{i}", lease_ms=LEASE_MS, now=now, epoch=1)
