@@ -3,7 +3,8 @@
 Starting ``python -m piwf.worker`` costs an interpreter start and the imports of msgspec
 and the engine (about 80 ms here). The host keeps this one template process instead, with
 those modules imported and no user code: for each run it forks a fresh child, which
-starts a new session (its own process group), takes the run's pipes as its descriptors,
+leads a process group of its own (in the template's session, which has no controlling
+terminal), takes the run's pipes as its descriptors,
 its project as cwd and its environment, and runs the worker. A run still gets a new
 process and a new process group; only the start-up is shared.
 
@@ -77,15 +78,13 @@ def _handle(control: socket.socket) -> bool:
             raise FileNotFoundError(f"the project directory {request['cwd']} does not exist")
         sys.stdout.flush()
         sys.stderr.flush()
-        session_r, session_w = os.pipe2(os.O_CLOEXEC)
         pid = os.fork()
         if pid == 0:
-            os.close(session_r)
-            _child(control, request, list(fds), session_w)  # never returns
-        os.close(session_w)
-        # The host signals the worker's process group: answer once the group exists.
-        os.read(session_r, 1)
-        os.close(session_r)
+            _child(control, request, list(fds))  # never returns
+        # The child makes itself a process group leader too; whichever runs first creates
+        # the group, so it exists before the host hears the pid (and may signal it).
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.setpgid(pid, pid)
         _send(control, {"id": request["id"], "pid": pid})
     except (OSError, ValueError) as exc:
         _send(control, {"id": request["id"], "error": str(exc)})
@@ -95,11 +94,10 @@ def _handle(control: socket.socket) -> bool:
     return True
 
 
-def _child(control: socket.socket, request: dict[str, Any], fds: list[int], session_w: int) -> None:
+def _child(control: socket.socket, request: dict[str, Any], fds: list[int]) -> None:
     code = 70
     try:
-        os.setsid()
-        os.write(session_w, b"s")
+        os.setpgid(0, 0)
         for signum in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
             signal.signal(signum, signal.SIG_DFL)
         signal.set_wakeup_fd(-1)
