@@ -68,12 +68,13 @@ WORKFLOW = """
         name="chaos",
         start_at="prepare",
         nodes={
-            "prepare": shell(["sh", "-c", "sleep 0.02; echo prepared"]),
+            "prepare": shell(["sh", "-c", "sleep 0.05; echo prepared"]),
+            "work": compute(lambda ctx: time.sleep(ctx.input["pause"]) or {"worked": ctx.input["pause"]}),
             "charge": compute(lambda ctx: effect(ctx, "charge", observable=True)),
             "notify": compute(lambda ctx: effect(ctx, "notify", observable=ctx.input["observeNotify"])),
             "finish": shell(["echo", "finished"]),
         },
-        edges=[("prepare", "charge"), ("charge", "notify"), ("notify", "finish")],
+        edges=[("prepare", "work"), ("work", "charge"), ("charge", "notify"), ("notify", "finish")],
     )
 """
 
@@ -192,7 +193,8 @@ class Chaos:
             request = make_request(
                 "run.start", client_id="chaos", idempotency_key=f"chaos-{index}", request_id=f"chaos-{index}",
                 payload={"workflow": "chaos", "projectPath": str(self.project),
-                         "input": {"index": index, "observeNotify": index % 2 == 0}})
+                         "input": {"index": index, "observeNotify": index % 2 == 0,
+                                   "pause": round(self.rng.uniform(0, 0.3), 3)}})
             response = self.request(request)
             if response.outcome not in ("accepted", "adopted"):
                 raise RuntimeError(f"run.start {index}: {response.outcome}: {response.error}")
