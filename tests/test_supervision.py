@@ -9,7 +9,7 @@ import trio
 from piwf.client import AsyncClient
 from piwf.clock import TrioClock
 from piwf.host.host import Host, _heartbeat
-from piwf.host.runs import _renew_claim
+from piwf.host.runs import renew_claims
 from piwf.host.state import ActiveRun, HostState
 from piwf.paths import StatePaths
 from piwf.store import Database, queue, runs
@@ -94,31 +94,67 @@ async def test_an_unloadable_workflow_holds_the_run(paths: StatePaths, project: 
     assert done["status"] == "completed"
 
 
-async def test_claim_renewal_keeps_a_claim_live_across_many_leases(
+async def test_claim_renewal_keeps_every_active_claim_live_across_many_leases(
     tmp_path: Path, autojump_clock: trio.abc.Clock
 ) -> None:
     host, active = _claimed_run(tmp_path)
+    second = _claim_another(host, "r2")
     with trio.CancelScope() as scope:
-        active.scope = scope
+        active.scope = second.scope = scope
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_renew_claim, host, active)
+            nursery.start_soon(renew_claims, host)
             await trio.sleep(host.config.run_lease_ms / 1000 * 20)
-            assert queue.verify_claim(host.db, active.run_id, active.claim.token, host.now())
+            for run in (active, second):
+                assert queue.verify_claim(host.db, run.run_id, run.claim.token, host.now())
             nursery.cancel_scope.cancel()
-    assert active.stop_reason is None
+    assert active.stop_reason is None and second.stop_reason is None
 
 
-async def test_a_lost_claim_cancels_the_run_scope(tmp_path: Path, autojump_clock: trio.abc.Clock) -> None:
+async def test_a_lost_claim_cancels_that_run_scope_only(tmp_path: Path, autojump_clock: trio.abc.Clock) -> None:
     host, active = _claimed_run(tmp_path)
-    # Another epoch takes the run over: its claim is expired and claimed anew.
-    queue.expire_claims_before(host.db, host.epoch + 1, host.now())
-    assert queue.claim_run(host.db, active.run_id, runner_id="other", token="theirs", lease_ms=30_000,
+    other = _claim_another(host, "r2")
+    # Another epoch takes the first run over: its claim is expired and claimed anew.
+    db = host.db
+    db.execute("UPDATE run_queue SET claim_expires_at = ? WHERE run_id = 'r'", (host.now(),))
+    assert queue.claim_run(db, active.run_id, runner_id="other", token="theirs", lease_ms=30_000,
                            now=host.now(), epoch=host.epoch + 1)
     with trio.fail_after(60):
-        with active.scope:
-            await _renew_claim(host, active)
-            await trio.sleep_forever()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(renew_claims, host)
+            with active.scope:
+                await trio.sleep_forever()
+            nursery.cancel_scope.cancel()
     assert active.scope.cancelled_caught and active.stop_reason == "claimLost"
+    assert other.stop_reason is None and not other.scope.cancel_called
+
+
+async def test_a_worker_that_never_reports_ready_is_stopped_as_timed_out(
+    paths: StatePaths, project: Path, nursery: trio.Nursery
+) -> None:
+    hang = {"PIWF_FAULT": "worker.started:sleep"}  # every worker hangs before it says ready
+    host = await nursery.start(Host(config(paths, worker_startup_s=0.3, worker_env=hang)).serve)
+    async with AsyncClient(paths) as client:
+        run_id = (await client.call("run.start", payload={"workflow": "greet", "projectPath": str(project)})
+                  ).receipt["runId"]
+        workers = await wait_for(lambda: _finished_workers(client, run_id))
+    assert workers[0]["status"] == "timedOut" and workers[0]["signal"] == 9
+    host.stop_requested.set()
+
+
+async def _finished_workers(client: AsyncClient, run_id: str) -> list | None:
+    workers = (await client.call("run.status", run_id=run_id)).receipt["workers"]
+    return workers if workers and workers[0]["status"] not in ("starting", "running") else None
+
+
+def _claim_another(host: HostState, run_id: str) -> ActiveRun:
+    runs.create_run(host.db, run_id=run_id, workflow="w", project_path="/", source=b"", digest="d", input={},
+                    origin_session_id=None, now=host.now())
+    claim = queue.claim_run(host.db, run_id, runner_id=host.host_id, token=f"mine-{run_id}", lease_ms=3000,
+                            now=host.now(), epoch=host.epoch)
+    assert claim is not None
+    run = ActiveRun(claim, worker_epoch=f"w-{run_id}")
+    host.active[run_id] = run
+    return run
 
 
 def _claimed_run(tmp_path: Path) -> tuple[HostState, ActiveRun]:
@@ -132,7 +168,9 @@ def _claimed_run(tmp_path: Path) -> tuple[HostState, ActiveRun]:
     claim = queue.claim_next_run(db, runner_id=host.host_id, token="mine", lease_ms=3000, now=host.now(),
                                  epoch=host.epoch)
     assert claim is not None
-    return host, ActiveRun(claim, worker_epoch="w1")
+    active = ActiveRun(claim, worker_epoch="w1")
+    host.active[claim.run_id] = active
+    return host, active
 
 
 async def test_a_run_whose_worker_cannot_start_is_held_and_the_host_stays_up(

@@ -31,6 +31,7 @@ POINTS: dict[str, str] = {
     "host.worker.answered": "an answer was written to a worker",
     "host.run.settled": "a worker ended and its run was parked or settled",
     "host.lease.renewed": "the heartbeat renewed the host lease",
+    "worker.started": "a worker process started, before it reports ready",
     "worker.message.sent": "a worker wrote a message, before reading the answer",
     "worker.answer.received": "a worker read the host's answer",
     "worker.effect.applying": "an effect was recorded as applying, before apply() runs",

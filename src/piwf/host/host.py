@@ -1,10 +1,13 @@
 """``piwf serve``: the nursery tree of DESIGN.md §3.
 
+    launcher             the fork-server template; outlives the runs (their exit reports)
     host scope
     ├── heartbeat        renews the host lease; on loss stops the host
     ├── stop watcher     SIGTERM, SIGINT or host.stop: cancel the host scope (drain)
     ├── socket server    one task per connection
-    └── run dispatcher   one supervisor per active run, each in its own scope
+    └── run dispatcher   claims runs in batches
+        ├── claim renewer    every active claim, one transaction; a lost one cancels its run
+        └── run supervisor   one per active run, in its own scope: the worker process
 """
 
 from __future__ import annotations

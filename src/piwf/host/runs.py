@@ -25,6 +25,7 @@ MAX_BACKOFF_S = 60.0
 
 async def serve_dispatcher(host: HostState, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     async with trio.open_nursery() as nursery:
+        nursery.start_soon(renew_claims, host)
         task_status.started()
         while True:
             host.wake_dispatcher = trio.Event()
@@ -80,10 +81,7 @@ async def supervise_run(host: HostState, active: ActiveRun) -> None:
     result: WorkerExit | None = None
     try:
         with active.scope:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_renew_claim, host, active)
-                result = await _launch_contained(host, active)
-                nursery.cancel_scope.cancel()
+            result = await _launch_contained(host, active)
     finally:
         _settle(host, active, result)  # synchronous: cancellation cannot interrupt it
         faults.point("host.run.settled")
@@ -111,20 +109,26 @@ async def _launch(host: HostState, active: ActiveRun) -> WorkerExit:
     return await run_worker(host, active, envelope, project)
 
 
-async def _renew_claim(host: HostState, active: ActiveRun) -> None:
+async def renew_claims(host: HostState) -> None:
+    """One renewer for every active run: all claims renewed in one transaction every third
+    of a lease. A run whose claim is lost has its scope cancelled; a failed renewal is
+    retried at the next tick (the claims stay live for two more)."""
     interval = host.config.run_lease_ms / 3000
     while True:
         await trio.sleep(interval)
-        try:
-            renewed = queue.renew_claim(host.db, active.run_id, active.claim.token,
-                                        host.config.run_lease_ms, host.now())
-        except PiwfError as exc:
-            log.warning("run %s: claim renewal failed (%s); will retry", active.run_id, exc)
+        active = list(host.active.values())
+        if not active:
             continue
-        if not renewed:
-            log.warning("run %s: claim lost; stopping its worker", active.run_id)
-            active.stop("claimLost")
-            return
+        try:
+            lost = queue.renew_claims(host.db, [(a.run_id, a.claim.token) for a in active],
+                                      host.config.run_lease_ms, host.now())
+        except PiwfError as exc:
+            log.warning("claim renewal failed (%s); will retry", exc)
+            continue
+        for run in active:
+            if run.run_id in lost:
+                log.warning("run %s: claim lost; stopping its worker", run.run_id)
+                run.stop("claimLost")
 
 
 def _settle(host: HostState, active: ActiveRun, result: WorkerExit | None) -> None:

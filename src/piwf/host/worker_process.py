@@ -78,7 +78,6 @@ async def run_worker(host: HostState, active: ActiveRun, envelope: LaunchEnvelop
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_drain, proc.stdout, diagnostics)
             nursery.start_soon(_pump, host, active, receive, send, proc)
-            nursery.start_soon(_watch_startup, host, active, proc)
             await proc.wait()
             nursery.cancel_scope.cancel()
     finally:  # cancelled, failed or done: the worker's whole group goes, and is reaped
@@ -121,15 +120,6 @@ async def _stop(proc: WorkerHandle, grace_s: float) -> None:
     await proc.wait()
 
 
-async def _watch_startup(host: HostState, active: ActiveRun, proc: WorkerHandle) -> None:
-    with trio.move_on_after(host.config.worker_startup_s):
-        await active.ready.wait()
-        return
-    log.warning("run %s: worker not ready after %s s; stopping it", active.run_id, host.config.worker_startup_s)
-    active.stop_reason = active.stop_reason or "timedOut"
-    processes.signal_group(proc.pid, signal.SIGKILL)
-
-
 async def _drain(stream: trio.abc.ReceiveStream | None, diagnostics: Diagnostics) -> None:
     if stream is None:
         return
@@ -137,10 +127,30 @@ async def _drain(stream: trio.abc.ReceiveStream | None, diagnostics: Diagnostics
         diagnostics.add(chunk)
 
 
+async def _receive(stream: trio.lowlevel.FdStream, deadline: float | None) -> bytes | None:
+    """The next chunk (b"" at the end), or None if the deadline passed first."""
+    if deadline is None:
+        return await stream.receive_some(65536)
+    with trio.move_on_at(deadline):
+        return await stream.receive_some(65536)
+    return None
+
+
 async def _pump(host: HostState, active: ActiveRun, receive: trio.lowlevel.FdStream,
                 send: trio.lowlevel.FdStream, proc: WorkerHandle) -> None:
     buffer = LineBuffer(MAX_WORKER_LINE)
-    while chunk := await receive.receive_some(65536):
+    startup_deadline = trio.current_time() + host.config.worker_startup_s
+    while True:
+        # Until the worker reports ready, a read waits no longer than the startup timeout.
+        chunk = await _receive(receive, None if active.ready.is_set() else startup_deadline)
+        if chunk is None:
+            log.warning("run %s: worker not ready after %s s; stopping it", active.run_id,
+                        host.config.worker_startup_s)
+            active.stop_reason = active.stop_reason or "timedOut"
+            processes.signal_group(proc.pid, signal.SIGKILL)
+            return
+        if not chunk:
+            return
         try:
             messages = [parse_worker_message(line) for line in buffer.feed(chunk)]
         except ProtocolError as exc:

@@ -88,6 +88,16 @@ def renew_claim(db: Database, run_id: str, token: str, lease_ms: int, now: int) 
         return db.changes() == 1
 
 
+def renew_claims(db: Database, claims: list[tuple[str, str]], lease_ms: int, now: int) -> set[str]:
+    """Renew many live claims in one transaction; returns the run ids whose claim was lost."""
+    lost = set()
+    with db.write():
+        for run_id, token in claims:
+            if not renew_claim(db, run_id, token, lease_ms, now):
+                lost.add(run_id)
+    return lost
+
+
 def verify_claim(db: Database, run_id: str, token: str, now: int) -> bool:
     row = db.one(
         f"SELECT 1 FROM run_queue WHERE run_id = ? AND claim_token = ? AND {LIVE} AND claim_expires_at > ?",

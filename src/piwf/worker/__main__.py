@@ -131,6 +131,7 @@ def run(envelope: LaunchEnvelope, channel: Channel) -> None:
 
 def main() -> int:
     faults.configure()
+    faults.point("worker.started")
     envelope = read_envelope()
     read_fd, write_fd = (int(fd) for fd in os.environ["PIWF_WORKER_FDS"].split(","))
     channel = Channel(read_fd, write_fd, worker_epoch=envelope.workerEpoch, generation=envelope.generation)
