@@ -79,14 +79,16 @@ class ForkedWorker:
     async def wait(self) -> int:
         """The template reaps its children and reports their status. If the template is
         gone, the pidfd still says when the worker ended (its status is then unknown)."""
-        if not self.exited.is_set() and self.pidfd is not None:
-            await trio.lowlevel.wait_readable(self.pidfd)
-            with trio.move_on_after(EXIT_REPORT_GRACE_S):
+        if not self.exited.is_set():
+            if self.pidfd is not None:
+                await trio.lowlevel.wait_readable(self.pidfd)
+                with trio.move_on_after(EXIT_REPORT_GRACE_S):
+                    await trio_util.wait_any(self.exited.wait, self.reporter_gone.wait)
+            else:  # no pidfd (the worker was gone before one could be opened): the report or nothing
                 await trio_util.wait_any(self.exited.wait, self.reporter_gone.wait)
             if not self.exited.is_set():
                 self.returncode = -9  # unknown: counted as killed
                 self.exited.set()
-        await self.exited.wait()
         self.close_pidfd()
         assert self.returncode is not None
         return self.returncode
