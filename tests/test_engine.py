@@ -197,3 +197,19 @@ def test_missing_workflow_and_bad_names(tmp_path: Path) -> None:
         load_workflow(tmp_path, "ghost")
     with pytest.raises(WorkflowLoadError, match="not a workflow name"):
         load_workflow(tmp_path, "../etc")
+
+
+def test_a_host_refusal_inside_a_node_is_not_the_node_failing(tmp_path: Path) -> None:
+    """If the host will not record what a node does (a full disk), the worker ends and the
+    run is tried again; the node is not recorded as failed."""
+    from piwf.errors import HostRefused
+
+    class RefusingJournal(RecordingJournal):
+        def process_started(self, node: str, pid: int) -> None:
+            raise HostRefused("host refused process.register: disk full")
+
+    journal = RefusingJournal()
+    workflow = Workflow("w", "sh", {"sh": shell(["echo", "hi"])})
+    with pytest.raises(HostRefused):
+        run(workflow, journal, project=str(tmp_path))
+    assert [e[0] for e in journal.events] == ["start", "process ended"]  # and no "fail"

@@ -127,3 +127,34 @@ def test_a_worker_whose_steps_were_all_accepted_completes_with_run_complete(setu
     assert runs.get_run(host.db, "r")["status"] == "running"  # not final: the run goes on
     done = handle(host, active, message("m4", "run.complete", accepted.revision, output=1))
     assert done.outcome == "accepted" and runs.get_run(host.db, "r")["status"] == "completed"
+
+
+def test_ready_starts_a_fresh_runs_first_attempt(tmp_path: Path) -> None:
+    paths = StatePaths.resolve(tmp_path / "state")
+    paths.ensure()
+    clock = ManualClock()
+    db = Database.open(paths.db)
+    host = HostState(config(paths, run_lease_ms=LEASE), db, clock)
+    host.lease = acquire_lease(db, host_id=host.host_id, pid=1, identity="x", lease_ms=LEASE, now=clock.now_ms())
+    for run_id, paused in (("fresh", False), ("paused", True)):
+        runs.create_run(db, run_id=run_id, workflow="w", project_path="/", source=b"", digest="d", input={},
+                        origin_session_id=None, now=clock.now_ms(), start_node="first")
+        if paused:
+            runs.pause_run(db, run_id, clock.now_ms())
+            runs.resume_run(db, run_id, clock.now_ms())  # claimable again, then paused while claimed
+        claim = queue.claim_run(db, run_id, runner_id=host.host_id, token=run_id, lease_ms=LEASE,
+                                now=clock.now_ms(), epoch=host.epoch)
+        assert claim is not None
+        if paused:
+            runs.pause_run(db, run_id, clock.now_ms())
+        workers.record_start(db, worker_epoch=run_id, run_id=run_id, generation=claim.generation,
+                             host_epoch=host.epoch, now=clock.now_ms())
+        ready = handle(host, ActiveRun(claim, worker_epoch=run_id), message("m1", "worker.ready", 0, epoch=run_id))
+        steps = runs.get_run(db, run_id)["steps"]
+        if paused:  # a paused run starts nothing: its worker's first start is told to stop
+            assert "attempt" not in ready.result and steps == []
+        else:
+            assert ready.result["attempt"]["node"] == "first" and ready.result["attempt"]["seq"] == 0
+            assert [(s["node"], s["status"]) for s in steps] == [("first", "running")]
+            assert ready.revision == runs.revision(db, run_id)
+    db.close()

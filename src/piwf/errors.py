@@ -64,6 +64,13 @@ class ClaimLost(StoreError):
 # --- requests and operations ----------------------------------------------------------
 
 
+class HostRefused(PiwfError):
+    """The host would not record a worker's message (a refusal, a full disk). It is the
+    worker's failure, not the node's: the worker ends and the run is tried again."""
+
+    code = "hostRefused"
+
+
 class ProtocolError(PiwfError):
     """A frame that cannot be read as a request; ``request_id`` when one could be read."""
 

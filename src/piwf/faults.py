@@ -40,8 +40,9 @@ POINTS: dict[str, str] = {
 }
 
 
-class FaultInjected(PiwfError):
-    code = "faultInjected"
+class FaultInjected(RuntimeError):
+    """Deliberately not a PiwfError: it stands for an unexpected failure (a bug, a crash of
+    a library) at that spot, which no handler expects."""
 
 
 class BadFaultSpec(PiwfError):

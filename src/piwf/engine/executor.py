@@ -21,7 +21,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from ..errors import ClaimLost, DefinitionError, NodeFailed
+from ..errors import ClaimLost, DefinitionError, HostRefused, NodeFailed
 from ..wire import canonical_json
 from .definition import DEFAULT_EXIT, Compute, Route, Shell, Workflow
 
@@ -36,8 +36,9 @@ class Stop(Exception):
         self.reason = reason
 
 
-# Not node failures: the run is being stopped under the node, which must not record a failure.
-STOPPING = (Stop, ClaimLost)
+# Not node failures: the run is being stopped under the node, or the host would not record
+# what the node did; the node must not be recorded as failed for either.
+STOPPING = (Stop, ClaimLost, HostRefused)
 
 
 class Journal(Protocol):
@@ -155,20 +156,20 @@ def run_shell(node: Shell, ctx: Context) -> dict[str, Any]:
     program = node.argv[0]
     if shutil.which(program, path=env.get("PATH")) is None and not os.access(cwd / program, os.X_OK):
         raise OSError(f"cannot run {program}: not found or not executable")
-    proc = subprocess.Popen(["/bin/sh", "-c", GATE, "piwf-shell", *node.argv], cwd=cwd, env=env,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
-    try:
-        ctx.journal.process_started(ctx.node, proc.pid)
-        stdout, stderr = proc.communicate(b"go\n", timeout=node.timeout)
-    except subprocess.TimeoutExpired as exc:
-        _kill_group(proc.pid)
-        proc.communicate()
-        raise TimeoutError(f"{program} timed out after {node.timeout} s") from exc
-    finally:
-        _kill_group(proc.pid)  # whatever the program left behind in its group
-        proc.wait()
-        ctx.journal.process_ended(proc.pid)
+    with subprocess.Popen(["/bin/sh", "-c", GATE, "piwf-shell", *node.argv], cwd=cwd, env=env,
+                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          start_new_session=True) as proc:  # its pipes are closed however this ends
+        try:
+            ctx.journal.process_started(ctx.node, proc.pid)
+            stdout, stderr = proc.communicate(b"go\n", timeout=node.timeout)
+        except subprocess.TimeoutExpired as exc:
+            _kill_group(proc.pid)
+            proc.communicate()
+            raise TimeoutError(f"{program} timed out after {node.timeout} s") from exc
+        finally:
+            _kill_group(proc.pid)  # whatever the program left behind in its group
+            proc.wait()
+            ctx.journal.process_ended(proc.pid)
     output = {
         "stdout": stdout.decode(errors="replace"),
         "stderr": stderr.decode(errors="replace"),

@@ -1,5 +1,5 @@
 """``python -m piwf.engine.inspect PROJECT NAME``: load and validate a workflow in a
-throwaway process, printing ``{"name", "digest", "nodes"}`` or ``{"error"}`` as JSON.
+throwaway process, printing ``{"name", "digest", "startAt", "nodes"}`` or ``{"error"}`` as JSON.
 
 The host uses it so user code never runs inside the supervisor.
 """
@@ -19,7 +19,8 @@ def inspect_workflow(project: str, name: str) -> dict[str, Any]:
         workflow = load_workflow(project, name)
     except PiwfError as exc:
         return {"error": str(exc)}
-    return {"name": workflow.name, "digest": workflow.digest(), "nodes": sorted(workflow.nodes)}
+    return {"name": workflow.name, "digest": workflow.digest(), "startAt": workflow.start_at,
+            "nodes": sorted(workflow.nodes)}
 
 
 def main() -> int:

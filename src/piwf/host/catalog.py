@@ -24,11 +24,12 @@ class WorkflowInfo:
     name: str
     digest: str
     source: bytes
+    start_at: str
 
 
 class Catalog:
     def __init__(self) -> None:
-        self._cache: dict[tuple[str, str], str] = {}
+        self._cache: dict[tuple[str, str], tuple[str, str]] = {}  # (path, source hash) -> (digest, start)
         self._seen: dict[str, tuple[tuple[int, int, int], WorkflowInfo]] = {}  # path -> (stat key, info)
 
     async def inspect(self, project: str, name: str) -> WorkflowInfo:
@@ -47,11 +48,12 @@ class Catalog:
         key = (str(path), sha256_hex(source))
         if key not in self._cache:
             self._cache[key] = await self._digest(project, name)
-        info = WorkflowInfo(name, self._cache[key], source)
+        digest, start_at = self._cache[key]
+        info = WorkflowInfo(name, digest, source, start_at)
         self._seen[str(path)] = (stat_key, info)
         return info
 
-    async def _digest(self, project: str, name: str) -> str:
+    async def _digest(self, project: str, name: str) -> tuple[str, str]:
         with trio.move_on_after(INSPECT_TIMEOUT_S) as timeout:
             done = await trio.run_process(
                 [sys.executable, "-m", "piwf.engine.inspect", project, name],
@@ -66,4 +68,4 @@ class Catalog:
             raise Rejected(f"workflow {name!r} could not be inspected: {tail[0]}") from None
         if "error" in result:
             raise Rejected(result["error"])
-        return result["digest"]
+        return result["digest"], result["startAt"]

@@ -178,7 +178,7 @@ def _run_start(host: HostState, request: HostRequest, info: WorkflowInfo, after:
     runs.create_run(
         host.db, run_id=run_id, workflow=info.name, project_path=payload["projectPath"], source=info.source,
         digest=info.digest, input=payload.get("input", {}), origin_session_id=payload.get("originSessionId"),
-        now=host.now(),
+        now=host.now(), start_node=info.start_at,
     )
     after.append(host.wake)
     return HostResponse(request.requestId, "accepted", revision=1,
@@ -219,7 +219,7 @@ async def _prepare_resume(host: HostState, request: HostRequest) -> WorkflowInfo
 def _run_resume(host: HostState, request: HostRequest, info: WorkflowInfo | None, after: After) -> HostResponse:
     run_id = _run_id(request)
     _check_revision(host, request)
-    definition = None if info is None else (info.digest, info.source)
+    definition = None if info is None else (info.digest, info.source, info.start_at)
     receipt = runs.resume_run(host.db, run_id, host.now(), definition=definition)
     host.crashes.pop(run_id, None)
     after.append(host.wake)

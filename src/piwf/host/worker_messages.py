@@ -17,10 +17,18 @@ Handler = Callable[[HostState, ActiveRun, dict[str, Any], int], tuple[Any, bool]
 
 
 def _ready(host: HostState, active: ActiveRun, payload: dict[str, Any], now: int) -> tuple[Any, bool]:
+    """The run's input and accepted steps. A fresh run's first attempt is started here too,
+    saving the worker a round trip (unless the run is paused: then its first start stops)."""
     queue.mark_running(host.db, active.run_id, active.claim.token, now)
     workers.mark_ready(host.db, active.worker_epoch, now)
     _, _, _, run_input, _ = runs.run_source(host.db, active.run_id)
-    return {"input": run_input, "steps": runs.accepted_steps(host.db, active.run_id)}, False
+    result = {"input": run_input, "steps": runs.accepted_steps(host.db, active.run_id)}
+    start = runs.start_node(host.db, active.run_id)
+    if not result["steps"] and start is not None and not runs.is_paused(host.db, active.run_id):
+        attempt_id, _ = runs.start_attempt(host.db, active.run_id, active.claim.token, seq=0, node=start,
+                                           generation=active.claim.generation, now=now)
+        result["attempt"] = {"seq": 0, "node": start, "attemptId": attempt_id}
+    return result, False
 
 
 def _attempt_start(host: HostState, active: ActiveRun, payload: dict[str, Any], now: int) -> tuple[Any, bool]:
@@ -131,7 +139,7 @@ def _run_park(host: HostState, active: ActiveRun, payload: dict[str, Any], now: 
 
 
 # Operations that may change the run revision; the others leave it as it was.
-REVISING = frozenset({"attempt.start", "attempt.accept", "attempt.fail", "run.complete", "run.fail"})
+REVISING = frozenset({"worker.ready", "attempt.start", "attempt.accept", "attempt.fail", "run.complete", "run.fail"})
 
 HANDLERS: dict[str, Handler] = {
     "worker.ready": _ready,

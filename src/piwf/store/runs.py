@@ -14,7 +14,7 @@ from .timefmt import iso
 
 def create_run(
     db: Database, *, run_id: str, workflow: str, project_path: str, source: bytes, digest: str,
-    input: Any, origin_session_id: str | None, now: int,
+    input: Any, origin_session_id: str | None, now: int, start_node: str | None = None,
 ) -> dict[str, Any]:
     with db.write():
         if db.one("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)):
@@ -32,10 +32,10 @@ def create_run(
         try:
             db.execute(
                 """INSERT INTO runs (run_id, workflow, project_path, definition_hash,
-                     definition_digest, input_json, input_hash, status, origin_session_id,
+                     definition_digest, start_node, input_json, input_hash, status, origin_session_id,
                      created_at, updated_at)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, 'queued', ?, ?, ?)""",
-                (run_id, workflow, project_path, definition_hash, digest, inline, input_hash,
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'queued', ?, ?, ?)""",
+                (run_id, workflow, project_path, definition_hash, digest, start_node, inline, input_hash,
                  origin_session_id, now, now),
             )
             db.execute(
@@ -87,9 +87,10 @@ def hold_of(db: Database, run_id: str) -> str | None:
     return db.scalar("SELECT hold FROM run_queue WHERE run_id = ?", (run_id,))
 
 
-def resume_run(db: Database, run_id: str, now: int, *, definition: tuple[str, bytes] | None = None) -> dict[str, Any]:
-    """Release a held run. ``definition`` (digest, source) replaces the run's workflow
-    definition: resuming a run held because its workflow changed adopts the new one."""
+def resume_run(db: Database, run_id: str, now: int, *,
+               definition: tuple[str, bytes, str | None] | None = None) -> dict[str, Any]:
+    """Release a held run. ``definition`` (digest, source, start node) replaces the run's
+    workflow definition: resuming a run held because its workflow changed adopts the new one."""
     with db.write():
         queue_status = _queue_status(db, run_id)
         if queue_status in ("done", "failed", "cancelled"):
@@ -98,9 +99,9 @@ def resume_run(db: Database, run_id: str, now: int, *, definition: tuple[str, by
             raise Rejected(f"run {run_id} is held for an ambiguous effect; "
                            "say what happened with piwf run resolve-effect")
         if definition is not None:
-            digest, source = definition
-            db.execute("UPDATE runs SET definition_digest = ?, definition_hash = ? WHERE run_id = ?",
-                       (digest, db.put_blob(source, now), run_id))
+            digest, source, start_node = definition
+            db.execute("UPDATE runs SET definition_digest = ?, definition_hash = ?, start_node = ? WHERE run_id = ?",
+                       (digest, db.put_blob(source, now), start_node, run_id))
         db.execute("UPDATE run_queue SET hold = NULL, updated_at = ? WHERE run_id = ?", (now, run_id))
         db.execute(
             "UPDATE runs SET paused = 0, status_detail = NULL, updated_at = ? WHERE run_id = ?",
@@ -273,6 +274,11 @@ def run_source(db: Database, run_id: str) -> tuple[str, str, str, Any, str | Non
         raise NotFound(f"run {run_id} not found")
     workflow, project, digest, inline, digest_input, session = row
     return workflow, project, digest, db.get_json(inline, digest_input), session
+
+
+def start_node(db: Database, run_id: str) -> str | None:
+    """The node a fresh run starts at, as its workflow said when the run was created."""
+    return db.scalar("SELECT start_node FROM runs WHERE run_id = ?", (run_id,))
 
 
 def input_hash(value: Any) -> str:

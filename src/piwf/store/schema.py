@@ -51,6 +51,7 @@ CREATE TABLE runs (
   project_path TEXT NOT NULL,
   definition_hash TEXT NOT NULL,
   definition_digest TEXT NOT NULL,
+  start_node TEXT,
   input_json TEXT,
   input_hash TEXT,
   status TEXT NOT NULL CHECK (status IN
@@ -191,6 +192,7 @@ MIGRATIONS = {
     # CHECK constraint, so run_queue is rebuilt), indexes for claims and for a run's workers.
     1: """
 CREATE INDEX run_workers_run ON run_workers(run_id, started_at);
+ALTER TABLE runs ADD COLUMN start_node TEXT;
 ALTER TABLE run_queue RENAME TO run_queue_v1;
 DROP INDEX run_queue_claimable;
 DROP INDEX run_queue_session_reservation;

@@ -25,11 +25,15 @@ from .channel import Channel
 
 
 class HostJournal:
-    def __init__(self, channel: Channel) -> None:
+    def __init__(self, channel: Channel, started: dict[str, Any] | None = None) -> None:
         self.channel = channel
+        self.started = started  # the first attempt, started by the host with worker.ready
         self.finished = False  # the run was completed with its last node's output
 
     def start(self, seq: int, node: str) -> str:
+        started, self.started = self.started, None
+        if started is not None and (started["seq"], started["node"]) == (seq, node):
+            return started["attemptId"]
         result = self.channel.request("attempt.start", {"seq": seq, "node": node})
         if result.get("stop"):
             raise Stop(result["stop"])
@@ -113,7 +117,7 @@ def run(envelope: LaunchEnvelope, channel: Channel) -> None:
         channel.request("run.park", {"hold": "source", "reason": reason})
         return
     steps = [Step(s["seq"], s["node"], s["exit"], s["output"]) for s in ready["steps"]]
-    journal = HostJournal(channel)
+    journal = HostJournal(channel, ready.get("attempt"))
     try:
         output = execute(workflow, run_id=envelope.runId, project_path=envelope.projectPath,
                          input=ready["input"], accepted=steps, journal=journal)

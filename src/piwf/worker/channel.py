@@ -16,12 +16,8 @@ import threading
 from typing import Any, NoReturn
 
 from .. import faults
-from ..errors import ClaimLost, PiwfError
+from ..errors import ClaimLost, HostRefused
 from ..wire import MAX_WORKER_LINE, LineBuffer, WorkerMessage, WorkerResponse, decode_as, encode_line
-
-
-class HostRefused(PiwfError):
-    code = "hostRefused"
 
 
 class Channel:
