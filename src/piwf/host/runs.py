@@ -17,7 +17,7 @@ from ..errors import PiwfError
 from ..store import queue, runs, workers
 from ..store.queue import Claim
 from ..wire import LaunchEnvelope
-from .state import ActiveRun, CrashRecord, HostState, log
+from .state import ActiveRun, CrashRecord, HostState, Settlement, log
 from .worker_process import WorkerExit, run_worker
 
 MAX_BACKOFF_S = 60.0
@@ -29,6 +29,7 @@ async def serve_dispatcher(host: HostState, *, task_status: trio.TaskStatus[None
         task_status.started()
         while True:
             host.wake_dispatcher = trio.Event()
+            retry_settlements(host)
             for claim, worker_epoch in _claim_available(host):
                 faults.point("host.claim.committed")
                 active = ActiveRun(claim, worker_epoch=worker_epoch)
@@ -132,27 +133,50 @@ async def renew_claims(host: HostState) -> None:
 
 
 def _settle(host: HostState, active: ActiveRun, result: WorkerExit | None) -> None:
-    """Record the worker's outcome and leave the run parked unless it settled."""
+    """Record the worker's outcome and leave the run parked unless it settled. If the store
+    refuses (a full disk), the settlement is kept and retried by the dispatcher."""
     # No result and no reason: the host is draining (or something failed on the way).
     outcome = active.stop_reason or (result.outcome if result else "orphaned" if host.stopping else "crashed")
-    now = host.now()
-    try:
-        workers.finish(host.db, active.worker_epoch, active.run_id, outcome, now,
-                       exit_code=result.exit_code if result else None,
-                       signal=result.signal if result else None,
-                       diagnostic=(result.diagnostic or None) if result else None)
-        if active.settled or outcome in ("cancelled", "claimLost"):
-            host.crashes.pop(active.run_id, None)
-            return
+    if active.settled or outcome in ("cancelled", "claimLost"):
+        host.crashes.pop(active.run_id, None)
+        settlement = Settlement(active, outcome, result, park=False, detail=None)
+    else:
         if outcome in ("crashed", "timedOut") and result is not None:
             log.warning("run %s: worker %s (exit %s, signal %s): %s", active.run_id, outcome, result.exit_code,
                         result.signal, _last_line(result.diagnostic))
-        detail = _crash_detail(host, active, outcome, result)
-        if queue.park_run(host.db, active.run_id, active.claim.token, now,
-                          hold="crashed" if detail else None, detail=detail):
-            log.info("run %s: parked after worker %s%s", active.run_id, outcome, f" ({detail})" if detail else "")
+        settlement = Settlement(active, outcome, result, park=True,
+                                detail=_crash_detail(host, active, outcome, result))
+    if not _write_settlement(host, settlement):
+        host.unsettled[active.run_id] = settlement
+
+
+def retry_settlements(host: HostState) -> None:
+    """Settlements the store refused before (a full disk): try them again."""
+    for run_id, settlement in list(host.unsettled.items()):
+        if _write_settlement(host, settlement):
+            del host.unsettled[run_id]
+            log.info("run %s: settled after an earlier failure", run_id)
+
+
+def _write_settlement(host: HostState, settlement: Settlement) -> bool:
+    active, result = settlement.active, settlement.result
+    now = host.now()
+    try:
+        with host.db.write():
+            workers.finish(host.db, active.worker_epoch, active.run_id, settlement.outcome, now,
+                           exit_code=result.exit_code if result else None,
+                           signal=result.signal if result else None,
+                           diagnostic=(result.diagnostic or None) if result else None)
+            if settlement.park and queue.park_run(host.db, active.run_id, active.claim.token, now,
+                                                  hold="crashed" if settlement.detail else None,
+                                                  detail=settlement.detail):
+                log.info("run %s: parked after worker %s%s", active.run_id, settlement.outcome,
+                         f" ({settlement.detail})" if settlement.detail else "")
     except PiwfError as exc:
-        log.error("run %s: could not park after worker %s: %s", active.run_id, outcome, exc)
+        log.error("run %s: could not record the end of its worker (%s): %s; will retry", active.run_id,
+                  settlement.outcome, exc)
+        return False
+    return True
 
 
 def _crash_detail(host: HostState, active: ActiveRun, outcome: str, result: WorkerExit | None) -> str | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import secrets
 from dataclasses import dataclass, field
+from typing import Any
 
 import trio
 import trio_util
@@ -62,6 +63,17 @@ class ActiveRun:
 
 
 @dataclass(eq=False)
+class Settlement:
+    """How a worker ended and what to do with its run, kept until the store records it."""
+
+    active: ActiveRun
+    outcome: str
+    result: Any  # WorkerExit | None
+    park: bool
+    detail: str | None
+
+
+@dataclass(eq=False)
 class CrashRecord:
     count: int
     not_before: float
@@ -78,6 +90,7 @@ class HostState:
     launcher: Launcher = field(default_factory=SpawnLauncher)
     active: dict[str, ActiveRun] = field(default_factory=dict)
     crashes: dict[str, CrashRecord] = field(default_factory=dict)
+    unsettled: dict[str, Settlement] = field(default_factory=dict)
     connections: int = 0
     serving: bool = False
     stopping: bool = False
