@@ -19,14 +19,19 @@ from .conftest import config
 LEASE = 30_000
 
 
-@pytest.fixture
-def setup(tmp_path: Path) -> tuple[HostState, ActiveRun, ManualClock]:
+def new_host(tmp_path: Path) -> tuple[HostState, Database, ManualClock]:
     paths = StatePaths.resolve(tmp_path / "state")
     paths.ensure()
     clock = ManualClock()
     db = Database.open(paths.db)
     host = HostState(config(paths, run_lease_ms=LEASE), db, clock)
     host.lease = acquire_lease(db, host_id=host.host_id, pid=1, identity="x", lease_ms=LEASE, now=clock.now_ms())
+    return host, db, clock
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> tuple[HostState, ActiveRun, ManualClock]:
+    host, db, clock = new_host(tmp_path)
     runs.create_run(db, run_id="r", workflow="w", project_path="/", source=b"", digest="d", input={"a": 1},
                     origin_session_id=None, now=clock.now_ms())
     claim = queue.claim_next_run(db, runner_id=host.host_id, token="tok", lease_ms=LEASE, now=clock.now_ms(),
@@ -130,12 +135,7 @@ def test_a_worker_whose_steps_were_all_accepted_completes_with_run_complete(setu
 
 
 def test_ready_starts_a_fresh_runs_first_attempt(tmp_path: Path) -> None:
-    paths = StatePaths.resolve(tmp_path / "state")
-    paths.ensure()
-    clock = ManualClock()
-    db = Database.open(paths.db)
-    host = HostState(config(paths, run_lease_ms=LEASE), db, clock)
-    host.lease = acquire_lease(db, host_id=host.host_id, pid=1, identity="x", lease_ms=LEASE, now=clock.now_ms())
+    host, db, clock = new_host(tmp_path)
     for run_id, paused in (("fresh", False), ("paused", True)):
         runs.create_run(db, run_id=run_id, workflow="w", project_path="/", source=b"", digest="d", input={},
                         origin_session_id=None, now=clock.now_ms(), start_node="first")

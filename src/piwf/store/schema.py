@@ -7,6 +7,66 @@ RUN_ENGINE_STATUSES = ("queued", "running", "waiting", "completed", "failed", "t
 QUEUE_STATUSES = ("queued", "starting", "running", "parked", "done", "failed", "cancelled")
 TERMINAL_QUEUE = ("done", "failed", "cancelled")
 
+# Tables whose text both the full layout and a migration use.
+RUN_QUEUE_SQL = """
+CREATE TABLE run_queue (
+  run_id TEXT PRIMARY KEY REFERENCES runs(run_id),
+  status TEXT NOT NULL CHECK (status IN
+    ('queued', 'starting', 'running', 'parked', 'done', 'failed', 'cancelled')),
+  hold TEXT CHECK (hold IN ('paused', 'source', 'crashed', 'effect')),
+  runner_id TEXT,
+  claim_token TEXT,
+  claim_expires_at INTEGER,
+  generation INTEGER NOT NULL DEFAULT 0,
+  owner_epoch INTEGER,
+  origin_session_id TEXT,
+  error_code TEXT,
+  error_message TEXT,
+  created_at INTEGER NOT NULL,
+  updated_at INTEGER NOT NULL,
+  started_at INTEGER,
+  finished_at INTEGER
+);
+CREATE INDEX run_queue_claimable ON run_queue(status, claim_expires_at);
+-- Claims take the oldest ready run: this index hands it over without sorting the queue.
+CREATE INDEX run_queue_ready ON run_queue(created_at, run_id)
+  WHERE status IN ('queued', 'parked') AND hold IS NULL;
+-- One active run per origin session; detached runs (no session) are exempt.
+CREATE UNIQUE INDEX run_queue_session_reservation ON run_queue(origin_session_id)
+  WHERE origin_session_id IS NOT NULL AND status IN ('queued', 'starting', 'running');
+"""
+
+EFFECTS_AND_PROCESSES_SQL = """
+CREATE TABLE effects (
+  run_id TEXT NOT NULL REFERENCES runs(run_id),
+  effect_key TEXT NOT NULL,
+  status TEXT NOT NULL CHECK (status IN ('pending', 'applying', 'applied', 'rejected', 'ambiguous')),
+  node_id TEXT NOT NULL,
+  generation INTEGER NOT NULL,
+  result_json TEXT,
+  result_hash TEXT,
+  error_json TEXT,
+  created_at INTEGER NOT NULL,
+  updated_at INTEGER NOT NULL,
+  settled_at INTEGER,
+  PRIMARY KEY (run_id, effect_key)
+);
+
+-- Processes a worker started in their own process groups (shell nodes), to reap with it.
+CREATE TABLE run_processes (
+  worker_epoch TEXT NOT NULL,
+  pid INTEGER NOT NULL,
+  process_start_identity TEXT NOT NULL,
+  run_id TEXT NOT NULL,
+  node_id TEXT,
+  status TEXT NOT NULL CHECK (status IN ('live', 'gone')),
+  registered_at INTEGER NOT NULL,
+  ended_at INTEGER,
+  PRIMARY KEY (worker_epoch, pid)
+);
+CREATE INDEX run_processes_live ON run_processes(status, worker_epoch);
+"""
+
 SCHEMA_SQL = """
 CREATE TABLE blobs (
   hash TEXT PRIMARY KEY,
@@ -69,32 +129,7 @@ CREATE TABLE runs (
 );
 CREATE INDEX runs_created ON runs(created_at);
 
-CREATE TABLE run_queue (
-  run_id TEXT PRIMARY KEY REFERENCES runs(run_id),
-  status TEXT NOT NULL CHECK (status IN
-    ('queued', 'starting', 'running', 'parked', 'done', 'failed', 'cancelled')),
-  hold TEXT CHECK (hold IN ('paused', 'source', 'crashed', 'effect')),
-  runner_id TEXT,
-  claim_token TEXT,
-  claim_expires_at INTEGER,
-  generation INTEGER NOT NULL DEFAULT 0,
-  owner_epoch INTEGER,
-  origin_session_id TEXT,
-  error_code TEXT,
-  error_message TEXT,
-  created_at INTEGER NOT NULL,
-  updated_at INTEGER NOT NULL,
-  started_at INTEGER,
-  finished_at INTEGER
-);
-CREATE INDEX run_queue_claimable ON run_queue(status, claim_expires_at);
--- Claims take the oldest ready run: this index hands it over without sorting the queue.
-CREATE INDEX run_queue_ready ON run_queue(created_at, run_id)
-  WHERE status IN ('queued', 'parked') AND hold IS NULL;
--- One active run per origin session; detached runs (no session) are exempt.
-CREATE UNIQUE INDEX run_queue_session_reservation ON run_queue(origin_session_id)
-  WHERE origin_session_id IS NOT NULL AND status IN ('queued', 'starting', 'running');
-
+""" + RUN_QUEUE_SQL + """
 CREATE TABLE node_attempts (
   attempt_id TEXT PRIMARY KEY,
   run_id TEXT NOT NULL REFERENCES runs(run_id),
@@ -149,36 +184,7 @@ CREATE TABLE worker_messages (
   completed_at INTEGER NOT NULL,
   PRIMARY KEY (worker_epoch, message_id)
 );
-
-CREATE TABLE effects (
-  run_id TEXT NOT NULL REFERENCES runs(run_id),
-  effect_key TEXT NOT NULL,
-  status TEXT NOT NULL CHECK (status IN ('pending', 'applying', 'applied', 'rejected', 'ambiguous')),
-  node_id TEXT NOT NULL,
-  generation INTEGER NOT NULL,
-  result_json TEXT,
-  result_hash TEXT,
-  error_json TEXT,
-  created_at INTEGER NOT NULL,
-  updated_at INTEGER NOT NULL,
-  settled_at INTEGER,
-  PRIMARY KEY (run_id, effect_key)
-);
-
--- Processes a worker started in their own process groups (shell nodes), to reap with it.
-CREATE TABLE run_processes (
-  worker_epoch TEXT NOT NULL,
-  pid INTEGER NOT NULL,
-  process_start_identity TEXT NOT NULL,
-  run_id TEXT NOT NULL,
-  node_id TEXT,
-  status TEXT NOT NULL CHECK (status IN ('live', 'gone')),
-  registered_at INTEGER NOT NULL,
-  ended_at INTEGER,
-  PRIMARY KEY (worker_epoch, pid)
-);
-CREATE INDEX run_processes_live ON run_processes(status, worker_epoch);
-"""
+""" + EFFECTS_AND_PROCESSES_SQL
 
 # Tables every known layout has; a database missing one is incomplete, not old.
 REQUIRED_TABLES = (
@@ -196,61 +202,8 @@ ALTER TABLE runs ADD COLUMN start_node TEXT;
 ALTER TABLE run_queue RENAME TO run_queue_v1;
 DROP INDEX run_queue_claimable;
 DROP INDEX run_queue_session_reservation;
-CREATE TABLE run_queue (
-  run_id TEXT PRIMARY KEY REFERENCES runs(run_id),
-  status TEXT NOT NULL CHECK (status IN
-    ('queued', 'starting', 'running', 'parked', 'done', 'failed', 'cancelled')),
-  hold TEXT CHECK (hold IN ('paused', 'source', 'crashed', 'effect')),
-  runner_id TEXT,
-  claim_token TEXT,
-  claim_expires_at INTEGER,
-  generation INTEGER NOT NULL DEFAULT 0,
-  owner_epoch INTEGER,
-  origin_session_id TEXT,
-  error_code TEXT,
-  error_message TEXT,
-  created_at INTEGER NOT NULL,
-  updated_at INTEGER NOT NULL,
-  started_at INTEGER,
-  finished_at INTEGER
-);
-CREATE INDEX run_queue_claimable ON run_queue(status, claim_expires_at);
--- Claims take the oldest ready run: this index hands it over without sorting the queue.
-CREATE INDEX run_queue_ready ON run_queue(created_at, run_id)
-  WHERE status IN ('queued', 'parked') AND hold IS NULL;
--- One active run per origin session; detached runs (no session) are exempt.
-CREATE UNIQUE INDEX run_queue_session_reservation ON run_queue(origin_session_id)
-  WHERE origin_session_id IS NOT NULL AND status IN ('queued', 'starting', 'running');
+""" + RUN_QUEUE_SQL + """
 INSERT INTO run_queue SELECT * FROM run_queue_v1;
 DROP TABLE run_queue_v1;
-
-CREATE TABLE effects (
-  run_id TEXT NOT NULL REFERENCES runs(run_id),
-  effect_key TEXT NOT NULL,
-  status TEXT NOT NULL CHECK (status IN ('pending', 'applying', 'applied', 'rejected', 'ambiguous')),
-  node_id TEXT NOT NULL,
-  generation INTEGER NOT NULL,
-  result_json TEXT,
-  result_hash TEXT,
-  error_json TEXT,
-  created_at INTEGER NOT NULL,
-  updated_at INTEGER NOT NULL,
-  settled_at INTEGER,
-  PRIMARY KEY (run_id, effect_key)
-);
-
--- Processes a worker started in their own process groups (shell nodes), to reap with it.
-CREATE TABLE run_processes (
-  worker_epoch TEXT NOT NULL,
-  pid INTEGER NOT NULL,
-  process_start_identity TEXT NOT NULL,
-  run_id TEXT NOT NULL,
-  node_id TEXT,
-  status TEXT NOT NULL CHECK (status IN ('live', 'gone')),
-  registered_at INTEGER NOT NULL,
-  ended_at INTEGER,
-  PRIMARY KEY (worker_epoch, pid)
-);
-CREATE INDEX run_processes_live ON run_processes(status, worker_epoch);
-""",
+""" + EFFECTS_AND_PROCESSES_SQL,
 }
