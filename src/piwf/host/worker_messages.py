@@ -21,10 +21,9 @@ def _ready(host: HostState, active: ActiveRun, payload: dict[str, Any], now: int
     saving the worker a round trip (unless the run is paused: then its first start stops)."""
     queue.mark_running(host.db, active.run_id, active.claim.token, now)
     workers.mark_ready(host.db, active.worker_epoch, now)
-    _, _, _, run_input, _ = runs.run_source(host.db, active.run_id)
+    run_input, start, paused = runs.ready_state(host.db, active.run_id)
     result = {"input": run_input, "steps": runs.accepted_steps(host.db, active.run_id)}
-    start = runs.start_node(host.db, active.run_id)
-    if not result["steps"] and start is not None and not runs.is_paused(host.db, active.run_id):
+    if not result["steps"] and start is not None and not paused:
         attempt_id, _ = runs.start_attempt(host.db, active.run_id, active.claim.token, seq=0, node=start,
                                            generation=active.claim.generation, now=now)
         result["attempt"] = {"seq": 0, "node": start, "attemptId": attempt_id}

@@ -276,9 +276,14 @@ def run_source(db: Database, run_id: str) -> tuple[str, str, str, Any, str | Non
     return workflow, project, digest, db.get_json(inline, digest_input), session
 
 
-def start_node(db: Database, run_id: str) -> str | None:
-    """The node a fresh run starts at, as its workflow said when the run was created."""
-    return db.scalar("SELECT start_node FROM runs WHERE run_id = ?", (run_id,))
+def ready_state(db: Database, run_id: str) -> tuple[Any, str | None, bool]:
+    """(input, start node, paused) for a worker reporting ready, from one read of the run.
+    The start node is the one its workflow named when the run was created."""
+    row = db.one("SELECT input_json, input_hash, start_node, paused FROM runs WHERE run_id = ?", (run_id,))
+    if row is None:
+        raise NotFound(f"run {run_id} not found")
+    inline, digest, start, paused = row
+    return db.get_json(inline, digest), start, bool(paused)
 
 
 def input_hash(value: Any) -> str:
