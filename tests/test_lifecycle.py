@@ -256,7 +256,8 @@ async def test_sigterm_drains_and_the_next_host_finishes_the_runs(
     done = await call(paths, "run.wait", run_id=run_id, payload={"timeoutMs": 20_000})
     assert done["status"] == "completed"
     assert (project / "once.log").read_text().splitlines() == [run_id]
-    assert done["workers"][0]["status"] == "orphaned"  # stopped by the drain, not crashed
+    assert done["workers"][0]["status"] == "stopped"  # stopped by the drain, not crashed
+    assert done["workers"][0]["signal"] is not None or done["workers"][0]["exitCode"] is not None
 
 
 def _parent_is(proc: psutil.Process, pid: int) -> bool:

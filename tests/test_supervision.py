@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import trio
@@ -12,6 +13,7 @@ from piwf.host.host import Host, _heartbeat
 from piwf.host.runs import renew_claims
 from piwf.host.state import ActiveRun, HostState
 from piwf.paths import StatePaths
+from piwf.status import StopReason
 from piwf.store import Database, queue, runs
 from piwf.store.hosts import acquire_lease, read_lease
 
@@ -107,7 +109,7 @@ async def test_claim_renewal_keeps_every_active_claim_live_across_many_leases(
             for run in (active, second):
                 assert queue.verify_claim(host.db, run.run_id, run.claim.token, host.now())
             nursery.cancel_scope.cancel()
-    assert active.stop_reason is None and second.stop_reason is None
+    assert not active.scope.cancel_called and not second.scope.cancel_called
 
 
 async def test_a_lost_claim_cancels_that_run_scope_only(tmp_path: Path, autojump_clock: trio.abc.Clock) -> None:
@@ -122,10 +124,14 @@ async def test_a_lost_claim_cancels_that_run_scope_only(tmp_path: Path, autojump
         async with trio.open_nursery() as nursery:
             nursery.start_soon(renew_claims, host)
             with active.scope:
-                await trio.sleep_forever()
+                try:
+                    await trio.sleep_forever()
+                except* trio.Cancelled as cancelled:
+                    reasons = [exc.reason for exc in cancelled.exceptions]
+                    raise
             nursery.cancel_scope.cancel()
-    assert active.scope.cancelled_caught and active.stop_reason == "claimLost"
-    assert other.stop_reason is None and not other.scope.cancel_called
+    assert active.scope.cancelled_caught and reasons == [StopReason.CLAIM_LOST]
+    assert not other.scope.cancel_called
 
 
 async def test_a_worker_that_never_reports_ready_is_stopped_as_timed_out(
@@ -137,7 +143,8 @@ async def test_a_worker_that_never_reports_ready_is_stopped_as_timed_out(
         run_id = (await client.call("run.start", payload={"workflow": "greet", "projectPath": str(project)})
                   ).receipt["runId"]
         workers = await wait_for(lambda: _finished_workers(client, run_id))
-    assert workers[0]["status"] == "timedOut" and workers[0]["signal"] == 9
+    # Stopped like any worker: SIGTERM first, which ends the sleeping worker.
+    assert workers[0]["status"] == "timedOut" and workers[0]["signal"] == signal.SIGTERM
     host.stop_requested.set()
 
 

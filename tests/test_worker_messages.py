@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from piwf.clock import ManualClock
-from piwf.host.state import ActiveRun, HostState
+from piwf.host.state import ActiveRun, Conclusion, HostState
 from piwf.host.worker_messages import handle
 from piwf.paths import StatePaths
 from piwf.store import Database, queue, runs, workers
@@ -81,13 +81,13 @@ def test_a_stale_revision_is_rejected(setup) -> None:
     assert runs.get_run(host.db, "r")["steps"] == []
 
 
-def test_an_expired_claim_refuses_every_write_and_stops_the_run(setup) -> None:
+def test_an_expired_claim_refuses_every_write_and_the_worker_is_told_so(setup) -> None:
     host, active, clock = setup
     ready = handle(host, active, message("m1", "worker.ready", 0))
     clock.advance(LEASE)
     response = handle(host, active, message("m2", "run.complete", ready.revision, output=1))
     assert response.outcome == "claimLost"
-    assert active.stop_reason == "claimLost"
+    assert active.conclusion is Conclusion.CLAIM_LOST  # told in the answer; its scope is left alone
     assert runs.get_run(host.db, "r")["status"] == "running"
 
 
@@ -117,7 +117,7 @@ def test_a_final_accept_completes_the_run_in_the_same_step(setup) -> None:
     start = handle(host, active, message("m2", "attempt.start", ready.revision, seq=0, node="a"))
     done = handle(host, active, message("m3", "attempt.accept", start.revision, attemptId=start.result["attemptId"],
                                         output={"x": 1}, exit="next", final=True))
-    assert done.outcome == "accepted" and active.settled
+    assert done.outcome == "accepted" and active.conclusion is Conclusion.SETTLED
     run = runs.get_run(host.db, "r")
     assert (run["status"], run["queueStatus"], run["output"]) == ("completed", "done", {"x": 1})
     assert [s["status"] for s in run["steps"]] == ["accepted"]

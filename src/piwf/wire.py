@@ -20,9 +20,6 @@ MAX_LINE = 1024 * 1024
 MAX_WORKER_LINE = 16 * 1024 * 1024
 MAX_ID_BYTES = 256
 
-# How a worker process ends: the host reads its exit status with these.
-WORKER_EXIT_OK, WORKER_EXIT_CLAIM_LOST, WORKER_EXIT_PROTOCOL = 0, 3, 4
-
 HOST_REQUEST = "piwf.host-request.v1"
 HOST_RESPONSE = "piwf.host-response.v1"
 

@@ -4,6 +4,7 @@
     host scope
     ├── heartbeat        renews the host lease; on loss stops the host
     ├── stop watcher     SIGTERM, SIGINT or host.stop: cancel the host scope (drain)
+    │                    with reason hostStopping and a deadline for all cleanup
     ├── socket server    one task per connection
     └── run dispatcher   claims runs in batches
         ├── claim renewer    every active claim, one transaction; a lost one cancels its run
@@ -12,13 +13,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 
 import trio
+import trio_util
 
 from ..clock import Clock, WallClock
 from ..errors import HostAlreadyRunning, PiwfError
+from ..status import StopReason
 from ..store import Database, commands, queue, workers
 from ..store.hosts import acquire_lease, read_lease, release_lease, renew_lease
 from .. import faults, processes
@@ -29,7 +33,6 @@ from .server import open_listener, serve_socket
 from .state import HostConfig, HostState, log
 from .worker_process import reap_registered
 
-CLEANUP_S = 15.0
 PRUNE_INTERVAL_S = 3600
 
 
@@ -79,9 +82,8 @@ class Host:
                          host.epoch, self.config.max_workers)
                 task_status.started(host)
         finally:
-            host.stopping = True
-            with trio.CancelScope(shield=True) as cleanup:
-                cleanup.deadline = trio.current_time() + CLEANUP_S
+            _start_drain(host)  # however the host scope ended: a stop, a lost lease, a parent's cancel
+            with trio.CancelScope(shield=True, deadline=host.drain_deadline):
                 await listener.aclose()
                 self.config.state_dir.socket.unlink(missing_ok=True)
                 _release(host)
@@ -116,9 +118,14 @@ async def _watch_stop(host: HostState, scope: trio.CancelScope) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_first_signal, signals, host)
             await host.stop_requested.wait()
-            log.info("draining: parking active runs")
-            host.stopping = True
-            scope.cancel()
+            log.info("draining: stopping %d worker(s), parking their runs", len(host.active))
+            _start_drain(host)
+            scope.cancel(reason=StopReason.HOST_STOPPING)
+
+
+def _start_drain(host: HostState) -> None:
+    """From now on every cleanup (stopping workers, parking runs) ends by one deadline."""
+    host.drain_deadline = min(host.drain_deadline, trio.current_time() + host.config.drain_timeout_s)
 
 
 async def _first_signal(signals: trio.abc.ReceiveChannel[int], host: HostState) -> None:
@@ -129,33 +136,40 @@ async def _first_signal(signals: trio.abc.ReceiveChannel[int], host: HostState) 
 
 
 async def _heartbeat(host: HostState) -> None:
-    interval = host.config.host_lease_ms / 3000
-    while True:
-        await trio.sleep(interval)
-        assert host.lease is not None
-        try:
-            renewed = renew_lease(host.db, host.lease, host.config.host_lease_ms, host.now())
-        except PiwfError as exc:
-            log.warning("lease renewal failed (%s); will retry", exc)
-            continue
-        if renewed is None:
-            log.error("the host lease was lost; stopping")
-            host.stop_requested.set()
-            return
-        host.lease = renewed
-        faults.point("host.lease.renewed")
+    async with contextlib.aclosing(trio_util.periodic(host.config.host_lease_ms / 3000)) as ticks:
+        async for _ in ticks:
+            if not _renew_lease(host):
+                return
+
+
+def _renew_lease(host: HostState) -> bool:
+    """Renew the host lease; False once it is lost (the host then stops)."""
+    assert host.lease is not None
+    try:
+        renewed = renew_lease(host.db, host.lease, host.config.host_lease_ms, host.now())
+    except PiwfError as exc:
+        log.warning("lease renewal failed (%s); will retry", exc)
+        return True
+    if renewed is None:
+        log.error("the host lease was lost; stopping")
+        host.stop_requested.set()
+        return False
+    host.lease = renewed
+    faults.point("host.lease.renewed")
+    return True
 
 
 async def _prune_commands(host: HostState) -> None:
     """Forget logged commands older than the retention window, hourly."""
-    while True:
-        try:
-            pruned = commands.prune(host.db, host.now())
+    async with contextlib.aclosing(trio_util.periodic(PRUNE_INTERVAL_S)) as ticks:
+        async for _ in ticks:
+            try:
+                pruned = commands.prune(host.db, host.now())
+            except PiwfError as exc:
+                log.warning("could not prune the command log: %s", exc)
+                continue
             if pruned:
                 log.info("pruned %d command(s) older than the retention window", pruned)
-        except PiwfError as exc:
-            log.warning("could not prune the command log: %s", exc)
-        await trio.sleep(PRUNE_INTERVAL_S)
 
 
 def _release(host: HostState) -> None:

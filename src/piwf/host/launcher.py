@@ -1,8 +1,14 @@
 """Starting worker processes: forked from a preloaded template, or spawned.
 
 Both give the supervisor the same handle: ``pid`` (leader of the worker's own process
-group), ``returncode`` (negative for a signal, as in subprocess), ``stdout`` (the worker's
-output, stdout and stderr together) and ``wait()``.
+group), ``stdout`` (the worker's output, stdout and stderr together), and three steps
+that keep a signal from ever reaching a recycled pid:
+
+    wait_exited()   the leader has exited; it is not reaped yet, so its pid (and the
+                    process group it names) cannot be handed to another process
+    signal_group()  signals the group only while the leader is known unreaped
+    reap()          releases the pid; returns the exit status (negative for a signal,
+                    as in subprocess), or None when it cannot be known
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -27,7 +34,6 @@ from .. import processes
 log = logging.getLogger("piwf.host")
 
 TEMPLATE_READY_S = 10.0
-EXIT_REPORT_GRACE_S = 2.0
 CLOSE_S = 10.0
 
 
@@ -41,64 +47,15 @@ class Launch:
 
 class WorkerHandle(Protocol):
     pid: int
-    returncode: int | None
     stdout: trio.abc.ReceiveStream | None
 
-    async def wait(self) -> int: ...
+    def signal_group(self, sig: int) -> bool: ...
+    async def wait_exited(self) -> None: ...
+    async def reap(self) -> int | None: ...
 
 
 class Launcher(Protocol):
     async def start(self, launch: Launch) -> WorkerHandle: ...
-
-
-class SpawnLauncher:
-    """``python -m piwf.worker`` as a new process: the fallback, and where fork is missing."""
-
-    async def start(self, launch: Launch) -> WorkerHandle:
-        env = {**launch.env, "PIWF_WORKER_FDS": f"{launch.to_worker_r},{launch.from_worker_w}"}
-        return await trio.lowlevel.open_process(
-            [sys.executable, "-m", "piwf.worker"], cwd=launch.cwd, env=env, start_new_session=True,
-            pass_fds=(launch.to_worker_r, launch.from_worker_w), stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        )
-
-
-@dataclass(eq=False)
-class ForkedWorker:
-    pid: int
-    stdout: trio.abc.ReceiveStream | None
-    pidfd: int | None
-    returncode: int | None = None
-    exited: trio.Event = field(default_factory=trio.Event)
-    reporter_gone: trio.Event = field(default_factory=trio.Event)  # the template died
-
-    def report(self, status: int) -> None:
-        self.returncode = os.waitstatus_to_exitcode(status)
-        self.exited.set()
-
-    async def wait(self) -> int:
-        """The template reaps its children and reports their status. If the template is
-        gone, the pidfd still says when the worker ended (its status is then unknown)."""
-        if not self.exited.is_set():
-            if self.pidfd is not None:
-                await trio.lowlevel.wait_readable(self.pidfd)
-                with trio.move_on_after(EXIT_REPORT_GRACE_S):
-                    await trio_util.wait_any(self.exited.wait, self.reporter_gone.wait)
-            else:  # no pidfd (the worker was gone before one could be opened): the report or nothing
-                await trio_util.wait_any(self.exited.wait, self.reporter_gone.wait)
-            if not self.exited.is_set():
-                self.returncode = -9  # unknown: counted as killed
-                self.exited.set()
-        self.close_pidfd()
-        assert self.returncode is not None
-        return self.returncode
-
-    def close_pidfd(self) -> None:
-        if self.pidfd is not None:
-            with contextlib.suppress(OSError):
-                trio.lowlevel.notify_closing(self.pidfd)
-                os.close(self.pidfd)
-            self.pidfd = None
 
 
 def _pidfd(pid: int) -> int | None:
@@ -106,6 +63,116 @@ def _pidfd(pid: int) -> int | None:
         return os.pidfd_open(pid)
     except (OSError, AttributeError):
         return None
+
+
+def _close_fd(fd: int | None) -> None:
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            trio.lowlevel.notify_closing(fd)
+            os.close(fd)
+
+
+@dataclass(eq=False)
+class SpawnedWorker:
+    """A child of the host itself. trio reaps it only in ``Process.wait()`` (reading
+    ``Process.returncode`` would reap it too, so it is never read before ``reap``)."""
+
+    process: trio.Process
+    pidfd: int | None
+    reaped: bool = False
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def stdout(self) -> trio.abc.ReceiveStream | None:
+        return self.process.stdout
+
+    def signal_group(self, sig: int) -> bool:
+        return not self.reaped and processes.signal_group(self.pid, sig)
+
+    async def wait_exited(self) -> None:
+        if self.pidfd is None or self.reaped:
+            await self.reap()
+            return
+        await trio.lowlevel.wait_readable(self.pidfd)
+
+    async def reap(self) -> int | None:
+        code = await self.process.wait()
+        self.reaped = True
+        _close_fd(self.pidfd)
+        self.pidfd = None
+        return code
+
+
+class SpawnLauncher:
+    """``python -m piwf.worker`` as a new process: the fallback, and where fork is missing."""
+
+    async def start(self, launch: Launch) -> WorkerHandle:
+        env = {**launch.env, "PIWF_WORKER_FDS": f"{launch.to_worker_r},{launch.from_worker_w}"}
+        process = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "piwf.worker"], cwd=launch.cwd, env=env, start_new_session=True,
+            pass_fds=(launch.to_worker_r, launch.from_worker_w), stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )
+        return SpawnedWorker(process, _pidfd(process.pid))
+
+
+@dataclass(eq=False)
+class ForkedWorker:
+    """A child of the template. The template reports its exit without reaping it and
+    reaps it only when told (``release``): until then its pid stays taken."""
+
+    pid: int
+    stdout: trio.abc.ReceiveStream | None
+    pidfd: int | None
+    release: Callable[[int], Awaitable[None]]  # tells the template to reap this pid
+    returncode: int | None = None
+    released: bool = False
+    exited: trio.Event = field(default_factory=trio.Event)
+    reporter_gone: trio.Event = field(default_factory=trio.Event)  # the template died
+
+    def report(self, returncode: int) -> None:
+        self.returncode = returncode
+        self.exited.set()
+
+    def signal_group(self, sig: int) -> bool:
+        if self.released:
+            return False
+        if not self.reporter_gone.is_set():  # held unreaped by the template until released
+            return processes.signal_group(self.pid, sig)
+        # The template is gone: init may reap the worker at any moment. Its pidfd names
+        # exactly this process (not its group); the group's other members were started
+        # after it, which is what identity-checked reaping kills.
+        if self.pidfd is None:
+            return False
+        with contextlib.suppress(OSError):
+            signal.pidfd_send_signal(self.pidfd, sig)
+            return True
+        return False
+
+    async def wait_exited(self) -> None:
+        if self.exited.is_set():
+            return
+        if self.pidfd is not None:
+            await trio.lowlevel.wait_readable(self.pidfd)
+        else:
+            await trio_util.wait_any(self.exited.wait, self.reporter_gone.wait)
+
+    async def reap(self) -> int | None:
+        """The exit status as the template reported it; None when the template died first
+        (init reaps the worker then, and its status is unknown)."""
+        if not self.released:
+            await trio_util.wait_any(self.exited.wait, self.reporter_gone.wait)
+            if self.exited.is_set() and not self.reporter_gone.is_set():
+                await self.release(self.pid)
+            elif self.pidfd is not None:
+                await trio.lowlevel.wait_readable(self.pidfd)
+            self.released = True
+            _close_fd(self.pidfd)
+            self.pidfd = None
+        return self.returncode
 
 
 def fork_available() -> bool:
@@ -145,24 +212,28 @@ class ForkLauncher:
         try:
             await self._read_replies()
         finally:
-            with trio.CancelScope(shield=True):
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + CLOSE_S):
                 await self._close()
+
+    @property
+    def template_pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
 
     async def _close(self) -> None:
         """Keep reading exit reports while workers are still being stopped (their
-        supervisors wait for them), then close the template."""
+        supervisors wait for them), then close the template; all within CLOSE_S."""
         assert self._sock is not None
-        with trio.move_on_after(CLOSE_S):
+        with trio.move_on_after(CLOSE_S / 2):
             while self._workers and not self._failed:
                 message = await self._receive()
                 if not message:
                     break
-                self._dispatch(message)
+                await self._dispatch(message)
         if self._workers:
             log.warning("closing the fork server with %d worker(s) unreported", len(self._workers))
         self._sock.close()
         if self._process is not None:
-            with trio.move_on_after(5):
+            with trio.move_on_after(CLOSE_S / 4):
                 await self._process.wait()
             if self._process.returncode is None:
                 self._process.kill()
@@ -178,7 +249,7 @@ class ForkLauncher:
             self._fail("the fork server did not start")
             return
         while message := await self._receive():
-            self._dispatch(message)
+            await self._dispatch(message)
         self._fail("the fork server exited")
 
     async def _receive(self) -> dict[str, Any]:
@@ -189,21 +260,33 @@ class ForkLauncher:
             return {}
         return json.loads(data) if data else {}
 
-    def _dispatch(self, message: dict[str, Any]) -> None:
+    async def _send(self, message: dict[str, Any], fds: array.array[int] | None = None) -> None:
+        assert self._sock is not None
+        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)] if fds is not None else []
+        await self._sock.sendmsg([json.dumps(message).encode()], ancillary)
+
+    async def _release(self, pid: int) -> None:
+        """Tell the template to reap ``pid``: from here on its pid may be reused."""
+        with contextlib.suppress(OSError):
+            await self._send({"reap": pid})
+
+    async def _dispatch(self, message: dict[str, Any]) -> None:
         if "exited" in message:
             worker = self._workers.pop(message["exited"], None)
             if worker is not None:
-                worker.report(message["status"])
+                worker.report(message["returncode"])
+            else:  # nobody runs this worker (its start was cancelled): reap it now
+                await self._release(message["exited"])
             return
         pending = self._pending.pop(message["id"], None)
         pid = message.get("pid")
         if pending is None:  # its start was cancelled: nobody will run this worker
             if pid is not None:
-                processes.signal_group(pid, signal.SIGKILL)
+                processes.signal_group(pid, signal.SIGKILL)  # unreaped until its exit report is answered
             return
         event, slot = pending
         if pid is not None:  # registered here, before any exit report can be read
-            worker = ForkedWorker(pid, None, _pidfd(pid))
+            worker = ForkedWorker(pid, None, _pidfd(pid), self._release)
             self._workers[pid] = worker
             slot.append(worker)
         else:
@@ -231,15 +314,16 @@ class ForkLauncher:
         request_id = self._next_id
         event, slot = trio.Event(), list[Any]()
         self._pending[request_id] = (event, slot)
-        message = json.dumps({"id": request_id, "cwd": launch.cwd, "env": launch.env}).encode()
         fds = array.array("i", [launch.to_worker_r, launch.from_worker_w, output_w])
         try:
-            await self._sock.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+            await self._send({"id": request_id, "cwd": launch.cwd, "env": launch.env}, fds)
             await event.wait()
         except BaseException:  # cancelled: a worker forked meanwhile must not live on unowned
             self._pending.pop(request_id, None)
             if slot and isinstance(slot[0], ForkedWorker):
-                processes.signal_group(slot[0].pid, signal.SIGKILL)
+                slot[0].signal_group(signal.SIGKILL)
+                self._workers.pop(slot[0].pid, None)  # its exit report is answered with a reap
+                _close_fd(slot[0].pidfd)
             os.close(output_r)
             raise
         finally:

@@ -30,7 +30,7 @@ SETTLED = ("completed", "failed", "timed_out", "cancelled", "waiting")
 
 
 async def handle_request(host: HostState, request: HostRequest) -> tuple[HostResponse, After]:
-    if host.stopping:
+    if host.stop_requested.is_set():
         return HostResponse(request.requestId, "unavailable", error="the host is stopping"), []
     try:
         if request.operation in READS:
@@ -77,7 +77,7 @@ def status_receipt(host: HostState) -> dict[str, Any]:
         "state": "running" if lease.live(now) else "stale",
         **lease.as_json(now),
         "stateDir": str(host.config.state_dir.root),
-        "socketAvailable": host.serving,
+        "socketAvailable": True,  # this answer came over it
         "activeWorkers": len(host.active),
         "maxWorkers": host.config.max_workers,
         "durability": host.config.durability,

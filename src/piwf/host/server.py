@@ -8,6 +8,7 @@ capped. A bad frame never reaches an operation and never crashes the host.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import socket
 import struct
@@ -35,17 +36,35 @@ async def open_listener(path: Path) -> trio.SocketListener:
     return trio.SocketListener(sock)
 
 
+# accept() failing with these means the process or the system is out of something
+# (descriptors, memory) that closing connections gives back: wait and accept again.
+CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+CAPACITY_BACKOFF_S = (0.05, 1.0)
+
+
 async def serve_socket(host: HostState, listener: trio.SocketListener, *,
                        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """Accept connections for the host's life, one task each. Out of descriptors, it
+    backs off (as ``trio.serve_listeners`` does) and says so once, not each time."""
     async with trio.open_nursery() as nursery:
-        host.serving = True
         task_status.started()
-        try:
-            while True:
+        backoff = CAPACITY_BACKOFF_S[0]
+        while True:
+            try:
                 stream = await listener.accept()
-                nursery.start_soon(_connection, host, stream)
-        finally:
-            host.serving = False
+            except OSError as exc:
+                if exc.errno not in CAPACITY_ERRNOS:
+                    raise
+                if backoff == CAPACITY_BACKOFF_S[0]:
+                    log.warning("cannot accept connections (%s); retrying while connections close",
+                                os.strerror(exc.errno))
+                await trio.sleep(backoff)
+                backoff = min(backoff * 2, CAPACITY_BACKOFF_S[1])
+                continue
+            if backoff != CAPACITY_BACKOFF_S[0]:
+                log.info("accepting connections again")
+                backoff = CAPACITY_BACKOFF_S[0]
+            nursery.start_soon(_connection, host, stream)
 
 
 async def _connection(host: HostState, stream: trio.SocketStream) -> None:

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 from dataclasses import dataclass, field
-from typing import Any
+from enum import Enum
 
 import trio
 import trio_util
 
 from ..clock import Clock, WallClock
 from ..paths import StatePaths
+from ..status import StopReason, WorkerStatus
 from ..store import Database
 from ..store.hosts import HostClaim
 from ..store.queue import Claim
@@ -31,6 +33,7 @@ class HostConfig:
     poll_s: float = 2.0
     worker_startup_s: float = 15.0
     kill_grace_s: float = 2.0
+    drain_timeout_s: float = 15.0
     crash_backoff_s: float = 0.5
     max_crashes: int = 5
     idle_timeout_s: float = 300.0
@@ -39,38 +42,66 @@ class HostConfig:
     worker_start: str = "fork"  # or "spawn"
 
 
+class Conclusion(Enum):
+    """What the host told a worker that ends its part in the run; a worker that exits
+    without having been told one of these crashed, whatever its exit status."""
+
+    SETTLED = "settled"  # its run completed, failed or was parked by its own message
+    STOP = "stop"  # stop at this node boundary (the run was paused)
+    CLAIM_LOST = "claimLost"  # its claim moved on: nothing it writes is kept
+
+
+@dataclass(frozen=True)
+class ProcessEnd:
+    """How a worker process ended: ``returncode`` negative for a signal, None if unknown."""
+
+    returncode: int | None
+    diagnostic: str
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.returncode if self.returncode is not None and self.returncode >= 0 else None
+
+    @property
+    def signal(self) -> int | None:
+        return -self.returncode if self.returncode is not None and self.returncode < 0 else None
+
+
 @dataclass(eq=False)
 class ActiveRun:
-    """One run this host holds a claim on, with the scope that owns its worker."""
+    """One run this host holds a claim on, with the scope that owns its worker.
+
+    Stopping the run is cancelling ``scope`` with a ``StopReason``; the reason travels
+    with the ``Cancelled`` to the supervisor, which records it.
+    """
 
     claim: Claim
     worker_epoch: str
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
-    settled: bool = False
-    stop_reason: str | None = None
     ready: trio.Event = field(default_factory=trio.Event)
     answered: set[str] = field(default_factory=set)  # message ids this host answered for the worker
+    conclusion: Conclusion | None = None
+    process_end: ProcessEnd | None = None
 
     @property
     def run_id(self) -> str:
         return self.claim.run_id
 
-    def stop(self, reason: str) -> None:
-        """Cancel the run's scope: its worker is stopped and its outcome recorded."""
-        if self.stop_reason is None:
-            self.stop_reason = reason
-        self.scope.cancel()
+    def stop(self, reason: StopReason | str) -> None:
+        """Cancel the run's scope: its worker is stopped and ``reason`` recorded. The
+        first reason given wins."""
+        self.scope.cancel(reason=str(reason))
 
 
 @dataclass(eq=False)
-class Settlement:
+class WorkerEnd:
     """How a worker ended and what to do with its run, kept until the store records it."""
 
     active: ActiveRun
-    outcome: str
-    result: Any  # WorkerExit | None
+    status: WorkerStatus
+    process: ProcessEnd
     park: bool
-    detail: str | None
+    hold_detail: str | None
 
 
 @dataclass(eq=False)
@@ -90,10 +121,9 @@ class HostState:
     launcher: Launcher = field(default_factory=SpawnLauncher)
     active: dict[str, ActiveRun] = field(default_factory=dict)
     crashes: dict[str, CrashRecord] = field(default_factory=dict)
-    unsettled: dict[str, Settlement] = field(default_factory=dict)
+    unrecorded: dict[str, WorkerEnd] = field(default_factory=dict)  # ends the store refused (a full disk)
     connections: int = 0
-    serving: bool = False
-    stopping: bool = False
+    drain_deadline: float = math.inf  # set when a drain starts: every cleanup ends by then
     wake_dispatcher: trio.Event = field(default_factory=trio.Event)
     run_changed: trio_util.RepeatedEvent = field(default_factory=trio_util.RepeatedEvent)
     stop_requested: trio.Event = field(default_factory=trio.Event)

@@ -1,5 +1,11 @@
-"""One worker process: spawned in its own process group, spoken to over its own pipes,
-stopped with SIGTERM, a grace period, then SIGKILL of the whole group."""
+"""One worker process: started in its own process group, spoken to over its own pipes,
+stopped with SIGTERM, a grace period, then SIGKILL of the whole group.
+
+However the supervision ends (the worker exited, the run was cancelled, the claim lost,
+the host stopping), the cleanup is the same and runs shielded under a deadline: stop the
+group while its leader is unreaped, reap it, kill the groups it registered, and record
+how the process ended in ``active.process_end``.
+"""
 
 from __future__ import annotations
 
@@ -7,36 +13,21 @@ import base64
 import os
 import signal
 from collections import deque
-from dataclasses import dataclass
 
 import trio
 
 from .. import faults, processes
 from ..errors import PiwfError, ProtocolError
+from ..status import StopReason
 from ..store import workers
-from ..wire import (
-    LaunchEnvelope,
-    LineBuffer,
-    MAX_WORKER_LINE,
-    WORKER_EXIT_CLAIM_LOST,
-    WORKER_EXIT_OK,
-    canonical_json,
-    encode_line,
-    parse_worker_message,
-)
+from ..wire import LaunchEnvelope, LineBuffer, MAX_WORKER_LINE, canonical_json, encode_line, parse_worker_message
 from .launcher import Launch, WorkerHandle
-from .state import ActiveRun, HostState, log
+from .state import ActiveRun, Conclusion, HostState, ProcessEnd, log
 from .worker_messages import handle
 
 DIAGNOSTIC_BYTES = 64 * 1024
-
-
-@dataclass
-class WorkerExit:
-    outcome: str  # exited, crashed, cancelled, claimLost, timedOut, orphaned
-    exit_code: int | None
-    signal: int | None
-    diagnostic: str
+REAP_S = 5.0  # after SIGKILL, how long reaping may take before the cleanup gives up
+OUTPUT_TAIL_S = 0.5  # after the stop, how long to read what the worker printed last
 
 
 class Diagnostics:
@@ -56,37 +47,83 @@ class Diagnostics:
         return b"".join(self._chunks)[-DIAGNOSTIC_BYTES:].decode(errors="replace")
 
 
-async def run_worker(host: HostState, active: ActiveRun, envelope: LaunchEnvelope, project: str) -> WorkerExit:
-    """Run the worker to its exit; on cancellation stop it, and always reap its group."""
-    to_worker_r, to_worker_w = os.pipe2(os.O_CLOEXEC)
-    from_worker_r, from_worker_w = os.pipe2(os.O_CLOEXEC)
+class Pipes:
+    """The two protocol pipes of one worker, each descriptor closed exactly once whatever
+    happens: the child's ends once it has them, the host's when their streams close."""
+
+    def __init__(self) -> None:
+        self.to_worker_r, self.to_worker_w = os.pipe2(os.O_CLOEXEC)
+        self.from_worker_r, self.from_worker_w = os.pipe2(os.O_CLOEXEC)
+        self._open = {self.to_worker_r, self.to_worker_w, self.from_worker_r, self.from_worker_w}
+
+    def __enter__(self) -> Pipes:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for fd in self._open:
+            os.close(fd)
+        self._open.clear()
+
+    def close_child_ends(self) -> None:
+        for fd in (self.to_worker_r, self.from_worker_w):
+            self._open.discard(fd)
+            os.close(fd)
+
+    def streams(self) -> tuple[trio.lowlevel.FdStream, trio.lowlevel.FdStream]:
+        """(send, receive): the streams own the host's ends from here on."""
+        self._open.difference_update({self.to_worker_w, self.from_worker_r})
+        return trio.lowlevel.FdStream(self.to_worker_w), trio.lowlevel.FdStream(self.from_worker_r)
+
+
+def cleanup_scope(host: HostState, budget_s: float) -> trio.CancelScope:
+    """A shielded scope for cleanup that must run even when cancelled, with a deadline:
+    ``budget_s`` from now, and never past the host's drain deadline."""
+    return trio.CancelScope(shield=True, deadline=min(trio.current_time() + budget_s, host.drain_deadline))
+
+
+async def run_worker(host: HostState, active: ActiveRun, envelope: LaunchEnvelope, project: str) -> None:
+    """Run the worker to its exit; on cancellation stop it. ``active.process_end`` says
+    how the process ended, whichever way this returns."""
     env = {**os.environ, **host.config.worker_env,
            "PIWF_WORKER_LAUNCH": base64.urlsafe_b64encode(canonical_json(envelope)).decode().rstrip("=")}
+    with Pipes() as pipes:
+        try:
+            proc = await host.launcher.start(Launch(project, env, pipes.to_worker_r, pipes.from_worker_w))
+        except OSError as exc:
+            active.process_end = ProcessEnd(None, f"cannot start worker: {exc}")
+            return
+        pipes.close_child_ends()
+        send, receive = pipes.streams()
+    await _supervise_process(host, active, envelope, proc, send, receive)
+
+
+async def _supervise_process(host: HostState, active: ActiveRun, envelope: LaunchEnvelope, proc: WorkerHandle,
+                             send: trio.lowlevel.FdStream, receive: trio.lowlevel.FdStream) -> None:
     diagnostics = Diagnostics()
-    try:
-        proc = await host.launcher.start(Launch(project, env, to_worker_r, from_worker_w))
-    except OSError as exc:
-        for fd in (to_worker_r, to_worker_w, from_worker_r, from_worker_w):
-            os.close(fd)
-        return WorkerExit("crashed", None, None, f"cannot start worker: {exc}")
-    os.close(to_worker_r)
-    os.close(from_worker_w)
-    send = trio.lowlevel.FdStream(to_worker_w)
-    receive = trio.lowlevel.FdStream(from_worker_r)
+    exited = False
     try:
         workers.attach_process(host.db, envelope.workerEpoch, proc.pid, processes.identity(proc.pid) or "")
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_drain, proc.stdout, diagnostics)
+            nursery.start_soon(_read_output, proc.stdout, diagnostics)
             nursery.start_soon(_pump, host, active, receive, send, proc)
-            await proc.wait()
+            await proc.wait_exited()
+            exited = True
             nursery.cancel_scope.cancel()
     finally:  # cancelled, failed or done: the worker's whole group goes, and is reaped
-        with trio.CancelScope(shield=True):
-            await _stop(proc, host.config.kill_grace_s)
-            reap_registered(host, workers.live_processes(host.db, [envelope.workerEpoch]))
-            for stream in (send, receive, proc.stdout):
-                await stream.aclose()
-    return _exit(proc, diagnostics)
+        returncode, note = None, ""
+        with cleanup_scope(host, host.config.kill_grace_s + REAP_S) as cleanup:
+            returncode = await _stop(proc, host.config.kill_grace_s, exited)
+            with trio.move_on_after(OUTPUT_TAIL_S):
+                await _read_output(proc.stdout, diagnostics)
+        if cleanup.cancelled_caught and returncode is None:
+            note = "\n[piwf] the worker was not reaped before the cleanup deadline; its exit status is unknown"
+            log.warning("run %s: worker pid %d not reaped before the cleanup deadline", active.run_id, proc.pid)
+        active.process_end = ProcessEnd(returncode, diagnostics.text() + note)
+        reap_registered(host, workers.live_processes(host.db, [envelope.workerEpoch]))
+        for stream in (send, receive, proc.stdout):
+            if stream is not None:
+                with cleanup_scope(host, 1):
+                    await stream.aclose()
 
 
 def reap_registered(host: HostState, rows: list[tuple[str, int, str]]) -> None:
@@ -101,30 +138,26 @@ def reap_registered(host: HostState, rows: list[tuple[str, int, str]]) -> None:
             log.warning("could not record reaped processes: %s", exc)
 
 
-def _exit(proc: WorkerHandle, diagnostics: Diagnostics) -> WorkerExit:
-    code = proc.returncode
-    if code is not None and code < 0:
-        return WorkerExit("crashed", None, -code, diagnostics.text())
-    outcome = {WORKER_EXIT_OK: "exited", WORKER_EXIT_CLAIM_LOST: "claimLost"}.get(code, "crashed")
-    return WorkerExit(outcome, code, None, diagnostics.text())
-
-
-async def _stop(proc: WorkerHandle, grace_s: float) -> None:
-    """SIGTERM the group, wait out the grace, SIGKILL the group; then reap."""
-    if proc.returncode is None:
-        processes.signal_group(proc.pid, signal.SIGTERM)
+async def _stop(proc: WorkerHandle, grace_s: float, exited: bool) -> int | None:
+    """SIGTERM the group, wait out the grace, SIGKILL the group; then reap. The group is
+    signalled only while its leader is unreaped, so its id cannot name another group."""
+    if not exited:
+        proc.signal_group(signal.SIGTERM)
         with trio.move_on_after(grace_s):
-            await proc.wait()
-    # Whatever the worker left in its group (shell children, their children) dies with it.
-    processes.signal_group(proc.pid, signal.SIGKILL)
-    await proc.wait()
+            await proc.wait_exited()
+    # Whatever the worker left in its group (its children, their children) dies with it.
+    proc.signal_group(signal.SIGKILL)
+    return await proc.reap()
 
 
-async def _drain(stream: trio.abc.ReceiveStream | None, diagnostics: Diagnostics) -> None:
+async def _read_output(stream: trio.abc.ReceiveStream | None, diagnostics: Diagnostics) -> None:
     if stream is None:
         return
-    while chunk := await stream.receive_some(65536):
-        diagnostics.add(chunk)
+    try:
+        while chunk := await stream.receive_some(65536):
+            diagnostics.add(chunk)
+    except (trio.ClosedResourceError, trio.BrokenResourceError):
+        return
 
 
 async def _receive(stream: trio.lowlevel.FdStream, deadline: float | None) -> bytes | None:
@@ -146,8 +179,7 @@ async def _pump(host: HostState, active: ActiveRun, receive: trio.lowlevel.FdStr
         if chunk is None:
             log.warning("run %s: worker not ready after %s s; stopping it", active.run_id,
                         host.config.worker_startup_s)
-            active.stop_reason = active.stop_reason or "timedOut"
-            processes.signal_group(proc.pid, signal.SIGKILL)
+            active.stop(StopReason.STARTUP_TIMEOUT)
             return
         if not chunk:
             return
@@ -155,7 +187,7 @@ async def _pump(host: HostState, active: ActiveRun, receive: trio.lowlevel.FdStr
             messages = [parse_worker_message(line) for line in buffer.feed(chunk)]
         except ProtocolError as exc:
             log.warning("run %s: worker broke the protocol (%s); stopping it", active.run_id, exc)
-            processes.signal_group(proc.pid, signal.SIGKILL)
+            active.stop(StopReason.PROTOCOL)
             return
         for message in messages:
             response = handle(host, active, message)
@@ -164,3 +196,16 @@ async def _pump(host: HostState, active: ActiveRun, receive: trio.lowlevel.FdStr
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return
             faults.point("host.worker.answered")
+            if active.conclusion is Conclusion.CLAIM_LOST:
+                await _let_it_end(host, active, proc)
+                return
+
+
+async def _let_it_end(host: HostState, active: ActiveRun, proc: WorkerHandle) -> None:
+    """A worker told its claim is lost ends on its own; one that does not, within the
+    kill grace, is stopped."""
+    with trio.move_on_after(host.config.kill_grace_s):
+        await proc.wait_exited()
+        return
+    log.warning("run %s: worker did not end after claimLost; stopping it", active.run_id)
+    active.stop(StopReason.CLAIM_LOST)

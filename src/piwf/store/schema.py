@@ -1,11 +1,35 @@
 """The state database layout. Bump SCHEMA_VERSION and add a migration for any change."""
 
-APPLICATION_ID = 0x70697766  # "piwf"
-SCHEMA_VERSION = 2
+from ..status import WorkerStatus
 
-RUN_ENGINE_STATUSES = ("queued", "running", "waiting", "completed", "failed", "timed_out", "cancelled")
-QUEUE_STATUSES = ("queued", "starting", "running", "parked", "done", "failed", "cancelled")
-TERMINAL_QUEUE = ("done", "failed", "cancelled")
+APPLICATION_ID = 0x70697766  # "piwf"
+SCHEMA_VERSION = 3
+
+
+def one_of(values: type[WorkerStatus]) -> str:
+    """A CHECK list from a status enum, so the schema allows exactly its words."""
+    return ", ".join(f"'{value}'" for value in values)
+
+
+RUN_WORKERS_SQL = f"""
+CREATE TABLE run_workers (
+  worker_epoch TEXT PRIMARY KEY,
+  run_id TEXT NOT NULL,
+  generation INTEGER NOT NULL,
+  host_epoch INTEGER NOT NULL,
+  pid INTEGER,
+  process_start_identity TEXT,
+  status TEXT NOT NULL CHECK (status IN ({one_of(WorkerStatus)})),
+  started_at INTEGER NOT NULL,
+  ready_at INTEGER,
+  finished_at INTEGER,
+  exit_code INTEGER,
+  signal INTEGER,
+  diagnostic TEXT
+);
+CREATE INDEX run_workers_active ON run_workers(status, host_epoch);
+CREATE INDEX run_workers_run ON run_workers(run_id, started_at);
+"""
 
 # Tables whose text both the full layout and a migration use.
 RUN_QUEUE_SQL = """
@@ -157,25 +181,7 @@ CREATE TABLE run_events (
 );
 CREATE INDEX run_events_run ON run_events(run_id, event_id);
 
-CREATE TABLE run_workers (
-  worker_epoch TEXT PRIMARY KEY,
-  run_id TEXT NOT NULL,
-  generation INTEGER NOT NULL,
-  host_epoch INTEGER NOT NULL,
-  pid INTEGER,
-  process_start_identity TEXT,
-  status TEXT NOT NULL CHECK (status IN ('starting', 'running', 'exited', 'cancelled',
-    'timedOut', 'crashed', 'claimLost', 'orphaned')),
-  started_at INTEGER NOT NULL,
-  ready_at INTEGER,
-  finished_at INTEGER,
-  exit_code INTEGER,
-  signal INTEGER,
-  diagnostic TEXT
-);
-CREATE INDEX run_workers_active ON run_workers(status, host_epoch);
-CREATE INDEX run_workers_run ON run_workers(run_id, started_at);
-
+""" + RUN_WORKERS_SQL + """
 CREATE TABLE worker_messages (
   worker_epoch TEXT NOT NULL,
   message_id TEXT NOT NULL,
@@ -206,4 +212,14 @@ DROP INDEX run_queue_session_reservation;
 INSERT INTO run_queue SELECT * FROM run_queue_v1;
 DROP TABLE run_queue_v1;
 """ + EFFECTS_AND_PROCESSES_SQL,
+    # 3: a worker stopped because its host stopped is 'stopped' (it was 'orphaned', which
+    # now means only "found live by a later host"); rebuilt for the new CHECK list.
+    2: """
+ALTER TABLE run_workers RENAME TO run_workers_v2;
+DROP INDEX run_workers_active;
+DROP INDEX run_workers_run;
+""" + RUN_WORKERS_SQL + """
+INSERT INTO run_workers SELECT * FROM run_workers_v2;
+DROP TABLE run_workers_v2;
+""",
 }

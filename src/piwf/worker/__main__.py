@@ -19,9 +19,14 @@ from ..engine.executor import EffectRejected, Step, Stop, describe_error, execut
 from ..engine.loader import load_workflow
 from ..errors import ClaimLost, DefinitionError, NodeFailed, PiwfError, WorkflowLoadError
 from .. import processes
-from ..wire import WORKER_EXIT_CLAIM_LOST, WORKER_EXIT_OK, WORKER_EXIT_PROTOCOL, LaunchEnvelope, canonical_json
+from ..wire import LaunchEnvelope, canonical_json
 from .channel import Channel
 
+# For people reading a worker's record: the host never infers anything from these. It
+# knows what it told the worker (settled, stop, claimLost); a worker that ends without
+# having been told is a crash, whatever status it exits with.
+EXIT_OK = 0
+EXIT_REFUSED = 4  # the host refused one of its messages (a full disk, a stale revision)
 
 
 class HostJournal:
@@ -141,12 +146,12 @@ def main() -> int:
     channel = Channel(read_fd, write_fd, worker_epoch=envelope.workerEpoch, generation=envelope.generation)
     try:
         run(envelope, channel)
-    except ClaimLost:
-        return WORKER_EXIT_CLAIM_LOST
+    except ClaimLost:  # told so by the host: nothing more to do here
+        return EXIT_OK
     except PiwfError as exc:
         print(f"piwf worker: {exc}", file=sys.stderr)
-        return WORKER_EXIT_PROTOCOL
-    return WORKER_EXIT_OK
+        return EXIT_REFUSED
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -15,9 +15,13 @@ per packet, descriptors passed with SCM_RIGHTS:
     host → template  {"id": n, "cwd": dir, "env": {...}}  + fds [to_worker_r, from_worker_w, output_w]
     template → host  {"ready": true}                       once, at start
                      {"id": n, "pid": pid} | {"id": n, "error": text}
-                     {"exited": pid, "status": wait status}  when a child ends (it is reaped here)
+                     {"exited": pid, "returncode": n}  when a child ends (negative: its signal)
+    host → template  {"reap": pid}                          the host is done with that pid
 
-The template exits when the host's end of the socket closes.
+A child that has ended is left unreaped (a zombie) until the host says ``reap``: while
+it is, its pid and the process group it names cannot be given to another process, so
+the host may still signal that group without hitting a stranger. The template exits
+when the host's end of the socket closes (its zombies are then reaped by init).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ FD_COUNT = 3
 
 
 def serve(control: socket.socket) -> None:
+    children: dict[int, bool] = {}  # pid -> its exit was reported
     wakeup_r, wakeup_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wakeup_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so the wakeup fd hears it
@@ -53,13 +58,13 @@ def serve(control: socket.socket) -> None:
         for key, _ in selector.select():
             if key.data == "child":
                 _drain(wakeup_r)
-                _reap(control)
-            elif not _handle(control):
+                _report_exits(control, children)
+            elif not _handle(control, children):
                 return
 
 
-def _handle(control: socket.socket) -> bool:
-    """Fork one worker; False once the host has gone."""
+def _handle(control: socket.socket, children: dict[int, bool]) -> bool:
+    """Fork one worker, or reap one the host is done with; False once the host has gone."""
     fds = array.array("i")
     try:
         data, ancdata, _, _ = control.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(FD_COUNT * fds.itemsize))
@@ -71,6 +76,9 @@ def _handle(control: socket.socket) -> bool:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
     request = json.loads(data)
+    if "reap" in request:
+        _reap(request["reap"], children)
+        return True
     try:
         if len(fds) != FD_COUNT:
             raise ValueError(f"expected {FD_COUNT} descriptors, got {len(fds)}")
@@ -81,6 +89,7 @@ def _handle(control: socket.socket) -> bool:
         pid = os.fork()
         if pid == 0:
             _child(control, request, list(fds))  # never returns
+        children[pid] = False
         # The child makes itself a process group leader too; whichever runs first creates
         # the group, so it exists before the host hears the pid (and may signal it).
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -131,15 +140,26 @@ def _close_all_but(*keep: int) -> None:
                 os.close(fd)
 
 
-def _reap(control: socket.socket) -> None:
-    while True:
+def _report_exits(control: socket.socket, children: dict[int, bool]) -> None:
+    """Report children that ended, leaving them unreaped (WNOWAIT) until the host says so."""
+    for pid in [pid for pid, reported in children.items() if not reported]:
         try:
-            pid, status = os.waitpid(-1, os.WNOHANG)
+            info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
         except ChildProcessError:
-            return
-        if pid == 0:
-            return
-        _send(control, {"exited": pid, "status": status})
+            info = None
+            del children[pid]
+        if info is None:
+            continue
+        children[pid] = True
+        code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+        _send(control, {"exited": pid, "returncode": code})
+
+
+def _reap(pid: int, children: dict[int, bool]) -> None:
+    if children.get(pid):  # reported, so it has ended: this returns at once
+        del children[pid]
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
 
 
 def _drain(fd: int) -> None:

@@ -1,0 +1,95 @@
+"""Every status word piwf stores or sends, defined once.
+
+The values are the words on the wire and in the database; ``StrEnum`` members are
+``str``, so they bind as SQL parameters and encode as JSON strings unchanged.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class RunStatus(StrEnum):
+    """A run's engine status: what the workflow is doing (DESIGN.md §4)."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    WAITING = "waiting"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+
+
+class QueueStatus(StrEnum):
+    """A run's queue status: who may work on it (seed 003)."""
+
+    QUEUED = "queued"
+    STARTING = "starting"
+    RUNNING = "running"
+    PARKED = "parked"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class Hold(StrEnum):
+    """Why a parked run is not claimed again until someone acts."""
+
+    PAUSED = "paused"
+    SOURCE = "source"
+    CRASHED = "crashed"
+    EFFECT = "effect"
+
+
+class EffectStatus(StrEnum):
+    PENDING = "pending"
+    APPLYING = "applying"
+    APPLIED = "applied"
+    REJECTED = "rejected"
+    AMBIGUOUS = "ambiguous"
+
+
+class WorkerStatus(StrEnum):
+    """A worker's record: live (starting, running), then how it ended."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    EXITED = "exited"  # ended on its own after its run was settled, parked or stopped at a boundary
+    CRASHED = "crashed"  # ended while its run still needed it, whatever its exit status
+    TIMED_OUT = "timedOut"  # did not report ready within the startup timeout; killed
+    CANCELLED = "cancelled"  # stopped because its run was cancelled
+    CLAIM_LOST = "claimLost"  # the run's claim moved on: told so and ended, or stopped
+    STOPPED = "stopped"  # stopped because its host stopped (drain, or the host's scope was cancelled)
+    ORPHANED = "orphaned"  # found live by a later host, whose predecessor died without stopping it
+
+
+class StopReason(StrEnum):
+    """Why a run's cancel scope was cancelled: the ``reason`` it is cancelled with."""
+
+    CANCELLED = "cancelled"
+    CLAIM_LOST = "claimLost"
+    HOST_STOPPING = "hostStopping"
+    STARTUP_TIMEOUT = "startupTimeout"
+    PROTOCOL = "protocolError"
+
+    @classmethod
+    def of(cls, reason: str | None) -> StopReason:
+        """The reason a cancellation carries; one from outside piwf's own scopes (a parent
+        cancelling ``Host.serve``) means the host is stopping."""
+        try:
+            return cls(reason)
+        except ValueError:
+            return cls.HOST_STOPPING
+
+
+# The worker status a stop leaves, and whether it counts as a crash.
+STOPPED_AS = {
+    StopReason.CANCELLED: WorkerStatus.CANCELLED,
+    StopReason.CLAIM_LOST: WorkerStatus.CLAIM_LOST,
+    StopReason.HOST_STOPPING: WorkerStatus.STOPPED,
+    StopReason.STARTUP_TIMEOUT: WorkerStatus.TIMED_OUT,
+    StopReason.PROTOCOL: WorkerStatus.CRASHED,
+}
+CRASHES = frozenset({WorkerStatus.CRASHED, WorkerStatus.TIMED_OUT})
+LIVE_WORKER = (WorkerStatus.STARTING, WorkerStatus.RUNNING)

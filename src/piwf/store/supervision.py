@@ -1,0 +1,41 @@
+"""Store operations of the run dispatcher and supervisors: each one transaction."""
+
+from __future__ import annotations
+
+import secrets
+
+from ..status import Hold, WorkerStatus
+from . import queue, workers
+from .db import Database
+from .queue import Claim
+
+
+def claim_runs(db: Database, *, room: int, exclude: frozenset[str], runner_id: str, lease_ms: int, now: int,
+               epoch: int) -> list[tuple[Claim, str]]:
+    """Claim up to ``room`` runs, oldest first, none in ``exclude``, each with a fresh
+    token and a worker record (its worker epoch): one transaction, one commit."""
+    taken: list[tuple[Claim, str]] = []
+    skip = set(exclude)
+    with db.write():
+        while len(taken) < room:
+            claim = queue.claim_next_run(db, runner_id=runner_id, token=secrets.token_urlsafe(24),
+                                         lease_ms=lease_ms, now=now, epoch=epoch, exclude=frozenset(skip))
+            if claim is None:
+                break
+            worker_epoch = secrets.token_hex(8)
+            workers.record_start(db, worker_epoch=worker_epoch, run_id=claim.run_id, generation=claim.generation,
+                                 host_epoch=epoch, now=now)
+            taken.append((claim, worker_epoch))
+            skip.add(claim.run_id)
+    return taken
+
+
+def end_worker(db: Database, *, worker_epoch: str, run_id: str, token: str, status: WorkerStatus, now: int,
+               exit_code: int | None, signal: int | None, diagnostic: str | None, park: bool,
+               hold: Hold | None = None, detail: str | None = None) -> bool:
+    """Record how a worker ended and, with ``park``, release its run's claim (held with
+    ``detail`` when ``hold`` is given). Returns True when the run was parked."""
+    with db.write():
+        workers.finish(db, worker_epoch, run_id, status, now, exit_code=exit_code, signal=signal,
+                       diagnostic=diagnostic)
+        return park and queue.park_run(db, run_id, token, now, hold=hold, detail=detail)
