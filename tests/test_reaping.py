@@ -145,8 +145,10 @@ async def test_a_zombie_worker_has_every_write_refused(
         go.touch()
         worker.resume()
         record = await wait_for(lambda: _finished_worker(paths, run_id))
-        # Only the refusal of its write can say claimLost here (renewal is 200 s away).
+        # Only the refusal of its write can say claimLost here (renewal is 200 s away). The
+        # worker got that answer and ended on its own: no signal was needed.
         assert record["status"] == "claimLost"
+        assert (record["exitCode"], record["signal"]) == (0, None), record
         await wait_for(lambda: not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE)
         assert runs.accepted_steps(thief, run_id) == []
         assert thief.one("SELECT claim_token, generation FROM run_queue WHERE run_id = ?", (run_id,)) == (

@@ -49,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="SQLite synchronous setting (default full)")
     serve.add_argument("--worker-startup-timeout", type=_seconds, default=15.0, metavar="S",
                        help="seconds a worker has to report ready (default 15)")
+    serve.add_argument("--drain-timeout", type=_seconds, default=15.0, metavar="S",
+                       help="seconds a stop may take to stop workers and park their runs (default 15)")
     serve.add_argument("--kill-grace", type=_seconds, default=2.0, metavar="S",
                        help="seconds between SIGTERM and SIGKILL when stopping a worker (default 2)")
     serve.add_argument("--worker-start", choices=("fork", "spawn"), default="fork",
@@ -145,7 +147,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         stream=sys.stderr)
     config = HostConfig(StatePaths.resolve(args.state_dir), max_workers=args.max_workers,
                         durability=args.durability, worker_startup_s=args.worker_startup_timeout,
-                        kill_grace_s=args.kill_grace, worker_start=args.worker_start)
+                        kill_grace_s=args.kill_grace, worker_start=args.worker_start,
+                        drain_timeout_s=args.drain_timeout)
     trio.run(Host(config).serve)
     return 0
 

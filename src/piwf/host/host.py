@@ -62,7 +62,7 @@ class Host:
         # The launcher outlives the runs: stopping a forked worker needs its exit report.
         async with trio.open_nursery() as outer:
             if self.config.worker_start == "fork" and fork_available():
-                host.launcher = ForkLauncher()
+                host.launcher = ForkLauncher(lambda: host.drain_deadline)
                 await outer.start(host.launcher.serve)
             try:
                 await self._serve_runs(host, task_status)

@@ -17,6 +17,7 @@ import array
 import contextlib
 import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -182,7 +183,8 @@ def fork_available() -> bool:
 class ForkLauncher:
     """Forks workers from a template process that has piwf's worker modules imported."""
 
-    def __init__(self) -> None:
+    def __init__(self, drain_deadline: Callable[[], float] = lambda: math.inf) -> None:
+        self._drain_deadline = drain_deadline  # closing the template ends by then, too
         self._sock: trio.socket.SocketType | None = None
         self._process: trio.Process | None = None
         self._ready = trio.Event()
@@ -212,12 +214,10 @@ class ForkLauncher:
         try:
             await self._read_replies()
         finally:
-            with trio.CancelScope(shield=True, deadline=trio.current_time() + CLOSE_S):
+            deadline = min(trio.current_time() + CLOSE_S, self._drain_deadline())
+            with trio.CancelScope(shield=True, deadline=deadline):
                 await self._close()
-
-    @property
-    def template_pid(self) -> int | None:
-        return None if self._process is None else self._process.pid
+            await self._kill_template()
 
     async def _close(self) -> None:
         """Keep reading exit reports while workers are still being stopped (their
@@ -233,10 +233,15 @@ class ForkLauncher:
             log.warning("closing the fork server with %d worker(s) unreported", len(self._workers))
         self._sock.close()
         if self._process is not None:
-            with trio.move_on_after(CLOSE_S / 4):
-                await self._process.wait()
-            if self._process.returncode is None:
-                self._process.kill()
+            await self._process.wait()  # it exits when its socket closes
+
+    async def _kill_template(self) -> None:
+        """A template that did not exit in time (stopped, stuck) is killed and reaped."""
+        if self._sock is not None:
+            self._sock.close()
+        if self._process is not None and self._process.returncode is None:
+            self._process.kill()
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + CLOSE_S):
                 await self._process.wait()
 
     async def _read_replies(self) -> None:
