@@ -105,7 +105,7 @@ async def _supervise_process(host: HostState, active: ActiveRun, envelope: Launc
         workers.attach_process(host.db, envelope.workerEpoch, proc.pid, processes.identity(proc.pid) or "")
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_read_output, proc.stdout, diagnostics)
-            nursery.start_soon(_pump, host, active, receive, send, proc)
+            nursery.start_soon(_pump, host, active, receive, send)
             await proc.wait_exited()
             exited = True
             nursery.cancel_scope.cancel()
@@ -170,7 +170,7 @@ async def _receive(stream: trio.lowlevel.FdStream, deadline: float | None) -> by
 
 
 async def _pump(host: HostState, active: ActiveRun, receive: trio.lowlevel.FdStream,
-                send: trio.lowlevel.FdStream, proc: WorkerHandle) -> None:
+                send: trio.lowlevel.FdStream) -> None:
     buffer = LineBuffer(MAX_WORKER_LINE)
     startup_deadline = trio.current_time() + host.config.worker_startup_s
     while True:
@@ -197,15 +197,13 @@ async def _pump(host: HostState, active: ActiveRun, receive: trio.lowlevel.FdStr
                 return
             faults.point("host.worker.answered")
             if active.conclusion is Conclusion.CLAIM_LOST:
-                await _let_it_end(host, active, proc)
+                await _let_it_end(host, active)
                 return
 
 
-async def _let_it_end(host: HostState, active: ActiveRun, proc: WorkerHandle) -> None:
-    """A worker told its claim is lost ends on its own; one that does not, within the
-    kill grace, is stopped."""
-    with trio.move_on_after(host.config.kill_grace_s):
-        await proc.wait_exited()
-        return
+async def _let_it_end(host: HostState, active: ActiveRun) -> None:
+    """A worker told its claim is lost ends on its own (and its exit cancels this wait);
+    one still there after the kill grace is stopped."""
+    await trio.sleep(host.config.kill_grace_s)
     log.warning("run %s: worker did not end after claimLost; stopping it", active.run_id)
     active.stop(StopReason.CLAIM_LOST)
