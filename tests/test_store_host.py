@@ -9,7 +9,8 @@ from piwf.clock import ManualClock
 from piwf.errors import HostAlreadyRunning, Rejected
 from piwf.store import Database, commands, workers
 from piwf.store.hosts import acquire_lease, read_lease, release_lease, renew_lease
-from piwf.wire import HostResponse, WorkerMessage, WorkerResponse
+from piwf.wire import HostResponse
+from piwf.worker_protocol import AttemptStart, AttemptStartPayload, WorkerResponse
 
 LEASE = 30_000
 
@@ -101,13 +102,13 @@ def test_the_log_is_pruned_after_retention(db: Database) -> None:
 
 
 def test_worker_messages_are_answered_once(db: Database) -> None:
-    message = WorkerMessage("m1", "w1", 1, 1, "attempt.start", {"seq": 0})
+    message = AttemptStart("m1", "w1", 1, 1, payload=AttemptStartPayload(seq=0, node="a"))
     assert workers.read_message(db, message) is None
     with db.write():
         workers.record_message(db, message, WorkerResponse("m1", "accepted", revision=2, result={"a": 1}), 5)
     stored = workers.read_message(db, message)
     assert stored is not None and stored.result == {"a": 1} and stored.revision == 2
-    changed = WorkerMessage("m1", "w1", 1, 1, "attempt.start", {"seq": 1})
+    changed = AttemptStart("m1", "w1", 1, 1, payload=AttemptStartPayload(seq=1, node="a"))
     assert workers.read_message(db, changed).outcome == "rejected"
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from piwf.clock import ManualClock
@@ -12,7 +13,9 @@ from piwf.host.worker_messages import handle
 from piwf.paths import StatePaths
 from piwf.store import Database, queue, runs, workers
 from piwf.store.hosts import acquire_lease
-from piwf.wire import WorkerMessage
+from piwf.errors import ProtocolError
+from piwf.wire import canonical_json
+from piwf.worker_protocol import WorkerMessage, parse_worker_message
 
 from .conftest import config
 
@@ -45,13 +48,16 @@ def setup(tmp_path: Path) -> tuple[HostState, ActiveRun, ManualClock]:
 
 def message(message_id: str, operation: str, revision: int, generation: int = 1, epoch: str = "w1",
             **payload: object) -> WorkerMessage:
-    return WorkerMessage(message_id, epoch, generation, revision, operation, dict(payload))
+    """A message as the worker sends it: JSON, decoded by the host's own decoder."""
+    return parse_worker_message(canonical_json({
+        "messageId": message_id, "workerEpoch": epoch, "generation": generation, "expectedRevision": revision,
+        "operation": operation, "payload": dict(payload)}))
 
 
 def test_ready_returns_the_input_and_marks_the_run_running(setup) -> None:
     host, active, _ = setup
     response = handle(host, active, message("m1", "worker.ready", 0))
-    assert response.outcome == "accepted" and response.result == {"input": {"a": 1}, "steps": []}
+    assert response.outcome == "accepted" and msgspec.to_builtins(response.result) == {"input": {"a": 1}, "steps": []}
     assert runs.get_run(host.db, "r")["queueStatus"] == "running"
     assert active.ready.is_set()
 
@@ -62,7 +68,7 @@ def test_a_repeated_message_id_gets_the_stored_answer_and_changes_nothing(setup)
     start = message("m2", "attempt.start", ready.revision, seq=0, node="a")
     first = handle(host, active, start)
     again = handle(host, active, start)
-    assert first == again and first.outcome == "accepted"
+    assert canonical_json(first) == canonical_json(again) and first.outcome == "accepted"
     assert len(runs.get_run(host.db, "r")["steps"]) == 1
 
 
@@ -91,15 +97,14 @@ def test_an_expired_claim_refuses_every_write_and_the_worker_is_told_so(setup) -
     assert runs.get_run(host.db, "r")["status"] == "running"
 
 
-def test_bad_payloads_and_unknown_operations_are_rejected(setup) -> None:
+def test_bad_payloads_and_unknown_operations_are_protocol_errors_naming_the_field(setup) -> None:
     host, active, _ = setup
-    ready = handle(host, active, message("m1", "worker.ready", 0))
-    bad = handle(host, active, message("m2", "attempt.start", ready.revision, seq=-1, node="a"))
-    assert bad.outcome == "rejected" and "'seq'" in bad.error
-    unknown = handle(host, active, message("m3", "run.teleport", ready.revision))
-    assert unknown.outcome == "rejected" and "unknown worker operation" in unknown.error
-    hold = handle(host, active, message("m4", "run.park", ready.revision, hold="paused", reason="x"))
-    assert hold.outcome == "rejected"
+    with pytest.raises(ProtocolError, match=r"Expected `int` >= 0 - at `\$.payload.seq`"):
+        message("m2", "attempt.start", 1, seq=-1, node="a")
+    with pytest.raises(ProtocolError, match=r"Invalid value 'run.teleport' - at `\$.operation`"):
+        message("m3", "run.teleport", 1)
+    with pytest.raises(ProtocolError, match=r"at `\$.payload.hold`"):
+        message("m4", "run.park", 1, hold="paused", reason="x")
 
 
 def test_a_paused_run_is_told_to_stop_at_the_boundary(setup) -> None:
@@ -107,7 +112,7 @@ def test_a_paused_run_is_told_to_stop_at_the_boundary(setup) -> None:
     ready = handle(host, active, message("m1", "worker.ready", 0))
     runs.pause_run(host.db, "r", clock.now_ms())
     response = handle(host, active, message("m2", "attempt.start", ready.revision, seq=0, node="a"))
-    assert response.result == {"stop": "paused"}
+    assert msgspec.to_builtins(response.result) == {"stop": "paused"}
     assert runs.get_run(host.db, "r")["steps"] == []
 
 
@@ -115,7 +120,7 @@ def test_a_final_accept_completes_the_run_in_the_same_step(setup) -> None:
     host, active, _ = setup
     ready = handle(host, active, message("m1", "worker.ready", 0))
     start = handle(host, active, message("m2", "attempt.start", ready.revision, seq=0, node="a"))
-    done = handle(host, active, message("m3", "attempt.accept", start.revision, attemptId=start.result["attemptId"],
+    done = handle(host, active, message("m3", "attempt.accept", start.revision, attemptId=start.result.attemptId,
                                         output={"x": 1}, exit="next", final=True))
     assert done.outcome == "accepted" and active.conclusion is Conclusion.SETTLED
     run = runs.get_run(host.db, "r")
@@ -128,7 +133,7 @@ def test_a_worker_whose_steps_were_all_accepted_completes_with_run_complete(setu
     ready = handle(host, active, message("m1", "worker.ready", 0))
     start = handle(host, active, message("m2", "attempt.start", ready.revision, seq=0, node="a"))
     accepted = handle(host, active, message("m3", "attempt.accept", start.revision,
-                                            attemptId=start.result["attemptId"], output=1, exit="next"))
+                                            attemptId=start.result.attemptId, output=1, exit="next"))
     assert runs.get_run(host.db, "r")["status"] == "running"  # not final: the run goes on
     done = handle(host, active, message("m4", "run.complete", accepted.revision, output=1))
     assert done.outcome == "accepted" and runs.get_run(host.db, "r")["status"] == "completed"
@@ -152,9 +157,9 @@ def test_ready_starts_a_fresh_runs_first_attempt(tmp_path: Path) -> None:
         ready = handle(host, ActiveRun(claim, worker_epoch=run_id), message("m1", "worker.ready", 0, epoch=run_id))
         steps = runs.get_run(db, run_id)["steps"]
         if paused:  # a paused run starts nothing: its worker's first start is told to stop
-            assert "attempt" not in ready.result and steps == []
+            assert ready.result.attempt is None and steps == []
         else:
-            assert ready.result["attempt"]["node"] == "first" and ready.result["attempt"]["seq"] == 0
+            assert ready.result.attempt.node == "first" and ready.result.attempt.seq == 0
             assert [(s["node"], s["status"]) for s in steps] == [("first", "running")]
             assert ready.revision == runs.revision(db, run_id)
     db.close()

@@ -17,7 +17,6 @@ from .errors import ProtocolError
 T = TypeVar("T")
 
 MAX_LINE = 1024 * 1024
-MAX_WORKER_LINE = 16 * 1024 * 1024
 MAX_ID_BYTES = 256
 
 HOST_REQUEST = "piwf.host-request.v1"
@@ -49,33 +48,6 @@ class HostResponse(msgspec.Struct, omit_defaults=True):
     error: str | None = None
 
 
-class WorkerMessage(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
-    messageId: str
-    workerEpoch: str
-    generation: int
-    expectedRevision: int
-    operation: str
-    payload: dict[str, Any] = {}
-
-
-class WorkerResponse(msgspec.Struct, omit_defaults=True):
-    messageId: str
-    outcome: str
-    revision: int | None = None
-    result: Any = None
-    error: str | None = None
-
-
-class LaunchEnvelope(msgspec.Struct, forbid_unknown_fields=True):
-    runId: str
-    generation: int
-    workerEpoch: str
-    projectPath: str
-    workflow: str
-    definitionDigest: str
-    inputHash: str
-
-
 def canonical_json(value: Any) -> bytes:
     """Deterministic JSON: sorted keys, no spaces. Used for hashes and fingerprints."""
     return _encoder.encode(value)
@@ -100,12 +72,6 @@ def request_fingerprint(request: HostRequest) -> bytes:
     """Everything but ``requestId``: a retry under a new id with the same body matches."""
     body = msgspec.structs.asdict(request)
     body.pop("requestId")
-    return hashlib.sha256(canonical_json(body)).digest()
-
-
-def worker_fingerprint(message: WorkerMessage) -> bytes:
-    body = msgspec.structs.asdict(message)
-    body.pop("messageId")
     return hashlib.sha256(canonical_json(body)).digest()
 
 
@@ -157,10 +123,6 @@ def decode_as(line: bytes, kind: type[T], what: str) -> T:
         return msgspec.json.decode(line, type=kind)
     except msgspec.DecodeError as exc:
         raise ProtocolError(f"unreadable {what}: {exc}") from exc
-
-
-def parse_worker_message(line: bytes) -> WorkerMessage:
-    return decode_as(line, WorkerMessage, "worker message")
 
 
 class LineBuffer:

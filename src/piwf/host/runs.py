@@ -20,7 +20,7 @@ from ..errors import PiwfError
 from ..status import CRASHES, STOPPED_AS, Hold, StopReason, WorkerStatus
 from ..store import queue, runs, supervision
 from ..store.queue import Claim
-from ..wire import LaunchEnvelope
+from ..worker_protocol import LaunchEnvelope
 from .state import ActiveRun, Conclusion, CrashRecord, HostState, ProcessEnd, WorkerEnd, log
 from .worker_process import run_worker
 

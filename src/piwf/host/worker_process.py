@@ -20,7 +20,8 @@ from .. import faults, processes
 from ..errors import PiwfError, ProtocolError
 from ..status import StopReason
 from ..store import workers
-from ..wire import LaunchEnvelope, LineBuffer, MAX_WORKER_LINE, canonical_json, encode_line, parse_worker_message
+from ..wire import LineBuffer, canonical_json, encode_line
+from ..worker_protocol import MAX_WORKER_LINE, LaunchEnvelope, parse_worker_message
 from .launcher import Launch, WorkerHandle
 from .state import ActiveRun, Conclusion, HostState, ProcessEnd, log
 from .worker_messages import handle

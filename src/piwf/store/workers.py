@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
 
-from ..wire import WorkerMessage, WorkerResponse, canonical_json, worker_fingerprint
+from ..errors import Rejected
+from ..wire import canonical_json
+from ..worker_protocol import WorkerMessage, WorkerResponse, worker_fingerprint
 from .db import Database
-from .queue import add_event
+from .queue import add_event, fenced_revision
+from .runs import revision as run_revision
 
 ACTIVE = "status IN ('starting', 'running')"
 
@@ -80,6 +84,24 @@ def read_message(db: Database, message: WorkerMessage) -> WorkerResponse | None:
     if bytes(row[0]) != worker_fingerprint(message):
         return WorkerResponse(message.messageId, "rejected", error="messageId was reused with another body")
     return msgspec.json.decode(row[1].encode(), type=WorkerResponse)
+
+
+def answer(db: Database, message: WorkerMessage, *, run_id: str, token: str, now: int, check_revision: bool,
+           revises: bool, apply: Callable[[], Any]) -> tuple[WorkerResponse, Any]:
+    """Carry out one worker message in one transaction: fenced by the run's claim token,
+    checked against the run revision (unless ``check_revision`` is false), ``apply`` (store
+    operations only), and the answer recorded so a repeated message id gets it again.
+    Returns the answer and what ``apply`` returned. Raises ClaimLost, or Rejected and
+    the other store errors; then nothing was changed."""
+    with db.write():
+        current = fenced_revision(db, run_id, token, now)
+        if check_revision and message.expectedRevision != current:
+            raise Rejected(f"run revision conflict: expected {message.expectedRevision}, now {current}")
+        result, extra = apply()
+        response = WorkerResponse(message.messageId, "accepted",
+                                  revision=run_revision(db, run_id) if revises else current, result=result)
+        record_message(db, message, response, now)
+    return response, extra
 
 
 def record_message(db: Database, message: WorkerMessage, response: WorkerResponse, now: int) -> None:

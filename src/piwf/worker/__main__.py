@@ -19,7 +19,14 @@ from ..engine.executor import EffectRejected, Step, Stop, describe_error, execut
 from ..engine.loader import load_workflow
 from ..errors import ClaimLost, DefinitionError, NodeFailed, PiwfError, WorkflowLoadError
 from .. import processes
-from ..wire import LaunchEnvelope, canonical_json
+from ..wire import canonical_json
+from ..worker_protocol import (
+    AttemptAccept, AttemptAcceptPayload, AttemptFail, AttemptFailPayload, AttemptStart, AttemptStartPayload,
+    AttemptStartResult, EffectApply, EffectKeyPayload, EffectReserve, EffectReservePayload, EffectSettle,
+    EffectSettlePayload, EffectState, LaunchEnvelope, ProcessPayload, ProcessRegister, ProcessRegisterPayload,
+    ProcessUnregister, Ready, ReadyResult, RunComplete, RunCompletePayload, RunFail, RunFailPayload, RunPark,
+    RunParkPayload, StartedAttempt,
+)
 from .channel import Channel
 
 # For people reading a worker's record: the host never infers anything from these. It
@@ -30,54 +37,55 @@ EXIT_REFUSED = 4  # the host refused one of its messages (a full disk, a stale r
 
 
 class HostJournal:
-    def __init__(self, channel: Channel, started: dict[str, Any] | None = None) -> None:
+    def __init__(self, channel: Channel, started: StartedAttempt | None = None) -> None:
         self.channel = channel
         self.started = started  # the first attempt, started by the host with worker.ready
         self.finished = False  # the run was completed with its last node's output
 
     def start(self, seq: int, node: str) -> str:
         started, self.started = self.started, None
-        if started is not None and (started["seq"], started["node"]) == (seq, node):
-            return started["attemptId"]
-        result = self.channel.request("attempt.start", {"seq": seq, "node": node})
-        if result.get("stop"):
-            raise Stop(result["stop"])
-        return result["attemptId"]
+        if started is not None and (started.seq, started.node) == (seq, node):
+            return started.attemptId
+        result = self.channel.request(AttemptStart, AttemptStartPayload(seq=seq, node=node), AttemptStartResult)
+        if result.stop is not None:
+            raise Stop(result.stop)
+        assert result.attemptId is not None
+        return result.attemptId
 
     def accept(self, attempt_id: str, output: Any, exit_name: str, *, final: bool = False) -> None:
-        payload = {"attemptId": attempt_id, "output": output, "exit": exit_name}
-        if final:  # the last node: accepted and the run completed in one step
-            payload["final"] = True
-        self.channel.request("attempt.accept", payload)
+        # final: the last node, accepted and the run completed in one step
+        self.channel.request(AttemptAccept, AttemptAcceptPayload(attemptId=attempt_id, exit=exit_name,
+                                                                 output=output, final=final))
         self.finished = final
 
     def fail(self, attempt_id: str, error: dict[str, Any]) -> None:
-        self.channel.request("attempt.fail", {"attemptId": attempt_id, "error": error})
+        self.channel.request(AttemptFail, AttemptFailPayload(attemptId=attempt_id, error=error))
 
     def effect(self, node: str, key: str, apply: Callable[[], Any], observe: Callable[[], Any] | None) -> Any:
-        state = self.channel.request("effect.reserve", {"key": key, "node": node, "observable": observe is not None})
-        if state["state"] == "applied":
-            return state["result"]
-        if state["state"] == "rejected":
-            raise EffectRejected(key, state["error"])
-        if state["state"] == "ambiguous":
+        state = self.channel.request(EffectReserve, EffectReservePayload(key=key, node=node,
+                                                                         observable=observe is not None), EffectState)
+        if state.state == "applied":
+            return state.result
+        if state.state == "rejected":
+            raise EffectRejected(key, state.error or {})
+        if state.state == "ambiguous":
             raise Stop(f"ambiguous effect {key}")
-        if state["state"] == "observe":
+        if state.state == "observe":
             assert observe is not None
             observed = _json_result(observe(), key, "observe()")
             if observed is not None:
-                self.channel.request("effect.settle", {"key": key, "result": observed})
+                self.channel.request(EffectSettle, EffectSettlePayload(key=key, result=observed))
                 return observed
-        self.channel.request("effect.apply", {"key": key})
+        self.channel.request(EffectApply, EffectKeyPayload(key=key))
         faults.point("worker.effect.applying")
         try:
             result = _json_result(apply(), key, "apply()")
         except Exception as exc:
-            self.channel.request("effect.settle", {"key": key, "error": {"type": type(exc).__name__,
-                                                                         "message": str(exc)[:2000]}})
+            error = {"type": type(exc).__name__, "message": str(exc)[:2000]}
+            self.channel.request(EffectSettle, EffectSettlePayload(key=key, error=error))
             raise
         faults.point("worker.effect.applied")
-        self.channel.request("effect.settle", {"key": key, "result": result})
+        self.channel.request(EffectSettle, EffectSettlePayload(key=key, result=result))
         return result
 
     def process_started(self, node: str, pid: int) -> None:
@@ -86,12 +94,12 @@ class HostJournal:
         if identity is None:  # cannot happen before the gate opens: the process waits for it
             raise PiwfError(f"shell process {pid} vanished before it was registered")
         self.channel.children.add(pid)
-        self.channel.request("process.register", {"pid": pid, "identity": identity, "node": node})
+        self.channel.request(ProcessRegister, ProcessRegisterPayload(pid=pid, identity=identity, node=node))
 
     def process_ended(self, pid: int) -> None:
         if pid in self.channel.children:
             self.channel.children.discard(pid)
-            self.channel.request("process.unregister", {"pid": pid})
+            self.channel.request(ProcessUnregister, ProcessPayload(pid=pid))
 
 
 def _json_result(value: Any, key: str, where: str) -> Any:
@@ -109,33 +117,36 @@ def read_envelope() -> LaunchEnvelope:
 
 
 def run(envelope: LaunchEnvelope, channel: Channel) -> None:
-    ready = channel.request("worker.ready")
+    ready = channel.request(Ready, result=ReadyResult)
     try:
         workflow = load_workflow(envelope.projectPath, envelope.workflow)
     except (WorkflowLoadError, DefinitionError) as exc:
-        channel.request("run.park", {"hold": "source", "reason": f"workflow cannot load: {exc}"})
+        _park_for_source(channel, f"workflow cannot load: {exc}")
         return
     digest = workflow.digest()
     if digest != envelope.definitionDigest:
-        reason = (f"workflow source changed (digest {digest[:19]}, run has {envelope.definitionDigest[:19]}); "
-                  "resume to run the new source")
-        channel.request("run.park", {"hold": "source", "reason": reason})
+        _park_for_source(channel, f"workflow source changed (digest {digest[:19]}, run has "
+                                  f"{envelope.definitionDigest[:19]}); resume to run the new source")
         return
-    steps = [Step(s["seq"], s["node"], s["exit"], s["output"]) for s in ready["steps"]]
-    journal = HostJournal(channel, ready.get("attempt"))
+    steps = [Step(s.seq, s.node, s.exit, s.output) for s in ready.steps]
+    journal = HostJournal(channel, ready.attempt)
     try:
         output = execute(workflow, run_id=envelope.runId, project_path=envelope.projectPath,
-                         input=ready["input"], accepted=steps, journal=journal)
+                         input=ready.input, accepted=steps, journal=journal)
     except Stop:
         return
     except NodeFailed as exc:
-        channel.request("run.fail", {"error": exc.error})
+        channel.request(RunFail, RunFailPayload(error=exc.error))
         return
     except DefinitionError as exc:
-        channel.request("run.fail", {"error": describe_error(exc, "graph")})
+        channel.request(RunFail, RunFailPayload(error=describe_error(exc, "graph")))
         return
     if not journal.finished:  # every step was accepted before this worker: complete now
-        channel.request("run.complete", {"output": output})
+        channel.request(RunComplete, RunCompletePayload(output=output))
+
+
+def _park_for_source(channel: Channel, reason: str) -> None:
+    channel.request(RunPark, RunParkPayload(hold="source", reason=reason[:2000]))
 
 
 def main() -> int:

@@ -13,11 +13,17 @@ import os
 import select
 import signal
 import threading
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
+
+import msgspec
 
 from .. import faults
 from ..errors import ClaimLost, HostRefused
-from ..wire import MAX_WORKER_LINE, LineBuffer, WorkerMessage, WorkerResponse, decode_as, encode_line
+from ..wire import LineBuffer, encode_line
+from ..worker_protocol import MAX_WORKER_LINE, Payload, WorkerMessage, parse_worker_response
+
+
+R = TypeVar("R")
 
 
 class Channel:
@@ -60,27 +66,28 @@ class Channel:
             self._lines.extend(self._buffer.feed(chunk))
         return self._lines.pop(0)
 
-    def request(self, operation: str, payload: dict[str, Any] | None = None) -> Any:
+    def request(self, kind: type[WorkerMessage], payload: Payload | None = None, result: type[R] | None = None) -> R:
+        """Send one message of ``kind`` and wait for its answer; its result converted to
+        ``result`` when given. ClaimLost or HostRefused when the host did not accept it."""
         self._sent += 1
-        message = WorkerMessage(
-            messageId=f"m{self._sent}", workerEpoch=self.worker_epoch, generation=self.generation,
-            expectedRevision=self.revision, operation=operation, payload=payload or {},
-        )
+        fields = {} if payload is None else {"payload": payload}
+        message = kind(messageId=f"m{self._sent}", workerEpoch=self.worker_epoch, generation=self.generation,
+                       expectedRevision=self.revision, **fields)
         line = encode_line(message)
         if len(line) > MAX_WORKER_LINE:
-            raise HostRefused(f"{operation} message is {len(line)} bytes, over the {MAX_WORKER_LINE}-byte limit")
+            raise HostRefused(f"{message.operation} message is {len(line)} bytes, over the {MAX_WORKER_LINE}-byte limit")
         _write_all(self._write_fd, line)
         faults.point("worker.message.sent")
         answer = self._next_answer()
         faults.point("worker.answer.received")
-        response = decode_as(answer, WorkerResponse, "host answer")
+        response = parse_worker_response(answer)
         if response.revision is not None:
             self.revision = response.revision
         if response.outcome == "claimLost":
             raise ClaimLost(response.error or "claim lost")
         if response.outcome != "accepted":
-            raise HostRefused(f"host refused {operation}: {response.error}")
-        return response.result
+            raise HostRefused(f"host refused {message.operation}: {response.error}")
+        return response.result if result is None else msgspec.convert(response.result, result)
 
 
 def _write_all(fd: int, data: bytes) -> None:

@@ -37,7 +37,8 @@ import socket
 import sys
 from typing import Any
 
-from ..wire import LaunchEnvelope, WorkerMessage, WorkerResponse, canonical_json, decode_as, encode_line
+from ..wire import canonical_json, decode_as, encode_line
+from ..worker_protocol import LaunchEnvelope, Ready, WorkerResponse, parse_worker_response
 from . import __main__ as worker_main
 
 MAX_MESSAGE = 1 << 20  # the environment of a run fits easily
@@ -181,8 +182,8 @@ def _warm_up() -> None:
     envelope = LaunchEnvelope(runId="r", generation=1, workerEpoch="e", projectPath="/", workflow="w",
                               definitionDigest="d", inputHash="h")
     decode_as(canonical_json(envelope), LaunchEnvelope, "launch envelope")
-    decode_as(encode_line(WorkerResponse("m", "accepted", revision=1, result={})), WorkerResponse, "answer")
-    encode_line(WorkerMessage("m", "e", 1, 1, "worker.ready", {}))
+    parse_worker_response(encode_line(WorkerResponse("m", "accepted", revision=1, result={})))
+    encode_line(Ready("m", "e", 1, 0))
 
 
 def main() -> int:

@@ -1,0 +1,238 @@
+"""The host ↔ worker protocol: every message and answer a msgspec Struct.
+
+A worker message is one NDJSON line on the worker's own pipe::
+
+    {"messageId", "workerEpoch", "generation", "expectedRevision", "operation", "payload"}
+
+decoded straight into the tagged union ``WorkerMessage`` (tag: ``operation``); a line that
+does not fit it is a protocol error and ends the worker. Answers are ``WorkerResponse``,
+whose ``result`` is the operation's result Struct. This protocol is internal: host and
+worker always come from the same installation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from .errors import ProtocolError
+from .wire import canonical_json
+
+MAX_WORKER_LINE = 16 * 1024 * 1024
+
+Text = Annotated[str, msgspec.Meta(min_length=1)]
+Count = Annotated[int, msgspec.Meta(ge=0)]
+ErrorInfo = dict[str, Any]  # type, message, node, traceback, output: see engine.executor.describe_error
+
+
+class Payload(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, frozen=True):
+    pass
+
+
+class WorkerMessage(msgspec.Struct, tag_field="operation", forbid_unknown_fields=True, omit_defaults=True):
+    messageId: Text
+    workerEpoch: Text
+    generation: Count
+    expectedRevision: Count
+
+    @property
+    def operation(self) -> str:
+        return type(self).__struct_config__.tag  # type: ignore[return-value]
+
+
+# --- payloads ------------------------------------------------------------------------------
+
+
+class AttemptStartPayload(Payload):
+    seq: Count
+    node: Text
+
+
+class AttemptAcceptPayload(Payload):
+    attemptId: Text
+    exit: Text
+    output: Any = None
+    final: bool = False  # the run's last node: complete the run with this output, same transaction
+
+
+class AttemptFailPayload(Payload):
+    attemptId: Text
+    error: ErrorInfo
+
+
+class RunCompletePayload(Payload):
+    output: Any = None
+
+
+class RunFailPayload(Payload):
+    error: ErrorInfo
+
+
+class RunParkPayload(Payload):
+    hold: Literal["source"]
+    reason: Annotated[str, msgspec.Meta(min_length=1, max_length=2000)]
+
+
+class EffectReservePayload(Payload):
+    key: Text
+    node: Text
+    observable: bool
+
+
+class EffectKeyPayload(Payload):
+    key: Text
+
+
+class EffectSettlePayload(Payload):
+    key: Text
+    result: Any = None
+    error: ErrorInfo | None = None
+
+
+class ProcessRegisterPayload(Payload):
+    pid: Count
+    identity: Text
+    node: str | None = None
+
+
+class ProcessPayload(Payload):
+    pid: Count
+
+
+# --- messages ------------------------------------------------------------------------------
+
+
+class Ready(WorkerMessage, tag="worker.ready"):
+    payload: Payload = Payload()
+
+
+class AttemptStart(WorkerMessage, tag="attempt.start"):
+    payload: AttemptStartPayload
+
+
+class AttemptAccept(WorkerMessage, tag="attempt.accept"):
+    payload: AttemptAcceptPayload
+
+
+class AttemptFail(WorkerMessage, tag="attempt.fail"):
+    payload: AttemptFailPayload
+
+
+class RunComplete(WorkerMessage, tag="run.complete"):
+    payload: RunCompletePayload = RunCompletePayload()
+
+
+class RunFail(WorkerMessage, tag="run.fail"):
+    payload: RunFailPayload
+
+
+class RunPark(WorkerMessage, tag="run.park"):
+    payload: RunParkPayload
+
+
+class EffectReserve(WorkerMessage, tag="effect.reserve"):
+    payload: EffectReservePayload
+
+
+class EffectApply(WorkerMessage, tag="effect.apply"):
+    payload: EffectKeyPayload
+
+
+class EffectSettle(WorkerMessage, tag="effect.settle"):
+    payload: EffectSettlePayload
+
+
+class ProcessRegister(WorkerMessage, tag="process.register"):
+    payload: ProcessRegisterPayload
+
+
+class ProcessUnregister(WorkerMessage, tag="process.unregister"):
+    payload: ProcessPayload
+
+
+AnyWorkerMessage = (Ready | AttemptStart | AttemptAccept | AttemptFail | RunComplete | RunFail | RunPark
+                    | EffectReserve | EffectApply | EffectSettle | ProcessRegister | ProcessUnregister)
+WORKER_OPERATIONS = {cls.__struct_config__.tag: cls for cls in AnyWorkerMessage.__args__}  # type: ignore[attr-defined]
+
+
+# --- answers -------------------------------------------------------------------------------
+
+
+class Result(msgspec.Struct, omit_defaults=True):
+    """What an operation with nothing to report answers."""
+
+
+class AcceptedStep(msgspec.Struct):
+    seq: int
+    node: str
+    exit: str | None
+    output: Any
+
+
+class StartedAttempt(msgspec.Struct):
+    seq: int
+    node: str
+    attemptId: str
+
+
+class ReadyResult(Result):
+    input: Any
+    steps: list[AcceptedStep]
+    attempt: StartedAttempt | None = None  # a fresh run's first attempt, started with the answer
+
+
+class AttemptStartResult(Result):
+    attemptId: str | None = None
+    stop: Literal["paused"] | None = None  # stop at this node boundary instead
+
+
+class EffectState(Result):
+    state: Literal["new", "applied", "rejected", "observe", "ambiguous"]
+    result: Any = None
+    error: ErrorInfo | None = None
+
+
+WorkerOutcome = Literal["accepted", "rejected", "claimLost"]
+
+
+class WorkerResponse(msgspec.Struct, omit_defaults=True):
+    messageId: str
+    outcome: WorkerOutcome
+    revision: int | None = None
+    result: Any = None
+    error: str | None = None
+
+
+class LaunchEnvelope(msgspec.Struct, forbid_unknown_fields=True):
+    runId: str
+    generation: int
+    workerEpoch: str
+    projectPath: str
+    workflow: str
+    definitionDigest: str
+    inputHash: str
+
+
+_message_decoder = msgspec.json.Decoder(AnyWorkerMessage)
+_response_decoder = msgspec.json.Decoder(WorkerResponse)
+
+
+def parse_worker_message(line: bytes) -> WorkerMessage:
+    try:
+        return _message_decoder.decode(line)  # type: ignore[no-any-return]
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(f"bad worker message: {exc}") from exc
+
+
+def parse_worker_response(line: bytes) -> WorkerResponse:
+    try:
+        return _response_decoder.decode(line)
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(f"unreadable host answer: {exc}") from exc
+
+
+def worker_fingerprint(message: WorkerMessage) -> bytes:
+    """Everything but ``messageId`` (the operation included)."""
+    return hashlib.sha256(canonical_json(msgspec.structs.replace(message, messageId="-"))).digest()
