@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
 
 import msgspec
 
+from ..protocol import WorkerSummary
 from ..wire import WorkerMessage, WorkerResponse, canonical_json, worker_fingerprint
 from .db import Database
 from .queue import add_event
@@ -92,17 +92,13 @@ def record_message(db: Database, message: WorkerMessage, response: WorkerRespons
     )
 
 
-def worker_summaries(db: Database, run_id: str) -> list[dict[str, Any]]:
+def worker_summaries(db: Database, run_id: str) -> list[WorkerSummary]:
     rows = sorted(db.execute(  # sorted here: see runs._step_summaries
         """SELECT started_at, rowid, worker_epoch, generation, pid, status, exit_code, signal, diagnostic
            FROM run_workers WHERE run_id = ?""",
         (run_id,),
     ), key=lambda row: (row[0], row[1]))
-    return [
-        {"workerEpoch": w, "generation": g, "pid": p, "status": s, "exitCode": c, "signal": sig,
-         "diagnostic": d}
-        for _, _, w, g, p, s, c, sig, d in rows
-    ]
+    return [WorkerSummary(w, g, p, s, c, sig, d) for _, _, w, g, p, s, c, sig, d in rows]
 
 
 # --- processes a worker registered (shell nodes in their own process groups) ------------------
