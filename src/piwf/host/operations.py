@@ -4,6 +4,11 @@ Read-only operations are answered straight from the store. Every other operation
 inside the command log's transaction, so a retry is answered from the log instead of
 being carried out twice; what must happen after the commit (waking the dispatcher,
 cancelling a run's scope, stopping the host) is returned as ``after`` actions.
+
+Requests arrive decoded into their operation's Struct (``piwf.protocol``), so field types
+and ranges were checked by msgspec; handlers check only what depends on the world (a
+directory that exists, a run in the right state). ``READS`` and ``WRITES`` map each
+request type to its handler.
 """
 
 from __future__ import annotations
