@@ -41,7 +41,7 @@ SETTLED = ("completed", "failed", "timed_out", "cancelled", "waiting")
 
 async def handle_request(host: HostState, request: Request) -> tuple[HostResponse, After]:
     if host.stopping:
-        return HostResponse(request.requestId, Outcome.UNAVAILABLE, error="the host is stopping"), []
+        return HostResponse(request.requestId, "unavailable", error="the host is stopping"), []
     try:
         read = READS.get(type(request))
         if read is not None:
