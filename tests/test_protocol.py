@@ -70,10 +70,10 @@ async def test_unknown_workflow_is_rejected_and_queues_nothing(client: AsyncClie
 
 async def test_bad_run_start_payloads_are_rejected(client: AsyncClient, project: Path) -> None:
     cases = [
-        ({"projectPath": str(project)}, "payload.workflow"),
+        ({"projectPath": str(project)}, "missing required field `workflow` - at `$.payload`"),
         ({"workflow": "greet", "projectPath": "relative/path"}, "absolute path"),
         ({"workflow": "greet", "projectPath": str(project / "nowhere")}, "not a directory"),
-        ({**start_payload(project), "colour": "blue"}, "unknown field(s): colour"),
+        ({**start_payload(project), "colour": "blue"}, "unknown field `colour` - at `$.payload`"),
         ({**start_payload(project), "definitionDigest": "sha256:0"}, "changed"),
     ]
     for payload, message in cases:
@@ -95,7 +95,7 @@ async def test_malformed_lines_get_clear_refusals_and_the_host_keeps_serving(
             missing = json.loads(await bad.send_line(b'{"requestId": "x1", "schema": "piwf.host-request.v1"}\n'))
             assert missing["requestId"] == "x1" and "missing required field" in missing["error"]
             no_run = await bad.call("run.status")
-            assert no_run.outcome == "rejected" and "needs a runId" in no_run.error
+            assert no_run.outcome == "rejected" and "missing required field `runId`" in no_run.error
             unknown_run = await bad.call("run.status", run_id="ghost")
             assert unknown_run.outcome == "notFound"
             still = await bad.call("host.status")  # the connection survived every refusal above

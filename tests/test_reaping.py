@@ -153,7 +153,7 @@ async def test_a_zombie_worker_has_every_write_refused(
         assert runs.accepted_steps(thief, run_id) == []
         assert thief.one("SELECT claim_token, generation FROM run_queue WHERE run_id = ?", (run_id,)) == (
             "thief-token", stolen.generation)
-        assert [s["status"] for s in runs.get_run(thief, run_id)["steps"]] == ["interrupted"]
+        assert [s.status for s in runs.get_run(thief, run_id).steps] == ["interrupted"]
     finally:
         thief.close()
         host.stop_requested.set()

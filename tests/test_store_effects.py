@@ -17,7 +17,7 @@ def reserve(db: Database, clock: ManualClock, generation: int, *, key: str = "k"
 
 
 def status(db: Database, key: str = "k") -> str:
-    return {e["key"]: e["status"] for e in effects.list_effects(db, "r1")}[key]
+    return {e.key: e.status for e in effects.list_effects(db, "r1")}[key]
 
 
 def test_an_effect_is_reserved_applied_and_settled_then_returned_without_applying(
@@ -105,7 +105,7 @@ def test_resolving_the_last_ambiguous_effect_releases_the_run(db: Database, cloc
     receipt = effects.resolve(db, "r1", "a", applied=True, result={"ok": 1}, now=clock.now_ms())
     assert receipt["ambiguous"] == ["b"] and runs.hold_of(db, "r1") == "effect"
     effects.resolve(db, "r1", "b", applied=False, result=None, now=clock.now_ms())
-    assert runs.hold_of(db, "r1") is None and runs.get_run(db, "r1")["statusDetail"] is None
+    assert runs.hold_of(db, "r1") is None and runs.get_run(db, "r1").statusDetail is None
     assert (status(db, "a"), status(db, "b")) == ("applied", "pending")
     third = claim(db, clock, token="t3")
     assert third is not None

@@ -23,13 +23,13 @@ def claim(db: Database, clock: ManualClock, token: str = "t1", epoch: int = 1, *
 
 def statuses(db: Database, run_id: str = "r1") -> tuple[str, str]:
     run = runs.get_run(db, run_id)
-    return run["status"], run["queueStatus"]
+    return run.status, run.queueStatus
 
 
 def test_new_run_is_queued(db: Database, clock: ManualClock) -> None:
     new_run(db, clock)
     assert statuses(db) == ("queued", "queued")
-    assert runs.get_run(db, "r1")["input"] == {"n": 1}
+    assert runs.get_run(db, "r1").input == {"n": 1}
 
 
 def test_claim_starts_the_run_and_bumps_generation(db: Database, clock: ManualClock) -> None:
@@ -87,7 +87,7 @@ def test_park_with_hold_is_not_claimed_until_resumed(db: Database, clock: Manual
     new_run(db, clock)
     claim(db, clock)
     assert queue.park_run(db, "r1", "t1", clock.now_ms(), hold="source", detail="workflow source changed")
-    assert runs.get_run(db, "r1")["statusDetail"] == "workflow source changed"
+    assert runs.get_run(db, "r1").statusDetail == "workflow source changed"
     assert claim(db, clock, token="t2") is None
     runs.resume_run(db, "r1", clock.now_ms())
     assert claim(db, clock, token="t2") is not None
@@ -102,10 +102,10 @@ def test_complete_and_fail_need_the_live_token(db: Database, clock: ManualClock)
         queue.complete_run(db, "r1", "t2", {"x": 1}, clock.now_ms())
     queue.complete_run(db, "r1", "t1", {"x": 1}, clock.now_ms())
     assert statuses(db) == ("completed", "done")
-    assert runs.get_run(db, "r1")["output"] == {"x": 1}
+    assert runs.get_run(db, "r1").output == {"x": 1}
     queue.fail_run(db, "r2", "t2", {"type": "ValueError", "message": "bad"}, clock.now_ms())
     assert statuses(db, "r2") == ("failed", "failed")
-    assert runs.get_run(db, "r2")["error"]["message"] == "bad"
+    assert runs.get_run(db, "r2").error["message"] == "bad"
     with pytest.raises(ClaimLost):
         queue.complete_run(db, "r2", "t2", None, clock.now_ms())  # settled runs take no writes
 
@@ -189,7 +189,7 @@ def test_claim_interrupts_running_attempts_of_the_previous_generation(db: Databa
     runs.start_attempt(db, "r1", "t1", seq=0, node="a", generation=1, now=clock.now_ms())
     clock.advance(LEASE)
     claim(db, clock, token="t2")
-    assert [s["status"] for s in runs.get_run(db, "r1")["steps"]] == ["interrupted"]
+    assert [s.status for s in runs.get_run(db, "r1").steps] == ["interrupted"]
 
 
 def test_attempts_are_fenced_and_accepted_once(db: Database, clock: ManualClock) -> None:

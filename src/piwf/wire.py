@@ -1,8 +1,9 @@
 """Messages and NDJSON framing shared by host, worker and client.
 
-Requests are decoded in two steps: first as plain JSON (so a ``requestId`` can be read
-from a frame that is otherwise wrong), then converted into a typed struct, whose
-validation errors name the offending field.
+A request line decodes straight into its operation's Struct (``protocol.AnyRequest``),
+whose validation errors name the offending field. Only a refused line is decoded again,
+as plain JSON, so the refusal can carry its ``requestId`` and an unknown operation can be
+told apart from a bad field.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from .errors import ProtocolError
+from .protocol import OPERATIONS, AnyRequest, Outcome, Request
 
 T = TypeVar("T")
 
@@ -22,13 +24,16 @@ MAX_ID_BYTES = 256
 HOST_REQUEST = "piwf.host-request.v1"
 HOST_RESPONSE = "piwf.host-response.v1"
 
-OUTCOMES = ("accepted", "adopted", "rejected", "conflict", "notFound", "claimLost", "unavailable")
+OUTCOMES = tuple(outcome.value for outcome in Outcome)
 
 _encoder = msgspec.json.Encoder(order="sorted")
 _json_decoder = msgspec.json.Decoder()
 
 
 class HostRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
+    """Any request, its payload untyped: what clients build, and how the host reads a
+    request whose operation it does not know."""
+
     schema: str
     requestId: str
     clientId: str
@@ -41,7 +46,7 @@ class HostRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
 
 class HostResponse(msgspec.Struct, omit_defaults=True):
     requestId: str
-    outcome: str
+    outcome: Outcome
     schema: str = HOST_RESPONSE
     revision: int | None = None
     receipt: Any = None
@@ -68,11 +73,11 @@ def decode_json(line: bytes) -> Any:
         raise ProtocolError(f"line is not valid JSON: {exc}") from exc
 
 
-def request_fingerprint(request: HostRequest) -> bytes:
-    """Everything but ``requestId``: a retry under a new id with the same body matches."""
-    body = msgspec.structs.asdict(request)
-    body.pop("requestId")
-    return hashlib.sha256(canonical_json(body)).digest()
+def request_fingerprint(request: Request | HostRequest) -> bytes:
+    """Everything but ``requestId``: a retry under a new id with the same body matches.
+    A typed request's payload has its defaults filled in, so leaving out a field and
+    sending its default are the same body."""
+    return hashlib.sha256(canonical_json(msgspec.structs.replace(request, requestId=""))).digest()
 
 
 def check_id(value: str, field: str) -> None:
@@ -89,17 +94,17 @@ def readable_request_id(obj: Any) -> str | None:
     return None
 
 
-_request_decoder = msgspec.json.Decoder(HostRequest)
+_request_decoder = msgspec.json.Decoder(AnyRequest)
+_envelope_decoder = msgspec.json.Decoder(HostRequest)
 
 
-def read_request(line: bytes) -> HostRequest:
-    """A request line straight into its struct (the common case), or a ProtocolError. When
-    it fails, the line is decoded again as plain JSON so the error can name the request id."""
+def read_request(line: bytes) -> Request:
+    """A request line straight into its operation's Struct, or a ProtocolError (with the
+    request id when one can be read)."""
     try:
         request = _request_decoder.decode(line)
     except msgspec.DecodeError as exc:
-        obj = decode_json(line)  # not JSON at all: ProtocolError without an id
-        raise ProtocolError(f"bad request: {exc}", readable_request_id(obj)) from exc
+        raise _refusal(line, exc) from exc
     try:
         return _check_request(request)
     except ProtocolError as exc:
@@ -107,10 +112,21 @@ def read_request(line: bytes) -> HostRequest:
         raise
 
 
-def _check_request(request: HostRequest) -> HostRequest:
+def _refusal(line: bytes, exc: msgspec.DecodeError) -> ProtocolError:
+    request_id = readable_request_id(decode_json(line))  # not JSON at all: ProtocolError without an id
+    try:
+        operation = _envelope_decoder.decode(line).operation
+    except msgspec.DecodeError:
+        operation = None
+    if operation is not None and operation not in OPERATIONS:
+        return ProtocolError(f"unknown operation {operation!r}; known: {', '.join(sorted(OPERATIONS))}", request_id)
+    return ProtocolError(f"bad request: {exc}", request_id)
+
+
+def _check_request(request: Request) -> Request:
     if request.schema != HOST_REQUEST:
         raise ProtocolError(f"unknown schema {request.schema!r}; expected {HOST_REQUEST!r}")
-    for field in ("requestId", "clientId", "idempotencyKey", "operation"):
+    for field in ("requestId", "clientId", "idempotencyKey"):
         check_id(getattr(request, field), field)
     if request.runId is not None:
         check_id(request.runId, "runId")

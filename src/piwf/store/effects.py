@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import NotFound, Rejected
+from ..protocol import EffectSummary
 from ..wire import canonical_json, decode_json
 from .db import Database
 from .queue import add_event
@@ -127,7 +128,7 @@ def ambiguous_keys(db: Database, run_id: str) -> list[str]:
     return [key for (key,) in rows]
 
 
-def list_effects(db: Database, run_id: str) -> list[dict[str, Any]]:
+def list_effects(db: Database, run_id: str) -> list[EffectSummary]:
     # A run has few effects: sorting them here costs less than SQLite's sorter (see runs.py).
     rows = sorted(db.execute(
         """SELECT created_at, effect_key, status, node_id, generation, result_json, result_hash, error_json
@@ -135,9 +136,8 @@ def list_effects(db: Database, run_id: str) -> list[dict[str, Any]]:
         (run_id,),
     ))
     return [
-        {"key": key, "status": status, "node": node, "generation": generation,
-         "result": db.get_json(result_json, result_hash),
-         "error": None if error_json is None else decode_json(error_json.encode())}
+        EffectSummary(key, status, node, generation, db.get_json(result_json, result_hash),
+                      None if error_json is None else decode_json(error_json.encode()))
         for _, key, status, node, generation, result_json, result_hash, error_json in rows
     ]
 

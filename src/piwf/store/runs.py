@@ -6,10 +6,13 @@ import secrets
 from typing import Any
 
 from ..errors import Conflict, ConstraintViolation, NotFound, Rejected
+from ..protocol import RunDetail, RunEvent, RunSummary, Step
 from ..wire import canonical_json, decode_json, sha256_hex
 from .db import Database
+from .effects import list_effects
 from .queue import add_event, require_claim
 from .timefmt import iso
+from .workers import worker_summaries
 
 
 def create_run(
@@ -195,45 +198,42 @@ RUN_COLUMNS = """r.run_id, r.workflow, r.status, q.status, r.paused, r.status_de
   r.origin_session_id, r.created_at, r.updated_at, r.finished_at, q.generation, q.hold"""
 
 
-def _summary(row: tuple[Any, ...]) -> dict[str, Any]:
+def _summary_fields(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """RunSummary's fields, in its order, from a row in RUN_COLUMNS order."""
     (run_id, workflow, status, queue_status, paused, detail, rev, session, created, updated,
      finished, generation, hold) = row
-    return {
-        "runId": run_id, "workflow": workflow, "status": status, "queueStatus": queue_status,
-        "paused": bool(paused), "hold": hold, "statusDetail": detail, "revision": rev, "originSessionId": session,
-        "generation": generation, "createdAt": iso(created), "updatedAt": iso(updated),
-        "finishedAt": iso(finished),
-    }
+    return (run_id, workflow, status, queue_status, bool(paused), hold, detail, rev, session, generation,
+            iso(created), iso(updated), iso(finished))
 
 
-def list_runs(db: Database, limit: int = 50, status: str | None = None) -> list[dict[str, Any]]:
+def list_runs(db: Database, limit: int = 50, status: str | None = None) -> list[RunSummary]:
     where, params = ("WHERE r.status = ?", (status, limit)) if status else ("", (limit,))
     rows = db.execute(
         f"""SELECT {RUN_COLUMNS} FROM runs r JOIN run_queue q ON q.run_id = r.run_id {where}
             ORDER BY r.created_at DESC, r.run_id DESC LIMIT ?""",
         params,
     ).fetchall()
-    return [_summary(row) for row in rows]
+    return [RunSummary(*_summary_fields(row)) for row in rows]
 
 
-def run_summary(db: Database, run_id: str) -> dict[str, Any]:
+def run_summary(db: Database, run_id: str) -> RunSummary:
     """The status fields of one run, without its input, output or steps."""
-    return _summary(_read_one(db, run_id)[:13])
+    return RunSummary(*_summary_fields(_read_one(db, run_id)[:13]))
 
 
-def get_run(db: Database, run_id: str) -> dict[str, Any]:
-    row = _read_one(db, run_id, ", project_path, definition_digest, input_json, input_hash, output_json, "
-                                "output_hash, error_json")
-    run = _summary(row[:13])
-    project, digest, input_json, input_hash, output_json, output_hash, error_json = row[13:]
-    run.update(
-        projectPath=project, definitionDigest=digest,
-        input=db.get_json(input_json, input_hash),
-        output=db.get_json(output_json, output_hash),
-        error=None if error_json is None else decode_json(error_json.encode()),
-        steps=_step_summaries(db, run_id),
-    )
-    return run
+def get_run(db: Database, run_id: str) -> RunDetail:
+    """One run with its steps, workers and effects, read from one snapshot."""
+    with db.read():
+        row = _read_one(db, run_id, ", project_path, definition_digest, input_json, input_hash, output_json, "
+                                    "output_hash, error_json")
+        project, digest, input_json, input_hash, output_json, output_hash, error_json = row[13:]
+        return RunDetail(
+            *_summary_fields(row[:13]), projectPath=project, definitionDigest=digest,
+            input=db.get_json(input_json, input_hash),
+            output=db.get_json(output_json, output_hash),
+            error=None if error_json is None else decode_json(error_json.encode()),
+            steps=_step_summaries(db, run_id), workers=worker_summaries(db, run_id), effects=list_effects(db, run_id),
+        )
 
 
 def _read_one(db: Database, run_id: str, extra: str = "") -> tuple[Any, ...]:
@@ -248,7 +248,7 @@ def _read_one(db: Database, run_id: str, extra: str = "") -> tuple[Any, ...]:
     return (*run[:3], queue[0], *run[3:10], queue[1], queue[2], *run[10:])
 
 
-def _step_summaries(db: Database, run_id: str) -> list[dict[str, Any]]:
+def _step_summaries(db: Database, run_id: str) -> list[Step]:
     # Sorted here, not by SQLite: for one run's few rows its sorter costs more than the
     # query itself (measured 5 µs a call), and every run.status pays it.
     rows = sorted(db.execute(
@@ -257,8 +257,7 @@ def _step_summaries(db: Database, run_id: str) -> list[dict[str, Any]]:
         (run_id,),
     ), key=lambda row: (row[0], row[1]))
     return [
-        {"seq": seq, "node": node, "status": status, "generation": gen, "exit": exit_name,
-         "startedAt": iso(started), "finishedAt": iso(finished)}
+        Step(seq, node, status, gen, exit_name, iso(started), iso(finished))
         for seq, started, node, status, gen, exit_name, finished in rows
     ]
 
@@ -290,7 +289,7 @@ def input_hash(value: Any) -> str:
     return "sha256:" + sha256_hex(canonical_json(value))
 
 
-def run_events(db: Database, run_id: str, after: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
+def run_events(db: Database, run_id: str, after: int = 0, limit: int = 1000) -> list[RunEvent]:
     revision(db, run_id)  # NotFound for an unknown run
     rows = db.execute(
         """SELECT event_id, at, type, payload_json FROM run_events
@@ -298,7 +297,7 @@ def run_events(db: Database, run_id: str, after: int = 0, limit: int = 1000) -> 
         (run_id, after, limit),
     ).fetchall()
     return [
-        {"eventId": event_id, "at": iso(at), "type": kind, **decode_json(payload.encode())}
+        RunEvent(event_id, iso(at), kind, **decode_json(payload.encode()))
         for event_id, at, kind, payload in rows
     ]
 

@@ -8,11 +8,11 @@ from typing import Any
 import msgspec
 
 from ..errors import Rejected
+from ..protocol import WorkerSummary
 from ..wire import canonical_json
 from ..worker_protocol import WorkerMessage, WorkerResponse, worker_fingerprint
 from .db import Database
 from .queue import add_event, fenced_revision
-from .runs import revision as run_revision
 
 ACTIVE = "status IN ('starting', 'running')"
 
@@ -99,9 +99,13 @@ def answer(db: Database, message: WorkerMessage, *, run_id: str, token: str, now
             raise Rejected(f"run revision conflict: expected {message.expectedRevision}, now {current}")
         result, extra = apply()
         response = WorkerResponse(message.messageId, "accepted",
-                                  revision=run_revision(db, run_id) if revises else current, result=result)
+                                  revision=_revision(db, run_id) if revises else current, result=result)
         record_message(db, message, response, now)
     return response, extra
+
+
+def _revision(db: Database, run_id: str) -> int:
+    return int(db.scalar("SELECT revision FROM runs WHERE run_id = ?", (run_id,)))
 
 
 def record_message(db: Database, message: WorkerMessage, response: WorkerResponse, now: int) -> None:
@@ -114,17 +118,13 @@ def record_message(db: Database, message: WorkerMessage, response: WorkerRespons
     )
 
 
-def worker_summaries(db: Database, run_id: str) -> list[dict[str, Any]]:
+def worker_summaries(db: Database, run_id: str) -> list[WorkerSummary]:
     rows = sorted(db.execute(  # sorted here: see runs._step_summaries
         """SELECT started_at, rowid, worker_epoch, generation, pid, status, exit_code, signal, diagnostic
            FROM run_workers WHERE run_id = ?""",
         (run_id,),
     ), key=lambda row: (row[0], row[1]))
-    return [
-        {"workerEpoch": w, "generation": g, "pid": p, "status": s, "exitCode": c, "signal": sig,
-         "diagnostic": d}
-        for _, _, w, g, p, s, c, sig, d in rows
-    ]
+    return [WorkerSummary(w, g, p, s, c, sig, d) for _, _, w, g, p, s, c, sig, d in rows]
 
 
 # --- processes a worker registered (shell nodes in their own process groups) ------------------

@@ -1,0 +1,322 @@
+"""The host protocol as types: every operation's request, payload and receipt.
+
+A request line decodes straight into ``Request`` union member chosen by its
+``operation`` (the union's tag), so a bad payload is refused by msgspec with the field
+named (``Expected `str`, got `int` - at `$.payload.workflow```). Receipts are Structs the
+store builds directly; their JSON is what clients read. The reference part of
+docs/protocol.md is generated from these classes (``piwf.protocol_doc``).
+
+This module is part of the wire layer: it imports only msgspec and the standard library.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated, Any, ClassVar
+
+from msgspec import UNSET, Meta, Struct, UnsetType
+
+WAIT_LIMIT_MS = 600_000
+
+
+class Outcome(enum.StrEnum):
+    """How the host answered a request (docs/protocol.md, "Outcomes")."""
+
+    ACCEPTED = "accepted"
+    ADOPTED = "adopted"
+    REJECTED = "rejected"
+    CONFLICT = "conflict"
+    NOT_FOUND = "notFound"
+    CLAIM_LOST = "claimLost"
+    UNAVAILABLE = "unavailable"
+
+
+# --- payloads ---------------------------------------------------------------------------
+
+
+class NoPayload(Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """The payload of an operation that takes none: `{}` or absent; any field is refused."""
+
+
+class StartRunPayload(NoPayload, frozen=True):
+    workflow: Annotated[str, Meta(min_length=1, description="the workflow's name")]
+    projectPath: Annotated[str, Meta(description="absolute path of the project holding `.piwf/workflows/`")]
+    input: Annotated[Any, Meta(description="the run input, any JSON")] = {}
+    originSessionId: Annotated[str | None, Meta(description="at most one active run per session")] = None
+    definitionDigest: Annotated[str | None, Meta(description="refused unless the workflow has this digest")] = None
+
+
+class ListRunsPayload(NoPayload, frozen=True):
+    limit: Annotated[int, Meta(ge=1, le=1000, description="at most this many runs, newest first")] = 50
+    status: Annotated[str | None, Meta(description="only runs with this engine status")] = None
+
+
+class RunEventsPayload(NoPayload, frozen=True):
+    after: Annotated[int, Meta(ge=0, description="only events with a larger `eventId`")] = 0
+
+
+class WaitRunPayload(NoPayload, frozen=True):
+    timeoutMs: Annotated[int, Meta(ge=0, le=WAIT_LIMIT_MS, description="answer after this long at the latest")] = (
+        WAIT_LIMIT_MS)
+
+
+class ResolveEffectPayload(NoPayload, frozen=True):
+    key: Annotated[str, Meta(min_length=1, description="the effect's key")]
+    applied: Annotated[bool, Meta(description="whether the effect was applied")]
+    result: Annotated[Any, Meta(description="its result (JSON), only with `applied: true`")] = None
+
+
+# --- receipts: what an accepted request answers -----------------------------------------
+
+
+class HostStatus(Struct):
+    state: Annotated[str, Meta(description="`running` or `stale` (`stopped`, `uninitialized` offline)")]
+    epoch: int
+    hostId: str | None
+    pid: int | None
+    startedAt: int | None
+    heartbeatAt: int | None
+    expiresAt: int | None
+    live: bool
+    stateDir: str
+    socketAvailable: bool
+    activeWorkers: int
+    maxWorkers: int
+    durability: str
+    connectedClients: int
+    queuedRuns: int
+    runningRuns: int
+    parkedRuns: int
+    waitingRuns: int
+    pausedRuns: int
+    completedRuns: int
+    failedRuns: int
+    cancelledRuns: int
+    expiredClaims: int
+    lifecycleContradictions: Annotated[int, Meta(description="0 unless the database was edited by hand")]
+
+
+class StopReceipt(Struct):
+    stopping: bool
+
+
+class StartReceipt(Struct):
+    runId: str
+    workflow: str
+    status: str
+    definitionDigest: str
+
+
+class RunSummary(Struct):
+    runId: str
+    workflow: str
+    status: Annotated[str, Meta(description="engine status: queued, running, waiting, completed, failed, "
+                                            "timed_out, cancelled")]
+    queueStatus: Annotated[str, Meta(description="queued, starting, running, parked, done, failed, cancelled")]
+    paused: bool
+    hold: Annotated[str | None, Meta(description="why the run is not claimed: paused, source, effect, crashes")]
+    statusDetail: str | None
+    revision: int
+    originSessionId: str | None
+    generation: int
+    createdAt: str
+    updatedAt: str
+    finishedAt: str | None
+
+
+class Step(Struct):
+    seq: int
+    node: str
+    status: Annotated[str, Meta(description="running, accepted, failed, interrupted")]
+    generation: int
+    exit: str | None
+    startedAt: str
+    finishedAt: str | None
+
+
+class WorkerSummary(Struct):
+    workerEpoch: str
+    generation: int
+    pid: int | None
+    status: str
+    exitCode: int | None
+    signal: int | None
+    diagnostic: Annotated[str | None, Meta(description="the last 64 KiB the worker printed")]
+
+
+class EffectSummary(Struct):
+    key: str
+    status: Annotated[str, Meta(description="pending, applying, applied, rejected, ambiguous")]
+    node: str
+    generation: int
+    result: Any
+    error: dict[str, Any] | None
+
+
+class RunDetail(RunSummary):
+    projectPath: str
+    definitionDigest: str
+    input: Any
+    output: Any
+    error: Annotated[dict[str, Any] | None, Meta(description="`type`, `message`, `node`, `traceback`")]
+    steps: Annotated[list[Step], Meta(description="every node attempt, in order")]
+    workers: list[WorkerSummary]
+    effects: list[EffectSummary]
+
+
+class WaitReceipt(RunDetail):
+    atRest: Annotated[bool, Meta(description="false when the timeout passed first")]
+
+
+class RunEvent(Struct):
+    """One entry of a run's trace: `eventId`, `at`, `type`, then only the fields its type
+    carries (`created`: `workflow`; `attempt.started`: `node`, `seq`, `attemptId`; ...).
+
+    A stored event with a field not declared here cannot be read back: give a new event
+    field its place here (tests/test_protocol_types.py checks every ``add_event`` call)."""
+
+    eventId: int
+    at: str
+    type: str
+    workflow: str | UnsetType = UNSET
+    node: str | UnsetType = UNSET
+    seq: int | UnsetType = UNSET
+    attemptId: str | UnsetType = UNSET
+    exit: str | UnsetType | None = UNSET
+    error: str | UnsetType | None = UNSET
+    generation: int | UnsetType = UNSET
+    epoch: int | UnsetType = UNSET
+    reason: str | UnsetType = UNSET
+    key: str | UnsetType = UNSET
+    applied: bool | UnsetType = UNSET
+    workerEpoch: str | UnsetType = UNSET
+    outcome: str | UnsetType = UNSET
+    exitCode: int | UnsetType | None = UNSET
+    signal: int | UnsetType | None = UNSET
+
+
+class CancelReceipt(Struct):
+    runId: str
+    status: str
+
+
+class HoldReceipt(Struct):
+    runId: str
+    paused: bool
+    queueStatus: Annotated[str, Meta(description="the queue status when the request was made")]
+
+
+class ResolveReceipt(Struct):
+    runId: str
+    key: str
+    status: Annotated[str, Meta(description="`applied` or `pending`")]
+    ambiguous: Annotated[list[str], Meta(description="the run's keys still ambiguous")]
+
+
+# --- requests ---------------------------------------------------------------------------
+
+
+class Request(Struct, tag_field="operation", forbid_unknown_fields=True, omit_defaults=True, kw_only=True):
+    """The envelope every request shares; ``operation`` is the tag naming the subclass."""
+
+    schema: Annotated[str, Meta(description="`piwf.host-request.v1`")]
+    requestId: Annotated[str, Meta(description="non-empty, at most 256 bytes; answered under this id")]
+    clientId: Annotated[str, Meta(description="non-empty, at most 256 bytes")]
+    idempotencyKey: Annotated[str, Meta(description="non-empty, at most 256 bytes; a retry reuses it")]
+    runId: str | None = None
+    expectedRevision: Annotated[int | None, Meta(description="refused as a `conflict` when stale")] = None
+    payload: NoPayload = NoPayload()
+
+    is_read: ClassVar[bool] = False  # answered from the store, never logged
+    receipt_type: ClassVar[Any] = None
+
+    @property
+    def operation(self) -> str:
+        return self.__struct_config__.tag  # type: ignore[return-value]
+
+
+class RunRequest(Request, kw_only=True):
+    runId: Annotated[str, Meta(description="the run")]
+
+
+class GetHostStatus(Request, tag="host.status"):
+    """The host's lease, limits and run counts."""
+
+    is_read = True
+    receipt_type = HostStatus
+
+
+class StopHost(Request, tag="host.stop"):
+    """Drain and exit after replying."""
+
+    receipt_type = StopReceipt
+
+
+class StartRun(Request, tag="run.start"):
+    """Queue a new run; the request's `runId` is the id to use (made by the host when absent)."""
+
+    payload: StartRunPayload
+    receipt_type = StartReceipt
+
+
+class ListRuns(Request, tag="run.list"):
+    """Run summaries, newest first."""
+
+    payload: ListRunsPayload = ListRunsPayload()
+    is_read = True
+    receipt_type = list[RunSummary]
+
+
+class GetRun(RunRequest, tag="run.status"):
+    """One run with its steps, workers and effects."""
+
+    is_read = True
+    receipt_type = RunDetail
+
+
+class GetRunEvents(RunRequest, tag="run.events"):
+    """A run's trace, oldest first."""
+
+    payload: RunEventsPayload = RunEventsPayload()
+    is_read = True
+    receipt_type = list[RunEvent]
+
+
+class WaitRun(RunRequest, tag="run.wait"):
+    """Answer once the run is at rest (ended, waiting, or held and not running) or on timeout."""
+
+    payload: WaitRunPayload = WaitRunPayload()
+    is_read = True
+    receipt_type = WaitReceipt
+
+
+class CancelRun(RunRequest, tag="run.cancel"):
+    """End a queued, parked or running run as cancelled."""
+
+    receipt_type = CancelReceipt
+
+
+class PauseRun(RunRequest, tag="run.pause"):
+    """Hold the run; a running worker stops at the next node boundary."""
+
+    receipt_type = HoldReceipt
+
+
+class ResumeRun(RunRequest, tag="run.resume"):
+    """Release a held run and wake the dispatcher."""
+
+    receipt_type = HoldReceipt
+
+
+class ResolveEffect(RunRequest, tag="effect.resolve"):
+    """Say whether an ambiguous effect was applied."""
+
+    payload: ResolveEffectPayload
+    receipt_type = ResolveReceipt
+
+
+AnyRequest = (GetHostStatus | StopHost | StartRun | ListRuns | GetRun | GetRunEvents | WaitRun | CancelRun
+              | PauseRun | ResumeRun | ResolveEffect)
+REQUEST_TYPES: tuple[type[Request], ...] = AnyRequest.__args__
+OPERATIONS: dict[str, type[Request]] = {kind.__struct_config__.tag: kind for kind in REQUEST_TYPES}  # type: ignore[misc]
+
