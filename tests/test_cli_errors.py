@@ -109,6 +109,18 @@ async def test_the_frozen_host_serves_again_once_continued(frozen: HostProcess, 
     assert status["state"] == "running"
 
 
+async def test_status_says_stale_while_the_lease_of_a_host_that_just_died_runs(
+    host_process: Callable[..., HostProcess], paths: StatePaths
+) -> None:
+    host = await host_process().start()
+    host.signal(signal.SIGKILL)
+    await host.wait()
+    done = await cli(paths, "status", "--json")
+    status = json.loads(done.stdout)
+    assert (done.returncode, status["state"], status["live"]) == (0, "stale", True)
+    assert status["detail"].startswith(f"the host (pid {host.proc.pid}) is gone; its lease expires in ")
+
+
 async def test_a_workflow_whose_import_hangs_times_out_run_start_in_one_line(
     host_process: Callable[..., HostProcess], paths: StatePaths, project: Path
 ) -> None:

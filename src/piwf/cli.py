@@ -213,11 +213,16 @@ def offline_status(paths: StatePaths, waited_s: float | None = None) -> dict[str
     process that is still running: frozen, hung, or starting) or its lease has not yet
     expired (it has just died), yet it did not answer. ``stopped``: neither.
     """
-    holder = _live_holder(paths)
-    if not paths.db.exists():
-        state = "stale" if holder else "uninitialized"
-        return {"state": state, "stateDir": str(paths.root), "socketAvailable": False,
-                **_stale_detail(holder, None, waited_s)}
+    status: dict[str, Any] = {"state": "uninitialized", "stateDir": str(paths.root), "socketAvailable": False}
+    if paths.db.exists():
+        status.update(_stored_status(paths))
+    if (holder := _live_holder(paths)) is not None:
+        waited = f" within {waited_s:g} s" if waited_s is not None else " on its socket"
+        status.update(state="stale", detail=f"the host (pid {holder}) does not answer{waited}")
+    return status
+
+
+def _stored_status(paths: StatePaths) -> dict[str, Any]:
     from .clock import WallClock
     from .store import Database, runs
     from .store.hosts import read_lease
@@ -226,13 +231,13 @@ def offline_status(paths: StatePaths, waited_s: float | None = None) -> dict[str
     try:
         now = WallClock().now_ms()
         lease = read_lease(db)
-        stale = holder is not None or lease.live(now)
-        return {"state": "stale" if stale else "stopped", **lease.as_json(now),
-                "stateDir": str(paths.root), "socketAvailable": False, "activeWorkers": 0,
-                **runs.status_counts(db, now),
-                **(_stale_detail(holder, lease.pid, waited_s, (lease.expires_at or now) - now) if stale else {})}
+        status = {"state": "stopped", **lease.as_json(now), "activeWorkers": 0, **runs.status_counts(db, now)}
     finally:
         db.close()
+    if lease.live(now):
+        status.update(state="stale", detail=f"the host (pid {lease.pid}) is gone; its lease expires in "
+                      f"{((lease.expires_at or now) - now) / 1000:.0f} s, or at once when a new `piwf serve` starts")
+    return status
 
 
 def _live_holder(paths: StatePaths) -> int | None:
@@ -243,17 +248,6 @@ def _live_holder(paths: StatePaths) -> int | None:
     if not record or not isinstance(record.get("pid"), int):
         return None
     return record["pid"] if alive(record["pid"], str(record.get("identity"))) else None
-
-
-def _stale_detail(holder: int | None, lease_pid: int | None, waited_s: float | None,
-                  lease_left_ms: int = 0) -> dict[str, str]:
-    if holder is None and lease_pid is None:
-        return {}
-    if holder is None:
-        return {"detail": f"the host (pid {lease_pid}) is gone; its lease expires in {lease_left_ms / 1000:.0f} s, "
-                          "or at once when a new `piwf serve` starts"}
-    waited = f" within {waited_s:g} s" if waited_s is not None else " on its socket"
-    return {"detail": f"the host (pid {holder}) does not answer{waited}"}
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
