@@ -69,6 +69,8 @@ class Client:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+        self._buffer = LineBuffer(MAX_LINE * 16)  # a reply cut short must not prefix the next one
+        self._lines = []
 
     def send_line(self, line: bytes) -> bytes:
         """Send raw bytes (one line) and return the raw response line."""
