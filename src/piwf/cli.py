@@ -1,45 +1,79 @@
 """``piwf``: argument parsing and printing; talks to the host through ``client``.
 
 Heavy modules (trio, the host, the engine) are imported only by the commands that use
-them, so ``piwf status`` stays quick.
+them, so ``piwf status`` stays quick. Every failure is one line on stderr (``piwf: ...``)
+and an exit code from ``errors.ExitCode``; with ``--json`` also one JSON document on stdout,
+``{"outcome", "error", "exitCode"}``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from .client import Client
+from .errors import (ExitCode, HostReplied, HostTimeout, HostUnavailable, InternalError, PiwfError,
+                     UsageError)
 from .host.lock import read_record
-from .errors import HostUnavailable, PiwfError
 from .paths import StatePaths
 from .wire import HostResponse
 
 FAILED = ("failed", "timed_out", "cancelled")
-
-
-class CommandFailed(PiwfError):
-    pass
+DEFAULT_TIMEOUT_S = 30.0  # how long the host has to answer one request (--timeout, $PIWF_TIMEOUT)
+WAIT_S = 600  # one run.wait request's own limit (the host's maximum)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    as_json = "--json" in argv  # until the arguments are parsed: a usage error has no args
     try:
+        args = build_parser().parse_args(argv)
+        as_json = args.json
         return args.handler(args) or 0
     except PiwfError as exc:
-        print(f"piwf: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return fail(exc, as_json)
     except KeyboardInterrupt:
         return 130
+    except OSError as exc:  # a file or socket piwf did not expect to be refused
+        return fail(PiwfError(str(exc)), as_json)
+    except Exception as exc:  # a bug: one line all the same, and an exit code of its own
+        return fail(InternalError(f"internal error: {type(exc).__name__}: {exc}"), as_json)
+
+
+def fail(exc: PiwfError, as_json: bool) -> int:
+    """Report ``exc``: one line on stderr and, with ``--json``, one document on stdout."""
+    print(f"piwf: {exc}", file=sys.stderr)
+    if as_json:
+        if isinstance(exc, HostReplied):
+            outcome, error = exc.outcome, " ".join((exc.error or "").split())
+        else:
+            outcome, error = _exit_outcome(exc.exit_code), str(exc)
+        _emit({"outcome": outcome, "error": error, "exitCode": int(exc.exit_code)})
+    return int(exc.exit_code)
+
+
+def _exit_outcome(code: int) -> str:
+    try:
+        return ExitCode(code).outcome
+    except ValueError:
+        return "error"
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with its errors one line long and reported like every other failure."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="piwf", description="A durable workflow host for one machine.")
+    parser = Parser(prog="piwf", description="A durable workflow host for one machine.")
     _add_common(parser, defaults=True)
-    common = argparse.ArgumentParser(add_help=False)
+    common = Parser(add_help=False)
     _add_common(common, defaults=False)  # on subcommands too, without overriding the top level
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -107,6 +141,9 @@ def _add_common(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
     parser.add_argument("--state-dir", metavar="DIR", help="state directory (default: $PIWF_STATE_DIR, "
                         "$XDG_STATE_HOME/piwf or ~/.local/state/piwf)", **extra)
     parser.add_argument("--json", action="store_true", help="print one JSON document and nothing else", **extra)
+    parser.add_argument("--timeout", type=_seconds, metavar="S", help="seconds the host (or, for `workflows list`, "
+                        f"each workflow's import) has to answer (default: $PIWF_TIMEOUT or {DEFAULT_TIMEOUT_S:g})",
+                        **extra)
 
 
 def _seconds(text: str) -> float:
@@ -149,25 +186,46 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         durability=args.durability, worker_startup_s=args.worker_startup_timeout,
                         kill_grace_s=args.kill_grace, worker_start=args.worker_start,
                         drain_timeout_s=args.drain_timeout)
-    trio.run(Host(config).serve)
+    try:
+        trio.run(Host(config).serve)
+    except PiwfError:
+        raise
+    except Exception as exc:  # the traceback goes to the log; the last line stays one line
+        logging.getLogger("piwf").exception("the host stopped on an unexpected error")
+        raise InternalError(f"internal error: {type(exc).__name__}: {exc}") from exc
     return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    paths = StatePaths.resolve(args.state_dir)
+    paths = _paths(args)
     try:
-        with Client(paths) as client:
+        with _client(args) as client:
             receipt = _ok(client.call("host.status"))
+    except HostTimeout:
+        receipt = offline_status(paths, waited_s=_timeout(args))
     except HostUnavailable:
         receipt = offline_status(paths)
     _print(args, receipt, _format_status)
     return 0
 
 
-def offline_status(paths: StatePaths) -> dict[str, Any]:
-    """What the state directory says when no host answers."""
-    if not paths.db.exists():
-        return {"state": "uninitialized", "stateDir": str(paths.root), "socketAvailable": False}
+def offline_status(paths: StatePaths, waited_s: float | None = None) -> dict[str, Any]:
+    """What the state directory says when no host answers (read-only; nothing is written).
+
+    ``stale``: a host process still holds the state directory (its lock record names a
+    process that is still running: frozen, hung, or starting) or its lease has not yet
+    expired (it has just died), yet it did not answer. ``stopped``: neither.
+    """
+    status: dict[str, Any] = {"state": "uninitialized", "stateDir": str(paths.root), "socketAvailable": False}
+    if paths.db.exists():
+        status.update(_stored_status(paths))
+    if (holder := _live_holder(paths)) is not None:
+        waited = f" within {waited_s:g} s" if waited_s is not None else " on its socket"
+        status.update(state="stale", detail=f"the host (pid {holder}) does not answer{waited}")
+    return status
+
+
+def _stored_status(paths: StatePaths) -> dict[str, Any]:
     from .clock import WallClock
     from .store import Database, runs
     from .store.hosts import read_lease
@@ -176,20 +234,34 @@ def offline_status(paths: StatePaths) -> dict[str, Any]:
     try:
         now = WallClock().now_ms()
         lease = read_lease(db)
-        return {"state": "stale" if lease.live(now) else "stopped", **lease.as_json(now),
-                "stateDir": str(paths.root), "socketAvailable": False, "activeWorkers": 0,
-                **runs.status_counts(db, now)}
+        status = {"state": "stopped", **lease.as_json(now), "activeWorkers": 0, **runs.status_counts(db, now)}
     finally:
         db.close()
+    if lease.live(now):
+        status.update(state="stale", detail=f"the host (pid {lease.pid}) is gone; its lease expires in "
+                      f"{((lease.expires_at or now) - now) / 1000:.0f} s, or at once when a new `piwf serve` starts")
+    return status
+
+
+def _live_holder(paths: StatePaths) -> int | None:
+    """The pid of the host process holding the state directory, if that process still runs."""
+    from .processes import alive
+
+    record = read_record(paths)
+    if not record or not isinstance(record.get("pid"), int):
+        return None
+    return record["pid"] if alive(record["pid"], str(record.get("identity"))) else None
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    paths = StatePaths.resolve(args.state_dir)
+    paths = _paths(args)
     try:
-        with Client(paths) as client:
+        with _client(args) as client:
             holder = read_record(paths)
             _ok(client.call("host.stop"))
         stopped = True
+    except HostTimeout:
+        raise  # a host is there, but it did not answer: it was not asked to stop
     except HostUnavailable:
         stopped = False
     if stopped and holder:
@@ -207,38 +279,45 @@ def _wait_for_exit(pid: int, identity: str, timeout_s: float = 60.0) -> None:
     deadline = time.monotonic() + timeout_s
     while alive(pid, identity):
         if time.monotonic() > deadline:
-            raise CommandFailed(f"the host (pid {pid}) is still draining after {timeout_s:.0f} s")
+            raise HostTimeout(f"the host (pid {pid}) is still draining after {timeout_s:.0f} s")
         time.sleep(0.02)
 
 
 def cmd_workflows_list(args: argparse.Namespace) -> int:
-    from .engine.loader import load_workflow, workflow_names
+    """Each workflow is loaded in a child process of its own, with a time limit."""
+    from .engine.inspect import inspect_all
+    from .engine.loader import WORKFLOW_DIR, workflow_names
 
     project = Path(args.project).absolute()
-    rows = []
-    for name in workflow_names(project):
-        try:
-            workflow = load_workflow(project, name)
-            rows.append({"name": name, "nodes": len(workflow.nodes), "startAt": workflow.start_at,
-                         "digest": workflow.digest(), "error": None})
-        except PiwfError as exc:
-            rows.append({"name": name, "error": str(exc)})
+    names = workflow_names(project)
+    rows = [_workflow_row(name, result) for name, result in zip(names, inspect_all(project, names, _timeout(args)))]
     _print(args, rows, lambda rs: "\n".join(
         f"{r['name']:20} " + (f"ERROR {r['error']}" if r["error"] else f"{r['nodes']} nodes, starts at {r['startAt']}")
-        for r in rs) or f"no workflows in {project / '.piwf' / 'workflows'}")
+        for r in rs) or f"no workflows in {project / WORKFLOW_DIR}")
+    failed = [r["name"] for r in rows if r["error"]]
+    if failed:
+        print(f"piwf: {len(failed)} of {len(rows)} workflows did not load: {', '.join(failed)}", file=sys.stderr)
+        return ExitCode.WORKFLOW_INVALID
     return 0
+
+
+def _workflow_row(name: str, result: dict[str, Any]) -> dict[str, Any]:
+    if "error" in result:
+        return {"name": name, "error": " ".join(str(result["error"]).split())}
+    return {"name": name, "nodes": len(result["nodes"]), "startAt": result["startAt"], "digest": result["digest"],
+            "error": None}
 
 
 def cmd_run_start(args: argparse.Namespace) -> int:
     try:
         run_input = json.loads(args.input)
     except ValueError as exc:
-        raise CommandFailed(f"--input is not valid JSON: {exc}") from None
+        raise UsageError(f"--input is not valid JSON: {exc}") from None
     payload: dict[str, Any] = {"workflow": args.name, "projectPath": str(Path(args.project).absolute()),
                                "input": run_input}
     if args.session:
         payload["originSessionId"] = args.session
-    with Client(_paths(args)) as client:
+    with _client(args) as client:
         receipt = _ok(client.call("run.start", run_id=args.run_id, payload=payload))
         run_id = receipt["runId"]
         if not args.wait:
@@ -246,15 +325,16 @@ def cmd_run_start(args: argparse.Namespace) -> int:
             return 0
         run = wait_for_run(client, run_id)
     _print(args, run, _format_run)
-    return 1 if run["status"] in FAILED else 0
+    return ExitCode.ERROR if run["status"] in FAILED else 0
 
 
 def wait_for_run(client: Client, run_id: str) -> dict[str, Any]:
-    client.timeout = None
+    """Wait until the run is at rest; each run.wait may take its own limit plus the timeout."""
+    client.timeout = WAIT_S + (client.timeout or 0)
     if client._sock is not None:
-        client._sock.settimeout(None)
+        client._sock.settimeout(client.timeout)
     while True:
-        run = _ok(client.call("run.wait", run_id=run_id, payload={"timeoutMs": 600_000}))
+        run = _ok(client.call("run.wait", run_id=run_id, payload={"timeoutMs": WAIT_S * 1000}))
         if run.pop("atRest"):
             return run
 
@@ -263,7 +343,7 @@ def cmd_run_list(args: argparse.Namespace) -> int:
     payload: dict[str, Any] = {"limit": args.limit}
     if args.status:
         payload["status"] = args.status
-    with Client(_paths(args)) as client:
+    with _client(args) as client:
         rows = _ok(client.call("run.list", payload=payload))
     _print(args, rows, lambda rs: "\n".join(
         f"{r['runId']:22} {r['workflow']:16} {r['status']:10} {r['queueStatus']:9} "
@@ -272,14 +352,14 @@ def cmd_run_list(args: argparse.Namespace) -> int:
 
 
 def cmd_run_show(args: argparse.Namespace) -> int:
-    with Client(_paths(args)) as client:
+    with _client(args) as client:
         run = _ok(client.call("run.status", run_id=args.run_id))
     _print(args, run, _format_run)
     return 0
 
 
 def cmd_run_events(args: argparse.Namespace) -> int:
-    with Client(_paths(args)) as client:
+    with _client(args) as client:
         events = _ok(client.call("run.events", run_id=args.run_id))
     _print(args, events, lambda es: "\n".join(
         f"{e['at']} {e['type']:18} " + " ".join(f"{k}={v}" for k, v in e.items() if k not in ("eventId", "at", "type"))
@@ -289,13 +369,13 @@ def cmd_run_events(args: argparse.Namespace) -> int:
 
 def cmd_run_resolve_effect(args: argparse.Namespace) -> int:
     if args.result is not None and not args.applied:
-        raise CommandFailed("--result goes with --applied")
+        raise UsageError("--result goes with --applied")
     try:
         result = None if args.result is None else json.loads(args.result)
     except ValueError as exc:
-        raise CommandFailed(f"--result is not valid JSON: {exc}") from None
+        raise UsageError(f"--result is not valid JSON: {exc}") from None
     payload = {"key": args.key, "applied": bool(args.applied), "result": result}
-    with Client(_paths(args)) as client:
+    with _client(args) as client:
         receipt = _ok(client.call("effect.resolve", run_id=args.run_id, payload=payload))
     _print(args, receipt, lambda r: f"{args.run_id}: effect {args.key} resolved as {r['status']}"
            + (f"; still ambiguous: {', '.join(r['ambiguous'])}" if r["ambiguous"] else ""))
@@ -304,7 +384,7 @@ def cmd_run_resolve_effect(args: argparse.Namespace) -> int:
 
 def cmd_run_control(args: argparse.Namespace) -> int:
     operation = f"run.{args.sub}"
-    with Client(_paths(args)) as client:
+    with _client(args) as client:
         receipt = _ok(client.call(operation, run_id=args.run_id))
     _print(args, receipt, lambda r: f"{args.run_id}: {args.sub} accepted")
     return 0
@@ -317,24 +397,45 @@ def _paths(args: argparse.Namespace) -> StatePaths:
     return StatePaths.resolve(args.state_dir)
 
 
+def _client(args: argparse.Namespace) -> Client:
+    return Client(_paths(args), timeout=_timeout(args))
+
+
+def _timeout(args: argparse.Namespace) -> float:
+    if args.timeout is not None:
+        return float(args.timeout)
+    if not (text := os.environ.get("PIWF_TIMEOUT")):
+        return DEFAULT_TIMEOUT_S
+    try:
+        return _seconds(text)
+    except argparse.ArgumentTypeError as exc:
+        raise UsageError(f"PIWF_TIMEOUT: {exc}") from None
+
+
 def _ok(response: HostResponse) -> Any:
     if response.outcome not in ("accepted", "adopted"):
-        raise CommandFailed(f"{response.outcome}: {response.error}")
+        raise HostReplied(response.outcome, response.error)
     return response.receipt
 
 
 def _print(args: argparse.Namespace, value: Any, human: Any) -> None:
     if args.json:
-        sys.stdout.write(json.dumps(value, indent=2, sort_keys=True) + "\n")
+        _emit(value)
     else:
         text = human(value)
         if text:
             print(text)
 
 
+def _emit(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, indent=2, sort_keys=True) + "\n")
+
+
 def _format_status(s: dict[str, Any]) -> str:
     lines = [f"host:      {s['state']}" + (f" (pid {s['pid']}, epoch {s['epoch']})" if s.get("pid") else ""),
              f"state dir: {s['stateDir']}"]
+    if s.get("detail"):
+        lines.append(f"detail:    {s['detail']}")
     if "queuedRuns" in s:
         lines.append(f"runs:      {s['queuedRuns']} queued, {s['runningRuns']} running, {s['parkedRuns']} parked, "
                      f"{s['completedRuns']} completed, {s['failedRuns']} failed, {s['cancelledRuns']} cancelled")

@@ -11,7 +11,7 @@ import socket
 import uuid
 from typing import Any
 
-from .errors import HostUnavailable
+from .errors import HostTimeout, HostUnavailable
 from .paths import StatePaths
 from .wire import HOST_REQUEST, MAX_LINE, HostRequest, HostResponse, LineBuffer, decode_as, encode_line
 
@@ -54,6 +54,9 @@ class Client:
         sock.settimeout(self.timeout)
         try:
             sock.connect(str(self.paths.socket))
+        except TimeoutError as exc:  # the listen backlog is full: nobody is accepting
+            sock.close()
+            raise self._timed_out("accept the connection") from exc
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             sock.close()
             raise HostUnavailable(f"no piwf host is serving {self.paths.root} (start one with `piwf serve`)") from exc
@@ -66,6 +69,8 @@ class Client:
         if self._sock is not None:
             self._sock.close()
             self._sock = None
+        self._buffer = LineBuffer(MAX_LINE * 16)  # a reply cut short must not prefix the next one
+        self._lines = []
 
     def send_line(self, line: bytes) -> bytes:
         """Send raw bytes (one line) and return the raw response line."""
@@ -73,6 +78,9 @@ class Client:
         assert self._sock is not None
         try:
             self._sock.sendall(line)
+        except TimeoutError as exc:
+            self.close()
+            raise self._timed_out("read the request") from exc
         except OSError as exc:  # the host went away mid-request: whether it committed is unknown
             self.close()
             raise HostUnavailable(f"lost the connection to the host: {exc}; retry with the same requestId") from exc
@@ -83,8 +91,9 @@ class Client:
         while not self._lines:
             try:
                 chunk = self._sock.recv(65536)
-            except TimeoutError:
-                raise
+            except TimeoutError as exc:  # closed: a late reply must not answer the next request
+                self.close()
+                raise self._timed_out("answer") from exc
             except OSError as exc:
                 self.close()
                 raise HostUnavailable(f"lost the connection to the host: {exc}") from exc
@@ -99,6 +108,10 @@ class Client:
 
     def call(self, operation: str, **kwargs: Any) -> HostResponse:
         return self.send(make_request(operation, client_id=self.client_id, **kwargs))
+
+    def _timed_out(self, what: str) -> HostTimeout:
+        return HostTimeout(f"the piwf host serving {self.paths.root} did not {what} within {self.timeout:g} s "
+                           "(frozen or overloaded? `piwf status` says)")
 
 
 class AsyncClient:

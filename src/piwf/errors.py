@@ -6,13 +6,44 @@ carry the wire outcome they map to (``rejected``, ``notFound``, ``conflict``, ..
 
 from __future__ import annotations
 
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """How ``piwf`` exits, one code per kind of failure (docs/operations.md has this table)."""
+
+    OK = 0
+    ERROR = 1  # the host rejected the request, a run waited on failed, or another error
+    USAGE = 2  # bad arguments or environment (also argparse's code)
+    CORRUPT = 3  # state.db is not a readable SQLite database
+    SCHEMA = 4  # state.db has an unknown or newer layout
+    HOST_RUNNING = 5  # another host already serves the state directory
+    NOT_FOUND = 6  # the host answered notFound
+    CONFLICT = 7  # the host answered conflict
+    UNAVAILABLE = 8  # the host answered unavailable (a full disk): nothing was changed
+    NO_HOST = 9  # no host serves the state directory, or it went away mid-request
+    TIMEOUT = 10  # the host (or a workflow being loaded) did not answer in time
+    WORKFLOW_INVALID = 11  # `piwf workflows list`: a workflow did not load
+    INTERNAL = 70  # a bug in piwf
+
+    @property
+    def outcome(self) -> str:
+        """The word for ``"outcome"`` in ``--json`` error documents: ``NOT_FOUND`` -> ``notFound``."""
+        first, *rest = self.name.lower().split("_")
+        return first + "".join(word.title() for word in rest)
+
+
+# The host's reply outcomes (docs/protocol.md) and what the CLI exits with for each.
+OUTCOME_EXIT = {"rejected": ExitCode.ERROR, "notFound": ExitCode.NOT_FOUND, "conflict": ExitCode.CONFLICT,
+                "unavailable": ExitCode.UNAVAILABLE}
+
 
 class PiwfError(Exception):
     """Root of every error piwf raises on purpose."""
 
     code = "error"
     outcome = "rejected"
-    exit_code = 1
+    exit_code: int = ExitCode.ERROR
 
     def __str__(self) -> str:
         text = super().__str__()
@@ -38,14 +69,14 @@ class SchemaError(StoreError):
     """The database has an unknown or newer layout; it is refused and left untouched."""
 
     code = "schema"
-    exit_code = 4
+    exit_code = ExitCode.SCHEMA
 
 
 class CorruptStateError(StoreError):
     """The database file is not a readable SQLite database."""
 
     code = "corrupt"
-    exit_code = 3
+    exit_code = ExitCode.CORRUPT
 
 
 class ConstraintViolation(StoreError):
@@ -135,7 +166,7 @@ class HostError(PiwfError):
 
 class HostAlreadyRunning(HostError):
     code = "hostRunning"
-    exit_code = 5
+    exit_code = ExitCode.HOST_RUNNING
 
 
 class StateDirError(HostError):
@@ -147,3 +178,41 @@ class HostUnavailable(HostError):
 
     code = "unavailable"
     outcome = "unavailable"
+    exit_code = ExitCode.NO_HOST
+
+
+class HostTimeout(HostUnavailable):
+    """The host did not answer within the client's timeout: it is frozen, overloaded, or
+    busy with something slow (such as loading a workflow whose import hangs)."""
+
+    code = "timeout"
+    exit_code = ExitCode.TIMEOUT
+
+
+# --- the command line ---------------------------------------------------------------------
+
+
+class UsageError(PiwfError):
+    """Bad arguments or a bad setting in the environment."""
+
+    code = "usage"
+    exit_code = ExitCode.USAGE
+
+
+class HostReplied(PiwfError):
+    """The host answered a request with an outcome other than accepted or adopted."""
+
+    code = "reply"
+
+    def __init__(self, outcome: str, error: str | None) -> None:
+        super().__init__(f"{outcome}: {error or 'no reason given'}")
+        self.outcome = outcome
+        self.error = error
+        self.exit_code = OUTCOME_EXIT.get(outcome, ExitCode.ERROR)
+
+
+class InternalError(PiwfError):
+    """An exception piwf did not expect: a bug, reported in one line like any other error."""
+
+    code = "internal"
+    exit_code = ExitCode.INTERNAL

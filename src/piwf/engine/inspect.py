@@ -1,17 +1,30 @@
 """``python -m piwf.engine.inspect PROJECT NAME``: load and validate a workflow in a
 throwaway process, printing ``{"name", "digest", "startAt", "nodes"}`` or ``{"error"}`` as JSON.
 
-The host uses it so user code never runs inside the supervisor.
+The host (``host/catalog.py``) and ``piwf workflows list`` (``inspect_isolated`` below) use
+it so user code never runs inside the supervisor or the CLI: an import that hangs is
+killed after a timeout, and one that exits or prints cannot touch their output. Whatever
+the workflow prints while loading goes to this process's stderr; stdout carries only the
+one JSON line.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import signal
+import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from ..errors import PiwfError
 from ..wire import canonical_json
 from .loader import load_workflow
+
+PARALLEL = 8  # workflows loaded at once by inspect_all
 
 
 def inspect_workflow(project: str, name: str) -> dict[str, Any]:
@@ -27,9 +40,67 @@ def main() -> int:
     if len(sys.argv) != 3:
         print("usage: python -m piwf.engine.inspect PROJECT NAME", file=sys.stderr)
         return 2
+    result_out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # from here on, fd 1 (and so sys.stdout) is stderr: user code prints there
     result = inspect_workflow(sys.argv[1], sys.argv[2])
-    sys.stdout.buffer.write(canonical_json(result) + b"\n")
+    sys.stdout.flush()
+    result_out.write(canonical_json(result) + b"\n")
+    result_out.close()
     return 1 if "error" in result else 0
+
+
+# --- the parent's side -------------------------------------------------------------------------
+
+
+def inspect_all(project: Path, names: list[str], timeout_s: float) -> list[dict[str, Any]]:
+    """``inspect_isolated`` for each name, a few at a time, in order."""
+    if not names:
+        return []
+    with ThreadPoolExecutor(max_workers=min(PARALLEL, len(names))) as pool:
+        return list(pool.map(lambda name: inspect_isolated(project, name, timeout_s), names))
+
+
+def inspect_isolated(project: Path, name: str, timeout_s: float) -> dict[str, Any]:
+    """Load one workflow in a child process (its own process group, cwd the project) and
+    return what it printed, or ``{"error": one line}`` when it failed, hung or died."""
+    child = subprocess.Popen(
+        [sys.executable, "-m", "piwf.engine.inspect", str(project), name], cwd=project,
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+    )
+    try:
+        stdout, stderr = child.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        _kill(child)
+        return {"error": f"workflow {name!r} took over {timeout_s:g} s to load (killed)"}
+    return _result(name, child.returncode, stdout, stderr)
+
+
+def _kill(child: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the child's process group and reap it; give up on its pipes if a process
+    that left the group still holds them."""
+    with contextlib.suppress(ProcessLookupError):  # already gone: only the reaping is left
+        os.killpg(child.pid, signal.SIGKILL)
+    try:
+        child.communicate(timeout=5)
+    except subprocess.TimeoutExpired:
+        for pipe in (child.stdout, child.stderr):
+            if pipe is not None:
+                pipe.close()
+        child.wait()
+
+
+def _result(name: str, status: int, stdout: bytes, stderr: bytes) -> dict[str, Any]:
+    lines = stdout.strip().splitlines()
+    try:
+        result = json.loads(lines[-1])
+    except (IndexError, ValueError):
+        result = None
+    if isinstance(result, dict) and ("error" in result or "digest" in result):
+        return result
+    how = f"was killed by signal {-status}" if status < 0 else f"exited with status {status}"
+    tail = stderr.decode(errors="replace").strip().splitlines()[-1:]
+    said = f": {' '.join(tail[0].split())}" if tail else ""
+    return {"error": f"loading workflow {name!r} {how} before reporting{said}"}
 
 
 if __name__ == "__main__":
