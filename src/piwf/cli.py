@@ -20,9 +20,9 @@ from .errors import (ExitCode, HostReplied, HostTimeout, HostUnavailable, Intern
                      UsageError)
 from .host.lock import read_record
 from .paths import StatePaths
+from .status import UNSUCCESSFUL
 from .wire import HostResponse
 
-FAILED = ("failed", "timed_out", "cancelled")
 DEFAULT_TIMEOUT_S = 30.0  # how long the host has to answer one request (--timeout, $PIWF_TIMEOUT)
 WAIT_S = 600  # one run.wait request's own limit (the host's maximum)
 
@@ -325,7 +325,7 @@ def cmd_run_start(args: argparse.Namespace) -> int:
             return 0
         run = wait_for_run(client, run_id)
     _print(args, run, _format_run)
-    return ExitCode.ERROR if run["status"] in FAILED else 0
+    return ExitCode.ERROR if run["status"] in UNSUCCESSFUL else 0
 
 
 def wait_for_run(client: Client, run_id: str) -> dict[str, Any]:

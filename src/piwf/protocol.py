@@ -6,7 +6,8 @@ named (``Expected `str`, got `int` - at `$.payload.workflow```). Receipts are St
 store builds directly; their JSON is what clients read. The reference part of
 docs/protocol.md is generated from these classes (``piwf.protocol_doc``).
 
-This module is part of the wire layer: it imports only msgspec and the standard library.
+This module is part of the wire layer: it imports only msgspec, the standard library and
+``piwf.status``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import enum
 from typing import Annotated, Any, ClassVar
 
 from msgspec import UNSET, Meta, Struct, UnsetType
+
+from .status import EffectStatus, Hold, QueueStatus, RunStatus, WorkerStatus
 
 WAIT_LIMIT_MS = 600_000
 
@@ -103,18 +106,17 @@ class StopReceipt(Struct):
 class StartReceipt(Struct):
     runId: str
     workflow: str
-    status: str
+    status: RunStatus
     definitionDigest: str
 
 
 class RunSummary(Struct):
     runId: str
     workflow: str
-    status: Annotated[str, Meta(description="engine status: queued, running, waiting, completed, failed, "
-                                            "timed_out, cancelled")]
-    queueStatus: Annotated[str, Meta(description="queued, starting, running, parked, done, failed, cancelled")]
+    status: Annotated[RunStatus, Meta(description="engine status: what the workflow is doing")]
+    queueStatus: Annotated[QueueStatus, Meta(description="who may work on the run")]
     paused: bool
-    hold: Annotated[str | None, Meta(description="why the run is not claimed: paused, source, effect, crashes")]
+    hold: Annotated[Hold | None, Meta(description="why the run is not claimed again until someone acts")]
     statusDetail: str | None
     revision: int
     originSessionId: str | None
@@ -138,7 +140,7 @@ class WorkerSummary(Struct):
     workerEpoch: str
     generation: int
     pid: int | None
-    status: str
+    status: Annotated[WorkerStatus, Meta(description="live (starting, running), then how the worker ended")]
     exitCode: int | None
     signal: int | None
     diagnostic: Annotated[str | None, Meta(description="the last 64 KiB the worker printed")]
@@ -146,7 +148,7 @@ class WorkerSummary(Struct):
 
 class EffectSummary(Struct):
     key: str
-    status: Annotated[str, Meta(description="pending, applying, applied, rejected, ambiguous")]
+    status: EffectStatus
     node: str
     generation: int
     result: Any

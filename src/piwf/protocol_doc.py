@@ -135,6 +135,10 @@ def _type(t: mi.Type) -> str:
         return "integer" if t.ge is None else f"integer, at least {t.ge}"
     if isinstance(t, mi.StrType):
         return "non-empty text" if t.min_length else "text"
+    if isinstance(t, mi.EnumType):
+        return "one of " + ", ".join(f"`{member.value}`" for member in t.cls)
+    if isinstance(t, mi.LiteralType):
+        return "one of " + ", ".join(f"`{value}`" for value in t.values)
     return _NAMES.get(type(t), type(t).__name__)
 
 

@@ -91,5 +91,10 @@ STOPPED_AS = {
     StopReason.STARTUP_TIMEOUT: WorkerStatus.TIMED_OUT,
     StopReason.PROTOCOL: WorkerStatus.CRASHED,
 }
+ENDED = frozenset({QueueStatus.DONE, QueueStatus.FAILED, QueueStatus.CANCELLED})  # queue statuses that are final
+ACTIVE_QUEUE = (QueueStatus.STARTING, QueueStatus.RUNNING)  # a claim is held
+AT_REST = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.TIMED_OUT, RunStatus.CANCELLED,
+                     RunStatus.WAITING})  # nothing happens to such a run without someone acting
+UNSUCCESSFUL = frozenset({RunStatus.FAILED, RunStatus.TIMED_OUT, RunStatus.CANCELLED})
 CRASHES = frozenset({WorkerStatus.CRASHED, WorkerStatus.TIMED_OUT})
 LIVE_WORKER = (WorkerStatus.STARTING, WorkerStatus.RUNNING)

@@ -29,6 +29,7 @@ from ..protocol import (
     PauseRun, Request, ResolveEffect, ResolveReceipt, ResumeRun, RunDetail, RunEvent, RunSummary, StartReceipt,
     StartRun, StopHost, StopReceipt, WaitReceipt, WaitRun,
 )
+from ..status import AT_REST, QueueStatus
 from ..store import commands, effects, queue, runs
 from ..store.hosts import read_lease
 from ..wire import HostResponse, check_id, request_fingerprint
@@ -36,7 +37,6 @@ from .catalog import WorkflowInfo
 from .state import HostState, log
 
 After = list[Callable[[], None]]
-SETTLED = ("completed", "failed", "timed_out", "cancelled", "waiting")
 
 
 async def handle_request(host: HostState, request: Request) -> tuple[HostResponse, After]:
@@ -118,8 +118,8 @@ async def _run_wait(host: HostState, request: WaitRun) -> WaitReceipt:
 
 def at_rest(run: RunSummary) -> bool:
     """Ended, waiting, or held and not running: nothing will happen without someone acting."""
-    held = run.hold is not None and run.queueStatus in ("queued", "parked")
-    return run.status in SETTLED or held
+    held = run.hold is not None and run.queueStatus in (QueueStatus.QUEUED, QueueStatus.PARKED)
+    return run.status in AT_REST or held
 
 
 # --- writes --------------------------------------------------------------------------------

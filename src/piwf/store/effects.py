@@ -16,12 +16,12 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import NotFound, Rejected
+from ..status import EffectStatus as E, Hold
 from ..protocol import EffectSummary
 from ..wire import canonical_json, decode_json
 from .db import Database
 from .queue import add_event
 
-UNSETTLED = ('applying', 'ambiguous')
 
 
 def reserve(db: Database, run_id: str, key: str, *, node: str, generation: int, observable: bool,
@@ -43,21 +43,21 @@ def reserve(db: Database, run_id: str, key: str, *, node: str, generation: int, 
             )
             return {"state": "new"}
         status, owner, result_json, result_hash, error_json = row
-        if status == "applied":
-            return {"state": "applied", "result": db.get_json(result_json, result_hash)}
-        if status == "rejected":
-            return {"state": "rejected", "error": decode_json(error_json.encode())}
-        if status in ("pending", "applying") and owner == generation:
+        if status == E.APPLIED:
+            return {"state": E.APPLIED, "result": db.get_json(result_json, result_hash)}
+        if status == E.REJECTED:
+            return {"state": E.REJECTED, "error": decode_json(error_json.encode())}
+        if status in (E.PENDING, E.APPLYING) and owner == generation:
             raise Rejected(f"effect {key!r} is already in progress in this attempt")
-        if status == "pending":
-            _set(db, run_id, key, "pending", generation, now)
+        if status == E.PENDING:
+            _set(db, run_id, key, E.PENDING, generation, now)
             return {"state": "new"}
-        if status == "applying" and observable:
-            _set(db, run_id, key, "applying", generation, now)
+        if status == E.APPLYING and observable:
+            _set(db, run_id, key, E.APPLYING, generation, now)
             add_event(db, run_id, "effect.observing", {"key": key}, now)
             return {"state": "observe"}
         _mark_ambiguous(db, run_id, key, now)
-        return {"state": "ambiguous"}
+        return {"state": E.AMBIGUOUS}
 
 
 def begin_apply(db: Database, run_id: str, key: str, *, generation: int, now: int) -> None:
@@ -65,9 +65,9 @@ def begin_apply(db: Database, run_id: str, key: str, *, generation: int, now: in
     found nothing applied, the effect is already ``applying`` for this generation."""
     with db.write():
         status = _status(db, run_id, key, generation)
-        if status not in ("pending", "applying"):
+        if status not in (E.PENDING, E.APPLYING):
             raise Rejected(f"effect {key!r} is {status}; it cannot be applied")
-        _set(db, run_id, key, "applying", generation, now)
+        _set(db, run_id, key, E.APPLYING, generation, now)
         add_event(db, run_id, "effect.applying", {"key": key}, now)
 
 
@@ -76,7 +76,7 @@ def settle(db: Database, run_id: str, key: str, *, generation: int, result: Any 
     """``applying → applied`` (with its JSON result) or ``→ rejected`` (with its error)."""
     with db.write():
         status = _status(db, run_id, key, generation)
-        if status != "applying":
+        if status != E.APPLYING:
             raise Rejected(f"effect {key!r} is {status}, not applying; it cannot be settled")
         _finish(db, run_id, key, result=result, error=error, now=now)
 
@@ -88,21 +88,21 @@ def resolve(db: Database, run_id: str, key: str, *, applied: bool, result: Any, 
         status = db.scalar("SELECT status FROM effects WHERE run_id = ? AND effect_key = ?", (run_id, key))
         if status is None:
             raise NotFound(f"run {run_id} has no effect {key!r}")
-        if status != "ambiguous":
+        if status != E.AMBIGUOUS:
             raise Rejected(f"effect {key!r} is {status}, not ambiguous; only an ambiguous effect is resolved")
         if applied:
             _finish(db, run_id, key, result=result, error=None, now=now)
         else:
-            _set(db, run_id, key, "pending", None, now)
+            _set(db, run_id, key, E.PENDING, None, now)
         add_event(db, run_id, "effect.resolved", {"key": key, "applied": applied}, now)
         remaining = ambiguous_keys(db, run_id)
         if not remaining:  # released; a run paused meanwhile stays held as paused
             paused = bool(db.scalar("SELECT paused FROM runs WHERE run_id = ?", (run_id,)))
             db.execute("UPDATE run_queue SET hold = ?, updated_at = ? WHERE run_id = ? AND hold = 'effect'",
-                       ("paused" if paused else None, now, run_id))
+                       (Hold.PAUSED if paused else None, now, run_id))
             db.execute("UPDATE runs SET status_detail = ?, updated_at = ? WHERE run_id = ?",
-                       ("paused" if paused else None, now, run_id))
-        return {"runId": run_id, "key": key, "status": "applied" if applied else "pending",
+                       (Hold.PAUSED if paused else None, now, run_id))
+        return {"runId": run_id, "key": key, "status": E.APPLIED if applied else E.PENDING,
                 "ambiguous": remaining}
 
 
@@ -117,9 +117,9 @@ def interrupted_before(db: Database, run_id: str, generation: int, now: int) -> 
                           "AND status IN ('applying', 'ambiguous') ORDER BY created_at, effect_key",
                           (run_id,)).fetchall()
         for key, status, owner in rows:
-            if status == "applying" and owner < generation:
+            if status == E.APPLYING and owner < generation:
                 _mark_ambiguous(db, run_id, key, now)
-        return [key for key, status, owner in rows if status == "ambiguous" or owner < generation]
+        return [key for key, status, owner in rows if status == E.AMBIGUOUS or owner < generation]
 
 
 def ambiguous_keys(db: Database, run_id: str) -> list[str]:
@@ -160,7 +160,7 @@ def _set(db: Database, run_id: str, key: str, status: str, generation: int | Non
 
 
 def _mark_ambiguous(db: Database, run_id: str, key: str, now: int) -> None:
-    _set(db, run_id, key, "ambiguous", None, now)
+    _set(db, run_id, key, E.AMBIGUOUS, None, now)
     add_event(db, run_id, "effect.ambiguous", {"key": key}, now)
 
 
@@ -169,7 +169,7 @@ def _finish(db: Database, run_id: str, key: str, *, result: Any, error: dict[str
     db.execute(
         """UPDATE effects SET status = ?, result_json = ?, result_hash = ?, error_json = ?,
              updated_at = ?, settled_at = ? WHERE run_id = ? AND effect_key = ?""",
-        ("rejected" if error is not None else "applied", inline, digest,
+        (E.REJECTED if error is not None else E.APPLIED, inline, digest,
          None if error is None else canonical_json(error).decode(), now, now, run_id, key),
     )
     add_event(db, run_id, "effect.rejected" if error is not None else "effect.applied", {"key": key}, now)

@@ -11,9 +11,11 @@ from typing import Any
 
 from ..errors import ClaimLost
 from ..wire import canonical_json
+from ..status import ACTIVE_QUEUE, QueueStatus
 from .db import Database
+from .schema import one_of
 
-LIVE = "status IN ('starting', 'running')"
+LIVE = f"status IN ({one_of(ACTIVE_QUEUE)})"
 READY = "(q.status IN ('queued', 'parked') AND q.hold IS NULL)"
 EXPIRED = """(q.status IN ('starting', 'running')
   AND q.claim_expires_at IS NOT NULL AND q.claim_expires_at <= :now)"""
@@ -163,7 +165,7 @@ def park_run(db: Database, run_id: str, token: str, now: int, *,
 def complete_run(db: Database, run_id: str, token: str, output: Any, now: int) -> int:
     """Settle a run as completed; returns its new revision."""
     with db.write():
-        _settle_claimed(db, run_id, token, "done", now)
+        _settle_claimed(db, run_id, token, QueueStatus.DONE, now)
         inline, digest = db.put_json(output, now)
         revision = db.scalar(
             """UPDATE runs SET status = 'completed', output_json = ?, output_hash = ?,
@@ -177,7 +179,7 @@ def complete_run(db: Database, run_id: str, token: str, output: Any, now: int) -
 
 def fail_run(db: Database, run_id: str, token: str, error: dict[str, Any], now: int) -> int:
     with db.write():
-        _settle_claimed(db, run_id, token, "failed", now, error)
+        _settle_claimed(db, run_id, token, QueueStatus.FAILED, now, error)
         revision = db.scalar(
             """UPDATE runs SET status = 'failed', error_json = ?, status_detail = NULL,
                  finished_at = ?, updated_at = ?, revision = revision + 1 WHERE run_id = ? RETURNING revision""",
@@ -203,7 +205,7 @@ def cancel_run(db: Database, run_id: str, now: int, *, token: str | None = None)
         row = db.one(f"SELECT 1 FROM run_queue WHERE run_id = :run AND {where}", {"run": run_id, "token": token})
         if row is None:
             return False
-        _settle_queue(db, run_id, "cancelled", now)
+        _settle_queue(db, run_id, QueueStatus.CANCELLED, now)
         db.execute(
             """UPDATE runs SET status = 'cancelled', status_detail = NULL, finished_at = ?,
                  updated_at = ?, revision = revision + 1 WHERE run_id = ?""",

@@ -8,6 +8,7 @@ from typing import Any
 from ..errors import Conflict, ConstraintViolation, NotFound, Rejected
 from ..protocol import RunDetail, RunEvent, RunSummary, Step
 from ..wire import canonical_json, decode_json, sha256_hex
+from ..status import ENDED, Hold, RunStatus
 from .db import Database
 from .effects import list_effects
 from .queue import add_event, require_claim
@@ -49,7 +50,7 @@ def create_run(
         except ConstraintViolation as exc:
             raise Rejected(f"run {run_id} cannot be queued: {exc}") from exc
         add_event(db, run_id, "created", {"workflow": workflow}, now)
-    return {"runId": run_id, "status": "queued", "revision": 1}
+    return {"runId": run_id, "status": RunStatus.QUEUED, "revision": 1}
 
 
 def revision(db: Database, run_id: str) -> int:
@@ -74,7 +75,7 @@ def pause_run(db: Database, run_id: str, now: int) -> dict[str, Any]:
     """
     with db.write():
         queue_status = _queue_status(db, run_id)
-        if queue_status in ("done", "failed", "cancelled"):
+        if queue_status in ENDED:
             raise Rejected(f"run {run_id} has already ended ({queue_status})")
         db.execute("UPDATE run_queue SET hold = COALESCE(hold, 'paused'), updated_at = ? WHERE run_id = ?",
                    (now, run_id))
@@ -96,9 +97,9 @@ def resume_run(db: Database, run_id: str, now: int, *,
     workflow definition: resuming a run held because its workflow changed adopts the new one."""
     with db.write():
         queue_status = _queue_status(db, run_id)
-        if queue_status in ("done", "failed", "cancelled"):
+        if queue_status in ENDED:
             raise Rejected(f"run {run_id} has already ended ({queue_status})")
-        if hold_of(db, run_id) == "effect":
+        if hold_of(db, run_id) == Hold.EFFECT:
             raise Rejected(f"run {run_id} is held for an ambiguous effect; "
                            "say what happened with piwf run resolve-effect")
         if definition is not None:
