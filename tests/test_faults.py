@@ -85,7 +85,7 @@ async def test_every_declared_point_is_reached(paths: StatePaths, project: Path,
     def reached() -> set[str]:
         return set(trace.read_text().split()) if trace.exists() else set()
 
-    await wait_for(lambda: {"host.lease.renewed", "host.run.settled"} <= reached())
+    await wait_for(lambda: {"host.lease.renewed", "host.worker.recorded"} <= reached())
     host.stop_requested.set()
     assert reached() == set(faults.POINTS), f"never reached: {sorted(set(faults.POINTS) - reached())}"
 

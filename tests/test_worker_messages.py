@@ -122,7 +122,7 @@ def test_a_final_accept_completes_the_run_in_the_same_step(setup) -> None:
     start = handle(host, active, message("m2", "attempt.start", ready.revision, seq=0, node="a"))
     done = handle(host, active, message("m3", "attempt.accept", start.revision, attemptId=start.result.attemptId,
                                         output={"x": 1}, exit="next", final=True))
-    assert done.outcome == "accepted" and active.conclusion is Conclusion.SETTLED
+    assert done.outcome == "accepted" and active.conclusion is Conclusion.DONE
     run = runs.get_run(host.db, "r")
     assert (run.status, run.queueStatus, run.output) == ("completed", "done", {"x": 1})
     assert [s.status for s in run.steps] == ["accepted"]

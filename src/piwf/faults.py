@@ -29,7 +29,7 @@ POINTS: dict[str, str] = {
     "host.reply.sent": "a reply was written to a client",
     "host.worker.committed": "a worker message committed, before the answer is sent",
     "host.worker.answered": "an answer was written to a worker",
-    "host.run.settled": "a worker ended and its run was parked or settled",
+    "host.worker.recorded": "a worker ended: its end recorded and its run parked, unless the run had ended",
     "host.lease.renewed": "the heartbeat renewed the host lease",
     "worker.started": "a worker process started, before it reports ready",
     "worker.message.sent": "a worker wrote a message, before reading the answer",

@@ -87,6 +87,7 @@ class HostStatus(Struct):
     maxWorkers: int
     durability: str
     connectedClients: int
+    hostRssBytes: Annotated[int, Meta(description="the host process's resident memory (psutil)")]
     queuedRuns: int
     runningRuns: int
     parkedRuns: int

@@ -55,7 +55,7 @@ class WorkerStatus(StrEnum):
 
     STARTING = "starting"
     RUNNING = "running"
-    EXITED = "exited"  # ended on its own after its run was settled, parked or stopped at a boundary
+    EXITED = "exited"  # ended on its own once its part was done: run ended or parked, or stopped at a boundary
     CRASHED = "crashed"  # ended while its run still needed it, whatever its exit status
     TIMED_OUT = "timedOut"  # did not report ready within the startup timeout; killed
     CANCELLED = "cancelled"  # stopped because its run was cancelled

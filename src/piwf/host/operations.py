@@ -20,6 +20,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 import msgspec
+import psutil
 import trio
 
 from .. import faults
@@ -78,6 +79,9 @@ async def _host_status(host: HostState, request: GetHostStatus) -> HostStatus:
     return status_receipt(host)
 
 
+_HOST_PROCESS = psutil.Process()
+
+
 def status_receipt(host: HostState) -> HostStatus:
     now = host.now()
     lease = read_lease(host.db)
@@ -90,6 +94,7 @@ def status_receipt(host: HostState) -> HostStatus:
         "maxWorkers": host.config.max_workers,
         "durability": host.config.durability,
         "connectedClients": host.connections,
+        "hostRssBytes": _HOST_PROCESS.memory_info().rss,
         **runs.status_counts(host.db, now),
     }, HostStatus)
 

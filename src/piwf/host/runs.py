@@ -77,7 +77,7 @@ async def supervise_run(host: HostState, active: ActiveRun) -> None:
                 raise
     finally:
         _record_end(host, _worker_end(host, active, stopped_by))  # synchronous: cancellation cannot interrupt it
-        faults.point("host.run.settled")
+        faults.point("host.worker.recorded")
         del host.active[active.run_id]
         host.changed()
         host.wake()
@@ -145,7 +145,7 @@ def _worker_end(host: HostState, active: ActiveRun, stopped_by: StopReason | Non
     """The worker's record, and the run parked unless its claim is gone (cancelled, lost)."""
     status = _worker_status(active, stopped_by)
     process = active.process_end or ProcessEnd(None, "")
-    if active.conclusion is Conclusion.SETTLED or status in (WorkerStatus.CANCELLED, WorkerStatus.CLAIM_LOST):
+    if active.conclusion is Conclusion.DONE or status in (WorkerStatus.CANCELLED, WorkerStatus.CLAIM_LOST):
         host.crashes.pop(active.run_id, None)
     if status in CRASHES:
         log.warning("run %s: worker %s (exit %s, signal %s): %s", active.run_id, status, process.exit_code,

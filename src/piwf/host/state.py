@@ -46,7 +46,7 @@ class Conclusion(Enum):
     """What the host told a worker that ends its part in the run; a worker that exits
     without having been told one of these crashed, whatever its exit status."""
 
-    SETTLED = "settled"  # its run completed, failed or was parked by its own message
+    DONE = "done"  # its part is done: its run completed, failed, or was parked by its own message
     STOP = "stop"  # stop at this node boundary (the run was paused)
     CLAIM_LOST = "claimLost"  # its claim moved on: nothing it writes is kept
 

@@ -74,13 +74,13 @@ def _run_complete(host: HostState, active: ActiveRun, message: RunComplete, now:
 def _complete(host: HostState, active: ActiveRun, output: Any, now: int) -> Outcome:
     if not _held_for_effects(host, active, now):
         queue.complete_run(host.db, active.run_id, active.claim.token, output, now)
-    return NOTHING, Conclusion.SETTLED
+    return NOTHING, Conclusion.DONE
 
 
 def _run_fail(host: HostState, active: ActiveRun, message: RunFail, now: int) -> Outcome:
     if not _held_for_effects(host, active, now):
         queue.fail_run(host.db, active.run_id, active.claim.token, message.payload.error, now)
-    return NOTHING, Conclusion.SETTLED
+    return NOTHING, Conclusion.DONE
 
 
 def _held_for_effects(host: HostState, active: ActiveRun, now: int) -> bool:
@@ -100,7 +100,7 @@ def _run_park(host: HostState, active: ActiveRun, message: RunPark, now: int) ->
     if not queue.park_run(host.db, active.run_id, active.claim.token, now, hold=Hold(message.payload.hold),
                           detail=message.payload.reason):
         raise ClaimLost(f"the claim on run {active.run_id} is no longer live")
-    return NOTHING, Conclusion.SETTLED
+    return NOTHING, Conclusion.DONE
 
 
 # --- effects -----------------------------------------------------------------------------
@@ -113,7 +113,7 @@ def _effect_reserve(host: HostState, active: ActiveRun, message: EffectReserve, 
                                           now=now))
     if state.state == "ambiguous":
         _hold_ambiguous(host, active, payload.key, now)
-        return state, Conclusion.SETTLED
+        return state, Conclusion.DONE
     return state, None
 
 

@@ -1,4 +1,4 @@
-"""The run queue state machine (seed 003): claim, renew, verify, run, park, settle.
+"""The run queue state machine (seed 003): claim, renew, verify, run, park, end.
 
 Queue status and engine status change together in one transaction so the lifecycle
 projection (``lifecycle_contradictions``) always holds.
@@ -165,7 +165,7 @@ def park_run(db: Database, run_id: str, token: str, now: int, *,
 def complete_run(db: Database, run_id: str, token: str, output: Any, now: int) -> int:
     """Settle a run as completed; returns its new revision."""
     with db.write():
-        _settle_claimed(db, run_id, token, QueueStatus.DONE, now)
+        _end_claimed(db, run_id, token, QueueStatus.DONE, now)
         inline, digest = db.put_json(output, now)
         revision = db.scalar(
             """UPDATE runs SET status = 'completed', output_json = ?, output_hash = ?,
@@ -179,7 +179,7 @@ def complete_run(db: Database, run_id: str, token: str, output: Any, now: int) -
 
 def fail_run(db: Database, run_id: str, token: str, error: dict[str, Any], now: int) -> int:
     with db.write():
-        _settle_claimed(db, run_id, token, QueueStatus.FAILED, now, error)
+        _end_claimed(db, run_id, token, QueueStatus.FAILED, now, error)
         revision = db.scalar(
             """UPDATE runs SET status = 'failed', error_json = ?, status_detail = NULL,
                  finished_at = ?, updated_at = ?, revision = revision + 1 WHERE run_id = ? RETURNING revision""",
@@ -189,10 +189,10 @@ def fail_run(db: Database, run_id: str, token: str, error: dict[str, Any], now: 
         return revision
 
 
-def _settle_claimed(db: Database, run_id: str, token: str, status: str, now: int,
+def _end_claimed(db: Database, run_id: str, token: str, status: str, now: int,
                     error: dict[str, Any] | None = None) -> None:
     """Settle the queue row only while the claim is live: the fence is in the UPDATE."""
-    _settle_queue(db, run_id, status, now, error,
+    _end_queue_row(db, run_id, status, now, error,
                   fence=(f"AND claim_token = ? AND {LIVE} AND claim_expires_at > ?", (token, now)))
     if db.changes() != 1:
         raise ClaimLost(f"the claim on run {run_id} is no longer live")
@@ -205,7 +205,7 @@ def cancel_run(db: Database, run_id: str, now: int, *, token: str | None = None)
         row = db.one(f"SELECT 1 FROM run_queue WHERE run_id = :run AND {where}", {"run": run_id, "token": token})
         if row is None:
             return False
-        _settle_queue(db, run_id, QueueStatus.CANCELLED, now)
+        _end_queue_row(db, run_id, QueueStatus.CANCELLED, now)
         db.execute(
             """UPDATE runs SET status = 'cancelled', status_detail = NULL, finished_at = ?,
                  updated_at = ?, revision = revision + 1 WHERE run_id = ?""",
@@ -223,7 +223,7 @@ def _interrupt_attempts(db: Database, run_id: str, now: int) -> None:
                   WHERE run_id = ? AND status = 'running'""", (now, run_id))
 
 
-def _settle_queue(db: Database, run_id: str, status: str, now: int, error: dict[str, Any] | None = None,
+def _end_queue_row(db: Database, run_id: str, status: str, now: int, error: dict[str, Any] | None = None,
                   fence: tuple[str, tuple[Any, ...]] = ("", ())) -> None:
     db.execute(
         f"""UPDATE run_queue SET status = ?, runner_id = NULL, claim_token = NULL,

@@ -30,7 +30,7 @@ from ..worker_protocol import (
 from .channel import Channel
 
 # For people reading a worker's record: the host never infers anything from these. It
-# knows what it told the worker (settled, stop, claimLost); a worker that ends without
+# knows what it told the worker (done, stop, claimLost); a worker that ends without
 # having been told is a crash, whatever status it exits with.
 EXIT_OK = 0
 EXIT_REFUSED = 4  # the host refused one of its messages (a full disk, a stale revision)

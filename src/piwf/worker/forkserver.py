@@ -58,7 +58,7 @@ def serve(control: socket.socket) -> None:
     while True:
         for key, _ in selector.select():
             if key.data == "child":
-                _drain(wakeup_r)
+                _empty_pipe(wakeup_r)
                 _report_exits(control, children)
             elif not _handle(control, children):
                 return
@@ -163,7 +163,7 @@ def _reap(pid: int, children: dict[int, bool]) -> None:
             os.waitpid(pid, 0)
 
 
-def _drain(fd: int) -> None:
+def _empty_pipe(fd: int) -> None:
     try:
         while os.read(fd, 4096):
             pass
