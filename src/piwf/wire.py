@@ -9,6 +9,7 @@ told apart from a bad field.
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Any, TypeVar
 
 import msgspec
@@ -66,7 +67,29 @@ def encode_line(message: Any) -> bytes:
     return _encoder.encode(message) + b"\n"
 
 
+MAX_NESTING = 100  # JSON deeper than this is refused wherever a frame is decoded
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_BRACKETS = bytes.maketrans(b"", b"")
+_NOT_BRACKETS = bytes(set(range(256)) - set(b"[]{}"))
+
+
+def check_nesting(data: bytes, limit: int = MAX_NESTING) -> None:
+    """Refuse JSON nested deeper than ``limit`` before any decoder recurses into it.
+
+    A frame with fewer opening brackets than the limit cannot be too deep, which is nearly
+    every frame, and costs two ``count`` calls; others are measured with strings removed.
+    """
+    if data.count(b"[") + data.count(b"{") <= limit:
+        return
+    depth = 0
+    for bracket in _STRING.sub(b"", data).translate(_BRACKETS, _NOT_BRACKETS):
+        depth += 1 if bracket in b"[{" else -1
+        if depth > limit:
+            raise ProtocolError(f"JSON nested deeper than {limit} levels")
+
+
 def decode_json(line: bytes) -> Any:
+    check_nesting(line)
     try:
         return _json_decoder.decode(line)
     except msgspec.DecodeError as exc:
@@ -101,6 +124,7 @@ _envelope_decoder = msgspec.json.Decoder(HostRequest)
 def read_request(line: bytes) -> Request:
     """A request line straight into its operation's Struct, or a ProtocolError (with the
     request id when one can be read)."""
+    check_nesting(line)
     try:
         request = _request_decoder.decode(line)
     except msgspec.DecodeError as exc:
@@ -135,6 +159,7 @@ def _check_request(request: Request) -> Request:
 
 def decode_as(line: bytes, kind: type[T], what: str) -> T:
     """Decode one line into ``kind``; a ProtocolError naming ``what`` otherwise."""
+    check_nesting(line)
     try:
         return msgspec.json.decode(line, type=kind)
     except msgspec.DecodeError as exc:

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from .errors import ProtocolError
-from .wire import canonical_json
+from .wire import canonical_json, check_nesting
 
 MAX_WORKER_LINE = 16 * 1024 * 1024
 
@@ -220,6 +220,7 @@ _response_decoder = msgspec.json.Decoder(WorkerResponse)
 
 
 def parse_worker_message(line: bytes) -> WorkerMessage:
+    check_nesting(line)
     try:
         return _message_decoder.decode(line)  # type: ignore[no-any-return]
     except msgspec.DecodeError as exc:
@@ -227,6 +228,7 @@ def parse_worker_message(line: bytes) -> WorkerMessage:
 
 
 def parse_worker_response(line: bytes) -> WorkerResponse:
+    check_nesting(line)
     try:
         return _response_decoder.decode(line)
     except msgspec.DecodeError as exc:
