@@ -48,7 +48,10 @@ def setup(tmp_path: Path) -> tuple[HostState, ActiveRun, ManualClock]:
 
 def message(message_id: str, operation: str, revision: int, generation: int = 1, epoch: str = "w1",
             **payload: object) -> WorkerMessage:
-    """A message as the worker sends it: JSON, decoded by the host's own decoder."""
+    """A message as the worker sends it: JSON, decoded by the host's own decoder. A ready
+    worker has loaded the workflow every run here was created with (digest "d")."""
+    if operation == "worker.ready" and not payload:
+        payload = {"digest": "d"}
     return parse_worker_message(canonical_json({
         "messageId": message_id, "workerEpoch": epoch, "generation": generation, "expectedRevision": revision,
         "operation": operation, "payload": dict(payload)}))
@@ -57,9 +60,20 @@ def message(message_id: str, operation: str, revision: int, generation: int = 1,
 def test_ready_returns_the_input_and_marks_the_run_running(setup) -> None:
     host, active, _ = setup
     response = handle(host, active, message("m1", "worker.ready", 0))
-    assert response.outcome == "accepted" and msgspec.to_builtins(response.result) == {"input": {"a": 1}, "steps": []}
+    assert response.outcome == "accepted" and (response.result.input, response.result.steps) == ({"a": 1}, [])
     assert runs.get_run(host.db, "r").queueStatus == "running"
     assert active.ready.is_set()
+
+
+@pytest.mark.parametrize("loaded", [{"digest": "other"}, {"loadError": "SyntaxError: nope"}])
+def test_a_worker_whose_workflow_changed_or_did_not_load_holds_the_run_in_its_ready(setup, loaded) -> None:
+    host, active, _ = setup
+    response = handle(host, active, message("m1", "worker.ready", 0, **loaded))
+    assert response.outcome == "accepted" and response.result.stop == "source"
+    assert active.conclusion is Conclusion.DONE
+    run = runs.get_run(host.db, "r")
+    assert (run.queueStatus, run.hold, run.steps) == ("parked", "source", [])
+    assert ("changed" if "digest" in loaded else "cannot load: SyntaxError") in run.statusDetail
 
 
 def test_a_repeated_message_id_gets_the_stored_answer_and_changes_nothing(setup) -> None:
@@ -103,8 +117,8 @@ def test_bad_payloads_and_unknown_operations_are_protocol_errors_naming_the_fiel
         message("m2", "attempt.start", 1, seq=-1, node="a")
     with pytest.raises(ProtocolError, match=r"Invalid value 'run.teleport' - at `\$.operation`"):
         message("m3", "run.teleport", 1)
-    with pytest.raises(ProtocolError, match=r"at `\$.payload.hold`"):
-        message("m4", "run.park", 1, hold="paused", reason="x")
+    with pytest.raises(ProtocolError, match=r"at `\$.payload.observable`"):
+        message("m4", "effect.reserve", 1, key="k", node="a", observable="yes")
 
 
 def test_a_paused_run_is_told_to_stop_at_the_boundary(setup) -> None:

@@ -45,6 +45,13 @@ class WorkerMessage(msgspec.Struct, tag_field="operation", forbid_unknown_fields
 # --- payloads ------------------------------------------------------------------------------
 
 
+class ReadyPayload(Payload):
+    """What the worker loaded: its workflow's digest, or why it could not load it."""
+
+    digest: str | None = None
+    loadError: str | None = None
+
+
 class AttemptStartPayload(Payload):
     seq: Count
     node: Text
@@ -68,11 +75,6 @@ class RunCompletePayload(Payload):
 
 class RunFailPayload(Payload):
     error: ErrorInfo
-
-
-class RunParkPayload(Payload):
-    hold: Literal["source"]
-    reason: Annotated[str, msgspec.Meta(min_length=1, max_length=2000)]
 
 
 class EffectReservePayload(Payload):
@@ -105,7 +107,7 @@ class ProcessPayload(Payload):
 
 
 class Ready(WorkerMessage, tag="worker.ready"):
-    payload: Payload = Payload()
+    payload: ReadyPayload = ReadyPayload()
 
 
 class AttemptStart(WorkerMessage, tag="attempt.start"):
@@ -128,10 +130,6 @@ class RunFail(WorkerMessage, tag="run.fail"):
     payload: RunFailPayload
 
 
-class RunPark(WorkerMessage, tag="run.park"):
-    payload: RunParkPayload
-
-
 class EffectReserve(WorkerMessage, tag="effect.reserve"):
     payload: EffectReservePayload
 
@@ -152,7 +150,7 @@ class ProcessUnregister(WorkerMessage, tag="process.unregister"):
     payload: ProcessPayload
 
 
-AnyWorkerMessage = (Ready | AttemptStart | AttemptAccept | AttemptFail | RunComplete | RunFail | RunPark
+AnyWorkerMessage = (Ready | AttemptStart | AttemptAccept | AttemptFail | RunComplete | RunFail
                     | EffectReserve | EffectApply | EffectSettle | ProcessRegister | ProcessUnregister)
 WORKER_OPERATIONS = {cls.__struct_config__.tag: cls for cls in AnyWorkerMessage.__args__}  # type: ignore[attr-defined]
 
@@ -178,9 +176,10 @@ class StartedAttempt(msgspec.Struct):
 
 
 class ReadyResult(Result):
-    input: Any
-    steps: list[AcceptedStep]
+    input: Any = None
+    steps: list[AcceptedStep] = []
     attempt: StartedAttempt | None = None  # a fresh run's first attempt, started with the answer
+    stop: Literal["source"] | None = None  # the workflow did not load or changed: the run is held
 
 
 class AttemptStartResult(Result):

@@ -16,7 +16,7 @@ from ..store import effects, queue, runs, workers
 from ..worker_protocol import (
     AcceptedStep, AttemptAccept, AttemptFail, AttemptStart, AttemptStartResult, EffectApply, EffectReserve,
     EffectSettle, EffectState, ProcessRegister, ProcessUnregister, Ready, ReadyResult, Result, RunComplete,
-    RunFail, RunPark, StartedAttempt, WorkerMessage, WorkerResponse,
+    RunFail, StartedAttempt, WorkerMessage, WorkerResponse,
 )
 from .state import ActiveRun, Conclusion, HostState, log
 
@@ -28,11 +28,17 @@ NOTHING = Result()
 
 
 def _ready(host: HostState, active: ActiveRun, message: Ready, now: int) -> Outcome:
-    """The run's input and accepted steps. A fresh run's first attempt is started here too,
-    saving the worker a round trip (unless the run is paused: then its first start stops)."""
+    """The worker has loaded its workflow: the run's input and accepted steps. A fresh
+    run's first attempt is started here too, saving the worker a round trip (unless the run
+    is paused: then its first start stops). A workflow that did not load, or whose digest
+    is not the run's, holds the run instead."""
     queue.mark_running(host.db, active.run_id, active.claim.token, now)
     workers.mark_ready(host.db, active.worker_epoch, now)
-    run_input, start, paused = runs.ready_state(host.db, active.run_id)
+    run_input, start, paused, digest = runs.ready_state(host.db, active.run_id)
+    held = _source_problem(message, digest)
+    if held is not None:
+        queue.park_run(host.db, active.run_id, active.claim.token, now, hold=Hold.SOURCE, detail=held[:2000])
+        return ReadyResult(stop="source"), Conclusion.DONE
     steps = [AcceptedStep(**step) for step in runs.accepted_steps(host.db, active.run_id)]
     result = ReadyResult(input=run_input, steps=steps)
     if not steps and start is not None and not paused:
@@ -40,6 +46,16 @@ def _ready(host: HostState, active: ActiveRun, message: Ready, now: int) -> Outc
                                            generation=active.claim.generation, now=now)
         result.attempt = StartedAttempt(seq=0, node=start, attemptId=attempt_id)
     return result, None
+
+
+def _source_problem(message: Ready, digest: str) -> str | None:
+    loaded = message.payload
+    if loaded.loadError is not None:
+        return f"workflow cannot load: {loaded.loadError}"
+    if loaded.digest != digest:
+        return (f"workflow source changed (digest {str(loaded.digest)[:19]}, run has {digest[:19]}); "
+                "resume to run the new source")
+    return None
 
 
 def _attempt_start(host: HostState, active: ActiveRun, message: AttemptStart, now: int) -> Outcome:
@@ -96,13 +112,6 @@ def _hold_ambiguous(host: HostState, active: ActiveRun, key: str, now: int) -> N
                    detail=f"ambiguous effect {key}")
 
 
-def _run_park(host: HostState, active: ActiveRun, message: RunPark, now: int) -> Outcome:
-    if not queue.park_run(host.db, active.run_id, active.claim.token, now, hold=Hold(message.payload.hold),
-                          detail=message.payload.reason):
-        raise ClaimLost(f"the claim on run {active.run_id} is no longer live")
-    return NOTHING, Conclusion.DONE
-
-
 # --- effects -----------------------------------------------------------------------------
 
 
@@ -151,7 +160,6 @@ HANDLERS: dict[type[WorkerMessage], Handler] = {
     AttemptFail: _attempt_fail,
     RunComplete: _run_complete,
     RunFail: _run_fail,
-    RunPark: _run_park,
     EffectReserve: _effect_reserve,
     EffectApply: _effect_apply,
     EffectSettle: _effect_settle,

@@ -276,14 +276,15 @@ def run_source(db: Database, run_id: str) -> tuple[str, str, str, Any, str | Non
     return workflow, project, digest, db.get_json(inline, digest_input), session
 
 
-def ready_state(db: Database, run_id: str) -> tuple[Any, str | None, bool]:
-    """(input, start node, paused) for a worker reporting ready, from one read of the run.
-    The start node is the one its workflow named when the run was created."""
-    row = db.one("SELECT input_json, input_hash, start_node, paused FROM runs WHERE run_id = ?", (run_id,))
+def ready_state(db: Database, run_id: str) -> tuple[Any, str | None, bool, str]:
+    """(input, start node, paused, definition digest) for a worker reporting ready, from one
+    read of the run. The start node is the one its workflow named when the run was created."""
+    row = db.one("SELECT input_json, input_hash, start_node, paused, definition_digest FROM runs WHERE run_id = ?",
+                 (run_id,))
     if row is None:
         raise NotFound(f"run {run_id} not found")
-    inline, digest, start, paused = row
-    return db.get_json(inline, digest), start, bool(paused)
+    inline, digest, start, paused, definition = row
+    return db.get_json(inline, digest), start, bool(paused), definition
 
 
 def input_hash(value: Any) -> str:

@@ -16,6 +16,7 @@ import msgspec
 
 from .. import faults
 from ..engine.executor import EffectRejected, Step, Stop, describe_error, execute
+from ..engine.definition import Workflow
 from ..engine.loader import load_workflow
 from ..errors import ClaimLost, DefinitionError, NodeFailed, PiwfError, WorkflowLoadError
 from .. import processes
@@ -24,8 +25,8 @@ from ..worker_protocol import (
     AttemptAccept, AttemptAcceptPayload, AttemptFail, AttemptFailPayload, AttemptStart, AttemptStartPayload,
     AttemptStartResult, EffectApply, EffectKeyPayload, EffectReserve, EffectReservePayload, EffectSettle,
     EffectSettlePayload, EffectState, LaunchEnvelope, ProcessPayload, ProcessRegister, ProcessRegisterPayload,
-    ProcessUnregister, Ready, ReadyResult, RunComplete, RunCompletePayload, RunFail, RunFailPayload, RunPark,
-    RunParkPayload, StartedAttempt,
+    ProcessUnregister, Ready, ReadyPayload, ReadyResult, RunComplete, RunCompletePayload, RunFail,
+    RunFailPayload, StartedAttempt,
 )
 from .channel import Channel
 
@@ -117,16 +118,11 @@ def read_envelope() -> LaunchEnvelope:
 
 
 def run(envelope: LaunchEnvelope, channel: Channel) -> None:
-    ready = channel.request(Ready, result=ReadyResult)
-    try:
-        workflow = load_workflow(envelope.projectPath, envelope.workflow)
-    except (WorkflowLoadError, DefinitionError) as exc:
-        _park_for_source(channel, f"workflow cannot load: {exc}")
-        return
-    digest = workflow.digest()
-    if digest != envelope.definitionDigest:
-        _park_for_source(channel, f"workflow source changed (digest {digest[:19]}, run has "
-                                  f"{envelope.definitionDigest[:19]}); resume to run the new source")
+    """Load the workflow, then say ready: the host's startup timeout covers the import of
+    user code, and the host (which knows the run's digest) decides whether it may run."""
+    workflow, loaded = _load(envelope)
+    ready = channel.request(Ready, loaded, ReadyResult)
+    if ready.stop is not None or workflow is None:
         return
     steps = [Step(s.seq, s.node, s.exit, s.output) for s in ready.steps]
     journal = HostJournal(channel, ready.attempt)
@@ -145,8 +141,12 @@ def run(envelope: LaunchEnvelope, channel: Channel) -> None:
         channel.request(RunComplete, RunCompletePayload(output=output))
 
 
-def _park_for_source(channel: Channel, reason: str) -> None:
-    channel.request(RunPark, RunParkPayload(hold="source", reason=reason[:2000]))
+def _load(envelope: LaunchEnvelope) -> tuple[Workflow | None, ReadyPayload]:
+    try:
+        workflow = load_workflow(envelope.projectPath, envelope.workflow)
+    except (WorkflowLoadError, DefinitionError) as exc:
+        return None, ReadyPayload(loadError=str(exc)[:1500])
+    return workflow, ReadyPayload(digest=workflow.digest())
 
 
 def main() -> int:

@@ -1,0 +1,84 @@
+"""Workflows that misbehave cannot spin the host: every way a worker ends that did not
+finish its run is a crash, backed off and held; imports that hang are timed out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import trio
+
+from piwf.client import AsyncClient
+from piwf.host.host import Host
+from piwf.paths import StatePaths
+
+from .conftest import config, wait_for, write_workflow
+
+EXITS = """
+    import os
+    from piwf import Workflow, compute
+
+    def leave(ctx):
+        os._exit(ctx.input["status"])
+
+    workflow = Workflow(name="exits", start_at="leave", nodes={"leave": compute(leave)})
+"""
+
+HANGS_IN_WORKER = """
+    import os, time
+    if "PIWF_WORKER_LAUNCH" in os.environ:  # only in a run's worker, not when inspected
+        time.sleep(600)
+    from piwf import Workflow, compute
+
+    workflow = Workflow(name="hangs", start_at="a", nodes={"a": compute(lambda ctx: 1)})
+"""
+
+
+async def _start(client: AsyncClient, project: Path, workflow: str, **payload: object) -> str:
+    started = await client.call("run.start", payload={"workflow": workflow, "projectPath": str(project), **payload})
+    assert started.outcome == "accepted", started.error
+    return started.receipt["runId"]
+
+
+@pytest.mark.parametrize("status", [0, 3])
+async def test_a_worker_that_exits_before_its_run_ended_is_a_crash_whatever_its_status(
+    paths: StatePaths, project: Path, nursery: trio.Nursery, status: int
+) -> None:
+    write_workflow(project, "exits", EXITS)
+    await nursery.start(Host(config(paths, crash_backoff_s=0.01, max_crashes=3)).serve)
+    async with AsyncClient(paths) as client:
+        run_id = await _start(client, project, "exits", input={"status": status})
+        held = (await client.call("run.wait", run_id=run_id)).receipt
+    assert (held["queueStatus"], held["hold"]) == ("parked", "crashed")
+    assert [(w["status"], w["exitCode"]) for w in held["workers"]] == [("crashed", status)] * 3
+
+
+async def test_a_run_between_crashes_can_be_cancelled(paths: StatePaths, project: Path,
+                                                     nursery: trio.Nursery) -> None:
+    write_workflow(project, "exits", EXITS)
+    await nursery.start(Host(config(paths, crash_backoff_s=30)).serve)  # a long back-off after the first
+    async with AsyncClient(paths) as client:
+        run_id = await _start(client, project, "exits", input={"status": 3})
+        await wait_for(lambda: _workers_ended(client, run_id, 1))
+        cancelled = await client.call("run.cancel", run_id=run_id)
+        assert cancelled.outcome == "accepted", cancelled.error
+        assert (await client.call("run.status", run_id=run_id)).receipt["status"] == "cancelled"
+
+
+async def _workers_ended(client: AsyncClient, run_id: str, count: int) -> bool:
+    workers = (await client.call("run.status", run_id=run_id)).receipt["workers"]
+    return sum(w["status"] not in ("starting", "running") for w in workers) >= count
+
+
+async def test_a_workflow_whose_import_hangs_in_the_worker_is_timed_out_and_held(
+    paths: StatePaths, project: Path, nursery: trio.Nursery
+) -> None:
+    write_workflow(project, "hangs", HANGS_IN_WORKER)
+    await nursery.start(Host(config(paths, worker_startup_s=0.5, crash_backoff_s=0.01, max_crashes=2)).serve)
+    async with AsyncClient(paths) as client:
+        run_id = await _start(client, project, "hangs")
+        held = (await client.call("run.wait", run_id=run_id)).receipt
+        status = (await client.call("host.status")).receipt
+    assert (held["queueStatus"], held["hold"]) == ("parked", "crashed")
+    assert [w["status"] for w in held["workers"]] == ["timedOut", "timedOut"]
+    assert status["activeWorkers"] == 0  # no slot held
