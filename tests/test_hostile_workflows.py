@@ -82,3 +82,65 @@ async def test_a_workflow_whose_import_hangs_in_the_worker_is_timed_out_and_held
     assert (held["queueStatus"], held["hold"]) == ("parked", "crashed")
     assert [w["status"] for w in held["workers"]] == ["timedOut", "timedOut"]
     assert status["activeWorkers"] == 0  # no slot held
+
+
+BIG_OUTPUTS = """
+    import os
+    from pathlib import Path
+    from piwf import Workflow, compute
+
+    def big(ctx):
+        return {"blob": "x" * (3 * 1024 * 1024)}  # under the 4 MiB limit; six add up past the 16 MiB frame
+
+    def last(ctx):
+        marker = Path(ctx.project_path) / "crashed-once"
+        if not marker.exists():
+            marker.touch()
+            os._exit(9)  # the next worker must receive all six outputs
+        return {"sizes": [len(ctx.outputs[n]["blob"]) for n in "abcdef"]}
+
+    workflow = Workflow(
+        name="big", start_at="a",
+        nodes={**{n: compute(big) for n in "abcdef"}, "last": compute(last)},
+        edges=[("a", "b"), ("b", "c"), ("c", "d"), ("d", "e"), ("e", "f"), ("f", "last")],
+    )
+"""
+
+TOO_BIG = """
+    from pathlib import Path
+    from piwf import Workflow, compute
+
+    def huge(ctx):
+        with open(Path(ctx.project_path) / "huge.log", "a") as f:
+            f.write("ran\\n")
+        return "x" * (5 * 1024 * 1024)
+
+    workflow = Workflow(name="huge", start_at="huge", nodes={"huge": compute(huge)})
+"""
+
+
+async def test_a_run_whose_outputs_add_up_past_the_frame_limit_resumes(
+    paths: StatePaths, project: Path, nursery: trio.Nursery
+) -> None:
+    write_workflow(project, "big", BIG_OUTPUTS)
+    await nursery.start(Host(config(paths, crash_backoff_s=0.01)).serve)
+    async with AsyncClient(paths) as client:
+        run_id = await _start(client, project, "big")
+        done = (await client.call("run.wait", run_id=run_id)).receipt
+        await wait_for(lambda: _workers_ended(client, run_id, 2))
+        done["workers"] = (await client.call("run.status", run_id=run_id)).receipt["workers"]
+    assert done["status"] == "completed", done["statusDetail"]
+    assert done["output"] == {"sizes": [3 * 1024 * 1024] * 6}
+    assert [w["status"] for w in done["workers"]] == ["crashed", "exited"]
+
+
+async def test_an_output_over_the_limit_fails_its_node_once(paths: StatePaths, project: Path,
+                                                            nursery: trio.Nursery) -> None:
+    write_workflow(project, "huge", TOO_BIG)
+    await nursery.start(Host(config(paths, crash_backoff_s=0.01)).serve)
+    async with AsyncClient(paths) as client:
+        run_id = await _start(client, project, "huge")
+        failed = (await client.call("run.wait", run_id=run_id)).receipt
+    assert failed["status"] == "failed"
+    assert "over the 4194304-byte limit" in failed["error"]["message"]
+    assert (project / "huge.log").read_text() == "ran\n"  # once: not a crash to retry

@@ -150,7 +150,7 @@ async def test_a_zombie_worker_has_every_write_refused(
         assert record["status"] == "claimLost"
         assert (record["exitCode"], record["signal"]) == (0, None), record
         await wait_for(lambda: not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE)
-        assert runs.accepted_steps(thief, run_id) == []
+        assert runs.accepted_steps(thief, run_id) == ([], False)
         assert thief.one("SELECT claim_token, generation FROM run_queue WHERE run_id = ?", (run_id,)) == (
             "thief-token", stolen.generation)
         assert [s.status for s in runs.get_run(thief, run_id).steps] == ["interrupted"]

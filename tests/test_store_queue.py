@@ -203,7 +203,8 @@ def test_attempts_are_fenced_and_accepted_once(db: Database, clock: ManualClock)
                         now=clock.now_ms())
     with pytest.raises(Rejected):
         runs.accept_attempt(db, "r1", "t1", attempt_id=attempt, output=2, exit_name="next", now=clock.now_ms())
-    assert runs.accepted_steps(db, "r1") == [{"seq": 0, "node": "a", "exit": "next", "output": {"big": "x" * 10_000}}]
+    assert runs.accepted_steps(db, "r1") == ([{"seq": 0, "node": "a", "exit": "next", "output": {"big": "x" * 10_000}}],
+                                             False)
 
 
 def test_pause_holds_and_resume_releases(db: Database, clock: ManualClock) -> None:

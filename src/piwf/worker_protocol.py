@@ -77,6 +77,10 @@ class RunFailPayload(Payload):
     error: ErrorInfo
 
 
+class StepsReadPayload(Payload):
+    afterSeq: Count
+
+
 class EffectReservePayload(Payload):
     key: Text
     node: Text
@@ -130,6 +134,12 @@ class RunFail(WorkerMessage, tag="run.fail"):
     payload: RunFailPayload
 
 
+class StepsRead(WorkerMessage, tag="steps.read"):
+    """The next page of accepted steps, when ``worker.ready`` said there were more."""
+
+    payload: StepsReadPayload
+
+
 class EffectReserve(WorkerMessage, tag="effect.reserve"):
     payload: EffectReservePayload
 
@@ -151,7 +161,7 @@ class ProcessUnregister(WorkerMessage, tag="process.unregister"):
 
 
 AnyWorkerMessage = (Ready | AttemptStart | AttemptAccept | AttemptFail | RunComplete | RunFail
-                    | EffectReserve | EffectApply | EffectSettle | ProcessRegister | ProcessUnregister)
+                    | StepsRead | EffectReserve | EffectApply | EffectSettle | ProcessRegister | ProcessUnregister)
 WORKER_OPERATIONS = {cls.__struct_config__.tag: cls for cls in AnyWorkerMessage.__args__}  # type: ignore[attr-defined]
 
 
@@ -180,6 +190,12 @@ class ReadyResult(Result):
     steps: list[AcceptedStep] = []
     attempt: StartedAttempt | None = None  # a fresh run's first attempt, started with the answer
     stop: Literal["source"] | None = None  # the workflow did not load or changed: the run is held
+    more: bool = False  # more accepted steps than fit one answer: read them with steps.read
+
+
+class StepsPage(Result):
+    steps: list[AcceptedStep] = []
+    more: bool = False
 
 
 class AttemptStartResult(Result):

@@ -21,8 +21,8 @@ from typing import Any, Protocol
 
 import msgspec
 
-from ..errors import ClaimLost, DefinitionError, HostRefused, NodeFailed
-from ..wire import canonical_json
+from ..errors import ClaimLost, DefinitionError, HostRefused, NodeFailed, ProtocolError
+from ..wire import canonical_json, check_nesting
 from .definition import DEFAULT_EXIT, Compute, Route, Shell, Workflow
 
 TRACEBACK_TAIL = 4000
@@ -129,18 +129,39 @@ def execute(workflow: Workflow, *, run_id: str, project_path: str, input: Any,
     return last
 
 
+MAX_OUTPUT_BYTES = 4 * 1024 * 1024  # one node's output as JSON; a larger one fails the node
+
+
+class OutputTooLarge(ValueError):
+    """A node's output over MAX_OUTPUT_BYTES or nested deeper than MAX_NESTING: the node
+    fails (once: it is not a crash to retry)."""
+
+
 def run_node(node: Compute | Shell, ctx: Context) -> tuple[Any, str]:
     if isinstance(node, Shell):
-        return run_shell(node, ctx), DEFAULT_EXIT
+        output = run_shell(node, ctx)
+        check_output(output)
+        return output, DEFAULT_EXIT
     result = node.fn(ctx)
     exit_name = DEFAULT_EXIT
     if isinstance(result, Route):
         exit_name, result = result.exit, result.value
+    check_output(result)
+    return result, exit_name
+
+
+def check_output(value: Any) -> None:
+    """An output must be JSON that the host can store and send back to a later worker."""
     try:
-        canonical_json(result)
+        encoded = canonical_json(value)
     except (TypeError, msgspec.EncodeError) as exc:
         raise TypeError(f"node output is not JSON: {exc}") from exc
-    return result, exit_name
+    if len(encoded) > MAX_OUTPUT_BYTES:
+        raise OutputTooLarge(f"node output is {len(encoded)} bytes as JSON, over the {MAX_OUTPUT_BYTES}-byte limit")
+    try:
+        check_nesting(encoded)
+    except ProtocolError as exc:
+        raise OutputTooLarge(f"node output is {exc}") from None
 
 
 # The shell node's program starts only once the host has recorded its process: the gate

@@ -16,7 +16,7 @@ from ..store import effects, queue, runs, workers
 from ..worker_protocol import (
     AcceptedStep, AttemptAccept, AttemptFail, AttemptStart, AttemptStartResult, EffectApply, EffectReserve,
     EffectSettle, EffectState, ProcessRegister, ProcessUnregister, Ready, ReadyResult, Result, RunComplete,
-    RunFail, StartedAttempt, WorkerMessage, WorkerResponse,
+    RunFail, StartedAttempt, StepsPage, StepsRead, WorkerMessage, WorkerResponse,
 )
 from .state import ActiveRun, Conclusion, HostState, log
 
@@ -39,8 +39,8 @@ def _ready(host: HostState, active: ActiveRun, message: Ready, now: int) -> Outc
     if held is not None:
         queue.park_run(host.db, active.run_id, active.claim.token, now, hold=Hold.SOURCE, detail=held[:2000])
         return ReadyResult(stop="source"), Conclusion.DONE
-    steps = [AcceptedStep(**step) for step in runs.accepted_steps(host.db, active.run_id)]
-    result = ReadyResult(input=run_input, steps=steps)
+    steps, more = runs.accepted_steps(host.db, active.run_id, budget=runs.STEPS_PAGE_BYTES)
+    result = ReadyResult(input=run_input, steps=[AcceptedStep(**step) for step in steps], more=more)
     if not steps and start is not None and not paused:
         attempt_id, _ = runs.start_attempt(host.db, active.run_id, active.claim.token, seq=0, node=start,
                                            generation=active.claim.generation, now=now)
@@ -56,6 +56,11 @@ def _source_problem(message: Ready, digest: str) -> str | None:
         return (f"workflow source changed (digest {str(loaded.digest)[:19]}, run has {digest[:19]}); "
                 "resume to run the new source")
     return None
+
+
+def _steps_read(host: HostState, active: ActiveRun, message: StepsRead, now: int) -> Outcome:
+    steps, more = runs.accepted_steps(host.db, active.run_id, message.payload.afterSeq, budget=runs.STEPS_PAGE_BYTES)
+    return StepsPage(steps=[AcceptedStep(**step) for step in steps], more=more), None
 
 
 def _attempt_start(host: HostState, active: ActiveRun, message: AttemptStart, now: int) -> Outcome:
@@ -155,6 +160,7 @@ def _process_unregister(host: HostState, active: ActiveRun, message: ProcessUnre
 
 HANDLERS: dict[type[WorkerMessage], Handler] = {
     Ready: _ready,
+    StepsRead: _steps_read,
     AttemptStart: _attempt_start,
     AttemptAccept: _attempt_accept,
     AttemptFail: _attempt_fail,

@@ -181,16 +181,27 @@ def _bump(db: Database, run_id: str, now: int) -> int:
                      (now, run_id))
 
 
-def accepted_steps(db: Database, run_id: str) -> list[dict[str, Any]]:
+STEPS_PAGE_BYTES = 8 * 1024 * 1024  # accepted outputs sent to a worker in one answer, at most
+
+
+def accepted_steps(db: Database, run_id: str, after_seq: int = -1,
+                   budget: int | None = None) -> tuple[list[dict[str, Any]], bool]:
+    """Accepted steps after ``after_seq``, in order, whose outputs add up to at most
+    ``budget`` bytes (always at least one); and whether more remain."""
     rows = db.execute(
-        """SELECT seq, node_id, exit_name, output_json, output_hash FROM node_attempts
-           WHERE run_id = ? AND status = 'accepted' ORDER BY seq""",
-        (run_id,),
-    ).fetchall()
-    return [
-        {"seq": seq, "node": node, "exit": exit_name, "output": db.get_json(inline, digest)}
-        for seq, node, exit_name, inline, digest in rows
-    ]
+        """SELECT seq, node_id, exit_name, output_json, output_hash,
+             COALESCE(length(output_json), (SELECT length(content) FROM blobs WHERE hash = output_hash), 0)
+           FROM node_attempts WHERE run_id = ? AND status = 'accepted' AND seq > ? ORDER BY seq""",
+        (run_id, after_seq),
+    )
+    steps: list[dict[str, Any]] = []
+    used = 0
+    for seq, node, exit_name, inline, digest, size in rows:
+        if budget is not None and steps and used + size > budget:
+            return steps, True
+        used += size
+        steps.append({"seq": seq, "node": node, "exit": exit_name, "output": db.get_json(inline, digest)})
+    return steps, False
 
 
 # --- reads -------------------------------------------------------------------------------

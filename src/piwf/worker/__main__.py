@@ -26,7 +26,7 @@ from ..worker_protocol import (
     AttemptStartResult, EffectApply, EffectKeyPayload, EffectReserve, EffectReservePayload, EffectSettle,
     EffectSettlePayload, EffectState, LaunchEnvelope, ProcessPayload, ProcessRegister, ProcessRegisterPayload,
     ProcessUnregister, Ready, ReadyPayload, ReadyResult, RunComplete, RunCompletePayload, RunFail,
-    RunFailPayload, StartedAttempt,
+    RunFailPayload, StartedAttempt, StepsPage, StepsRead, StepsReadPayload,
 )
 from .channel import Channel
 
@@ -124,7 +124,7 @@ def run(envelope: LaunchEnvelope, channel: Channel) -> None:
     ready = channel.request(Ready, loaded, ReadyResult)
     if ready.stop is not None or workflow is None:
         return
-    steps = [Step(s.seq, s.node, s.exit, s.output) for s in ready.steps]
+    steps = _accepted_steps(channel, ready)
     journal = HostJournal(channel, ready.attempt)
     try:
         output = execute(workflow, run_id=envelope.runId, project_path=envelope.projectPath,
@@ -139,6 +139,16 @@ def run(envelope: LaunchEnvelope, channel: Channel) -> None:
         return
     if not journal.finished:  # every step was accepted before this worker: complete now
         channel.request(RunComplete, RunCompletePayload(output=output))
+
+
+def _accepted_steps(channel: Channel, ready: ReadyResult) -> list[Step]:
+    """Every accepted step, read in pages when they do not fit one answer."""
+    pages, more = [ready.steps], ready.more
+    while more:
+        page = channel.request(StepsRead, StepsReadPayload(afterSeq=pages[-1][-1].seq), StepsPage)
+        pages.append(page.steps)
+        more = page.more
+    return [Step(s.seq, s.node, s.exit, s.output) for page in pages for s in page]
 
 
 def _load(envelope: LaunchEnvelope) -> tuple[Workflow | None, ReadyPayload]:
