@@ -202,7 +202,7 @@ def _run_resume(host: HostState, request: ResumeRun, info: WorkflowInfo | None, 
     _check_revision(host, request)
     definition = None if info is None else (info.digest, info.source, info.start_at)
     receipt = HoldReceipt(**runs.resume_run(host.db, run_id, host.now(), definition=definition))
-    host.crashes.pop(run_id, None)
+    host.backoff.pop(run_id, None)
     after.append(host.wake)
     return HostResponse(request.requestId, Outcome.ACCEPTED, revision=runs.revision(host.db, run_id),
                         receipt=receipt)

@@ -21,7 +21,7 @@ from ..status import CRASHES, STOPPED_AS, Hold, StopReason, WorkerStatus
 from ..store import queue, runs, supervision
 from ..store.queue import Claim
 from ..worker_protocol import LaunchEnvelope
-from .state import ActiveRun, Conclusion, CrashRecord, HostState, ProcessEnd, WorkerEnd, log
+from .state import ActiveRun, Conclusion, HostState, ProcessEnd, WorkerEnd, log
 from .worker_process import run_worker
 
 MAX_BACKOFF_S = 60.0
@@ -46,7 +46,7 @@ async def serve_dispatcher(host: HostState, *, task_status: trio.TaskStatus[None
 def _next_poll(host: HostState) -> float:
     """The backstop poll, or sooner when a crashed run's back-off ends."""
     now = trio.current_time()
-    waits = [c.not_before - now for c in host.crashes.values() if c.not_before > now]
+    waits = [not_before - now for not_before in host.backoff.values() if not_before > now]
     return min([host.config.poll_s, *waits])
 
 
@@ -57,7 +57,7 @@ def _claim_available(host: HostState) -> list[tuple[Claim, str]]:
     if room <= 0:
         return []
     now_s = trio.current_time()
-    exclude = frozenset({r for r, c in host.crashes.items() if c.not_before > now_s} | set(host.active))
+    exclude = frozenset({r for r, not_before in host.backoff.items() if not_before > now_s} | set(host.active))
     try:
         return supervision.claim_runs(host.db, room=room, exclude=exclude, runner_id=host.host_id,
                                       lease_ms=host.config.run_lease_ms, now=host.now(), epoch=host.epoch)
@@ -145,13 +145,11 @@ def _worker_end(host: HostState, active: ActiveRun, stopped_by: StopReason | Non
     """The worker's record, and the run parked unless its claim is gone (cancelled, lost)."""
     status = _worker_status(active, stopped_by)
     process = active.process_end or ProcessEnd(None, "")
-    if active.conclusion is Conclusion.DONE or status in (WorkerStatus.CANCELLED, WorkerStatus.CLAIM_LOST):
-        host.crashes.pop(active.run_id, None)
     if status in CRASHES:
         log.warning("run %s: worker %s (exit %s, signal %s): %s", active.run_id, status, process.exit_code,
                     process.signal, _last_line(process.diagnostic))
     park = status not in (WorkerStatus.CANCELLED, WorkerStatus.CLAIM_LOST)
-    return WorkerEnd(active, status, process, park=park, hold_detail=_crash_detail(host, active, status, process))
+    return WorkerEnd(active, status, process, park=park)
 
 
 def _record_end(host: HostState, end: WorkerEnd) -> None:
@@ -170,33 +168,32 @@ def retry_unrecorded(host: HostState) -> None:
 def _write_end(host: HostState, end: WorkerEnd) -> bool:
     active, process = end.active, end.process
     try:
-        parked = supervision.end_worker(
+        crashes = supervision.end_worker(
             host.db, worker_epoch=active.worker_epoch, run_id=active.run_id, token=active.claim.token,
             status=end.status, now=host.now(), exit_code=process.exit_code, signal=process.signal,
-            diagnostic=process.diagnostic or None, park=end.park,
-            hold=Hold.CRASHED if end.hold_detail else None, detail=end.hold_detail)
+            diagnostic=process.diagnostic or None, park=end.park, max_crashes=host.config.max_crashes,
+            last_output=_last_line(process.diagnostic))
     except PiwfError as exc:
         log.error("run %s: could not record the end of its worker (%s): %s; will retry", active.run_id,
                   end.status, exc)
         return False
-    if parked:
-        log.info("run %s: parked after worker %s%s", active.run_id, end.status,
-                 f" ({end.hold_detail})" if end.hold_detail else "")
+    _back_off(host, active.run_id, crashes)
     return True
 
 
-def _crash_detail(host: HostState, active: ActiveRun, status: WorkerStatus, process: ProcessEnd) -> str | None:
-    """Back off a run whose worker keeps crashing; hold it after ``max_crashes`` in a row."""
-    if status not in CRASHES:
-        return None
-    record = host.crashes.get(active.run_id, CrashRecord(0, 0.0))
-    backoff = min(MAX_BACKOFF_S, host.config.crash_backoff_s * 2**record.count)
-    record = CrashRecord(record.count + 1, trio.current_time() + backoff)
-    host.crashes[active.run_id] = record
-    if record.count < host.config.max_crashes:
-        return None
-    host.crashes.pop(active.run_id)
-    return f"worker crashed {record.count} times in a row; last output: {_last_line(process.diagnostic)}"
+def _back_off(host: HostState, run_id: str, crashes: int) -> None:
+    """A run whose worker crashed is claimed again after a back-off that doubles with each
+    crash in a row (the store counts them, and holds the run after ``max_crashes``)."""
+    if crashes == 0:
+        host.backoff.pop(run_id, None)
+        return
+    if crashes >= host.config.max_crashes:
+        log.warning("run %s: held after %d crashes in a row", run_id, crashes)
+        host.backoff.pop(run_id, None)
+        return
+    delay = min(MAX_BACKOFF_S, host.config.crash_backoff_s * 2 ** (crashes - 1))
+    host.backoff[run_id] = trio.current_time() + delay
+    log.info("run %s: parked after a crash; claimed again in %.1f s", run_id, delay)
 
 
 def _last_line(text: str) -> str:

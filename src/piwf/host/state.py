@@ -101,13 +101,6 @@ class WorkerEnd:
     status: WorkerStatus
     process: ProcessEnd
     park: bool
-    hold_detail: str | None
-
-
-@dataclass(eq=False)
-class CrashRecord:
-    count: int
-    not_before: float
 
 
 @dataclass(eq=False)
@@ -120,7 +113,7 @@ class HostState:
     catalog: Catalog = field(default_factory=Catalog)
     launcher: Launcher = field(default_factory=SpawnLauncher)
     active: dict[str, ActiveRun] = field(default_factory=dict)
-    crashes: dict[str, CrashRecord] = field(default_factory=dict)
+    backoff: dict[str, float] = field(default_factory=dict)  # run id -> not claimed before (trio time)
     unrecorded: dict[str, WorkerEnd] = field(default_factory=dict)  # ends the store refused (a full disk)
     connections: int = 0
     drain_deadline: float = math.inf  # set when a drain starts: every cleanup ends by then

@@ -106,7 +106,7 @@ def resume_run(db: Database, run_id: str, now: int, *,
             digest, source, start_node = definition
             db.execute("UPDATE runs SET definition_digest = ?, definition_hash = ?, start_node = ? WHERE run_id = ?",
                        (digest, db.put_blob(source, now), start_node, run_id))
-        db.execute("UPDATE run_queue SET hold = NULL, updated_at = ? WHERE run_id = ?", (now, run_id))
+        db.execute("UPDATE run_queue SET hold = NULL, crash_count = 0, updated_at = ? WHERE run_id = ?", (now, run_id))
         db.execute(
             "UPDATE runs SET paused = 0, status_detail = NULL, updated_at = ? WHERE run_id = ?",
             (now, run_id),

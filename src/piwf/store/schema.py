@@ -3,7 +3,7 @@
 from ..status import WorkerStatus
 
 APPLICATION_ID = 0x70697766  # "piwf"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
 def one_of(values: type[WorkerStatus]) -> str:
@@ -89,6 +89,12 @@ CREATE TABLE run_processes (
   PRIMARY KEY (worker_epoch, pid)
 );
 CREATE INDEX run_processes_live ON run_processes(status, worker_epoch);
+"""
+
+# Layout 4: consecutive crashes, counted where the run is claimed (run_queue keeps the
+# column order of layout 2 so its migration can copy rows with SELECT *).
+CRASH_COUNT_SQL = """
+ALTER TABLE run_queue ADD COLUMN crash_count INTEGER NOT NULL DEFAULT 0;
 """
 
 SCHEMA_SQL = """
@@ -190,7 +196,7 @@ CREATE TABLE worker_messages (
   completed_at INTEGER NOT NULL,
   PRIMARY KEY (worker_epoch, message_id)
 );
-""" + EFFECTS_AND_PROCESSES_SQL
+""" + EFFECTS_AND_PROCESSES_SQL + CRASH_COUNT_SQL
 
 # Tables every known layout has; a database missing one is incomplete, not old.
 REQUIRED_TABLES = (
@@ -222,4 +228,7 @@ DROP INDEX run_workers_run;
 INSERT INTO run_workers SELECT * FROM run_workers_v2;
 DROP TABLE run_workers_v2;
 """,
+    # 4: crashes in a row are counted in the run's queue row, so a run that keeps killing
+    # what runs it is held however often the host restarts.
+    3: CRASH_COUNT_SQL,
 }

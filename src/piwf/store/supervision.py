@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import secrets
 
-from ..status import Hold, WorkerStatus
+from ..status import CRASHES, Hold, WorkerStatus
 from . import queue, workers
 from .db import Database
 from .queue import Claim
@@ -32,10 +32,20 @@ def claim_runs(db: Database, *, room: int, exclude: frozenset[str], runner_id: s
 
 def end_worker(db: Database, *, worker_epoch: str, run_id: str, token: str, status: WorkerStatus, now: int,
                exit_code: int | None, signal: int | None, diagnostic: str | None, park: bool,
-               hold: Hold | None = None, detail: str | None = None) -> bool:
-    """Record how a worker ended and, with ``park``, release its run's claim (held with
-    ``detail`` when ``hold`` is given). Returns True when the run was parked."""
+               max_crashes: int, last_output: str = "") -> int:
+    """Record how a worker ended and, with ``park``, release its run's claim. A crash is
+    counted on the run (durably: a run that keeps killing what runs it is held however
+    often the host restarts); the ``max_crashes``-th in a row holds it with the worker's
+    last output. Returns the run's crashes in a row (0 when this end was no crash)."""
     with db.write():
         workers.finish(db, worker_epoch, run_id, status, now, exit_code=exit_code, signal=signal,
                        diagnostic=diagnostic)
-        return park and queue.park_run(db, run_id, token, now, hold=hold, detail=detail)
+        crashes = 0
+        if status in CRASHES:
+            crashes = db.scalar("UPDATE run_queue SET crash_count = crash_count + 1 "
+                                "WHERE run_id = ? AND claim_token = ? RETURNING crash_count", (run_id, token)) or 0
+        held = crashes >= max_crashes
+        if park:
+            detail = f"worker crashed {crashes} times in a row; last output: {last_output}" if held else None
+            queue.park_run(db, run_id, token, now, hold=Hold.CRASHED if held else None, detail=detail)
+        return crashes
