@@ -144,3 +144,48 @@ async def test_an_output_over_the_limit_fails_its_node_once(paths: StatePaths, p
     assert failed["status"] == "failed"
     assert "over the 4194304-byte limit" in failed["error"]["message"]
     assert (project / "huge.log").read_text() == "ran\n"  # once: not a crash to retry
+
+
+PARRICIDE = """
+    import os, signal
+    from piwf import Workflow, compute
+
+    def kill_parent(ctx):
+        os.kill(os.getppid(), signal.SIGKILL)
+        os._exit(1)
+
+    workflow = Workflow(name="parricide", start_at="kill", nodes={"kill": compute(kill_parent)})
+"""
+
+
+@pytest.mark.parametrize("mode", ["fork", "spawn"])
+async def test_a_node_that_kills_its_parent_never_reaches_the_host_and_is_held(
+    paths: StatePaths, project: Path, nursery: trio.Nursery, mode: str
+) -> None:
+    """In-process host: were the host a worker's parent, this test's own process would die."""
+    write_workflow(project, "parricide", PARRICIDE)
+    await nursery.start(Host(config(paths, worker_start=mode, crash_backoff_s=0.01, max_crashes=3)).serve)
+    async with AsyncClient(paths) as client:
+        run_id = await _start(client, project, "parricide")
+        held = (await client.call("run.wait", run_id=run_id)).receipt
+        assert (held["queueStatus"], held["hold"]) == ("parked", "crashed")
+        assert held["statusDetail"].startswith("worker crashed 3 times in a row")
+        greet = await _start(client, project, "greet")  # a template is there again
+        assert (await client.call("run.wait", run_id=greet)).receipt["status"] == "completed"
+
+
+async def test_crashes_in_a_row_are_counted_across_host_restarts(paths: StatePaths, project: Path) -> None:
+    write_workflow(project, "exits", EXITS)
+    async with trio.open_nursery() as nursery:  # the first host sees one crash, then stops
+        await nursery.start(Host(config(paths, crash_backoff_s=60)).serve)
+        async with AsyncClient(paths) as client:
+            run_id = await _start(client, project, "exits", input={"status": 1})
+            await wait_for(lambda: _workers_ended(client, run_id, 1))
+        nursery.cancel_scope.cancel()
+    async with trio.open_nursery() as nursery:  # the next host holds it after its second
+        await nursery.start(Host(config(paths, crash_backoff_s=0.01, max_crashes=2)).serve)
+        async with AsyncClient(paths) as client:
+            held = (await client.call("run.wait", run_id=run_id)).receipt
+        nursery.cancel_scope.cancel()
+    assert held["hold"] == "crashed" and held["statusDetail"].startswith("worker crashed 2 times in a row")
+    assert [w["status"] for w in held["workers"]] == ["crashed", "crashed"]

@@ -12,7 +12,7 @@ import pytest
 
 from piwf.paths import StatePaths
 
-from .conftest import HostProcess, write_workflow
+from .conftest import HostProcess, wait_for, write_workflow
 from .test_lifecycle import call
 
 WHOAMI = """
@@ -64,19 +64,22 @@ async def test_each_run_gets_a_fresh_process_in_its_own_process_group(
         assert seen["marker"] == mode  # the host's environment, passed on
         assert seen["template"] is None
         assert seen["fds"][:3] == [0, 1, 2] and len(seen["fds"]) <= 8  # its pipes, no template leftovers
-    template = templates(host.proc.pid)
-    assert len(template) == (1 if mode == "fork" else 0)
-    assert first["ppid"] == (template[0] if mode == "fork" else host.proc.pid)
+    [template] = templates(host.proc.pid)
+    assert first["ppid"] == second["ppid"] == template  # never the host: a node cannot signal it as its parent
 
 
-async def test_a_killed_template_falls_back_to_spawn(
-    host_process: Callable[..., HostProcess], paths: StatePaths, project: Path
+@pytest.mark.parametrize("mode", ["fork", "spawn"])
+async def test_a_killed_template_is_started_again_and_the_host_is_never_a_workers_parent(
+    host_process: Callable[..., HostProcess], paths: StatePaths, project: Path, mode: str
 ) -> None:
     write_workflow(project, "whoami", WHOAMI)
-    host = await host_process().start()
+    host = await host_process("--worker-start", mode).start()
     assert host.proc is not None
     await run_whoami(paths, project)  # the template is up and used
-    os.kill(templates(host.proc.pid)[0], signal.SIGKILL)
+    [first] = templates(host.proc.pid)
+    os.kill(first, signal.SIGKILL)
+    await wait_for(lambda: templates(host.proc.pid) not in ([], [first]))
+    [second] = templates(host.proc.pid)
     seen = await run_whoami(paths, project)
-    assert seen["ppid"] == host.proc.pid  # spawned by the host itself now
-    assert "starting workers with plain spawn" in host.log.read_text()
+    assert seen["ppid"] == second != host.proc.pid
+    assert "the fork server exited; starting another" in host.log.read_text()

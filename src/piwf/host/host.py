@@ -26,7 +26,8 @@ from ..status import StopReason
 from ..store import Database, commands, queue, workers
 from ..store.hosts import acquire_lease, read_lease, release_lease, renew_lease
 from .. import faults, processes
-from .launcher import ForkLauncher, fork_available
+from .fork_launcher import ForkLauncher
+from .launcher import fork_available
 from .lock import HostLock
 from .runs import serve_dispatcher
 from .server import open_listener, serve_socket
@@ -61,8 +62,9 @@ class Host:
     async def _serve(self, host: HostState, task_status: trio.TaskStatus[HostState]) -> None:
         # The launcher outlives the runs: stopping a forked worker needs its exit report.
         async with trio.open_nursery() as outer:
-            if self.config.worker_start == "fork" and fork_available():
-                host.launcher = ForkLauncher(lambda: host.drain_deadline)
+            if fork_available():  # elsewhere the host spawns workers itself (SpawnLauncher)
+                host.launcher = ForkLauncher(lambda: host.drain_deadline,
+                                             exec_worker=self.config.worker_start == "spawn")
                 await outer.start(host.launcher.serve)
             try:
                 await self._serve_runs(host, task_status)

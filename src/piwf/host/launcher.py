@@ -1,6 +1,8 @@
-"""Starting worker processes: forked from a preloaded template, or spawned.
+"""Worker process handles, and starting workers where no fork server can run.
 
-Both give the supervisor the same handle: ``pid`` (leader of the worker's own process
+On Linux workers are started by a template process (``fork_launcher.ForkLauncher``);
+``SpawnLauncher`` (the host as the worker's parent) is only for platforms without
+``fork`` and pidfds. Both give the supervisor the same handle: ``pid`` (leader of the worker's own process
 group), ``stdout`` (the worker's output, stdout and stderr together), and three steps
 that keep a signal from ever reaching a recycled pid:
 
@@ -13,29 +15,20 @@ that keep a signal from ever reaching a recycled pid:
 
 from __future__ import annotations
 
-import array
 import contextlib
-import json
-import logging
-import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import trio
 import trio_util
 
 from .. import processes
 
-log = logging.getLogger("piwf.host")
-
-TEMPLATE_READY_S = 10.0
-CLOSE_S = 10.0
 
 
 @dataclass
@@ -178,164 +171,3 @@ class ForkedWorker:
 
 def fork_available() -> bool:
     return sys.platform == "linux" and hasattr(os, "fork") and hasattr(os, "pidfd_open")
-
-
-class ForkLauncher:
-    """Forks workers from a template process that has piwf's worker modules imported."""
-
-    def __init__(self, drain_deadline: Callable[[], float] = lambda: math.inf) -> None:
-        self._drain_deadline = drain_deadline  # closing the template ends by then, too
-        self._sock: trio.socket.SocketType | None = None
-        self._process: trio.Process | None = None
-        self._ready = trio.Event()
-        self._failed: str | None = None
-        self._next_id = 0
-        self._pending: dict[int, tuple[trio.Event, list[Any]]] = {}
-        self._workers: dict[int, ForkedWorker] = {}
-        self._fallback = SpawnLauncher()
-
-    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Run the template for the host's life; on failure, fall back to spawning."""
-        host_end, template_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        try:
-            self._process = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "piwf.worker.forkserver"], start_new_session=True,
-                pass_fds=(template_end.fileno(),), stdin=subprocess.DEVNULL,
-                env={**os.environ, "PIWF_FORKSERVER_FD": str(template_end.fileno())},
-            )
-        except OSError as exc:
-            self._fail(f"cannot start the fork server: {exc}")
-            task_status.started()
-            return
-        finally:
-            template_end.close()
-        self._sock = trio.socket.from_stdlib_socket(host_end)
-        task_status.started()
-        try:
-            await self._read_replies()
-        finally:
-            deadline = min(trio.current_time() + CLOSE_S, self._drain_deadline())
-            with trio.CancelScope(shield=True, deadline=deadline):
-                await self._close()
-            await self._kill_template()
-
-    async def _close(self) -> None:
-        """Keep reading exit reports while workers are still being stopped (their
-        supervisors wait for them), then close the template; all within CLOSE_S."""
-        assert self._sock is not None
-        with trio.move_on_after(CLOSE_S / 2):
-            while self._workers and not self._failed:
-                message = await self._receive()
-                if not message:
-                    break
-                await self._dispatch(message)
-        if self._workers:
-            log.warning("closing the fork server with %d worker(s) unreported", len(self._workers))
-        self._sock.close()
-        if self._process is not None:
-            await self._process.wait()  # it exits when its socket closes
-
-    async def _kill_template(self) -> None:
-        """A template that did not exit in time (stopped, stuck) is killed and reaped."""
-        if self._sock is not None:
-            self._sock.close()
-        if self._process is not None and self._process.returncode is None:
-            self._process.kill()
-            with trio.CancelScope(shield=True, deadline=trio.current_time() + CLOSE_S):
-                await self._process.wait()
-
-    async def _read_replies(self) -> None:
-        assert self._sock is not None
-        with trio.move_on_after(TEMPLATE_READY_S) as waiting:
-            message = await self._receive()
-            if message.get("ready"):
-                self._ready.set()
-        if waiting.cancelled_caught or not self._ready.is_set():
-            self._fail("the fork server did not start")
-            return
-        while message := await self._receive():
-            await self._dispatch(message)
-        self._fail("the fork server exited")
-
-    async def _receive(self) -> dict[str, Any]:
-        assert self._sock is not None
-        try:
-            data = await self._sock.recv(65536)
-        except OSError:
-            return {}
-        return json.loads(data) if data else {}
-
-    async def _send(self, message: dict[str, Any], fds: array.array[int] | None = None) -> None:
-        assert self._sock is not None
-        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)] if fds is not None else []
-        await self._sock.sendmsg([json.dumps(message).encode()], ancillary)
-
-    async def _release(self, pid: int) -> None:
-        """Tell the template to reap ``pid``: from here on its pid may be reused."""
-        with contextlib.suppress(OSError):
-            await self._send({"reap": pid})
-
-    async def _dispatch(self, message: dict[str, Any]) -> None:
-        if "exited" in message:
-            worker = self._workers.pop(message["exited"], None)
-            if worker is not None:
-                worker.report(message["returncode"])
-            else:  # nobody runs this worker (its start was cancelled): reap it now
-                await self._release(message["exited"])
-            return
-        pending = self._pending.pop(message["id"], None)
-        pid = message.get("pid")
-        if pending is None:  # its start was cancelled: nobody will run this worker
-            if pid is not None:
-                processes.signal_group(pid, signal.SIGKILL)  # unreaped until its exit report is answered
-            return
-        event, slot = pending
-        if pid is not None:  # registered here, before any exit report can be read
-            worker = ForkedWorker(pid, None, _pidfd(pid), self._release)
-            self._workers[pid] = worker
-            slot.append(worker)
-        else:
-            slot.append(message.get("error", "fork server error"))
-        event.set()
-
-    def _fail(self, reason: str) -> None:
-        if self._failed is None:
-            log.warning("%s; starting workers with plain spawn", reason)
-        self._failed = reason
-        self._ready.set()
-        for worker in self._workers.values():
-            worker.reporter_gone.set()
-        for event, slot in self._pending.values():
-            slot.append(reason)
-            event.set()
-        self._pending.clear()
-
-    async def start(self, launch: Launch) -> WorkerHandle:
-        await self._ready.wait()
-        if self._failed is not None or self._sock is None:
-            return await self._fallback.start(launch)
-        output_r, output_w = os.pipe2(os.O_CLOEXEC)
-        self._next_id += 1
-        request_id = self._next_id
-        event, slot = trio.Event(), list[Any]()
-        self._pending[request_id] = (event, slot)
-        fds = array.array("i", [launch.to_worker_r, launch.from_worker_w, output_w])
-        try:
-            await self._send({"id": request_id, "cwd": launch.cwd, "env": launch.env}, fds)
-            await event.wait()
-        except BaseException:  # cancelled: a worker forked meanwhile must not live on unowned
-            self._pending.pop(request_id, None)
-            if slot and isinstance(slot[0], ForkedWorker):
-                slot[0].signal_group(signal.SIGKILL)
-                self._workers.pop(slot[0].pid, None)  # its exit report is answered with a reap
-                _close_fd(slot[0].pidfd)
-            os.close(output_r)
-            raise
-        finally:
-            os.close(output_w)
-        result = slot[0]
-        if isinstance(result, str):
-            os.close(output_r)
-            raise OSError(result)
-        result.stdout = trio.lowlevel.FdStream(output_r)
-        return result

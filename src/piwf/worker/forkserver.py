@@ -5,14 +5,18 @@ and the engine (about 80 ms here). The host keeps this one template process inst
 those modules imported and no user code: for each run it forks a fresh child, which
 leads a process group of its own (in the template's session, which has no controlling
 terminal), takes the run's pipes as its descriptors,
-its project as cwd and its environment, and runs the worker. A run still gets a new
-process and a new process group; only the start-up is shared.
+its project as cwd and its environment, and runs the worker (or, with ``exec``, execs
+a fresh ``python -m piwf.worker``: ``--worker-start spawn``). A run still gets a new
+process and a new process group; only the start-up is shared. Either way the worker's
+parent is this template, never the host: a node that kills its parent kills only the
+template, which the host starts again.
 
 The template is single-threaded (forking a threaded process is unsafe). It speaks to the
 host over a SOCK_SEQPACKET socket (descriptor ``$PIWF_FORKSERVER_FD``), one JSON message
 per packet, descriptors passed with SCM_RIGHTS:
 
-    host → template  {"id": n, "cwd": dir, "env": {...}}  + fds [to_worker_r, from_worker_w, output_w]
+    host → template  {"id": n, "cwd": dir, "env": {...}, "exec": bool}
+                                                            + fds [to_worker_r, from_worker_w, output_w]
     template → host  {"ready": true}                       once, at start
                      {"id": n, "pid": pid} | {"id": n, "error": text}
                      {"exited": pid, "returncode": n}  when a child ends (negative: its signal)
@@ -124,6 +128,10 @@ def _child(control: socket.socket, request: dict[str, Any], fds: list[int]) -> N
         os.environ.clear()
         os.environ.update(request["env"])
         os.environ["PIWF_WORKER_FDS"] = f"{to_worker_r},{from_worker_w}"
+        if request.get("exec"):  # --worker-start spawn: a fresh interpreter, still our child
+            for fd in (to_worker_r, from_worker_w):
+                os.set_inheritable(fd, True)
+            os.execv(sys.executable, [sys.executable, "-m", "piwf.worker"])
         sys.argv = ["piwf-worker"]
         code = worker_main.main()
     except BaseException as exc:  # the child must end here, whatever happened

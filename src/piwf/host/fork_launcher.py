@@ -1,0 +1,207 @@
+"""Workers started by a template process, so that no worker is ever a child of the host.
+
+The template (``python -m piwf.worker.forkserver``) has piwf's worker modules imported and
+no user code. For each run it forks a child that runs the worker (``--worker-start
+fork``), or forks and execs a fresh interpreter (``spawn``). Either way the worker's parent
+is the template: a node that signals its parent hits the template, never the host. When
+the template dies the host starts another (backing off if it keeps dying); the workers of
+the dead one run on, and are watched through their pidfds.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import json
+import logging
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import trio
+import trio_util
+
+from .. import processes
+from .launcher import ForkedWorker, Launch, WorkerHandle, _close_fd, _pidfd
+
+log = logging.getLogger("piwf.host")
+
+TEMPLATE_READY_S = 10.0  # a template must say ready by then; a start waits no longer for one
+CLOSE_S = 10.0
+RESTART_S = (0.1, 5.0)  # back-off between template restarts: first, most
+
+
+class ForkLauncher:
+    def __init__(self, drain_deadline: Callable[[], float] = lambda: math.inf, *, exec_worker: bool = False) -> None:
+        self._drain_deadline = drain_deadline  # closing the template ends by then, too
+        self._exec = exec_worker
+        self._sock: trio.socket.SocketType | None = None
+        self._process: trio.Process | None = None
+        self._up = trio_util.AsyncBool(False)  # a template is ready to fork
+        self._next_id = 0
+        self._pending: dict[int, tuple[trio.Event, list[Any]]] = {}
+        self._workers: dict[int, ForkedWorker] = {}
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Keep a template running for the host's life, restarting it when it dies."""
+        task_status.started()
+        delay = RESTART_S[0]
+        try:
+            while True:
+                began = trio.current_time()
+                reason = await self._serve_template()
+                delay = RESTART_S[0] if trio.current_time() - began > RESTART_S[1] else min(delay * 2, RESTART_S[1])
+                log.warning("%s; starting another in %.1f s", reason, delay)
+                await trio.sleep(delay)
+        finally:
+            deadline = min(trio.current_time() + CLOSE_S, self._drain_deadline())
+            with trio.CancelScope(shield=True, deadline=deadline):
+                await self._close()
+            await self._kill_template()
+
+    async def _serve_template(self) -> str:
+        """Start a template and serve it until it dies; returns why it is gone."""
+        host_end, template_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self._process = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "piwf.worker.forkserver"], start_new_session=True,
+                pass_fds=(template_end.fileno(),), stdin=subprocess.DEVNULL,
+                env={**os.environ, "PIWF_FORKSERVER_FD": str(template_end.fileno())},
+            )
+        except OSError as exc:
+            host_end.close()
+            return f"cannot start the fork server: {exc}"
+        finally:
+            template_end.close()
+        self._sock = trio.socket.from_stdlib_socket(host_end)
+        reason = await self._read_replies()
+        await self._retire(reason)
+        return reason
+
+    async def _read_replies(self) -> str:
+        with trio.move_on_after(TEMPLATE_READY_S):
+            if (await self._receive()).get("ready"):
+                self._up.value = True
+        if not self._up.value:
+            return "the fork server did not start"
+        while message := await self._receive():
+            await self._dispatch(message)
+        return "the fork server exited"
+
+    async def _retire(self, reason: str) -> None:
+        """The template is gone: its workers are watched through their pidfds (init reaps
+        them now), starts waiting on it fail, and its process is reaped."""
+        self._up.value = False
+        for worker in self._workers.values():
+            worker.reporter_gone.set()
+        self._workers.clear()
+        for event, slot in self._pending.values():
+            slot.append(reason)
+            event.set()
+        self._pending.clear()
+        await self._kill_template()
+        self._sock = self._process = None
+
+    async def _close(self) -> None:
+        """At host exit: keep reading exit reports while workers are still being stopped
+        (their supervisors wait for them), then close the template."""
+        if self._sock is None:
+            return
+        with trio.move_on_after(CLOSE_S / 2):
+            while self._workers:
+                message = await self._receive()
+                if not message:
+                    break
+                await self._dispatch(message)
+        if self._workers:
+            log.warning("closing the fork server with %d worker(s) unreported", len(self._workers))
+        self._sock.close()
+        if self._process is not None:
+            await self._process.wait()  # it exits when its socket closes
+
+    async def _kill_template(self) -> None:
+        """A template that did not exit in time (stopped, stuck) is killed and reaped."""
+        if self._sock is not None:
+            self._sock.close()
+        if self._process is not None and self._process.returncode is None:
+            self._process.kill()
+            with trio.CancelScope(shield=True, deadline=trio.current_time() + CLOSE_S):
+                await self._process.wait()
+
+    async def _receive(self) -> dict[str, Any]:
+        assert self._sock is not None
+        try:
+            data = await self._sock.recv(65536)
+        except OSError:
+            return {}
+        return json.loads(data) if data else {}
+
+    async def _send(self, message: dict[str, Any], fds: array.array[int] | None = None) -> None:
+        if self._sock is None:
+            raise OSError("the fork server is not running")
+        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)] if fds is not None else []
+        await self._sock.sendmsg([json.dumps(message).encode()], ancillary)
+
+    async def _release(self, pid: int) -> None:
+        """Tell the template to reap ``pid``: from here on its pid may be reused."""
+        with contextlib.suppress(OSError):
+            await self._send({"reap": pid})
+
+    async def _dispatch(self, message: dict[str, Any]) -> None:
+        if "exited" in message:
+            worker = self._workers.pop(message["exited"], None)
+            if worker is not None:
+                worker.report(message["returncode"])
+            else:  # nobody runs this worker (its start was cancelled): reap it now
+                await self._release(message["exited"])
+            return
+        pending = self._pending.pop(message["id"], None)
+        pid = message.get("pid")
+        if pending is None:  # its start was cancelled: nobody will run this worker
+            if pid is not None:
+                processes.signal_group(pid, signal.SIGKILL)  # unreaped until its exit report is answered
+            return
+        event, slot = pending
+        if pid is not None:  # registered here, before any exit report can be read
+            worker = ForkedWorker(pid, None, _pidfd(pid), self._release)
+            self._workers[pid] = worker
+            slot.append(worker)
+        else:
+            slot.append(message.get("error", "fork server error"))
+        event.set()
+
+    async def start(self, launch: Launch) -> WorkerHandle:
+        with trio.move_on_after(TEMPLATE_READY_S):
+            await self._up.wait_value(True)
+        if not self._up.value:
+            raise OSError("the fork server is not running (it is being restarted)")
+        output_r, output_w = os.pipe2(os.O_CLOEXEC)
+        self._next_id += 1
+        request_id = self._next_id
+        event, slot = trio.Event(), list[Any]()
+        self._pending[request_id] = (event, slot)
+        fds = array.array("i", [launch.to_worker_r, launch.from_worker_w, output_w])
+        try:
+            await self._send({"id": request_id, "cwd": launch.cwd, "env": launch.env, "exec": self._exec}, fds)
+            await event.wait()
+        except BaseException:  # cancelled: a worker forked meanwhile must not live on unowned
+            self._pending.pop(request_id, None)
+            if slot and isinstance(slot[0], ForkedWorker):
+                slot[0].signal_group(signal.SIGKILL)
+                self._workers.pop(slot[0].pid, None)  # its exit report is answered with a reap
+                _close_fd(slot[0].pidfd)
+            os.close(output_r)
+            raise
+        finally:
+            os.close(output_w)
+        result = slot[0]
+        if isinstance(result, str):
+            os.close(output_r)
+            raise OSError(result)
+        result.stdout = trio.lowlevel.FdStream(output_r)
+        return result
