@@ -24,16 +24,20 @@ def check(summary: dict) -> None:
     assert summary["effects_applied_twice"] == 0, seed
     assert summary["runs_stuck"] == 0, seed
     assert summary["runs_failed"] == 0, seed
-    assert summary["runs_completed"] == summary["runs"], seed
-    assert summary["effects_applied"] == 2 * summary["runs"], seed  # each effect exactly once
+    hostile = sum(summary["hostile_runs"].values())
+    assert summary["runs_completed"] == summary["runs"] - hostile, seed
+    assert summary["hostile_held"] + summary["hostile_failed"] == hostile, seed  # each with its reason
+    assert summary["unexpected_host_exits"] == 0, seed  # no hostile workflow took the host down
+    assert summary["effects_applied"] == 2 * (summary["runs"] - hostile), seed  # each effect exactly once
     assert summary["lifecycle_contradictions"] == 0, seed
     assert summary["integrity_check"] == "ok", seed
     assert summary["host_kills"] + summary["worker_kills"] >= summary["kills"], seed
 
 
 def test_a_small_chaos_run_loses_nothing_and_repeats_no_effect() -> None:
-    summary = chaos("--runs", "8", "--kills", "5")
+    summary = chaos("--runs", "8", "--kills", "5", "--hostile-every", "2")
     check(summary)
+    assert sorted(summary["hostile_runs"]) == ["exit0", "exit3", "oversized", "parricide"]
     assert summary["takeover_ms"]["count"] >= 1
 
 

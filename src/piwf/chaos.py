@@ -4,9 +4,12 @@ Starts a host on a temporary state directory, submits ``--runs`` runs of a workf
 shell nodes and effects (the outside world is a ledger file), and meanwhile kills
 ``--kills`` times at random: SIGKILL of the host, SIGKILL of a worker, or a host started
 with a fault point that makes it exit at a commit or reply boundary. Clients retry with the
-same request ids, as they should. Afterwards it plays the operator for effects held as
-ambiguous (the ledger says what happened), waits for every run, and prints one JSON
-summary on stdout. Progress goes to stderr.
+same request ids, as they should. One run in ``--hostile-every`` is a hostile workflow
+instead: its node exits early with status 0 or 3, kills its parent, or returns an output
+over the limit. Afterwards it plays the operator for effects held as ambiguous (the ledger
+says what happened), waits for every run, and prints one JSON summary on stdout: no run
+lost or done twice, every hostile run held or failed with its reason, and the host never
+exiting but when killed. Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -78,6 +81,26 @@ WORKFLOW = """
     )
 """
 
+HOSTILE = """
+    import os
+    import signal
+    from piwf import Workflow, compute
+
+    def misbehave(ctx):
+        kind = ctx.input["kind"]
+        if kind == "exit0":
+            os._exit(0)  # ends before its run did: a crash, not a success
+        if kind == "exit3":
+            os._exit(3)
+        if kind == "parricide":
+            os.kill(os.getppid(), signal.SIGKILL)  # its parent is the fork server, never the host
+            os._exit(1)
+        return "x" * (5 * 1024 * 1024)  # oversized: over the 4 MiB output limit
+
+    workflow = Workflow(name="hostile", start_at="misbehave", nodes={"misbehave": compute(misbehave)})
+"""
+HOSTILE_KINDS = ("exit0", "exit3", "parricide", "oversized")
+
 # Host-side points only: a worker point would fire in every worker of that host.
 HOST_POINTS = sorted(p for p in POINTS if p.startswith("host."))
 
@@ -89,6 +112,8 @@ class Tally:
     worker_kills: int = 0
     fault_exits: int = 0
     accepted: dict[int, str] = field(default_factory=dict)  # submission index -> run id
+    hostile: dict[str, str] = field(default_factory=dict)  # run id -> kind
+    unexpected_host_exits: int = 0  # the host exited with no kill and no fault armed
     ambiguous_runs: set[str] = field(default_factory=set)
 
 
@@ -102,6 +127,7 @@ class Chaos:
         self.ledger = root / "ledger.txt"
         self.log = root / "host.log"
         self.host: subprocess.Popen[bytes] | None = None
+        self.fault_armed = False
         self.tally = Tally()
         self.lock = threading.Lock()
 
@@ -112,6 +138,7 @@ class Chaos:
         env.pop("PIWF_FAULT", None)
         if fault:
             env["PIWF_FAULT"] = fault
+        self.fault_armed = fault is not None
         began = time.monotonic()
         with open(self.log, "ab") as log:
             self.host = subprocess.Popen(
@@ -139,10 +166,13 @@ class Chaos:
             return False
 
     def ensure_host(self) -> None:
-        """Restart the host if a fault point made it exit."""
+        """Restart the host if a fault point made it exit (or, counted as a failure, anything else)."""
         assert self.host is not None
         if self.host.poll() is not None:
-            self.tally.fault_exits += 1
+            if self.fault_armed:
+                self.tally.fault_exits += 1
+            else:
+                self.tally.unexpected_host_exits += 1
             self.start_host()
 
     def kill_host(self) -> None:
@@ -190,16 +220,20 @@ class Chaos:
 
     def submit_all(self) -> None:
         for index in range(self.args.runs):
-            request = make_request(
-                "run.start", client_id="chaos", idempotency_key=f"chaos-{index}", request_id=f"chaos-{index}",
-                payload={"workflow": "chaos", "projectPath": str(self.project),
-                         "input": {"index": index, "observeNotify": index % 2 == 0,
-                                   "pause": round(self.rng.uniform(0, 0.3), 3)}})
+            hostile = self.args.hostile_every and index % self.args.hostile_every == self.args.hostile_every - 1
+            kind = HOSTILE_KINDS[index // self.args.hostile_every % len(HOSTILE_KINDS)] if hostile else None
+            payload = {"workflow": "hostile", "projectPath": str(self.project), "input": {"kind": kind}} if kind else {
+                "workflow": "chaos", "projectPath": str(self.project),
+                "input": {"index": index, "observeNotify": index % 2 == 0, "pause": round(self.rng.uniform(0, 0.3), 3)}}
+            request = make_request("run.start", client_id="chaos", idempotency_key=f"chaos-{index}",
+                                   request_id=f"chaos-{index}", payload=payload)
             response = self.request(request)
             if response.outcome not in ("accepted", "adopted"):
                 raise RuntimeError(f"run.start {index}: {response.outcome}: {response.error}")
             with self.lock:
                 self.tally.accepted[index] = response.receipt["runId"]
+                if kind:
+                    self.tally.hostile[response.receipt["runId"]] = kind
             time.sleep(self.rng.uniform(0, 0.03))
 
     def call(self, operation: str, **kwargs: Any) -> Any:
@@ -213,6 +247,7 @@ class Chaos:
     def run(self) -> dict[str, Any]:
         self.project.joinpath(".piwf", "workflows").mkdir(parents=True)
         self.project.joinpath(".piwf", "workflows", "chaos.py").write_text(textwrap.dedent(WORKFLOW))
+        self.project.joinpath(".piwf", "workflows", "hostile.py").write_text(textwrap.dedent(HOSTILE))
         self.start_host()
         self.tally.takeover_ms.clear()  # the first start is not a takeover
         submitter = threading.Thread(target=self.submit_all, name="submitter", daemon=True)
@@ -223,8 +258,7 @@ class Chaos:
             if self.rng.random() < 0.5 or not self.kill_worker():
                 self.kill_host()
         submitter.join()
-        if self.host is not None and self.host.poll() is not None:
-            self.tally.fault_exits += 1
+        self.ensure_host()
         self.restart_clean()
         return self.settle_and_summarize()
 
@@ -274,19 +308,26 @@ class Chaos:
         applied = Counter(self.ledger.read_text().splitlines()) if self.ledger.exists() else Counter()
         status = self.call("host.status")
         takeover = self.tally.takeover_ms or [0.0]
+        normal = {run_id: run for run_id, run in final.items() if run_id not in self.tally.hostile}
+        hostile = {run_id: run for run_id, run in final.items() if run_id in self.tally.hostile}
         return {
             "runs": self.args.runs,
             "kills": self.args.kills,
             "host_kills": self.tally.host_kills,
             "worker_kills": self.tally.worker_kills,
             "fault_exits": self.tally.fault_exits,
+            "unexpected_host_exits": self.tally.unexpected_host_exits,
             "runs_lost": sum(1 for run_id in self.tally.accepted.values() if run_id not in known)
             + (self.args.runs - len(self.tally.accepted)),
             "runs_duplicated": len(known) - len(set(self.tally.accepted.values())),
-            "runs_completed": sum(1 for r in final.values() if r["status"] == "completed"),
-            "runs_failed": sum(1 for r in final.values() if r["status"] in ("failed", "timed_out", "cancelled")),
-            "runs_stuck": sum(1 for r in final.values() if r["status"] not in
-                              ("completed", "failed", "timed_out", "cancelled")),
+            "runs_completed": sum(1 for r in normal.values() if r["status"] == "completed"),
+            "runs_failed": sum(1 for r in normal.values() if r["status"] in ("failed", "timed_out", "cancelled")),
+            "runs_stuck": sum(1 for r in normal.values() if r["status"] not in
+                              ("completed", "failed", "timed_out", "cancelled"))
+            + sum(1 for r in hostile.values() if not _held_or_failed_with_reason(r)),
+            "hostile_runs": dict(Counter(self.tally.hostile.values())),
+            "hostile_held": sum(1 for r in hostile.values() if r["hold"] == "crashed"),
+            "hostile_failed": sum(1 for r in hostile.values() if r["status"] == "failed"),
             "effects_applied": sum(applied.values()),
             "effects_applied_twice": sum(1 for count in applied.values() if count > 1),
             "runs_parked_ambiguous": len(self.tally.ambiguous_runs),
@@ -319,6 +360,12 @@ class Chaos:
             self.host.wait()
 
 
+def _held_or_failed_with_reason(run: dict[str, Any]) -> bool:
+    if run["status"] == "failed":
+        return bool(run["error"] and run["error"].get("message"))
+    return run["hold"] == "crashed" and bool(run["statusDetail"])
+
+
 def _is_worker(process: psutil.Process, host_pid: int) -> bool:
     """A worker, spawned by the host or forked by its template (not the template itself)."""
     try:
@@ -335,11 +382,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: random, printed)")
     parser.add_argument("--max-workers", type=int, default=4)
     parser.add_argument("--durability", choices=("full", "normal"), default="full")
+    parser.add_argument("--hostile-every", type=int, default=5, metavar="K",
+                        help="one run in K is a hostile workflow (default 5; 0: none)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for runs to settle")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (path on stderr)")
     args = parser.parse_args(argv)
-    if args.runs < 1 or args.kills < 0 or args.max_workers < 1:
-        parser.error("--runs and --max-workers must be at least 1, --kills at least 0")
+    if args.runs < 1 or args.kills < 0 or args.max_workers < 1 or args.hostile_every < 0:
+        parser.error("--runs and --max-workers must be at least 1, --kills and --hostile-every at least 0")
     if args.seed is None:
         args.seed = random.randrange(2**32)
     return args
@@ -359,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     summary["seed"] = args.seed
     print(json.dumps(summary, sort_keys=True))
     bad = summary["runs_lost"] or summary["effects_applied_twice"] or summary["runs_stuck"] \
-        or summary["runs_duplicated"] or summary["integrity_check"] != "ok"
+        or summary["runs_duplicated"] or summary["unexpected_host_exits"] or summary["integrity_check"] != "ok"
     return 1 if bad else 0
 
 
