@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
+import pytest
 import trio
 
 from piwf.client import AsyncClient
@@ -227,3 +228,24 @@ async def test_dispatch_is_bounded_and_event_driven(paths: StatePaths, project: 
         await wait_for(lambda: started[2] in host.active)  # capacity freed: claimed at once
         for run_id in started[1:]:
             await client.call("run.cancel", run_id=run_id)
+
+
+async def test_a_bug_while_supervising_one_run_parks_it_and_the_host_serves_on(
+    paths: StatePaths, project: Path, nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from piwf.host import worker_process
+
+    def broken(*args: object) -> None:
+        raise ValueError("a bug in the message pump")
+
+    monkeypatch.setattr(worker_process, "handle", broken)
+    await nursery.start(Host(config(paths, crash_backoff_s=60)).serve)
+    async with AsyncClient(paths) as client:
+        run_id = (await client.call("run.start", payload={"workflow": "greet", "projectPath": str(project)})
+                  ).receipt["runId"]
+        workers = await wait_for(lambda: _finished_workers(client, run_id))
+        assert workers[0]["status"] == "crashed"
+        assert "supervision failed: ValueError('a bug in the message pump')" in workers[0]["diagnostic"]
+        run = (await client.call("run.status", run_id=run_id)).receipt
+        assert run["queueStatus"] == "parked"
+        assert (await client.call("host.status")).outcome == "accepted"

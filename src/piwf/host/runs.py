@@ -94,10 +94,11 @@ async def _launch_contained(host: HostState, active: ActiveRun) -> None:
     """A failure supervising one run parks that run; it never takes the host down."""
     try:
         await _launch(host, active)
-    except Exception as exc:
-        log.exception("run %s: supervision failed", active.run_id)
-        if active.process_end is None:
-            active.process_end = ProcessEnd(None, f"supervision failed: {exc}")
+    except* Exception as failed:  # a cancellation in the same group goes on unwinding
+        log.error("run %s: supervision failed", active.run_id, exc_info=failed)
+        end = active.process_end or ProcessEnd(None, "")
+        note = f"[piwf] supervision failed: {failed.exceptions[0]!r}"
+        active.process_end = ProcessEnd(end.returncode, f"{end.diagnostic}\n{note}".lstrip("\n"))
 
 
 async def _launch(host: HostState, active: ActiveRun) -> None:
