@@ -87,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds a stop may take to stop workers and park their runs (default 15)")
     serve.add_argument("--kill-grace", type=_seconds, default=2.0, metavar="S",
                        help="seconds between SIGTERM and SIGKILL when stopping a worker (default 2)")
+    serve.add_argument("--request-timeout", type=_seconds, default=10.0, metavar="S",
+                       help="seconds a client has to send a whole request once it began (default 10)")
+    serve.add_argument("--reply-timeout", type=_seconds, default=10.0, metavar="S",
+                       help="seconds a client has to take a reply before it is disconnected (default 10)")
     serve.add_argument("--worker-start", choices=("fork", "spawn"), default="fork",
                        help="fork workers from a preloaded template process (default; Linux) "
                             "or spawn a new interpreter for each")
@@ -185,7 +189,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = HostConfig(StatePaths.resolve(args.state_dir), max_workers=args.max_workers,
                         durability=args.durability, worker_startup_s=args.worker_startup_timeout,
                         kill_grace_s=args.kill_grace, worker_start=args.worker_start,
-                        drain_timeout_s=args.drain_timeout)
+                        drain_timeout_s=args.drain_timeout, request_timeout_s=args.request_timeout,
+                        reply_timeout_s=args.reply_timeout)
     try:
         trio.run(Host(config).serve)
     except PiwfError:
