@@ -365,11 +365,22 @@ def cmd_run_show(args: argparse.Namespace) -> int:
 
 def cmd_run_events(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        events = _ok(client.call("run.events", run_id=args.run_id))
+        events = all_events(client, args.run_id)
     _print(args, events, lambda es: "\n".join(
         f"{e['at']} {e['type']:18} " + " ".join(f"{k}={v}" for k, v in e.items() if k not in ("eventId", "at", "type"))
         for e in es))
     return 0
+
+
+def all_events(client: Client, run_id: str) -> list[dict[str, Any]]:
+    """Every event of the run, a page (at most 1,000) per request."""
+    events: list[dict[str, Any]] = []
+    after: int | None = 0
+    while after is not None:
+        page = _ok(client.call("run.events", run_id=run_id, payload={"after": after}))
+        events += page["events"]
+        after = page["nextAfter"]
+    return events
 
 
 def cmd_run_resolve_effect(args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ import contextlib
 import errno
 import os
 import socket
+import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,14 +26,27 @@ from pathlib import Path
 import trio
 
 from .. import faults
-from ..errors import ProtocolError
+from ..errors import ProtocolError, StateDirError
 from ..wire import HostResponse, LineBuffer, encode_line, read_request
 from .operations import handle_request
 from .state import HostState, log
 
 
+def check_socket_path(path: Path) -> None:
+    """Refuse to start when the socket's path holds anything but a socket (a stale socket
+    is replaced; anything else piwf did not put there, and does not delete)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        kind = "a directory" if stat.S_ISDIR(mode) else "a symlink" if stat.S_ISLNK(mode) else "not a socket"
+        raise StateDirError(f"{path} is {kind}, not the host's socket; move it aside and start again")
+
+
 async def open_listener(path: Path) -> trio.SocketListener:
     """Bind the socket 0600 from the start (umask), replacing a stale socket file."""
+    check_socket_path(path)
     path.unlink(missing_ok=True)
     sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old_umask = os.umask(0o177)
