@@ -81,7 +81,7 @@ class FlakyVFS(apsw.VFS):
         self.failing = False
         super().__init__("piwf-flaky", base="unix", makedefault=True)
 
-    def xOpen(self, name: Any, flags: list[int]) -> apsw.VFSFile:  # noqa: N802 - apsw's name
+    def xOpen(self, name: Any, flags: list[int]) -> apsw.VFSFile:  # apsw's name
         return FlakyFile(self, name, flags)
 
 
@@ -90,7 +90,7 @@ class FlakyFile(apsw.VFSFile):
         self.vfs = vfs
         super().__init__("unix", name, flags)
 
-    def xWrite(self, data: bytes, offset: int) -> None:  # noqa: N802 - apsw's name
+    def xWrite(self, data: bytes, offset: int) -> None:  # apsw's name
         if self.vfs.failing:
             raise apsw.IOError("injected write failure")
         super().xWrite(data, offset)
@@ -108,9 +108,9 @@ def test_a_real_sqlite_io_error_is_storage_unavailable(flaky_vfs: FlakyVFS, tmp_
     db = Database.open(tmp_path / "io.db")
     try:
         flaky_vfs.failing = True
-        with pytest.raises(StorageUnavailable, match="storage error on .*injected write failure") as caught:
-            with db.write():
-                db.put_blob(os.urandom(200_000), 0)
+        with pytest.raises(StorageUnavailable, match=r"storage error on .*injected write failure") as caught, \
+                db.write():
+            db.put_blob(os.urandom(200_000), 0)
         assert caught.value.outcome == "unavailable" and isinstance(caught.value.__cause__, apsw.IOError)
         flaky_vfs.failing = False
         with db.write():  # the connection is usable again once the storage is

@@ -113,7 +113,7 @@ def check_id(value: str, field: str) -> None:
         raise ProtocolError(f"{field} must be non-empty text of at most {MAX_ID_BYTES} bytes")
     if not value.isprintable():
         bad = next(c for c in value if not c.isprintable())
-        raise ProtocolError(f"{field} must be printable text: it contains {ascii(bad)}")
+        raise ProtocolError(f"{field} must be printable text: it contains {bad!a}")
 
 
 def readable_request_id(obj: Any) -> str | None:
