@@ -89,7 +89,9 @@ async def test_receipts_carry_the_documented_fields(client: AsyncClient, project
     assert set(done.receipt["steps"][0]) == {"seq", "node", "status", "generation", "exit", "startedAt", "finishedAt"}
     assert set(done.receipt["workers"][0]) == {"workerEpoch", "generation", "pid", "status", "exitCode", "signal",
                                                "diagnostic"}
-    events = (await client.call("run.events", run_id=run_id)).receipt
+    page = (await client.call("run.events", run_id=run_id)).receipt
+    assert set(page) == {"events", "nextAfter"} and page["nextAfter"] is None
+    events = page["events"]
     assert events[0] == {"eventId": events[0]["eventId"], "at": events[0]["at"], "type": "created",
                          "workflow": "greet"}  # an event carries its own fields and no others
 

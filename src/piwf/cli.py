@@ -87,6 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds a stop may take to stop workers and park their runs (default 15)")
     serve.add_argument("--kill-grace", type=_seconds, default=2.0, metavar="S",
                        help="seconds between SIGTERM and SIGKILL when stopping a worker (default 2)")
+    serve.add_argument("--request-timeout", type=_seconds, default=10.0, metavar="S",
+                       help="seconds a client has to send a whole request once it began (default 10)")
+    serve.add_argument("--reply-timeout", type=_seconds, default=10.0, metavar="S",
+                       help="seconds a client has to take a reply before it is disconnected (default 10)")
     serve.add_argument("--worker-start", choices=("fork", "spawn"), default="fork",
                        help="fork workers from a preloaded template process (default; Linux) "
                             "or spawn a new interpreter for each")
@@ -185,7 +189,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     config = HostConfig(StatePaths.resolve(args.state_dir), max_workers=args.max_workers,
                         durability=args.durability, worker_startup_s=args.worker_startup_timeout,
                         kill_grace_s=args.kill_grace, worker_start=args.worker_start,
-                        drain_timeout_s=args.drain_timeout)
+                        drain_timeout_s=args.drain_timeout, request_timeout_s=args.request_timeout,
+                        reply_timeout_s=args.reply_timeout)
     try:
         trio.run(Host(config).serve)
     except PiwfError:
@@ -360,11 +365,22 @@ def cmd_run_show(args: argparse.Namespace) -> int:
 
 def cmd_run_events(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        events = _ok(client.call("run.events", run_id=args.run_id))
+        events = all_events(client, args.run_id)
     _print(args, events, lambda es: "\n".join(
         f"{e['at']} {e['type']:18} " + " ".join(f"{k}={v}" for k, v in e.items() if k not in ("eventId", "at", "type"))
         for e in es))
     return 0
+
+
+def all_events(client: Client, run_id: str) -> list[dict[str, Any]]:
+    """Every event of the run, a page (at most 1,000) per request."""
+    events: list[dict[str, Any]] = []
+    after: int | None = 0
+    while after is not None:
+        page = _ok(client.call("run.events", run_id=run_id, payload={"after": after}))
+        events += page["events"]
+        after = page["nextAfter"]
+    return events
 
 
 def cmd_run_resolve_effect(args: argparse.Namespace) -> int:

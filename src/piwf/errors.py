@@ -24,6 +24,7 @@ class ExitCode(IntEnum):
     NO_HOST = 9  # no host serves the state directory, or it went away mid-request
     TIMEOUT = 10  # the host (or a workflow being loaded) did not answer in time
     WORKFLOW_INVALID = 11  # `piwf workflows list`: a workflow did not load
+    STATE_DIR = 12  # the state directory cannot be used (a symlink, another owner, host.sock not a socket)
     INTERNAL = 70  # a bug in piwf
 
     @property
@@ -57,12 +58,20 @@ class StoreError(PiwfError):
     code = "store"
 
 
-class StorageFull(StoreError):
+class StorageUnavailable(StoreError):
+    """The storage failed the read or write (an I/O error, a read-only or vanished file,
+    a lock held too long): the request was not carried out. Retry once the storage is
+    healthy: the host stays up meanwhile."""
+
+    code = "storageUnavailable"
+    outcome = "unavailable"
+
+
+class StorageFull(StorageUnavailable):
     """The disk (or the database's size limit) is full; the write changed nothing. Retry
     once space is freed: the host stays up meanwhile."""
 
     code = "storageFull"
-    outcome = "unavailable"
 
 
 class SchemaError(StoreError):
@@ -170,7 +179,11 @@ class HostAlreadyRunning(HostError):
 
 
 class StateDirError(HostError):
+    """The state directory cannot be used as it is: a symlink, owned by someone else, a
+    path too long for a socket, or something other than a socket at ``host/host.sock``."""
+
     code = "stateDir"
+    exit_code = ExitCode.STATE_DIR
 
 
 class HostUnavailable(HostError):

@@ -45,7 +45,8 @@ class StartRunPayload(NoPayload, frozen=True):
     workflow: Annotated[str, Meta(min_length=1, description="the workflow's name")]
     projectPath: Annotated[str, Meta(description="absolute path of the project holding `.piwf/workflows/`")]
     input: Annotated[Any, Meta(description="the run input, any JSON")] = {}
-    originSessionId: Annotated[str | None, Meta(description="at most one active run per session")] = None
+    originSessionId: Annotated[str | None, Meta(description="an id (see Ids); at most one active run per session")] = (
+        None)
     definitionDigest: Annotated[str | None, Meta(description="refused unless the workflow has this digest")] = None
 
 
@@ -54,8 +55,13 @@ class ListRunsPayload(NoPayload, frozen=True):
     status: Annotated[str | None, Meta(description="only runs with this engine status")] = None
 
 
+EVENTS_PAGE = 1000
+
+
 class RunEventsPayload(NoPayload, frozen=True):
     after: Annotated[int, Meta(ge=0, description="only events with a larger `eventId`")] = 0
+    limit: Annotated[int, Meta(ge=1, le=EVENTS_PAGE, description="at most this many events, oldest first")] = (
+        EVENTS_PAGE)
 
 
 class WaitRunPayload(NoPayload, frozen=True):
@@ -168,7 +174,8 @@ class RunDetail(RunSummary):
 
 
 class WaitReceipt(RunDetail):
-    atRest: Annotated[bool, Meta(description="false when the timeout passed first")]
+    atRest: Annotated[bool, Meta(description="false when the timeout passed first (the run, or its worker's end, "
+                                             "was not yet at rest)")]
 
 
 class RunEvent(Struct):
@@ -198,6 +205,14 @@ class RunEvent(Struct):
     signal: int | UnsetType | None = UNSET
 
 
+class RunEventsPage(Struct):
+    """One page of a run's trace, oldest first."""
+
+    events: list[RunEvent]
+    nextAfter: Annotated[int | None, Meta(description="more events remain: send this as `after` for the next "
+                                                      "page; null when this page reaches the end of the trace")]
+
+
 class CancelReceipt(Struct):
     runId: str
     status: str
@@ -223,10 +238,10 @@ class Request(Struct, tag_field="operation", forbid_unknown_fields=True, omit_de
     """The envelope every request shares; ``operation`` is the tag naming the subclass."""
 
     schema: Annotated[str, Meta(description="`piwf.host-request.v1`")]
-    requestId: Annotated[str, Meta(description="non-empty, at most 256 bytes; answered under this id")]
-    clientId: Annotated[str, Meta(description="non-empty, at most 256 bytes")]
-    idempotencyKey: Annotated[str, Meta(description="non-empty, at most 256 bytes; a retry reuses it")]
-    runId: str | None = None
+    requestId: Annotated[str, Meta(description="an id (see Ids); answered under this id")]
+    clientId: Annotated[str, Meta(description="an id (see Ids)")]
+    idempotencyKey: Annotated[str, Meta(description="an id (see Ids); a retry reuses it")]
+    runId: Annotated[str | None, Meta(description="an id (see Ids)")] = None
     expectedRevision: Annotated[int | None, Meta(description="refused as a `conflict` when stale")] = None
     payload: NoPayload = NoPayload()
 
@@ -278,15 +293,16 @@ class GetRun(RunRequest, tag="run.status"):
 
 
 class GetRunEvents(RunRequest, tag="run.events"):
-    """A run's trace, oldest first."""
+    """A page of a run's trace, oldest first, and where the next page starts."""
 
     payload: RunEventsPayload = RunEventsPayload()
     is_read = True
-    receipt_type = list[RunEvent]
+    receipt_type = RunEventsPage
 
 
 class WaitRun(RunRequest, tag="run.wait"):
-    """Answer once the run is at rest (ended, waiting, or held and not running) or on timeout."""
+    """Answer once the run is at rest (ended, waiting, or held and not running) and its
+    worker's end is recorded, or on timeout."""
 
     payload: WaitRunPayload = WaitRunPayload()
     is_read = True

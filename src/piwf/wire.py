@@ -48,7 +48,9 @@ class HostRequest(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True
 class HostResponse(msgspec.Struct, omit_defaults=True):
     requestId: str
     outcome: Outcome
-    schema: str = HOST_RESPONSE
+    # A factory, not a plain default: omit_defaults leaves out fields equal to a plain
+    # default, and every reply must say its schema (tests/test_hostile_small.py checks it).
+    schema: str = msgspec.field(default_factory=lambda: HOST_RESPONSE)
     revision: int | None = None
     receipt: Any = None
     error: str | None = None
@@ -104,8 +106,14 @@ def request_fingerprint(request: Request | HostRequest) -> bytes:
 
 
 def check_id(value: str, field: str) -> None:
+    """Ids are printed by the CLI and written to logs: printable characters only
+    (``str.isprintable``: no control characters, so no terminal escapes; no format
+    characters such as bidirectional overrides; no separators but the ASCII space)."""
     if not value or len(value.encode()) > MAX_ID_BYTES:
         raise ProtocolError(f"{field} must be non-empty text of at most {MAX_ID_BYTES} bytes")
+    if not value.isprintable():
+        bad = next(c for c in value if not c.isprintable())
+        raise ProtocolError(f"{field} must be printable text: it contains {bad!a}")
 
 
 def readable_request_id(obj: Any) -> str | None:
@@ -113,7 +121,7 @@ def readable_request_id(obj: Any) -> str | None:
     if isinstance(obj, dict):
         value = obj.get("requestId")
         if isinstance(value, str) and 0 < len(value.encode()) <= MAX_ID_BYTES:
-            return value
+            return value  # echoed as JSON, where a control character is escaped
     return None
 
 

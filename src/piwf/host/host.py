@@ -30,7 +30,7 @@ from .fork_launcher import ForkLauncher
 from .launcher import fork_available
 from .lock import HostLock
 from .runs import serve_dispatcher
-from .server import open_listener, serve_socket
+from .server import check_socket_path, open_listener, serve_socket
 from .state import HostConfig, HostState, log
 from .worker_process import reap_registered
 
@@ -45,6 +45,7 @@ class Host:
     async def serve(self, *, task_status: trio.TaskStatus[HostState] = trio.TASK_STATUS_IGNORED) -> None:
         paths = self.config.state_dir
         paths.ensure()
+        check_socket_path(paths.socket)  # before anything is written: a refusal leaves the state as it was
         pid = os.getpid()
         identity = processes.identity(pid) or f"pid:{pid}"
         lock = HostLock.acquire(paths, {"pid": pid, "identity": identity})

@@ -27,7 +27,7 @@ from .. import faults
 from ..errors import PiwfError, Rejected
 from ..protocol import (
     CancelReceipt, CancelRun, GetHostStatus, GetRun, GetRunEvents, HoldReceipt, HostStatus, ListRuns, Outcome,
-    PauseRun, Request, ResolveEffect, ResolveReceipt, ResumeRun, RunDetail, RunEvent, RunSummary, StartReceipt,
+    PauseRun, Request, ResolveEffect, ResolveReceipt, ResumeRun, RunDetail, RunEventsPage, RunSummary, StartReceipt,
     StartRun, StopHost, StopReceipt, WaitReceipt, WaitRun,
 )
 from ..status import AT_REST, QueueStatus
@@ -107,18 +107,24 @@ async def _run_list(host: HostState, request: ListRuns) -> list[RunSummary]:
     return runs.list_runs(host.db, request.payload.limit, request.payload.status)
 
 
-async def _run_events(host: HostState, request: GetRunEvents) -> list[RunEvent]:
-    return runs.run_events(host.db, request.runId, request.payload.after)
+async def _run_events(host: HostState, request: GetRunEvents) -> RunEventsPage:
+    return runs.run_events(host.db, request.runId, request.payload.after, request.payload.limit)
 
 
 async def _run_wait(host: HostState, request: WaitRun) -> WaitReceipt:
-    """Block until the run ends, waits, or is held (paused, parked with a reason)."""
+    """Block until the run ends, waits, or is held (paused, parked with a reason), and
+    this host has recorded how its worker ended: the receipt never shows a run at rest
+    beside a worker still `running`."""
     run_id = request.runId
     with trio.move_on_after(request.payload.timeoutMs / 1000):
-        while not at_rest(runs.run_summary(host.db, run_id)):
-            await host.run_changed.wait()
+        while not _settled(host, runs.run_summary(host.db, run_id)):
+            await host.run_changed.wait()  # set on every change, and when a run leaves host.active
     run = runs.get_run(host.db, run_id)
-    return WaitReceipt(**msgspec.structs.asdict(run), atRest=at_rest(run))
+    return WaitReceipt(**msgspec.structs.asdict(run), atRest=_settled(host, run))
+
+
+def _settled(host: HostState, run: RunSummary) -> bool:
+    return at_rest(run) and run.runId not in host.active
 
 
 def at_rest(run: RunSummary) -> bool:

@@ -1,8 +1,15 @@
 """The Unix-socket server: NDJSON, one response per request, in order, per connection.
 
-The peer's uid is checked (SO_PEERCRED) before any frame is read; the 1 MiB line limit
-is enforced while reading; idle connections time out; the number of connections is
-capped. A bad frame never reaches an operation and never crashes the host.
+The peer's uid is checked (SO_PEERCRED) before any frame is read. Every wait on a client
+is bounded (docs/protocol.md, "Slow clients"): between requests a connection may stay
+idle for ``idle_timeout_s``; once a request's first byte has come, its whole line must
+arrive within ``request_timeout_s`` (and within the 1 MiB limit, enforced while reading);
+a reply must leave within ``reply_timeout_s``, or the client is taken not to read and is
+disconnected. A connection is read only while none of its replies is waiting to leave,
+so a client that pipelines without reading makes the host hold one reply and one read
+chunk for it, never more. At the connection cap a newcomer takes the place of the
+connection that has waited longest for its client; one being answered is never
+displaced. A bad frame never reaches an operation and never crashes the host.
 """
 
 from __future__ import annotations
@@ -11,20 +18,35 @@ import contextlib
 import errno
 import os
 import socket
+import stat
 import struct
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
 
 from .. import faults
-from ..errors import ProtocolError
+from ..errors import ProtocolError, StateDirError
 from ..wire import HostResponse, LineBuffer, encode_line, read_request
 from .operations import handle_request
 from .state import HostState, log
 
 
+def check_socket_path(path: Path) -> None:
+    """Refuse to start when the socket's path holds anything but a socket (a stale socket
+    is replaced; anything else piwf did not put there, and does not delete)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        kind = "a directory" if stat.S_ISDIR(mode) else "a symlink" if stat.S_ISLNK(mode) else "not a socket"
+        raise StateDirError(f"{path} is {kind}, not the host's socket; move it aside and start again")
+
+
 async def open_listener(path: Path) -> trio.SocketListener:
     """Bind the socket 0600 from the start (umask), replacing a stale socket file."""
+    check_socket_path(path)
     path.unlink(missing_ok=True)
     sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old_umask = os.umask(0o177)
@@ -40,12 +62,15 @@ async def open_listener(path: Path) -> trio.SocketListener:
 # (descriptors, memory) that closing connections gives back: wait and accept again.
 CAPACITY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 CAPACITY_BACKOFF_S = (0.05, 1.0)
+READ_CHUNK = 65536
+DISPLACED_NOTICE_S = 1.0  # how long a displaced connection's last line may take to leave
 
 
 async def serve_socket(host: HostState, listener: trio.SocketListener, *,
                        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """Accept connections for the host's life, one task each. Out of descriptors, it
     backs off (as ``trio.serve_listeners`` does) and says so once, not each time."""
+    connections = Connections(host.config.max_connections)
     async with trio.open_nursery() as nursery:
         task_status.started()
         backoff = CAPACITY_BACKOFF_S[0]
@@ -64,67 +89,169 @@ async def serve_socket(host: HostState, listener: trio.SocketListener, *,
             if backoff != CAPACITY_BACKOFF_S[0]:
                 log.info("accepting connections again")
                 backoff = CAPACITY_BACKOFF_S[0]
-            nursery.start_soon(_connection, host, stream)
+            nursery.start_soon(_connection, host, connections, stream)
 
 
-async def _connection(host: HostState, stream: trio.SocketStream) -> None:
+@dataclass(eq=False)
+class Connection:
+    """One client connection, as the connection cap sees it."""
+
+    waiting_since: float  # when the host last began to wait for this client's next request
+    reading: trio.CancelScope | None = None  # set while the host waits for bytes: it may be displaced
+    displaced: bool = False
+    closed: trio.Event = field(default_factory=trio.Event)
+
+    def displace(self) -> None:
+        self.displaced = True
+        if self.reading is not None:
+            self.reading.cancel()
+
+
+class Connections:
+    """The connections one host serves, at most ``cap``. At the cap a newcomer displaces
+    the connection that has waited longest for its client (idle, or trickling a request);
+    only when every connection is being answered is the newcomer refused."""
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        self._open: set[Connection] = set()
+
+    async def admit(self, connection: Connection) -> bool:
+        while len(self._open) >= self.cap:
+            waiting = [c for c in self._open if c.reading is not None and not c.displaced]
+            if not waiting:
+                return False
+            longest = min(waiting, key=lambda c: c.waiting_since)
+            longest.displace()
+            await longest.closed.wait()  # within DISPLACED_NOTICE_S: it only says why, then closes
+        self._open.add(connection)
+        return True
+
+    def remove(self, connection: Connection) -> None:
+        self._open.discard(connection)
+        connection.closed.set()
+
+
+async def _connection(host: HostState, connections: Connections, stream: trio.SocketStream) -> None:
     async with stream:
         if not _peer_is_us(stream):
             log.warning("refused a connection from another user")
             return
-        if host.connections >= host.config.max_connections:
-            await _refuse(stream, "unavailable", f"the host serves at most {host.config.max_connections} connections")
-            return
-        host.connections += 1
+        connection = Connection(trio.current_time())
         try:
-            await _serve_lines(host, stream)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
-            pass  # the client went away; its in-flight request was already committed or not
+            if not await connections.admit(connection):
+                await _refuse(host, stream, "unavailable", f"the host serves at most {connections.cap} "
+                              "connections and is answering a request on each; retry later")
+                return
+            host.connections += 1
+            try:
+                await _serve_lines(host, connection, stream)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                pass  # the client went away; its in-flight request was already committed or not
+            finally:
+                host.connections -= 1
         finally:
-            host.connections -= 1
+            connections.remove(connection)
 
 
-async def _serve_lines(host: HostState, stream: trio.SocketStream) -> None:
+async def _serve_lines(host: HostState, connection: Connection, stream: trio.SocketStream) -> None:
     buffer = LineBuffer()
+    request_since: float | None = None  # when the request being received began to arrive
     while True:
-        chunk: bytes | None = None
-        with trio.move_on_after(host.config.idle_timeout_s):
-            chunk = await stream.receive_some(65536)
+        chunk = await _receive(connection, stream, _read_deadline(host, connection, request_since))
+        if connection.displaced:
+            await _refuse(host, stream, "unavailable", _displaced(host), timeout=DISPLACED_NOTICE_S)
+            return
         if chunk is None:
-            await _refuse(stream, "rejected", "connection idle for too long")
+            await _refuse(host, stream, "rejected", _timed_out(host, request_since))
             return
         if not chunk:
             return
         try:
             lines = buffer.feed(chunk)
         except ProtocolError as exc:
-            await _refuse(stream, "rejected", str(exc))
+            await _refuse(host, stream, "rejected", str(exc))
             return
         for line in lines:
             if not await _answer(host, stream, line):
                 return
+        if lines:
+            connection.waiting_since = trio.current_time()
+        request_since = _request_since(buffer, bool(lines), request_since)
+
+
+def _request_since(buffer: LineBuffer, answered: bool, since: float | None) -> float | None:
+    """When the partial line in ``buffer`` began to arrive: now if it follows lines just
+    answered (the host was busy meanwhile), else when its first chunk came."""
+    if not buffer.pending:
+        return None
+    return trio.current_time() if answered or since is None else since
+
+
+def _read_deadline(host: HostState, connection: Connection, request_since: float | None) -> float:
+    if request_since is None:
+        return connection.waiting_since + host.config.idle_timeout_s
+    return request_since + host.config.request_timeout_s
+
+
+def _timed_out(host: HostState, request_since: float | None) -> str:
+    if request_since is None:
+        return f"connection idle for more than {host.config.idle_timeout_s:g} s"
+    return f"request not complete {host.config.request_timeout_s:g} s after its first byte"
+
+
+def _displaced(host: HostState) -> str:
+    return (f"connection closed to make room for a new one: the host serves at most "
+            f"{host.config.max_connections} connections and this one had waited longest for a request")
+
+
+async def _receive(connection: Connection, stream: trio.SocketStream, deadline: float) -> bytes | None:
+    """The next chunk (b"" at the end), or None if the deadline passed or the connection
+    was displaced first."""
+    connection.reading = trio.CancelScope(deadline=deadline)
+    try:
+        with connection.reading:
+            return await stream.receive_some(READ_CHUNK)
+        return None
+    finally:
+        connection.reading = None
 
 
 async def _answer(host: HostState, stream: trio.SocketStream, line: bytes) -> bool:
-    """Answer one line; False closes the connection (no request id could be read)."""
+    """Answer one line; False closes the connection (no request id could be read, or the
+    reply did not leave in time)."""
     try:
         request = read_request(line)
     except ProtocolError as exc:
-        await _refuse(stream, "rejected", str(exc), exc.request_id or "")
-        return exc.request_id is not None
+        sent = await _send(host, stream, HostResponse(exc.request_id or "", "rejected", error=str(exc)))
+        return sent and exc.request_id is not None
     response, after = await handle_request(host, request)
     try:
-        await stream.send_all(encode_line(response))
-        faults.point("host.reply.sent")
+        sent = await _send(host, stream, response)
+        if sent:
+            faults.point("host.reply.sent")
     finally:  # committed is committed: a client gone before the reply changes nothing
         for action in after:
             action()
-    return True
+    return sent
 
 
-async def _refuse(stream: trio.SocketStream, outcome: str, error: str, request_id: str = "") -> None:
+async def _send(host: HostState, stream: trio.SocketStream, response: HostResponse,
+                timeout: float | None = None) -> bool:
+    """Send one reply; False if the client did not take it within the reply timeout."""
+    timeout = host.config.reply_timeout_s if timeout is None else timeout
+    with trio.move_on_after(timeout):
+        await stream.send_all(encode_line(response))
+        return True
+    log.warning("closed a connection whose client did not read its reply within %g s", timeout)
+    return False
+
+
+async def _refuse(host: HostState, stream: trio.SocketStream, outcome: str, error: str,
+                  timeout: float | None = None) -> None:
+    """Say why the connection is being closed, if the client will take it."""
     with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-        await stream.send_all(encode_line(HostResponse(request_id, outcome, error=error)))
+        await _send(host, stream, HostResponse("", outcome, error=error), timeout)
 
 
 def _peer_is_us(stream: trio.SocketStream) -> bool:

@@ -36,7 +36,9 @@ class HostConfig:
     drain_timeout_s: float = 15.0
     crash_backoff_s: float = 0.5
     max_crashes: int = 5
-    idle_timeout_s: float = 300.0
+    idle_timeout_s: float = 300.0  # a connection between requests
+    request_timeout_s: float = 10.0  # a request line, from its first byte to its newline
+    reply_timeout_s: float = 10.0  # a reply, to leave: a client that does not read is disconnected
     max_connections: int = 64
     worker_env: dict[str, str] = field(default_factory=dict)
     worker_start: str = "fork"  # or "spawn"

@@ -14,7 +14,8 @@ from typing import Any
 
 import apsw
 
-from ..errors import ConstraintViolation, CorruptStateError, SchemaError, StorageFull, StoreError
+from ..errors import (ConstraintViolation, CorruptStateError, SchemaError, StorageFull, StorageUnavailable,
+                      StoreError)
 from ..wire import canonical_json, decode_json, sha256_hex
 from .schema import APPLICATION_ID, MIGRATIONS, REQUIRED_TABLES, SCHEMA_SQL, SCHEMA_VERSION
 
@@ -253,5 +254,15 @@ def _translate(exc: apsw.Error, path: Path) -> StoreError:
     if isinstance(exc, apsw.FullError):
         return StorageFull(f"disk full writing {path}: nothing was changed; free space and retry")
     if isinstance(exc, apsw.BusyError):
-        return StoreError(f"{path} is busy (another writer held it for {BUSY_TIMEOUT_MS} ms)")
+        return StorageUnavailable(f"{path} is busy (another writer held it for {BUSY_TIMEOUT_MS} ms); retry")
+    if isinstance(exc, STORAGE_ERRORS):
+        return StorageUnavailable(f"storage error on {path}: {exc}; the request was not carried out: "
+                                  "retry once the storage is healthy")
     return StoreError(f"database error on {path}: {exc}")
+
+
+# The storage under the database failed, not the request: worth retrying, never the
+# client's fault (SQLITE_IOERR and its extended codes, SQLITE_CANTOPEN, SQLITE_READONLY,
+# SQLITE_LOCKED, SQLITE_PROTOCOL, SQLITE_NOLFS).
+STORAGE_ERRORS = (apsw.IOError, apsw.CantOpenError, apsw.ReadOnlyError, apsw.LockedError, apsw.ProtocolError,
+                  apsw.NoLFSError)

@@ -6,7 +6,7 @@ import secrets
 from typing import Any
 
 from ..errors import Conflict, ConstraintViolation, NotFound, Rejected
-from ..protocol import RunDetail, RunEvent, RunSummary, Step
+from ..protocol import EVENTS_PAGE, RunDetail, RunEvent, RunEventsPage, RunSummary, Step
 from ..wire import canonical_json, decode_json, sha256_hex
 from ..status import ENDED, Hold, RunStatus
 from .db import Database
@@ -302,17 +302,18 @@ def input_hash(value: Any) -> str:
     return "sha256:" + sha256_hex(canonical_json(value))
 
 
-def run_events(db: Database, run_id: str, after: int = 0, limit: int = 1000) -> list[RunEvent]:
-    revision(db, run_id)  # NotFound for an unknown run
-    rows = db.execute(
-        """SELECT event_id, at, type, payload_json FROM run_events
-           WHERE run_id = ? AND event_id > ? ORDER BY event_id LIMIT ?""",
-        (run_id, after, limit),
-    ).fetchall()
-    return [
-        RunEvent(event_id, iso(at), kind, **decode_json(payload.encode()))
-        for event_id, at, kind, payload in rows
-    ]
+def run_events(db: Database, run_id: str, after: int = 0, limit: int = EVENTS_PAGE) -> RunEventsPage:
+    """Events after ``after``, at most ``limit``; ``nextAfter`` set when more remain."""
+    with db.read():
+        revision(db, run_id)  # NotFound for an unknown run
+        rows = db.execute(
+            """SELECT event_id, at, type, payload_json FROM run_events
+               WHERE run_id = ? AND event_id > ? ORDER BY event_id LIMIT ?""",
+            (run_id, after, limit + 1),
+        ).fetchall()
+    events = [RunEvent(event_id, iso(at), kind, **decode_json(payload.encode()))
+              for event_id, at, kind, payload in rows[:limit]]
+    return RunEventsPage(events=events, nextAfter=events[-1].eventId if len(rows) > limit else None)
 
 
 LIFECYCLE_CONTRADICTIONS = """
