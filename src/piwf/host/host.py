@@ -23,8 +23,8 @@ import trio_util
 from ..clock import Clock, WallClock
 from ..errors import HostAlreadyRunning, PiwfError
 from ..status import StopReason
-from ..store import Database, commands, queue, workers
-from ..store.hosts import acquire_lease, read_lease, release_lease, renew_lease
+from ..store import commands, queue, workers
+from ..store.hosts import acquire_lease, open_state, read_lease, release_lease, renew_lease
 from .. import faults, processes
 from .launcher import ForkLauncher, fork_available
 from .lock import HostLock
@@ -48,7 +48,7 @@ class Host:
         identity = processes.identity(pid) or f"pid:{pid}"
         lock = HostLock.acquire(paths, {"pid": pid, "identity": identity})
         try:
-            db = Database.open(paths.db, durability=self.config.durability)
+            db = open_state(paths.db, durability=self.config.durability)  # refuses a damaged one unwritten
             try:
                 host = HostState(self.config, db, self.clock)
                 _take_over(host, pid, identity)
