@@ -160,7 +160,9 @@ def _renew_lease(host: HostState) -> bool:
 
 
 async def _prune_commands(host: HostState) -> None:
-    """Forget logged commands older than the retention window, hourly."""
+    """Forget logged commands older than the retention window, and the stored answers of
+    ended runs' workers (a backstop: they are forgotten as each run's worker ends), hourly
+    and at start."""
     async with contextlib.aclosing(trio_util.periodic(PRUNE_INTERVAL_S)) as ticks:
         async for _ in ticks:
             try:
@@ -170,6 +172,25 @@ async def _prune_commands(host: HostState) -> None:
                 continue
             if pruned:
                 log.info("pruned %d command(s) older than the retention window", pruned)
+            await _prune_worker_messages(host)
+
+
+async def _prune_worker_messages(host: HostState) -> None:
+    """In batches, letting the host serve in between (a database from before layout 4 may
+    hold hundreds of megabytes of them)."""
+    total = 0
+    while True:
+        try:
+            pruned = workers.prune_messages(host.db)
+        except PiwfError as exc:
+            log.warning("could not prune stored worker answers: %s", exc)
+            return
+        if not pruned:
+            break
+        total += pruned
+        await trio.sleep(0)
+    if total:
+        log.info("forgot %d stored worker answer(s) of ended runs", total)
 
 
 def _release(host: HostState) -> None:

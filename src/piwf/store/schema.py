@@ -1,12 +1,14 @@
 """The state database layout. Bump SCHEMA_VERSION and add a migration for any change."""
 
-from ..status import WorkerStatus
+from collections.abc import Iterable
+
+from ..status import QueueStatus, RunStatus, WorkerStatus
 
 APPLICATION_ID = 0x70697766  # "piwf"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 
-def one_of(values: type[WorkerStatus]) -> str:
+def one_of(values: Iterable[str]) -> str:
     """A CHECK list from a status enum, so the schema allows exactly its words."""
     return ", ".join(f"'{value}'" for value in values)
 
@@ -90,6 +92,76 @@ CREATE TABLE run_processes (
 );
 CREATE INDEX run_processes_live ON run_processes(status, worker_epoch);
 """
+
+def lifecycle_contradicts(run: str, queue: str) -> str:
+    """1 when engine status ``run`` and queue status ``queue`` do not go together (the
+    lifecycle projection, docs/concepts.md), else 0."""
+    return f"""NOT (({run} = 'queued' AND {queue} = 'queued')
+  OR ({run} = 'running' AND {queue} IN ('starting', 'running', 'parked'))
+  OR ({run} = 'waiting' AND {queue} = 'parked')
+  OR ({run} = 'completed' AND {queue} = 'done')
+  OR ({run} IN ('failed', 'timed_out') AND {queue} = 'failed')
+  OR ({run} = 'cancelled' AND {queue} = 'cancelled'))"""
+
+
+def _counted(sign: str, row: str, table: str) -> str:
+    """The run_counts changes one row of ``runs`` or ``run_queue`` makes: ``sign`` '+' as
+    ``row`` (NEW) arrives, '-' as it (OLD) leaves. An update is the old row leaving and the
+    new one arriving; the other table's row is read as it is now."""
+    def add(scope: str, amount: str) -> str:
+        return f"UPDATE run_counts SET n = n {sign} ({amount}) WHERE {scope};\n"
+
+    if table == "runs":
+        contradiction = f"SELECT {lifecycle_contradicts(f'{row}.status', 'q.status')} FROM run_queue q " \
+                        f"WHERE q.run_id = {row}.run_id"
+        return (add(f"scope = 'runs.status' AND value = {row}.status", "1")
+                + add("scope = 'runs.paused'", f"{row}.paused != 0")
+                + add("scope = 'lifecycle'", f"COALESCE(({contradiction}), 0)"))
+    contradiction = f"SELECT {lifecycle_contradicts('r.status', f'{row}.status')} FROM runs r " \
+                    f"WHERE r.run_id = {row}.run_id"
+    return (add(f"scope = 'run_queue.status' AND value = {row}.status", "1")
+            + add("scope = 'lifecycle'", f"COALESCE(({contradiction}), 0)"))
+
+
+def _count_triggers(table: str, columns: str) -> str:
+    changed = " OR ".join(f"OLD.{c} IS NOT NEW.{c}" for c in columns.split(", "))
+    return f"""
+CREATE TRIGGER {table}_counted_insert AFTER INSERT ON {table} BEGIN
+{_counted('+', 'NEW', table)}END;
+CREATE TRIGGER {table}_counted_update AFTER UPDATE OF {columns} ON {table} WHEN {changed} BEGIN
+{_counted('-', 'OLD', table)}{_counted('+', 'NEW', table)}END;
+CREATE TRIGGER {table}_counted_delete AFTER DELETE ON {table} BEGIN
+{_counted('-', 'OLD', table)}END;
+"""
+
+
+# Layout 4: run counts kept as runs change, so host.status reads a few rows instead of
+# counting every run ever stored. SQLite triggers keep them, so no statement (piwf's own,
+# or one typed into the sqlite3 shell) can change a run without counting it. Rows:
+# ('runs.status', s) and ('run_queue.status', s) per status word, ('runs.paused', 'paused'),
+# and ('lifecycle', 'contradictions'): runs whose two statuses do not go together, kept
+# exactly over all runs (each change re-judges the one run it touches).
+# A later layout that rebuilds runs or run_queue (rename, copy, drop) must drop these
+# triggers first and create them again after; ADD COLUMN leaves them as they are.
+RUN_COUNTS_SQL = f"""
+CREATE TABLE run_counts (
+  scope TEXT NOT NULL,
+  value TEXT NOT NULL,
+  n INTEGER NOT NULL,
+  PRIMARY KEY (scope, value)
+) WITHOUT ROWID;
+INSERT INTO run_counts (scope, value, n) VALUES
+  {", ".join(f"('runs.status', '{s}', 0)" for s in RunStatus)},
+  {", ".join(f"('run_queue.status', '{s}', 0)" for s in QueueStatus)},
+  ('runs.paused', 'paused', 0), ('lifecycle', 'contradictions', 0);
+UPDATE run_counts SET n = (SELECT COUNT(*) FROM runs WHERE status = run_counts.value) WHERE scope = 'runs.status';
+UPDATE run_counts SET n = (SELECT COUNT(*) FROM run_queue WHERE status = run_counts.value)
+  WHERE scope = 'run_queue.status';
+UPDATE run_counts SET n = (SELECT COUNT(*) FROM runs WHERE paused != 0) WHERE scope = 'runs.paused';
+UPDATE run_counts SET n = (SELECT COUNT(*) FROM runs r JOIN run_queue q ON q.run_id = r.run_id
+  WHERE {lifecycle_contradicts('r.status', 'q.status')}) WHERE scope = 'lifecycle';
+""" + _count_triggers("runs", "run_id, status, paused") + _count_triggers("run_queue", "run_id, status")
+
 
 SCHEMA_SQL = """
 CREATE TABLE blobs (
@@ -190,7 +262,9 @@ CREATE TABLE worker_messages (
   completed_at INTEGER NOT NULL,
   PRIMARY KEY (worker_epoch, message_id)
 );
-""" + EFFECTS_AND_PROCESSES_SQL
+""" + EFFECTS_AND_PROCESSES_SQL + RUN_COUNTS_SQL
+
+
 
 # Tables every known layout has; a database missing one is incomplete, not old.
 REQUIRED_TABLES = (
@@ -222,4 +296,6 @@ DROP INDEX run_workers_run;
 INSERT INTO run_workers SELECT * FROM run_workers_v2;
 DROP TABLE run_workers_v2;
 """,
+    # 4: maintained run counts (and their triggers), filled from the runs already stored.
+    3: RUN_COUNTS_SQL,
 }

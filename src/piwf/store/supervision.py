@@ -34,8 +34,13 @@ def end_worker(db: Database, *, worker_epoch: str, run_id: str, token: str, stat
                exit_code: int | None, signal: int | None, diagnostic: str | None, park: bool,
                hold: Hold | None = None, detail: str | None = None) -> bool:
     """Record how a worker ended and, with ``park``, release its run's claim (held with
-    ``detail`` when ``hold`` is given). Returns True when the run was parked."""
+    ``detail`` when ``hold`` is given). Once the run has ended, the answers stored for its
+    ended workers are deleted: no worker of it will repeat a message. Returns True when
+    the run was parked."""
     with db.write():
         workers.finish(db, worker_epoch, run_id, status, now, exit_code=exit_code, signal=signal,
                        diagnostic=diagnostic)
-        return park and queue.park_run(db, run_id, token, now, hold=hold, detail=detail)
+        parked = park and queue.park_run(db, run_id, token, now, hold=hold, detail=detail)
+        if not parked:
+            workers.forget_messages(db, run_id)
+        return parked
