@@ -95,44 +95,63 @@ CREATE INDEX run_processes_live ON run_processes(status, worker_epoch);
 
 def lifecycle_contradicts(run: str, queue: str) -> str:
     """1 when engine status ``run`` and queue status ``queue`` do not go together (the
-    lifecycle projection, docs/concepts.md), else 0."""
-    return f"""NOT (({run} = 'queued' AND {queue} = 'queued')
-  OR ({run} = 'running' AND {queue} IN ('starting', 'running', 'parked'))
-  OR ({run} = 'waiting' AND {queue} = 'parked')
-  OR ({run} = 'completed' AND {queue} = 'done')
-  OR ({run} IN ('failed', 'timed_out') AND {queue} = 'failed')
-  OR ({run} = 'cancelled' AND {queue} = 'cancelled'))"""
+    lifecycle projection, docs/concepts.md), else 0. A CASE, not IN lists: in a trigger a
+    constant IN list builds a temporary index each time it runs (claims measured 2x slower)."""
+    return f"""(NOT CASE {run} WHEN 'queued' THEN {queue} = 'queued'
+  WHEN 'running' THEN {queue} = 'starting' OR {queue} = 'running' OR {queue} = 'parked'
+  WHEN 'waiting' THEN {queue} = 'parked' WHEN 'completed' THEN {queue} = 'done'
+  WHEN 'failed' THEN {queue} = 'failed' WHEN 'timed_out' THEN {queue} = 'failed'
+  WHEN 'cancelled' THEN {queue} = 'cancelled' ELSE 0 END)"""
 
 
-def _counted(sign: str, row: str, table: str) -> str:
-    """The run_counts changes one row of ``runs`` or ``run_queue`` makes: ``sign`` '+' as
-    ``row`` (NEW) arrives, '-' as it (OLD) leaves. An update is the old row leaving and the
-    new one arriving; the other table's row is read as it is now."""
-    def add(scope: str, amount: str) -> str:
-        return f"UPDATE run_counts SET n = n {sign} ({amount}) WHERE {scope};\n"
-
-    if table == "runs":
-        contradiction = f"SELECT {lifecycle_contradicts(f'{row}.status', 'q.status')} FROM run_queue q " \
-                        f"WHERE q.run_id = {row}.run_id"
-        return (add(f"scope = 'runs.status' AND value = {row}.status", "1")
-                + add("scope = 'runs.paused'", f"{row}.paused != 0")
-                + add("scope = 'lifecycle'", f"COALESCE(({contradiction}), 0)"))
-    contradiction = f"SELECT {lifecycle_contradicts('r.status', f'{row}.status')} FROM runs r " \
-                    f"WHERE r.run_id = {row}.run_id"
-    return (add(f"scope = 'run_queue.status' AND value = {row}.status", "1")
-            + add("scope = 'lifecycle'", f"COALESCE(({contradiction}), 0)"))
+def _add(where: str, amount: str) -> str:
+    return f"UPDATE run_counts SET n = n + ({amount}) WHERE {where};\n"
 
 
-def _count_triggers(table: str, columns: str) -> str:
-    changed = " OR ".join(f"OLD.{c} IS NOT NEW.{c}" for c in columns.split(", "))
-    return f"""
-CREATE TRIGGER {table}_counted_insert AFTER INSERT ON {table} BEGIN
-{_counted('+', 'NEW', table)}END;
-CREATE TRIGGER {table}_counted_update AFTER UPDATE OF {columns} ON {table} WHEN {changed} BEGIN
-{_counted('-', 'OLD', table)}{_counted('+', 'NEW', table)}END;
-CREATE TRIGGER {table}_counted_delete AFTER DELETE ON {table} BEGIN
-{_counted('-', 'OLD', table)}END;
-"""
+def _status(table: str, row: str, sign: str) -> str:
+    return _add(f"scope = '{table}.status' AND value = {row}.status", f"{sign}1".lstrip("+"))
+
+
+def _contradiction(table: str, key: str, *terms: tuple[str, str]) -> str:
+    """Add to the contradiction count, judging each (sign, status of this table's row)
+    against the other table's row for run ``key`` as it is now (none: nothing to judge)."""
+    other, alias = ("run_queue", "q") if table == "runs" else ("runs", "r")
+
+    def judged(status: str) -> str:
+        pair = (status, f"{alias}.status") if table == "runs" else (f"{alias}.status", status)
+        return lifecycle_contradicts(*pair)
+
+    delta = " ".join(f"{sign} {judged(status)}" for sign, status in terms)
+    return _add("scope = 'lifecycle'",
+                f"COALESCE((SELECT {delta} FROM {other} {alias} WHERE {alias}.run_id = {key}), 0)")
+
+
+def _trigger(name: str, event: str, when: str, body: str) -> str:
+    return f"CREATE TRIGGER {name} AFTER {event}{f' WHEN {when}' if when else ''} BEGIN\n{body}END;\n"
+
+
+def _count_triggers(table: str) -> str:
+    """A row arriving, leaving, changing status or moving to another run id (which only a
+    hand edit does) changes the counts; nothing else fires (claim renewals, revisions)."""
+    paused = table == "runs"
+    return "".join((
+        _trigger(f"{table}_counted_insert", f"INSERT ON {table}", "",
+                 _status(table, "NEW", "+") + (_add("scope = 'runs.paused' AND NEW.paused != 0", "1") if paused else "")
+                 + _contradiction(table, "NEW.run_id", ("+", "NEW.status"))),
+        _trigger(f"{table}_counted_status", f"UPDATE OF status ON {table}",
+                 "OLD.status IS NOT NEW.status AND OLD.run_id IS NEW.run_id",
+                 _status(table, "OLD", "-") + _status(table, "NEW", "+")
+                 + _contradiction(table, "NEW.run_id", ("+", "NEW.status"), ("-", "OLD.status"))),
+        _trigger(f"{table}_counted_moved", f"UPDATE OF run_id ON {table}", "OLD.run_id IS NOT NEW.run_id",
+                 _status(table, "OLD", "-") + _status(table, "NEW", "+")
+                 + _contradiction(table, "OLD.run_id", ("-", "OLD.status"))
+                 + _contradiction(table, "NEW.run_id", ("+", "NEW.status"))),
+        _trigger(f"{table}_counted_delete", f"DELETE ON {table}", "",
+                 _status(table, "OLD", "-") + (_add("scope = 'runs.paused' AND OLD.paused != 0", "-1") if paused else "")
+                 + _contradiction(table, "OLD.run_id", ("-", "OLD.status"))),
+        _trigger("runs_counted_paused", "UPDATE OF paused ON runs", "(OLD.paused != 0) IS NOT (NEW.paused != 0)",
+                 _add("scope = 'runs.paused'", "(NEW.paused != 0) - (OLD.paused != 0)")) if paused else "",
+    ))
 
 
 # Layout 4: run counts kept as runs change, so host.status reads a few rows instead of
@@ -160,7 +179,7 @@ UPDATE run_counts SET n = (SELECT COUNT(*) FROM run_queue WHERE status = run_cou
 UPDATE run_counts SET n = (SELECT COUNT(*) FROM runs WHERE paused != 0) WHERE scope = 'runs.paused';
 UPDATE run_counts SET n = (SELECT COUNT(*) FROM runs r JOIN run_queue q ON q.run_id = r.run_id
   WHERE {lifecycle_contradicts('r.status', 'q.status')}) WHERE scope = 'lifecycle';
-""" + _count_triggers("runs", "run_id, status, paused") + _count_triggers("run_queue", "run_id, status")
+""" + _count_triggers("runs") + _count_triggers("run_queue")
 
 
 SCHEMA_SQL = """
