@@ -2,7 +2,8 @@
 park, complete, fail, cancel and host crashes in any order.
 
 Invariants: at most one live claim per run, no run lost, generation only grows, the
-lifecycle projection holds, and the store agrees with the model on every run's status.
+lifecycle projection holds, the store agrees with the model on every run's status, and the
+counts host.status reads (kept by triggers) equal a full count after every step.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from piwf.clock import ManualClock
-from piwf.errors import ClaimLost
+from piwf.errors import ClaimLost, Rejected
 from piwf.store import Database, queue, runs
 from piwf.store.runs import LIFECYCLE_CONTRADICTIONS
 
@@ -31,6 +32,7 @@ class ModelRun:
     token: str | None = None
     expires: int = 0
     generation: int = 0
+    paused: bool = False
 
 
 class RunQueueMachine(RuleBasedStateMachine):
@@ -59,7 +61,8 @@ class RunQueueMachine(RuleBasedStateMachine):
         return run.status in LIVE and run.expires > self.now()
 
     def claimable(self, run: ModelRun) -> bool:
-        return run.status in ("queued", "parked") or (run.status in LIVE and run.expires <= self.now())
+        ready = run.status in ("queued", "parked") and not run.paused
+        return ready or (run.status in LIVE and run.expires <= self.now())
 
     def holds(self, run_id: str, token: str) -> bool:
         run = self.model[run_id]
@@ -158,6 +161,19 @@ class RunQueueMachine(RuleBasedStateMachine):
         if expected:
             run.status = "cancelled"
 
+    @precondition(lambda self: bool(self.model))
+    @rule(data=st.data(), pause=st.booleans())
+    def pause_or_resume(self, data: st.DataObject, pause: bool) -> None:
+        """An operator hold: the run is not claimed again until resumed."""
+        run_id = data.draw(st.sampled_from(sorted(self.model)))
+        run = self.model[run_id]
+        try:
+            (runs.pause_run if pause else runs.resume_run)(self.db, run_id, self.now())
+        except Rejected:
+            assert run.status in ("done", "failed", "cancelled")
+            return
+        run.paused = pause
+
     @rule(ms=st.integers(min_value=1, max_value=2 * LEASE))
     def advance(self, ms: int) -> None:
         self.clock.advance(ms)
@@ -197,6 +213,15 @@ class RunQueueMachine(RuleBasedStateMachine):
     def lifecycle_holds(self) -> None:
         if hasattr(self, "db"):
             assert self.db.scalar(LIFECYCLE_CONTRADICTIONS) == 0
+
+    @invariant()
+    def maintained_counts_are_exact(self) -> None:
+        if not hasattr(self, "db"):
+            return
+        counts = runs.status_counts(self.db, self.now())
+        assert counts == runs.recounted(self.db, self.now())
+        assert counts["pausedRuns"] == sum(run.paused for run in self.model.values())
+        assert counts["queuedRuns"] == sum(run.status == "queued" for run in self.model.values())
 
 
 RunQueueMachine.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)

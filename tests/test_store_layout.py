@@ -113,3 +113,33 @@ def test_a_layout_1_database_is_migrated_with_its_runs_intact(tmp_path: Path) ->
         name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
     assert db.scalar("PRAGMA integrity_check") == "ok"
     db.close()
+
+
+def test_a_layout_3_database_is_migrated_with_its_run_counts_filled(tmp_path: Path) -> None:
+    """Layout 4 counts runs as they change; the migration counts the runs already there,
+    contradictions and paused runs included, in the same transaction."""
+    from piwf.store import runs
+
+    path = tmp_path / "v3.db"
+    conn = apsw.Connection(str(path))
+    conn.execute((Path(__file__).parent / "data" / "schema_v3.sql").read_text())
+    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = 3")
+    stored = [("a", "completed", "done", 0), ("b", "completed", "done", 0), ("c", "running", "parked", 1),
+              ("d", "queued", "queued", 0), ("e", "cancelled", "cancelled", 1), ("f", "failed", "done", 0)]
+    for run_id, status, queue_status, paused in stored:
+        conn.execute("INSERT INTO runs (run_id, workflow, project_path, definition_hash, definition_digest, status, "
+                     "paused, created_at, updated_at) VALUES (?, 'w', '/p', 'h', 'd', ?, ?, 1, 1)",
+                     (run_id, status, paused))
+        conn.execute("INSERT INTO run_queue (run_id, status, created_at, updated_at) VALUES (?, ?, 1, 1)",
+                     (run_id, queue_status))
+    conn.close()
+    db = Database.open(path)
+    assert db.scalar("PRAGMA user_version") == SCHEMA_VERSION
+    assert db.scalar("SELECT crash_count FROM run_queue WHERE run_id = 'c'") == 0  # layout 5 too
+    counts = runs.status_counts(db, 1)
+    assert counts == runs.recounted(db, 1)
+    assert (counts["completedRuns"], counts["pausedRuns"], counts["lifecycleContradictions"]) == (2, 2, 1)
+    db.execute("UPDATE run_queue SET status = 'failed' WHERE run_id = 'f'")  # counted from now on
+    assert runs.status_counts(db, 1)["lifecycleContradictions"] == 0
+    assert db.scalar("PRAGMA integrity_check") == "ok"
+    db.close()

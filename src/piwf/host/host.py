@@ -23,8 +23,8 @@ import trio_util
 from ..clock import Clock, WallClock
 from ..errors import HostAlreadyRunning, PiwfError
 from ..status import StopReason
-from ..store import Database, commands, queue, workers
-from ..store.hosts import acquire_lease, read_lease, release_lease, renew_lease
+from ..store import commands, queue, workers
+from ..store.hosts import acquire_lease, open_state, read_lease, release_lease, renew_lease
 from .. import faults, processes
 from .fork_launcher import ForkLauncher
 from .launcher import fork_available
@@ -50,7 +50,7 @@ class Host:
         identity = processes.identity(pid) or f"pid:{pid}"
         lock = HostLock.acquire(paths, {"pid": pid, "identity": identity})
         try:
-            db = Database.open(paths.db, durability=self.config.durability)
+            db = open_state(paths.db, durability=self.config.durability)  # refuses a damaged one unwritten
             try:
                 host = HostState(self.config, db, self.clock)
                 _take_over(host, pid, identity)
@@ -163,7 +163,9 @@ def _renew_lease(host: HostState) -> bool:
 
 
 async def _prune_commands(host: HostState) -> None:
-    """Forget logged commands older than the retention window, hourly."""
+    """Forget logged commands older than the retention window, and the stored answers of
+    ended runs' workers (a backstop: they are forgotten as each run's worker ends), hourly
+    and at start."""
     async with contextlib.aclosing(trio_util.periodic(PRUNE_INTERVAL_S)) as ticks:
         async for _ in ticks:
             try:
@@ -173,6 +175,25 @@ async def _prune_commands(host: HostState) -> None:
                 continue
             if pruned:
                 log.info("pruned %d command(s) older than the retention window", pruned)
+            await _prune_worker_messages(host)
+
+
+async def _prune_worker_messages(host: HostState) -> None:
+    """In batches, letting the host serve in between (a database from before layout 4 may
+    hold hundreds of megabytes of them)."""
+    total = 0
+    while True:
+        try:
+            pruned = workers.prune_messages(host.db)
+        except PiwfError as exc:
+            log.warning("could not prune stored worker answers: %s", exc)
+            return
+        if not pruned:
+            break
+        total += pruned
+        await trio.sleep(0)
+    if total:
+        log.info("forgot %d stored worker answer(s) of ended runs", total)
 
 
 def _release(host: HostState) -> None:

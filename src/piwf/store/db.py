@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,8 @@ BUSY_TIMEOUT_MS = 5000
 # is compiled twice (apsw keeps 16 by default).
 STATEMENT_CACHE = 256
 RESET_HINT = "Move the state directory aside to start fresh, or use the piwf that created it."
+DAMAGE_HINT = ("Restore it from a backup, or move the state directory aside to start fresh "
+               "(sqlite3's .recover may save what is readable); nothing was written to it.")
 
 
 class Database:
@@ -38,13 +40,21 @@ class Database:
     # --- opening ---------------------------------------------------------------------
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], *, durability: str = "full") -> Database:
-        """Open (creating if absent) a database for writing."""
+    def open(cls, path: str | os.PathLike[str], *, durability: str = "full",
+             verify: Callable[[Database], None] | None = None) -> Database:
+        """Open (creating if absent) a database for writing.
+
+        ``verify`` is called with a read-only connection to an existing database, after its
+        layout is checked and before anything (a pragma, a migration) is written; what it
+        raises refuses the database untouched.
+        """
         path = Path(path)
         if durability not in ("full", "normal"):
             raise StoreError(f"durability must be 'full' or 'normal', not {durability!r}")
         if path.exists():
             _check_header(path)
+            if verify is not None:
+                _verify_readonly(path, verify)
         old_umask = os.umask(0o077)
         try:
             conn = apsw.Connection(str(path), statementcachesize=STATEMENT_CACHE)
@@ -70,20 +80,40 @@ class Database:
         return db
 
     @classmethod
-    def open_readonly(cls, path: str | os.PathLike[str]) -> Database:
+    def open_readonly(cls, path: str | os.PathLike[str], *, allow_empty: bool = False) -> Database:
         path = Path(path)
         _check_header(path)
+        conn = None
         try:
             conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY, statementcachesize=STATEMENT_CACHE)
             conn.setbusytimeout(BUSY_TIMEOUT_MS)
             db = cls(conn, path)
-            db._check_layout()
+            if not (allow_empty and db._is_empty()):
+                db._check_layout()
         except apsw.Error as exc:
+            if conn is not None:
+                conn.close()
             raise _translate(exc, path) from exc
+        except BaseException:
+            if conn is not None:
+                conn.close()
+            raise
         return db
 
     def close(self) -> None:
         self.conn.close()
+
+    def quick_check(self) -> None:
+        """SQLite's ``quick_check``: every b-tree page readable and well formed (it reads the
+        whole file; it skips what ``integrity_check`` adds: index contents against tables).
+        Raises CorruptStateError with its first finding."""
+        try:
+            finding = self.conn.execute("PRAGMA quick_check(1)").fetchall()[0][0]
+        except apsw.Error as exc:
+            raise CorruptStateError(f"{self.path} is damaged (quick_check failed: {exc}). {DAMAGE_HINT}") from exc
+        if finding != "ok":
+            finding = finding.replace("*** in database main ***", "").strip()
+            raise CorruptStateError(f"{self.path} is damaged (quick_check: {finding}). {DAMAGE_HINT}")
 
     def _configure(self, durability: str) -> None:
         self.conn.execute("PRAGMA journal_mode = WAL")
@@ -233,6 +263,19 @@ class Database:
         if content is None:
             raise StoreError(f"blob {digest} is missing")
         return bytes(content)
+
+
+def _verify_readonly(path: Path, verify: Callable[[Database], None]) -> None:
+    """Open ``path`` read-only, check its layout, and ``verify`` it. A read-only connection
+    never checkpoints the WAL into the file, so a refused database is left byte for byte."""
+    probe = Database.open_readonly(path, allow_empty=True)
+    try:
+        if not probe._is_empty():
+            verify(probe)
+    except apsw.Error as exc:
+        raise _translate(exc, path) from exc
+    finally:
+        probe.close()
 
 
 def _check_header(path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,22 @@ class LeaseRecord:
             "expiresAt": self.expires_at,
             "live": self.live(now),
         }
+
+
+def open_state(path: str | os.PathLike[str], *, durability: str) -> Database:
+    """Open the state database for a host (which holds the host lock).
+
+    After an unclean stop (the lease row still names a host: a clean stop releases it) the
+    file is read through with ``PRAGMA quick_check`` on a read-only connection first: a
+    damaged database is refused (CorruptStateError) before anything is written to it, the
+    migration to a newer layout included.
+    """
+    return Database.open(path, durability=durability, verify=_check_after_unclean_stop)
+
+
+def _check_after_unclean_stop(db: Database) -> None:
+    if read_lease(db).host_id is not None:
+        db.quick_check()
 
 
 def _token_hash(token: str) -> bytes:

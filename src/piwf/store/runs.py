@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import Conflict, ConstraintViolation, NotFound, Rejected
@@ -12,6 +13,7 @@ from ..status import ENDED, Hold, RunStatus
 from .db import Database
 from .effects import list_effects
 from .queue import add_event, require_claim
+from .schema import lifecycle_contradicts
 from .timefmt import iso
 from .workers import worker_summaries
 
@@ -316,32 +318,50 @@ def run_events(db: Database, run_id: str, after: int = 0, limit: int = EVENTS_PA
     return RunEventsPage(events=events, nextAfter=events[-1].eventId if len(rows) > limit else None)
 
 
-LIFECYCLE_CONTRADICTIONS = """
-SELECT COUNT(*) FROM runs r JOIN run_queue q ON q.run_id = r.run_id
-WHERE NOT (
-  (r.status = 'queued' AND q.status = 'queued')
-  OR (r.status = 'running' AND q.status IN ('starting', 'running', 'parked'))
-  OR (r.status = 'waiting' AND q.status = 'parked')
-  OR (r.status = 'completed' AND q.status = 'done')
-  OR (r.status IN ('failed', 'timed_out') AND q.status = 'failed')
-  OR (r.status = 'cancelled' AND q.status = 'cancelled'))"""
+# Every run whose engine and queue statuses do not go together, counted the slow way: what
+# the maintained ('lifecycle', 'contradictions') count must always equal.
+LIFECYCLE_CONTRADICTIONS = f"""SELECT COUNT(*) FROM runs r JOIN run_queue q ON q.run_id = r.run_id
+WHERE {lifecycle_contradicts('r.status', 'q.status')}"""
 
 
 def status_counts(db: Database, now: int) -> dict[str, int]:
-    def count(sql: str, *params: Any) -> int:
-        return int(db.scalar(sql, params) or 0)
+    """Run counts for host.status, from one snapshot. They cost the same however many runs
+    have ever been stored: the counts are kept as runs change (layout 4, RUN_COUNTS_SQL),
+    and expired claims are found through run_queue's (status, claim_expires_at) index."""
+    with db.read():
+        counts = {(scope, value): n for scope, value, n in db.execute("SELECT scope, value, n FROM run_counts")}
+        expired = db.scalar(
+            """SELECT COUNT(*) FROM run_queue INDEXED BY run_queue_claimable
+               WHERE status IN ('starting', 'running') AND claim_expires_at <= ?""", (now,))
+    return _status_fields(counts.get, int(expired))
+
+
+def recounted(db: Database, now: int) -> dict[str, int]:
+    """status_counts counted from every run (slow; for checking the maintained counts)."""
+    with db.read():
+        counts = {("runs.status", s): n for s, n in db.execute("SELECT status, COUNT(*) FROM runs GROUP BY status")}
+        counts |= {("run_queue.status", s): n
+                   for s, n in db.execute("SELECT status, COUNT(*) FROM run_queue GROUP BY status")}
+        counts[("runs.paused", "paused")] = db.scalar("SELECT COUNT(*) FROM runs WHERE paused != 0")
+        counts[("lifecycle", "contradictions")] = db.scalar(LIFECYCLE_CONTRADICTIONS)
+        expired = db.scalar("""SELECT COUNT(*) FROM run_queue WHERE status IN ('starting', 'running')
+                               AND claim_expires_at <= ?""", (now,))
+    return _status_fields(counts.get, int(expired))
+
+
+def _status_fields(count: Callable[[tuple[str, str]], int | None], expired: int) -> dict[str, int]:
+    def total(scope: str, *values: str) -> int:
+        return sum(count((scope, value)) or 0 for value in values)
 
     return {
-        "queuedRuns": count("SELECT COUNT(*) FROM run_queue WHERE status = 'queued'"),
-        "runningRuns": count("SELECT COUNT(*) FROM run_queue WHERE status IN ('starting', 'running')"),
-        "parkedRuns": count("SELECT COUNT(*) FROM run_queue WHERE status = 'parked'"),
-        "waitingRuns": count("SELECT COUNT(*) FROM runs WHERE status = 'waiting'"),
-        "pausedRuns": count("SELECT COUNT(*) FROM runs WHERE paused = 1"),
-        "completedRuns": count("SELECT COUNT(*) FROM runs WHERE status = 'completed'"),
-        "failedRuns": count("SELECT COUNT(*) FROM runs WHERE status IN ('failed', 'timed_out')"),
-        "cancelledRuns": count("SELECT COUNT(*) FROM runs WHERE status = 'cancelled'"),
-        "expiredClaims": count(
-            """SELECT COUNT(*) FROM run_queue WHERE status IN ('starting', 'running')
-               AND claim_expires_at <= ?""", now),
-        "lifecycleContradictions": count(LIFECYCLE_CONTRADICTIONS),
+        "queuedRuns": total("run_queue.status", "queued"),
+        "runningRuns": total("run_queue.status", "starting", "running"),
+        "parkedRuns": total("run_queue.status", "parked"),
+        "waitingRuns": total("runs.status", "waiting"),
+        "pausedRuns": total("runs.paused", "paused"),
+        "completedRuns": total("runs.status", "completed"),
+        "failedRuns": total("runs.status", "failed", "timed_out"),
+        "cancelledRuns": total("runs.status", "cancelled"),
+        "expiredClaims": expired,
+        "lifecycleContradictions": total("lifecycle", "contradictions"),
     }

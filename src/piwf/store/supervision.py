@@ -36,7 +36,8 @@ def end_worker(db: Database, *, worker_epoch: str, run_id: str, token: str, stat
     """Record how a worker ended and, with ``park``, release its run's claim. A crash is
     counted on the run (durably: a run that keeps killing what runs it is held however
     often the host restarts); the ``max_crashes``-th in a row holds it with the worker's
-    last output. Returns the run's crashes in a row (0 when this end was no crash)."""
+    last output. Once the run has ended, the answers stored for its ended workers are
+    deleted. Returns the run's crashes in a row (0 when this end was no crash)."""
     with db.write():
         workers.finish(db, worker_epoch, run_id, status, now, exit_code=exit_code, signal=signal,
                        diagnostic=diagnostic)
@@ -45,7 +46,8 @@ def end_worker(db: Database, *, worker_epoch: str, run_id: str, token: str, stat
             crashes = db.scalar("UPDATE run_queue SET crash_count = crash_count + 1 "
                                 "WHERE run_id = ? AND claim_token = ? RETURNING crash_count", (run_id, token)) or 0
         held = crashes >= max_crashes
-        if park:
-            detail = f"worker crashed {crashes} times in a row; last output: {last_output}" if held else None
-            queue.park_run(db, run_id, token, now, hold=Hold.CRASHED if held else None, detail=detail)
+        detail = f"worker crashed {crashes} times in a row; last output: {last_output}" if held else None
+        parked = park and queue.park_run(db, run_id, token, now, hold=Hold.CRASHED if held else None, detail=detail)
+        if not parked:  # the run has ended (or is another's): no worker of it will repeat a message
+            workers.forget_messages(db, run_id)
         return crashes

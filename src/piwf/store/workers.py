@@ -9,10 +9,12 @@ import msgspec
 
 from ..errors import Rejected
 from ..protocol import WorkerSummary
+from ..status import ENDED, LIVE_WORKER
 from ..wire import canonical_json
 from ..worker_protocol import WorkerMessage, WorkerResponse, worker_fingerprint
 from .db import Database
 from .queue import add_event, fenced_revision
+from .schema import one_of
 
 ACTIVE = "status IN ('starting', 'running')"
 
@@ -116,6 +118,33 @@ def record_message(db: Database, message: WorkerMessage, response: WorkerRespons
         (message.workerEpoch, message.messageId, worker_fingerprint(message),
          canonical_json(response).decode(), now),
     )
+
+
+# Answers are kept while a worker of the run could repeat a message id. Once the run has
+# ended (its queue row is final) and a worker's end is recorded, that worker never sends
+# again: its run's claim is gone, and it was reaped (or is killed on takeover).
+ENDED_RUN_WORKER = f"""SELECT w.worker_epoch FROM run_workers w JOIN run_queue q ON q.run_id = w.run_id
+  WHERE w.status NOT IN ({one_of(LIVE_WORKER)}) AND q.status IN ({one_of(ENDED)})"""
+
+
+def forget_messages(db: Database, run_id: str) -> int:
+    """Delete the answers stored for the ended workers of ``run_id`` once the run has ended;
+    nothing while it has not. Returns how many were deleted."""
+    db.execute(f"""DELETE FROM worker_messages WHERE worker_epoch IN ({ENDED_RUN_WORKER} AND w.run_id = ?)""",
+               (run_id,))
+    return db.changes()
+
+
+def prune_messages(db: Database, batch: int = 500) -> int:
+    """Delete the answers of up to ``batch`` ended workers of ended runs (those
+    ``forget_messages`` missed: runs that ended while no worker of theirs was recorded
+    ending, and answers stored before layout 4). Returns how many answers were deleted;
+    call again until it returns 0."""
+    with db.write():
+        db.execute(f"""DELETE FROM worker_messages WHERE worker_epoch IN (
+                         {ENDED_RUN_WORKER} AND w.worker_epoch IN (SELECT DISTINCT worker_epoch FROM worker_messages)
+                         LIMIT ?)""", (batch,))
+        return db.changes()
 
 
 def worker_summaries(db: Database, run_id: str) -> list[WorkerSummary]:
