@@ -111,8 +111,7 @@ def test_an_expired_claim_refuses_every_write_and_the_worker_is_told_so(setup) -
     assert runs.get_run(host.db, "r").status == "running"
 
 
-def test_bad_payloads_and_unknown_operations_are_protocol_errors_naming_the_field(setup) -> None:
-    host, active, _ = setup
+def test_bad_payloads_and_unknown_operations_are_protocol_errors_naming_the_field() -> None:
     with pytest.raises(ProtocolError, match=r"Expected `int` >= 0 - at `\$.payload.seq`"):
         message("m2", "attempt.start", 1, seq=-1, node="a")
     with pytest.raises(ProtocolError, match=r"Invalid value 'run.teleport' - at `\$.operation`"):

@@ -295,7 +295,8 @@ def cmd_workflows_list(args: argparse.Namespace) -> int:
 
     project = Path(args.project).absolute()
     names = workflow_names(project)
-    rows = [_workflow_row(name, result) for name, result in zip(names, inspect_all(project, names, _timeout(args)))]
+    rows = [_workflow_row(name, result) for name, result in zip(names, inspect_all(project, names, _timeout(args)),
+                                                                    strict=True)]
     _print(args, rows, lambda rs: "\n".join(
         f"{r['name']:20} " + (f"ERROR {r['error']}" if r["error"] else f"{r['nodes']} nodes, starts at {r['startAt']}")
         for r in rs) or f"no workflows in {project / WORKFLOW_DIR}")

@@ -72,6 +72,7 @@ class StopReason(StrEnum):
     HOST_STOPPING = "hostStopping"
     STARTUP_TIMEOUT = "startupTimeout"
     PROTOCOL = "protocolError"
+    LINGERING = "lingering"  # told its part was done, the worker did not end within the kill grace
 
     @classmethod
     def of(cls, reason: str | None) -> StopReason:
@@ -90,6 +91,7 @@ STOPPED_AS = {
     StopReason.HOST_STOPPING: WorkerStatus.STOPPED,
     StopReason.STARTUP_TIMEOUT: WorkerStatus.TIMED_OUT,
     StopReason.PROTOCOL: WorkerStatus.CRASHED,
+    StopReason.LINGERING: WorkerStatus.CRASHED,
 }
 ENDED = frozenset({QueueStatus.DONE, QueueStatus.FAILED, QueueStatus.CANCELLED})  # queue statuses that are final
 ACTIVE_QUEUE = (QueueStatus.STARTING, QueueStatus.RUNNING)  # a claim is held

@@ -17,7 +17,7 @@ import trio_util
 
 from .. import faults
 from ..errors import PiwfError
-from ..status import CRASHES, STOPPED_AS, Hold, StopReason, WorkerStatus
+from ..status import CRASHES, STOPPED_AS, StopReason, WorkerStatus
 from ..store import queue, runs, supervision
 from ..store.queue import Claim
 from ..worker_protocol import LaunchEnvelope

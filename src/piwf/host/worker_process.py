@@ -197,14 +197,18 @@ async def _pump(host: HostState, active: ActiveRun, receive: trio.lowlevel.FdStr
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return
             faults.point("host.worker.answered")
-            if active.conclusion is Conclusion.CLAIM_LOST:
+            if active.conclusion is not None:
                 await _let_it_end(host, active)
                 return
 
 
 async def _let_it_end(host: HostState, active: ActiveRun) -> None:
-    """A worker told its claim is lost ends on its own (and its exit cancels this wait);
-    one still there after the kill grace is stopped."""
+    """A worker told its part is over (its run done, stop at a boundary, claim lost) ends
+    on its own, and its exit cancels this wait; one still there after the kill grace is
+    stopped. Nothing more it sends is read."""
     await trio.sleep(host.config.kill_grace_s)
-    log.warning("run %s: worker did not end after claimLost; stopping it", active.run_id)
-    active.stop(StopReason.CLAIM_LOST)
+    assert active.conclusion is not None
+    log.warning("run %s: worker did not end after being told %s; stopping it", active.run_id,
+                active.conclusion.value)
+    lost = active.conclusion is Conclusion.CLAIM_LOST
+    active.stop(StopReason.CLAIM_LOST if lost else StopReason.LINGERING)

@@ -147,7 +147,8 @@ def _count_triggers(table: str) -> str:
                  + _contradiction(table, "OLD.run_id", ("-", "OLD.status"))
                  + _contradiction(table, "NEW.run_id", ("+", "NEW.status"))),
         _trigger(f"{table}_counted_delete", f"DELETE ON {table}", "",
-                 _status(table, "OLD", "-") + (_add("scope = 'runs.paused' AND OLD.paused != 0", "-1") if paused else "")
+                 _status(table, "OLD", "-")
+                 + (_add("scope = 'runs.paused' AND OLD.paused != 0", "-1") if paused else "")
                  + _contradiction(table, "OLD.run_id", ("-", "OLD.status"))),
         _trigger("runs_counted_paused", "UPDATE OF paused ON runs", "(OLD.paused != 0) IS NOT (NEW.paused != 0)",
                  _add("scope = 'runs.paused'", "(NEW.paused != 0) - (OLD.paused != 0)")) if paused else "",

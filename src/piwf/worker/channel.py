@@ -13,7 +13,7 @@ import os
 import select
 import signal
 import threading
-from typing import Any, NoReturn, TypeVar
+from typing import NoReturn, TypeVar
 
 import msgspec
 
@@ -75,7 +75,8 @@ class Channel:
                        expectedRevision=self.revision, **fields)
         line = encode_line(message)
         if len(line) > MAX_WORKER_LINE:
-            raise HostRefused(f"{message.operation} message is {len(line)} bytes, over the {MAX_WORKER_LINE}-byte limit")
+            raise HostRefused(f"{message.operation} message is {len(line)} bytes, "
+                              f"over the {MAX_WORKER_LINE}-byte limit")
         _write_all(self._write_fd, line)
         faults.point("worker.message.sent")
         answer = self._next_answer()
