@@ -37,6 +37,7 @@ class Diagnostics:
     def __init__(self) -> None:
         self._chunks: deque[bytes] = deque()
         self._size = 0
+        self.complete = False  # the output reached its end: nothing more to read
 
     def add(self, data: bytes) -> None:
         self._chunks.append(data)
@@ -114,16 +115,17 @@ async def _supervise_process(host: HostState, active: ActiveRun, envelope: Launc
         returncode, note = None, ""
         with cleanup_scope(host, host.config.kill_grace_s + REAP_S) as cleanup:
             returncode = await _stop(proc, host.config.kill_grace_s, exited)
-            with trio.move_on_after(OUTPUT_TAIL_S):
-                await _read_output(proc.stdout, diagnostics)
+            if not diagnostics.complete:  # what it printed last, before it was stopped
+                with trio.move_on_after(OUTPUT_TAIL_S):
+                    await _read_output(proc.stdout, diagnostics)
         if cleanup.cancelled_caught and returncode is None:
             note = "\n[piwf] the worker was not reaped before the cleanup deadline; its exit status is unknown"
             log.warning("run %s: worker pid %d not reaped before the cleanup deadline", active.run_id, proc.pid)
         active.process_end = ProcessEnd(returncode, diagnostics.text() + note)
         reap_registered(host, workers.live_processes(host.db, [envelope.workerEpoch]))
-        for stream in (send, receive, proc.stdout):
-            if stream is not None:
-                with cleanup_scope(host, 1):
+        with cleanup_scope(host, 1):
+            for stream in (send, receive, proc.stdout):
+                if stream is not None:
                     await stream.aclose()
 
 
@@ -159,6 +161,7 @@ async def _read_output(stream: trio.abc.ReceiveStream | None, diagnostics: Diagn
             diagnostics.add(chunk)
     except (trio.ClosedResourceError, trio.BrokenResourceError):
         return
+    diagnostics.complete = True
 
 
 async def _receive(stream: trio.lowlevel.FdStream, deadline: float | None) -> bytes | None:
