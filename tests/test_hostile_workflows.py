@@ -189,3 +189,95 @@ async def test_crashes_in_a_row_are_counted_across_host_restarts(paths: StatePat
         nursery.cancel_scope.cancel()
     assert held["hold"] == "crashed" and held["statusDetail"].startswith("worker crashed 2 times in a row")
     assert [w["status"] for w in held["workers"]] == ["crashed", "crashed"]
+
+
+FREEZES_PARENT = """
+    import os, signal
+    from piwf import Workflow, compute
+
+    def freeze_parent(ctx):
+        os.kill(os.getppid(), signal.SIGSTOP)  # the fork server stops answering
+        os._exit(1)
+
+    workflow = Workflow(name="freezer", start_at="f", nodes={"f": compute(freeze_parent)})
+"""
+
+KILLS_PARENT_AND_LINGERS = """
+    import os, signal, subprocess, time
+    from pathlib import Path
+    from piwf import Workflow, compute
+
+    def orphan_maker(ctx):
+        child = subprocess.Popen(["sleep", "777"])  # in the worker's own process group
+        (Path(ctx.project_path) / "child.pid").write_text(str(child.pid))
+        os.kill(os.getppid(), signal.SIGKILL)  # the fork server dies; init adopts the worker
+        time.sleep(600)
+
+    workflow = Workflow(name="orphan_maker", start_at="o", nodes={"o": compute(orphan_maker)})
+"""
+
+
+async def test_a_node_that_freezes_the_fork_server_does_not_stop_later_runs(
+    paths: StatePaths, project: Path, nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from piwf.host import fork_launcher
+
+    monkeypatch.setattr(fork_launcher, "TEMPLATE_READY_S", 1.0)  # how long a start waits for an answer
+    write_workflow(project, "freezer", FREEZES_PARENT)
+    await nursery.start(Host(config(paths, crash_backoff_s=0.01, max_crashes=1)).serve)
+    async with AsyncClient(paths) as client:
+        frozen = await _start(client, project, "freezer")
+        assert (await client.call("run.wait", run_id=frozen)).receipt["hold"] == "crashed"
+        greet = await _start(client, project, "greet")  # the frozen server is killed and replaced
+        done = (await client.call("run.wait", run_id=greet)).receipt
+    assert done["status"] == "completed"
+    assert all(w["status"] in ("notStarted", "exited") for w in done["workers"]), done["workers"]
+
+
+async def test_a_worker_whose_fork_server_died_takes_its_children_with_it_when_stopped(
+    paths: StatePaths, project: Path, nursery: trio.Nursery
+) -> None:
+    import psutil
+
+    write_workflow(project, "orphan_maker", KILLS_PARENT_AND_LINGERS)
+    await nursery.start(Host(config(paths)).serve)
+    async with AsyncClient(paths) as client:
+        run_id = await _start(client, project, "orphan_maker")
+        child = int(await wait_for(lambda: (project / "child.pid").exists() and (project / "child.pid").read_text()))
+        await wait_for(lambda: not _worker_has_its_fork_server(child))  # its worker was adopted by init
+        assert (await client.call("run.cancel", run_id=run_id)).outcome == "accepted"
+        await wait_for(lambda: _workers_ended(client, run_id, 1))
+    await wait_for(lambda: not psutil.pid_exists(child) or psutil.Process(child).status() == psutil.STATUS_ZOMBIE)
+
+
+def _worker_has_its_fork_server(pid: int) -> bool:
+    """The child's worker still has the fork server as its parent."""
+    import psutil as ps
+
+    try:
+        return "forkserver" in " ".join(ps.Process(ps.Process(pid).ppid()).parent().cmdline())
+    except ps.Error:
+        return False
+
+
+async def test_runs_started_while_the_fork_server_is_away_are_not_charged_crashes(
+    paths: StatePaths, project: Path, nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from piwf.host.fork_launcher import ForkLauncher
+    from piwf.host.launcher import LauncherUnavailable
+
+    real_start, refusals = ForkLauncher.start, []
+
+    async def away_at_first(self: ForkLauncher, launch: object) -> object:
+        if len(refusals) < 3:
+            refusals.append(1)
+            raise LauncherUnavailable("the fork server is not running (it is being restarted)")
+        return await real_start(self, launch)
+
+    monkeypatch.setattr(ForkLauncher, "start", away_at_first)
+    await nursery.start(Host(config(paths, crash_backoff_s=0.01, max_crashes=2)).serve)
+    async with AsyncClient(paths) as client:
+        run_id = await _start(client, project, "greet")
+        done = (await client.call("run.wait", run_id=run_id)).receipt
+    assert done["status"] == "completed"  # three failed starts, max_crashes 2: never held
+    assert [w["status"] for w in done["workers"]][:3] == ["notStarted"] * 3

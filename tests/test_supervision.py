@@ -12,7 +12,7 @@ from piwf.client import AsyncClient
 from piwf.clock import TrioClock
 from piwf.host.host import Host, _heartbeat
 from piwf.host.runs import renew_claims
-from piwf.host.state import ActiveRun, HostState
+from piwf.host.state import ActiveRun, Conclusion, HostState
 from piwf.paths import StatePaths
 from piwf.status import StopReason
 from piwf.store import Database, queue, runs
@@ -133,6 +133,23 @@ async def test_a_lost_claim_cancels_that_run_scope_only(tmp_path: Path, autojump
             nursery.cancel_scope.cancel()
     assert active.scope.cancelled_caught and reasons == [StopReason.CLAIM_LOST]
     assert not other.scope.cancel_called
+
+
+async def test_a_run_that_released_its_claim_itself_is_not_stopped_as_claim_lost(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    """Between its worker's last message (which completed the run) and the worker's exit,
+    the claim is gone because the worker gave it back, not because it was lost."""
+    host, active = _claimed_run(tmp_path)
+    queue.complete_run(host.db, active.run_id, active.claim.token, {"done": True}, host.now())
+    active.conclusion = Conclusion.DONE
+    with trio.CancelScope() as scope:
+        active.scope = scope
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(renew_claims, host)
+            await trio.sleep(host.config.run_lease_ms / 1000 * 3)
+            nursery.cancel_scope.cancel()
+    assert active.stop_reason is None and not scope.cancelled_caught
 
 
 async def test_a_worker_that_never_reports_ready_is_stopped_as_timed_out(

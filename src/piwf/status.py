@@ -62,6 +62,7 @@ class WorkerStatus(StrEnum):
     CLAIM_LOST = "claimLost"  # the run's claim moved on: told so and ended, or stopped
     STOPPED = "stopped"  # stopped because its host stopped (drain, or the host's scope was cancelled)
     ORPHANED = "orphaned"  # found live by a later host, whose predecessor died without stopping it
+    NOT_STARTED = "notStarted"  # could not be started (the fork server was being restarted): no crash
 
 
 class StopReason(StrEnum):
@@ -73,15 +74,6 @@ class StopReason(StrEnum):
     STARTUP_TIMEOUT = "startupTimeout"
     PROTOCOL = "protocolError"
     LINGERING = "lingering"  # told its part was done, the worker did not end within the kill grace
-
-    @classmethod
-    def of(cls, reason: str | None) -> StopReason:
-        """The reason a cancellation carries; one from outside piwf's own scopes (a parent
-        cancelling ``Host.serve``) means the host is stopping."""
-        try:
-            return cls(reason)
-        except ValueError:
-            return cls.HOST_STOPPING
 
 
 # The worker status a stop leaves, and whether it counts as a crash.

@@ -27,7 +27,7 @@ import trio
 import trio_util
 
 from .. import processes
-from .launcher import ForkedWorker, Launch, WorkerHandle, _close_fd, _pidfd
+from .launcher import ForkedWorker, Launch, LauncherUnavailable, WorkerHandle, _close_fd, _pidfd
 
 log = logging.getLogger("piwf.host")
 
@@ -93,6 +93,14 @@ class ForkLauncher:
             await self._dispatch(message)
         return "the fork server exited"
 
+    def _abandon_template(self, reason: str) -> None:
+        """Kill a template that does not answer: its end is read as its exit, and another
+        is started."""
+        log.warning("%s; killing it", reason)
+        self._up.value = False
+        if self._process is not None and self._process.returncode is None:
+            self._process.kill()
+
     async def _retire(self, reason: str) -> None:
         """The template is gone: its workers are watched through their pidfds (init reaps
         them now), starts waiting on it fail, and its process is reaped."""
@@ -113,7 +121,7 @@ class ForkLauncher:
         if self._sock is None:
             return
         with trio.move_on_after(CLOSE_S / 2):
-            while self._workers:
+            while any(not worker.exited.is_set() for worker in self._workers.values()):
                 message = await self._receive()
                 if not message:
                     break
@@ -143,21 +151,22 @@ class ForkLauncher:
 
     async def _send(self, message: dict[str, Any], fds: array.array[int] | None = None) -> None:
         if self._sock is None:
-            raise OSError("the fork server is not running")
+            raise LauncherUnavailable("the fork server is not running")
         ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)] if fds is not None else []
         await self._sock.sendmsg([json.dumps(message).encode()], ancillary)
 
     async def _release(self, pid: int) -> None:
         """Tell the template to reap ``pid``: from here on its pid may be reused."""
+        self._workers.pop(pid, None)
         with contextlib.suppress(OSError):
             await self._send({"reap": pid})
 
     async def _dispatch(self, message: dict[str, Any]) -> None:
         if "exited" in message:
-            worker = self._workers.pop(message["exited"], None)
-            if worker is not None:
+            worker = self._workers.get(message["exited"])
+            if worker is not None and not worker.abandoned:  # kept until released: see _retire
                 worker.report(message["returncode"])
-            else:  # nobody runs this worker (its start was cancelled): reap it now
+            else:  # nobody waits for this worker (its start or its reaping was given up): reap it now
                 await self._release(message["exited"])
             return
         pending = self._pending.pop(message["id"], None)
@@ -168,18 +177,18 @@ class ForkLauncher:
             return
         event, slot = pending
         if pid is not None:  # registered here, before any exit report can be read
-            worker = ForkedWorker(pid, None, _pidfd(pid), self._release)
+            worker = ForkedWorker(pid, None, _pidfd(pid), self._release, identity=processes.identity(pid))
             self._workers[pid] = worker
             slot.append(worker)
         else:
-            slot.append(message.get("error", "fork server error"))
+            slot.append(f"error: {message.get('error', 'fork server error')}")
         event.set()
 
     async def start(self, launch: Launch) -> WorkerHandle:
         with trio.move_on_after(TEMPLATE_READY_S):
             await self._up.wait_value(True)
         if not self._up.value:
-            raise OSError("the fork server is not running (it is being restarted)")
+            raise LauncherUnavailable("the fork server is not running (it is being restarted)")
         output_r, output_w = os.pipe2(os.O_CLOEXEC)
         self._next_id += 1
         request_id = self._next_id
@@ -187,21 +196,28 @@ class ForkLauncher:
         self._pending[request_id] = (event, slot)
         fds = array.array("i", [launch.to_worker_r, launch.from_worker_w, output_w])
         try:
-            await self._send({"id": request_id, "cwd": launch.cwd, "env": launch.env, "exec": self._exec}, fds)
-            await event.wait()
+            try:
+                await self._send({"id": request_id, "cwd": launch.cwd, "env": launch.env, "exec": self._exec}, fds)
+            except OSError as exc:  # it died just now: the next template will start the worker
+                raise LauncherUnavailable(f"the fork server is gone: {exc}") from exc
+            with trio.move_on_after(TEMPLATE_READY_S):
+                await event.wait()
+            if not event.is_set():  # stopped or stuck (a node may SIGSTOP its parent): start another
+                self._pending.pop(request_id, None)
+                self._abandon_template(f"the fork server did not answer within {TEMPLATE_READY_S:g} s")
+                raise LauncherUnavailable("the fork server did not answer; it is being restarted")
         except BaseException:  # cancelled: a worker forked meanwhile must not live on unowned
             self._pending.pop(request_id, None)
             if slot and isinstance(slot[0], ForkedWorker):
                 slot[0].signal_group(signal.SIGKILL)
-                self._workers.pop(slot[0].pid, None)  # its exit report is answered with a reap
-                _close_fd(slot[0].pidfd)
+                slot[0].abandon()  # its exit report is answered with a reap
             os.close(output_r)
             raise
         finally:
             os.close(output_w)
         result = slot[0]
-        if isinstance(result, str):
+        if isinstance(result, str):  # the template's own refusal (a missing cwd), or its death meanwhile
             os.close(output_r)
-            raise OSError(result)
+            raise (OSError if result.startswith("error:") else LauncherUnavailable)(result.removeprefix("error: "))
         result.stdout = trio.lowlevel.FdStream(output_r)
         return result

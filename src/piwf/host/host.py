@@ -71,6 +71,7 @@ class Host:
                 await self._serve_runs(host, task_status)
             finally:
                 outer.cancel_scope.cancel()
+        log.info("stopped")
 
     async def _serve_runs(self, host: HostState, task_status: trio.TaskStatus[HostState]) -> None:
         listener = await open_listener(self.config.state_dir.socket)
@@ -90,7 +91,6 @@ class Host:
                 await listener.aclose()
                 self.config.state_dir.socket.unlink(missing_ok=True)
                 _release(host)
-            log.info("stopped")
 
 
 def _take_over(host: HostState, pid: int, identity: str) -> None:

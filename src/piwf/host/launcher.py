@@ -39,6 +39,11 @@ class Launch:
     from_worker_w: int
 
 
+class LauncherUnavailable(OSError):
+    """No worker could be started because the launcher itself was not ready (the fork
+    server was being started again): not the run's fault, and not counted as its crash."""
+
+
 class WorkerHandle(Protocol):
     pid: int
     stdout: trio.abc.ReceiveStream | None
@@ -122,8 +127,10 @@ class ForkedWorker:
     stdout: trio.abc.ReceiveStream | None
     pidfd: int | None
     release: Callable[[int], Awaitable[None]]  # tells the template to reap this pid
+    identity: str | None = None  # boot id, pid and start time, read while it was unreaped
     returncode: int | None = None
     released: bool = False
+    abandoned: bool = False  # nobody will reap it through this handle: its exit report reaps it
     exited: trio.Event = field(default_factory=trio.Event)
     reporter_gone: trio.Event = field(default_factory=trio.Event)  # the template died
 
@@ -137,14 +144,16 @@ class ForkedWorker:
         if not self.reporter_gone.is_set():  # held unreaped by the template until released
             return processes.signal_group(self.pid, sig)
         # The template is gone: init may reap the worker at any moment. Its pidfd names
-        # exactly this process (not its group); the group's other members were started
-        # after it, which is what identity-checked reaping kills.
-        if self.pidfd is None:
-            return False
-        with contextlib.suppress(OSError):
-            signal.pidfd_send_signal(self.pidfd, sig)
-            return True
-        return False
+        # exactly this process; the rest of its group is found by the leader's recorded
+        # identity (members started after it), never by a bare process group id.
+        sent = False
+        if self.pidfd is not None:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self.pidfd, sig)
+                sent = True
+        if sig == signal.SIGKILL and self.identity is not None:
+            sent = processes.kill_recorded_group(self.pid, self.identity) or sent
+        return sent
 
     async def wait_exited(self) -> None:
         if self.exited.is_set():
@@ -157,16 +166,26 @@ class ForkedWorker:
     async def reap(self) -> int | None:
         """The exit status as the template reported it; None when the template died first
         (init reaps the worker then, and its status is unknown)."""
-        if not self.released:
+        if self.released:
+            return self.returncode
+        try:
             await trio_util.wait_any(self.exited.wait, self.reporter_gone.wait)
             if self.exited.is_set() and not self.reporter_gone.is_set():
                 await self.release(self.pid)
             elif self.pidfd is not None:
                 await trio.lowlevel.wait_readable(self.pidfd)
             self.released = True
+        finally:
+            if not self.released:  # given up (a cleanup deadline): the exit report reaps it
+                self.abandon()
             _close_fd(self.pidfd)
             self.pidfd = None
         return self.returncode
+
+    def abandon(self) -> None:
+        self.abandoned = True
+        _close_fd(self.pidfd)
+        self.pidfd = None
 
 
 def fork_available() -> bool:

@@ -30,7 +30,7 @@ from ..protocol import (
     PauseRun, Request, ResolveEffect, ResolveReceipt, ResumeRun, RunDetail, RunEventsPage, RunSummary, StartReceipt,
     StartRun, StopHost, StopReceipt, WaitReceipt, WaitRun,
 )
-from ..status import AT_REST, QueueStatus
+from ..status import AT_REST, QueueStatus, StopReason
 from ..store import commands, effects, queue, runs
 from ..store.hosts import read_lease
 from ..wire import HostResponse, check_id, request_fingerprint
@@ -178,7 +178,7 @@ def _run_cancel(host: HostState, request: CancelRun, prepared: None, after: Afte
     active = host.active.get(run_id)
     now = host.now()
     if active is not None and queue.cancel_run(host.db, run_id, now, token=active.claim.token):
-        after.append(lambda: active.stop("cancelled"))
+        after.append(lambda: active.stop(StopReason.CANCELLED))
     elif not queue.cancel_run(host.db, run_id, now):
         run = runs.run_summary(host.db, run_id)
         raise Rejected(f"run {run_id} cannot be cancelled: it is {run.status} ({run.queueStatus})")

@@ -67,27 +67,24 @@ def _claim_available(host: HostState) -> list[tuple[Claim, str]]:
 
 
 async def supervise_run(host: HostState, active: ActiveRun) -> None:
-    stopped_by: StopReason | None = None
+    cancelled = False
     try:
         with active.scope:
             try:
                 await _launch_contained(host, active)
-            except* trio.Cancelled as cancelled:  # the reason travels with it; it goes on unwinding
-                stopped_by = StopReason.of(_first_reason(cancelled))
+            except* trio.Cancelled:  # it goes on unwinding; its reason is the scope's
+                cancelled = True
                 raise
     finally:
+        # Stopped with a reason by piwf (kept by the run's scope: trio hands a task the
+        # reason of its innermost cancelled scope, which may be a nursery's), or by a
+        # cancellation from outside: the host is stopping.
+        stopped_by = active.stop_reason or (StopReason.HOST_STOPPING if cancelled else None)
         _record_end(host, _worker_end(host, active, stopped_by))  # synchronous: cancellation cannot interrupt it
         faults.point("host.worker.recorded")
         del host.active[active.run_id]
         host.changed()
         host.wake()
-
-
-def _first_reason(group: BaseExceptionGroup[trio.Cancelled]) -> str | None:
-    """A cancellation reaching several tasks arrives as a group; they share one reason."""
-    for exc in group.exceptions:
-        return exc.reason if isinstance(exc, trio.Cancelled) else _first_reason(exc)  # type: ignore[arg-type]
-    return None
 
 
 async def _launch_contained(host: HostState, active: ActiveRun) -> None:
@@ -127,7 +124,8 @@ async def renew_claims(host: HostState) -> None:
                 log.warning("claim renewal failed (%s); will retry", exc)
                 continue
             for run in active:
-                if run.run_id in lost:
+                # A worker whose own message ended or parked its run released the claim.
+                if run.run_id in lost and run.conclusion is None:
                     log.warning("run %s: claim lost; stopping its worker", run.run_id)
                     run.stop(StopReason.CLAIM_LOST)
 
@@ -137,6 +135,8 @@ def _worker_status(active: ActiveRun, stopped_by: StopReason | None) -> WorkerSt
     had told it; a worker that ended untold crashed, whatever its exit status."""
     if stopped_by is not None:
         return STOPPED_AS[stopped_by]
+    if active.process_end is not None and not active.process_end.started:
+        return WorkerStatus.NOT_STARTED
     if active.conclusion is Conclusion.CLAIM_LOST:
         return WorkerStatus.CLAIM_LOST
     return WorkerStatus.EXITED if active.conclusion is not None else WorkerStatus.CRASHED
@@ -178,13 +178,17 @@ def _write_end(host: HostState, end: WorkerEnd) -> bool:
         log.error("run %s: could not record the end of its worker (%s): %s; will retry", active.run_id,
                   end.status, exc)
         return False
-    _back_off(host, active.run_id, crashes)
+    _back_off(host, active.run_id, crashes, end.status)
     return True
 
 
-def _back_off(host: HostState, run_id: str, crashes: int) -> None:
+def _back_off(host: HostState, run_id: str, crashes: int, status: WorkerStatus) -> None:
     """A run whose worker crashed is claimed again after a back-off that doubles with each
-    crash in a row (the store counts them, and holds the run after ``max_crashes``)."""
+    crash in a row (the store counts them, and holds the run after ``max_crashes``); one
+    whose worker could not even start waits the first back-off, uncounted."""
+    if status is WorkerStatus.NOT_STARTED:
+        host.backoff[run_id] = trio.current_time() + host.config.crash_backoff_s
+        return
     if crashes == 0:
         host.backoff.pop(run_id, None)
         return

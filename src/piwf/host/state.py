@@ -59,6 +59,7 @@ class ProcessEnd:
 
     returncode: int | None
     diagnostic: str
+    started: bool = True  # False: no process was started at all
 
     @property
     def exit_code(self) -> int | None:
@@ -73,8 +74,8 @@ class ProcessEnd:
 class ActiveRun:
     """One run this host holds a claim on, with the scope that owns its worker.
 
-    Stopping the run is cancelling ``scope`` with a ``StopReason``; the reason travels
-    with the ``Cancelled`` to the supervisor, which records it.
+    Stopping the run is cancelling ``scope`` with a ``StopReason``, kept with the scope
+    (and given to trio, so a ``Cancelled`` says it too); the supervisor records it.
     """
 
     claim: Claim
@@ -84,15 +85,18 @@ class ActiveRun:
     answered: set[str] = field(default_factory=set)  # message ids this host answered for the worker
     conclusion: Conclusion | None = None
     process_end: ProcessEnd | None = None
+    stop_reason: StopReason | None = None  # owned by ``scope``: the first reason it was cancelled with
 
     @property
     def run_id(self) -> str:
         return self.claim.run_id
 
-    def stop(self, reason: StopReason | str) -> None:
+    def stop(self, reason: StopReason) -> None:
         """Cancel the run's scope: its worker is stopped and ``reason`` recorded. The
         first reason given wins."""
-        self.scope.cancel(reason=str(reason))
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        self.scope.cancel(reason=reason.value)
 
 
 @dataclass(eq=False)

@@ -22,7 +22,7 @@ from ..status import StopReason
 from ..store import workers
 from ..wire import LineBuffer, canonical_json, encode_line
 from ..worker_protocol import MAX_WORKER_LINE, LaunchEnvelope, parse_worker_message
-from .launcher import Launch, WorkerHandle
+from .launcher import Launch, LauncherUnavailable, WorkerHandle
 from .state import ActiveRun, Conclusion, HostState, ProcessEnd, log
 from .worker_messages import handle
 
@@ -91,7 +91,10 @@ async def run_worker(host: HostState, active: ActiveRun, envelope: LaunchEnvelop
     with Pipes() as pipes:
         try:
             proc = await host.launcher.start(Launch(project, env, pipes.to_worker_r, pipes.from_worker_w))
-        except OSError as exc:
+        except LauncherUnavailable as exc:  # not the run's fault: it waits and is claimed again
+            active.process_end = ProcessEnd(None, f"cannot start worker: {exc}", started=False)
+            return
+        except OSError as exc:  # this run's start failed (its project is gone): a crash
             active.process_end = ProcessEnd(None, f"cannot start worker: {exc}")
             return
         pipes.close_child_ends()
@@ -121,6 +124,8 @@ async def _supervise_process(host: HostState, active: ActiveRun, envelope: Launc
         if cleanup.cancelled_caught and returncode is None:
             note = "\n[piwf] the worker was not reaped before the cleanup deadline; its exit status is unknown"
             log.warning("run %s: worker pid %d not reaped before the cleanup deadline", active.run_id, proc.pid)
+        elif returncode is None:
+            note = "\n[piwf] the fork server that started the worker died first; its exit status is unknown"
         active.process_end = ProcessEnd(returncode, diagnostics.text() + note)
         reap_registered(host, workers.live_processes(host.db, [envelope.workerEpoch]))
         with cleanup_scope(host, 1):
@@ -144,12 +149,14 @@ def reap_registered(host: HostState, rows: list[tuple[str, int, str]]) -> None:
 async def _stop(proc: WorkerHandle, grace_s: float, exited: bool) -> int | None:
     """SIGTERM the group, wait out the grace, SIGKILL the group; then reap. The group is
     signalled only while its leader is unreaped, so its id cannot name another group."""
-    if not exited:
-        proc.signal_group(signal.SIGTERM)
-        with trio.move_on_after(grace_s):
-            await proc.wait_exited()
-    # Whatever the worker left in its group (its children, their children) dies with it.
-    proc.signal_group(signal.SIGKILL)
+    try:
+        if not exited:
+            proc.signal_group(signal.SIGTERM)
+            with trio.move_on_after(grace_s):
+                await proc.wait_exited()
+    finally:  # even when the cleanup's deadline ends the grace early
+        # Whatever the worker left in its group (its children, their children) dies with it.
+        proc.signal_group(signal.SIGKILL)
     return await proc.reap()
 
 

@@ -162,6 +162,13 @@ def park_run(db: Database, run_id: str, token: str, now: int, *,
         return True
 
 
+def count_crash(db: Database, run_id: str, token: str) -> int:
+    """One more crash in a row for a run still claimed with ``token``; the new count (0 when
+    the claim is gone)."""
+    return db.scalar("UPDATE run_queue SET crash_count = crash_count + 1 "
+                     "WHERE run_id = ? AND claim_token = ? RETURNING crash_count", (run_id, token)) or 0
+
+
 def complete_run(db: Database, run_id: str, token: str, output: Any, now: int) -> int:
     """Settle a run as completed; returns its new revision."""
     with db.write():

@@ -43,8 +43,7 @@ def end_worker(db: Database, *, worker_epoch: str, run_id: str, token: str, stat
                        diagnostic=diagnostic)
         crashes = 0
         if status in CRASHES:
-            crashes = db.scalar("UPDATE run_queue SET crash_count = crash_count + 1 "
-                                "WHERE run_id = ? AND claim_token = ? RETURNING crash_count", (run_id, token)) or 0
+            crashes = queue.count_crash(db, run_id, token)
         held = crashes >= max_crashes
         detail = f"worker crashed {crashes} times in a row; last output: {last_output}" if held else None
         parked = park and queue.park_run(db, run_id, token, now, hold=Hold.CRASHED if held else None, detail=detail)
