@@ -27,7 +27,7 @@ import trio
 import trio_util
 
 from .. import processes
-from .launcher import ForkedWorker, Launch, LauncherUnavailable, WorkerHandle, _close_fd, _pidfd
+from .launcher import ForkedWorker, Launch, LauncherUnavailable, WorkerHandle, _pidfd
 
 log = logging.getLogger("piwf.host")
 
