@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
+from . import cli_service
 from .client import Client
 from .errors import (ExitCode, HostReplied, HostTimeout, HostUnavailable, InternalError, PiwfError,
                      UsageError)
@@ -145,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     outcome.add_argument("--not-applied", action="store_true", help="it was not applied: the run applies it again")
     resolve.add_argument("--result", metavar="JSON", help="the effect's result as JSON, with --applied (default null)")
     resolve.set_defaults(handler=cmd_run_resolve_effect)
+    cli_service.add_parsers(commands, common)
     return parser
 
 
