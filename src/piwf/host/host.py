@@ -34,7 +34,7 @@ from .launcher import fork_available
 from .lock import HostLock
 from .notify import Notifier, open_notifier
 from .runs import serve_dispatcher
-from .server import check_socket_path, open_listener, serve_socket
+from .server import adopt_listener, check_socket_path, open_listener, serve_socket
 from .state import HostConfig, HostState, log
 from .worker_process import reap_registered
 
@@ -50,6 +50,16 @@ class Host:
         paths = self.config.state_dir
         paths.ensure()
         check_socket_path(paths.socket)  # before anything is written: a refusal leaves the state as it was
+        inherited = None if self.config.listen_fd is None else adopt_listener(self.config.listen_fd, paths.socket)
+        try:
+            await self._serve_locked(task_status, inherited)
+        finally:
+            if inherited is not None:  # closes this process's descriptor only: systemd keeps its own
+                inherited.socket.close()
+
+    async def _serve_locked(self, task_status: trio.TaskStatus[HostState],
+                            inherited: trio.SocketListener | None) -> None:
+        paths = self.config.state_dir
         pid = os.getpid()
         identity = processes.identity(pid) or f"pid:{pid}"
         lock = HostLock.acquire(paths, {"pid": pid, "identity": identity})
@@ -59,14 +69,15 @@ class Host:
                 host = HostState(self.config, db, self.clock)
                 _take_over(host, pid, identity)
                 logs.set_epoch(host.epoch)
-                await self._serve(host, task_status)
+                await self._serve(host, task_status, inherited)
             finally:
                 logs.set_epoch(None)
                 db.close()
         finally:
             lock.release()
 
-    async def _serve(self, host: HostState, task_status: trio.TaskStatus[HostState]) -> None:
+    async def _serve(self, host: HostState, task_status: trio.TaskStatus[HostState],
+                     inherited: trio.SocketListener | None) -> None:
         # The launcher outlives the runs: stopping a forked worker needs its exit report.
         async with trio.open_nursery() as outer:
             if fork_available():  # elsewhere the host spawns workers itself (SpawnLauncher)
@@ -74,13 +85,15 @@ class Host:
                                              exec_worker=self.config.worker_start == "spawn")
                 await outer.start(host.launcher.serve)
             try:
-                await self._serve_runs(host, task_status)
+                await self._serve_runs(host, task_status, inherited)
             finally:
                 outer.cancel_scope.cancel()
 
-    async def _serve_runs(self, host: HostState, task_status: trio.TaskStatus[HostState]) -> None:
+    async def _serve_runs(self, host: HostState, task_status: trio.TaskStatus[HostState],
+                          inherited: trio.SocketListener | None) -> None:
+        """``inherited``: the socket systemd bound (socket activation), served as it is."""
         config = self.config
-        listener = await open_listener(config.state_dir.socket, config.listen_fd)
+        listener = inherited or await open_listener(config.state_dir.socket)
         notifier = Notifier(config.notify_socket, config.watchdog_s)
         async with open_notifier(notifier, host):
             try:
@@ -91,7 +104,7 @@ class Host:
                     await nursery.start(serve_dispatcher, host)
                     await nursery.start(serve_socket, host, listener)
                     log.info("serving %s at epoch %d (max %d workers)%s", config.state_dir.socket, host.epoch,
-                             config.max_workers, "" if config.listen_fd is None else " on the inherited socket")
+                             config.max_workers, "" if inherited is None else " on the inherited socket")
                     notifier.ready(host)  # the socket accepts and the takeover is done
                     task_status.started(host)
             finally:
@@ -99,7 +112,7 @@ class Host:
                 _start_drain(host)  # however the host scope ended: a stop, a lost lease, a parent's cancel
                 with trio.CancelScope(shield=True, deadline=host.drain_deadline):
                     await listener.aclose()
-                    if config.listen_fd is None:  # an inherited socket outlives this host
+                    if inherited is None:  # an inherited socket outlives this host
                         config.state_dir.socket.unlink(missing_ok=True)
                     _release(host)
                 log.info("stopped")

@@ -61,11 +61,8 @@ def inherited_listener_fd(environ: Mapping[str, str], pid: int) -> int | None:
     return LISTEN_FDS_START
 
 
-async def open_listener(path: Path, inherited_fd: int | None = None) -> trio.SocketListener:
-    """Bind the socket 0600 from the start (umask), replacing a stale socket file; or, given
-    ``inherited_fd``, serve the socket the service manager bound there."""
-    if inherited_fd is not None:
-        return adopt_listener(inherited_fd, path)
+async def open_listener(path: Path) -> trio.SocketListener:
+    """Bind the socket 0600 from the start (umask), replacing a stale socket file."""
     check_socket_path(path)
     path.unlink(missing_ok=True)
     sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
