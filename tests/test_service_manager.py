@@ -6,6 +6,7 @@ log lines, and ``piwf run logs``.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -19,7 +20,10 @@ import pytest
 import trio
 
 from piwf.client import AsyncClient
-from piwf.errors import ExitCode
+from piwf.errors import ExitCode, ServiceError
+from piwf.host.notify import Notifier
+from piwf.host.server import inherited_listener_fd
+from piwf.logs import Context, JsonFormatter
 from piwf.paths import StatePaths
 
 from .conftest import HostProcess, piwf, wait_for, write_workflow
@@ -230,3 +234,32 @@ async def test_text_log_format_and_log_level(host_process: Callable[..., HostPro
     host.signal(signal.SIGTERM)
     assert await host.wait() == 0
     assert " INFO serving " in host.log.read_text() and not host.log.read_text().startswith("{")
+
+
+# --- what piwf serve reads from a service manager ---------------------------------------------------
+
+
+def test_watchdog_is_for_this_process_only() -> None:
+    mine = Notifier.from_env({"NOTIFY_SOCKET": "@x", "WATCHDOG_USEC": "200000", "WATCHDOG_PID": "42"}, 42)
+    assert (mine.address, mine.watchdog_s) == ("@x", 0.2)
+    other = Notifier.from_env({"NOTIFY_SOCKET": "/run/n", "WATCHDOG_USEC": "200000", "WATCHDOG_PID": "7"}, 42)
+    assert other.watchdog_s is None and not Notifier.from_env({}, 42).enabled
+
+
+def test_listen_fds_are_for_this_process_and_one_socket_only() -> None:
+    assert inherited_listener_fd({"LISTEN_PID": "42", "LISTEN_FDS": "1"}, 42) == 3
+    assert inherited_listener_fd({"LISTEN_PID": "7", "LISTEN_FDS": "1"}, 42) is None
+    assert inherited_listener_fd({}, 42) is None
+    with pytest.raises(ServiceError, match="exactly one socket"):
+        inherited_listener_fd({"LISTEN_PID": "42", "LISTEN_FDS": "2"}, 42)
+
+
+def test_a_run_event_names_its_run_in_the_log_record() -> None:
+    record = logging.LogRecord("piwf.host", logging.INFO, __file__, 1, "run %s: claimed (generation %d)",
+                               ("run-1", 2), None)
+    Context().filter(record)
+    entry = json.loads(JsonFormatter().format(record))
+    assert entry["runId"] == "run-1" and entry["msg"] == "run run-1: claimed (generation 2)"
+    other = logging.LogRecord("piwf.host", logging.INFO, __file__, 1, "serving %s", ("x",), None)
+    Context().filter(other)
+    assert json.loads(JsonFormatter().format(other))["runId"] is None
