@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
+from . import cli_service
 from .client import Client
 from .errors import (ExitCode, HostReplied, HostTimeout, HostUnavailable, InternalError, PiwfError,
                      UsageError)
@@ -94,6 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--worker-start", choices=("fork", "spawn"), default="fork",
                        help="fork workers from a preloaded template process (default; Linux) "
                             "or spawn a new interpreter for each")
+    serve.add_argument("--log-format", choices=("auto", "text", "json"), default="auto",
+                       help="text, JSON lines (ts, level, msg, epoch, runId), or auto: text on a terminal, "
+                            "JSON lines otherwise (default)")
+    serve.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
+                       help="the least severe records logged (default info)")
     serve.set_defaults(handler=cmd_serve)
     commands.add_parser("status", parents=[common], help="host state and counts").set_defaults(handler=cmd_status)
     commands.add_parser("stop", parents=[common], help="ask the host to drain and exit").set_defaults(handler=cmd_stop)
@@ -128,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
         sub = run.add_parser(name, parents=[common], help=text)
         sub.add_argument("run_id", metavar="RUN_ID")
         sub.set_defaults(handler=handler)
+    logs = run.add_parser("logs", parents=[common], help="what the run's workers printed, per worker")
+    logs.add_argument("run_id", metavar="RUN_ID")
+    logs.set_defaults(handler=cmd_run_logs)
     resolve = run.add_parser("resolve-effect", parents=[common],
                              help="say whether an ambiguous effect was applied, releasing its run")
     resolve.add_argument("run_id", metavar="RUN_ID")
@@ -137,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     outcome.add_argument("--not-applied", action="store_true", help="it was not applied: the run applies it again")
     resolve.add_argument("--result", metavar="JSON", help="the effect's result as JSON, with --applied (default null)")
     resolve.set_defaults(handler=cmd_run_resolve_effect)
+    cli_service.add_parsers(commands, common)
     return parser
 
 
@@ -181,16 +191,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .host.host import Host
     from .host.state import HostConfig
 
-    from . import faults
+    from . import faults, logs
 
     faults.configure()
-    logging.basicConfig(format="%(asctime)s piwf[%(process)d] %(levelname)s %(message)s", level=logging.INFO,
-                        stream=sys.stderr)
+    logs.configure(args.log_format, args.log_level)
     config = HostConfig(StatePaths.resolve(args.state_dir), max_workers=args.max_workers,
                         durability=args.durability, worker_startup_s=args.worker_startup_timeout,
                         kill_grace_s=args.kill_grace, worker_start=args.worker_start,
                         drain_timeout_s=args.drain_timeout, request_timeout_s=args.request_timeout,
-                        reply_timeout_s=args.reply_timeout)
+                        reply_timeout_s=args.reply_timeout, **service_manager_settings())
     try:
         trio.run(Host(config).serve)
     except PiwfError:
@@ -199,6 +208,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
         logging.getLogger("piwf").exception("the host stopped on an unexpected error")
         raise InternalError(f"internal error: {type(exc).__name__}: {exc}") from exc
     return 0
+
+
+# What a service manager passes in the environment; taken out of it so that no worker or
+# shell node inherits them (sd_listen_fds(3) and sd_notify(3) with unset_environment).
+SERVICE_MANAGER_VARIABLES = ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES", "NOTIFY_SOCKET", "WATCHDOG_USEC",
+                             "WATCHDOG_PID")
+
+
+def service_manager_settings() -> dict[str, Any]:
+    """``HostConfig`` fields from systemd's variables: the inherited socket, sd_notify."""
+    from .host.notify import Notifier
+    from .host.server import inherited_listener_fd
+
+    environ = {name: os.environ.pop(name) for name in SERVICE_MANAGER_VARIABLES if name in os.environ}
+    notifier = Notifier.from_env(environ, os.getpid())
+    return {"listen_fd": inherited_listener_fd(environ, os.getpid()), "notify_socket": notifier.address,
+            "watchdog_s": notifier.watchdog_s}
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -371,6 +397,35 @@ def cmd_run_events(args: argparse.Namespace) -> int:
         f"{e['at']} {e['type']:18} " + " ".join(f"{k}={v}" for k, v in e.items() if k not in ("eventId", "at", "type"))
         for e in es))
     return 0
+
+
+def cmd_run_logs(args: argparse.Namespace) -> int:
+    """The output the host kept of each worker of the run (its last 64 KiB), oldest first."""
+    with _client(args) as client:
+        run = _ok(client.call("run.status", run_id=args.run_id))
+    workers = [{key: w[key] for key in ("workerEpoch", "generation", "pid", "status", "exitCode", "signal",
+                                        "diagnostic")} for w in run["workers"]]
+    _print(args, {"runId": run["runId"], "workers": workers}, _format_logs)
+    return 0
+
+
+def _format_logs(logs: dict[str, Any]) -> str:
+    if not logs["workers"]:
+        return f"{logs['runId']}: no worker has run yet"
+    parts = []
+    for w in logs["workers"]:
+        parts.append(f"== generation {w['generation']}, worker {w['workerEpoch']}: {w['status']} ({_end(w)})")
+        text = (w["diagnostic"] or "").rstrip("\n")
+        parts.append(text or "(no output)")
+    return "\n".join(parts)
+
+
+def _end(worker: dict[str, Any]) -> str:
+    if worker["signal"] is not None:
+        return f"signal {worker['signal']}"
+    if worker["exitCode"] is not None:
+        return f"exit {worker['exitCode']}"
+    return "still running" if worker["status"] in ("starting", "running") else "exit status unknown"
 
 
 def all_events(client: Client, run_id: str) -> list[dict[str, Any]]:

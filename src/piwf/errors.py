@@ -25,6 +25,7 @@ class ExitCode(IntEnum):
     TIMEOUT = 10  # the host (or a workflow being loaded) did not answer in time
     WORKFLOW_INVALID = 11  # `piwf workflows list`: a workflow did not load
     STATE_DIR = 12  # the state directory cannot be used (a symlink, another owner, host.sock not a socket)
+    SERVICE = 13  # `piwf service`: a file in the way or a failed systemctl/launchctl; a bad socket from LISTEN_FDS
     INTERNAL = 70  # a bug in piwf
 
     @property
@@ -200,6 +201,15 @@ class HostTimeout(HostUnavailable):
 
     code = "timeout"
     exit_code = ExitCode.TIMEOUT
+
+
+class ServiceError(HostError):
+    """Running as a service went wrong: a socket passed by the service manager that piwf
+    cannot serve, a unit file piwf did not write in the way, a ``systemctl`` or
+    ``launchctl`` command that failed."""
+
+    code = "service"
+    exit_code = ExitCode.SERVICE
 
 
 # --- the command line ---------------------------------------------------------------------

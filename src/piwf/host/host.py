@@ -1,11 +1,14 @@
 """``piwf serve``: the nursery tree of DESIGN.md §3.
 
     launcher             the fork-server template; outlives the runs (their exit reports)
+    notifier             sd_notify, under systemd: READY=1 once serving, STATUS=, WATCHDOG=1,
+                         STOPPING=1 when a drain starts; outlives the host scope (pings
+                         go on through the drain)
     host scope
     ├── heartbeat        renews the host lease; on loss stops the host
     ├── stop watcher     SIGTERM, SIGINT or host.stop: cancel the host scope (drain)
     │                    with reason hostStopping and a deadline for all cleanup
-    ├── socket server    one task per connection
+    ├── socket server    one task per connection (on the socket systemd passed, if it did)
     └── run dispatcher   claims runs in batches
         ├── claim renewer    every active claim, one transaction; a lost one cancels its run
         └── run supervisor   one per active run, in its own scope: the worker process
@@ -25,12 +28,13 @@ from ..errors import HostAlreadyRunning, PiwfError
 from ..status import StopReason
 from ..store import commands, queue, workers
 from ..store.hosts import acquire_lease, open_state, read_lease, release_lease, renew_lease
-from .. import faults, processes
+from .. import faults, logs, processes
 from .fork_launcher import ForkLauncher
 from .launcher import fork_available
 from .lock import HostLock
+from .notify import Notifier, open_notifier
 from .runs import serve_dispatcher
-from .server import check_socket_path, open_listener, serve_socket
+from .server import adopt_listener, check_socket_path, open_listener, serve_socket
 from .state import HostConfig, HostState, log
 from .worker_process import reap_registered
 
@@ -46,6 +50,16 @@ class Host:
         paths = self.config.state_dir
         paths.ensure()
         check_socket_path(paths.socket)  # before anything is written: a refusal leaves the state as it was
+        inherited = None if self.config.listen_fd is None else adopt_listener(self.config.listen_fd, paths.socket)
+        try:
+            await self._serve_locked(task_status, inherited)
+        finally:
+            if inherited is not None:  # closes this process's descriptor only: systemd keeps its own
+                inherited.socket.close()
+
+    async def _serve_locked(self, task_status: trio.TaskStatus[HostState],
+                            inherited: trio.SocketListener | None) -> None:
+        paths = self.config.state_dir
         pid = os.getpid()
         identity = processes.identity(pid) or f"pid:{pid}"
         lock = HostLock.acquire(paths, {"pid": pid, "identity": identity})
@@ -54,13 +68,16 @@ class Host:
             try:
                 host = HostState(self.config, db, self.clock)
                 _take_over(host, pid, identity)
-                await self._serve(host, task_status)
+                logs.set_epoch(host.epoch)
+                await self._serve(host, task_status, inherited)
             finally:
+                logs.set_epoch(None)
                 db.close()
         finally:
             lock.release()
 
-    async def _serve(self, host: HostState, task_status: trio.TaskStatus[HostState]) -> None:
+    async def _serve(self, host: HostState, task_status: trio.TaskStatus[HostState],
+                     inherited: trio.SocketListener | None) -> None:
         # The launcher outlives the runs: stopping a forked worker needs its exit report.
         async with trio.open_nursery() as outer:
             if fork_available():  # elsewhere the host spawns workers itself (SpawnLauncher)
@@ -68,29 +85,37 @@ class Host:
                                              exec_worker=self.config.worker_start == "spawn")
                 await outer.start(host.launcher.serve)
             try:
-                await self._serve_runs(host, task_status)
+                await self._serve_runs(host, task_status, inherited)
             finally:
                 outer.cancel_scope.cancel()
         log.info("stopped")
 
-    async def _serve_runs(self, host: HostState, task_status: trio.TaskStatus[HostState]) -> None:
-        listener = await open_listener(self.config.state_dir.socket)
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_watch_stop, host, nursery.cancel_scope)
-                nursery.start_soon(_heartbeat, host)
-                nursery.start_soon(_prune_commands, host)
-                await nursery.start(serve_dispatcher, host)
-                await nursery.start(serve_socket, host, listener)
-                log.info("serving %s at epoch %d (max %d workers)", self.config.state_dir.socket,
-                         host.epoch, self.config.max_workers)
-                task_status.started(host)
-        finally:
-            _start_drain(host)  # however the host scope ended: a stop, a lost lease, a parent's cancel
-            with trio.CancelScope(shield=True, deadline=host.drain_deadline):
-                await listener.aclose()
-                self.config.state_dir.socket.unlink(missing_ok=True)
-                _release(host)
+    async def _serve_runs(self, host: HostState, task_status: trio.TaskStatus[HostState],
+                          inherited: trio.SocketListener | None) -> None:
+        """``inherited``: the socket systemd bound (socket activation), served as it is."""
+        config = self.config
+        listener = inherited or await open_listener(config.state_dir.socket)
+        notifier = Notifier(config.notify_socket, config.watchdog_s)
+        async with open_notifier(notifier, host):
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(_watch_stop, host, nursery.cancel_scope)
+                    nursery.start_soon(_heartbeat, host)
+                    nursery.start_soon(_prune_commands, host)
+                    await nursery.start(serve_dispatcher, host)
+                    await nursery.start(serve_socket, host, listener)
+                    log.info("serving %s at epoch %d (max %d workers)%s", config.state_dir.socket, host.epoch,
+                             config.max_workers, "" if inherited is None else " on the inherited socket")
+                    notifier.ready(host)  # the socket accepts and the takeover is done
+                    task_status.started(host)
+            finally:
+                notifier.stop(host)
+                _start_drain(host)  # however the host scope ended: a stop, a lost lease, a parent's cancel
+                with trio.CancelScope(shield=True, deadline=host.drain_deadline):
+                    await listener.aclose()
+                    if inherited is None:  # an inherited socket outlives this host
+                        config.state_dir.socket.unlink(missing_ok=True)
+                    _release(host)
 
 
 def _take_over(host: HostState, pid: int, identity: str) -> None:

@@ -20,13 +20,14 @@ import os
 import socket
 import stat
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
 
 from .. import faults
-from ..errors import ProtocolError, StateDirError
+from ..errors import ProtocolError, ServiceError, StateDirError
 from ..wire import HostResponse, LineBuffer, encode_line, read_request
 from .operations import handle_request
 from .state import HostState, log
@@ -44,6 +45,22 @@ def check_socket_path(path: Path) -> None:
         raise StateDirError(f"{path} is {kind}, not the host's socket; move it aside and start again")
 
 
+LISTEN_FDS_START = 3  # SD_LISTEN_FDS_START: the first descriptor a service manager passes
+
+
+def inherited_listener_fd(environ: Mapping[str, str], pid: int) -> int | None:
+    """The descriptor of the socket a service manager passed (socket activation), or None.
+
+    As sd_listen_fds(3): only when ``LISTEN_PID`` is this process (else the variables were
+    meant for another); piwf serves one socket, so ``LISTEN_FDS`` must then be 1."""
+    if environ.get("LISTEN_PID") != str(pid) or "LISTEN_FDS" not in environ:
+        return None
+    if environ["LISTEN_FDS"] != "1":
+        raise ServiceError(f"LISTEN_FDS={environ['LISTEN_FDS']}: piwf serve takes exactly one socket "
+                           "(ListenStream= the state directory's host/host.sock)")
+    return LISTEN_FDS_START
+
+
 async def open_listener(path: Path) -> trio.SocketListener:
     """Bind the socket 0600 from the start (umask), replacing a stale socket file."""
     check_socket_path(path)
@@ -56,6 +73,43 @@ async def open_listener(path: Path) -> trio.SocketListener:
         os.umask(old_umask)
     sock.listen(128)
     return trio.SocketListener(sock)
+
+
+def adopt_listener(fd: int, path: Path) -> trio.SocketListener:
+    """Serve a listening Unix stream socket bound at ``path`` by someone else (systemd's
+    piwf.socket). It is never bound, chmod-ed or unlinked here: it outlives this host, and
+    clients connecting while the host restarts wait in its backlog."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError as exc:
+        raise ServiceError(f"descriptor {fd} from LISTEN_FDS is not a socket ({exc.strerror})") from exc
+    try:
+        _check_inherited(sock, path)
+    except ServiceError:
+        sock.detach()  # not ours to close either
+        raise
+    sock.set_inheritable(False)  # workers must not hold the listening socket
+    sock.setblocking(False)
+    return trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+
+
+def _check_inherited(sock: socket.socket, path: Path) -> None:
+    listening = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)
+    if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM or not listening:
+        raise ServiceError(f"descriptor {sock.fileno()} from LISTEN_FDS is not a listening Unix stream socket")
+    name = sock.getsockname()
+    if not isinstance(name, str) or not _same_socket(name, path):
+        raise ServiceError(f"the socket from LISTEN_FDS is bound at {name!r}, not at {path}: "
+                           "the service's socket unit names another state directory")
+
+
+def _same_socket(name: str, path: Path) -> bool:
+    if name == str(path):
+        return True
+    try:
+        return os.path.samefile(name, path)
+    except OSError:
+        return False
 
 
 # accept() failing with these means the process or the system is out of something

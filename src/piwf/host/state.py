@@ -42,6 +42,9 @@ class HostConfig:
     max_connections: int = 64
     worker_env: dict[str, str] = field(default_factory=dict)
     worker_start: str = "fork"  # or "spawn"
+    listen_fd: int | None = None  # a listening socket passed by the service manager (LISTEN_FDS)
+    notify_socket: str | None = None  # sd_notify's $NOTIFY_SOCKET: a path, or @name (abstract)
+    watchdog_s: float | None = None  # the service's watchdog period ($WATCHDOG_USEC), pinged twice per period
 
 
 class Conclusion(Enum):

@@ -1,0 +1,143 @@
+"""``piwf service install|uninstall|status``: the command-line side of ``service``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from . import service
+from .paths import StatePaths
+
+
+def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
+    group = commands.add_parser("service", parents=[common], help="run the host as a background service "
+                                "(systemd user unit, launchd agent)").add_subparsers(
+        dest="sub", required=True, metavar="SUBCOMMAND")
+    for name, handler, text in (
+        ("install", cmd_install, "write the service files and start the service"),
+        ("uninstall", cmd_uninstall, "stop the service and remove the files install wrote"),
+        ("status", cmd_status, "the service files and what the service manager says"),
+    ):
+        sub = group.add_parser(name, parents=[common], help=text)
+        if name != "status":
+            sub.add_argument("--dry-run", action="store_true", help="print what would be done; change nothing")
+        sub.add_argument("--platform", choices=service.PLATFORMS, help=argparse.SUPPRESS)  # for tests: files only
+        sub.set_defaults(handler=handler)
+
+
+def _plan(args: argparse.Namespace) -> service.Plan:
+    platform = service.platform_name(args.platform)
+    return service.make_plan(platform, StatePaths.resolve(args.state_dir), forced=args.platform is not None)
+
+
+def cmd_install(args: argparse.Namespace) -> int:
+    plan = _plan(args)
+    changed = service.changes(plan)
+    commands = _install_commands(plan, changed)
+    run = plan.manager is None and not args.dry_run
+    if not args.dry_run:
+        service.write_files(plan, changed)
+        if run:
+            service.run_commands(commands)
+    files = [{"path": str(path), "changed": changed[path], "content": content} for path, content in plan.files.items()]
+    report = {"platform": plan.platform, "dryRun": args.dry_run, "files": files,
+              "commands": [command.argv for command in commands], "commandsRun": run,
+              "manager": plan.manager}
+    _print(args, report, _format_install)
+    return 0
+
+
+def _install_commands(plan: service.Plan, changed: dict[Path, bool]) -> list[service.Command]:
+    """launchd: reload the agent only if its plist changed or it is not loaded (a reload
+    restarts the host); systemd's commands are harmless to repeat."""
+    if plan.platform == "macos" and not any(changed.values()) and service.manager_state(plan) == "loaded":
+        return []
+    return plan.install
+
+
+def cmd_uninstall(args: argparse.Namespace) -> int:
+    plan = _plan(args)
+    present = [path for path in plan.files if service.read_existing(path) is not None]
+    for path in present:
+        service.check_ours(path, service.read_existing(path))
+    commands = (plan.stop + plan.after_removal) if present else []
+    run = plan.manager is None and not args.dry_run
+    if not args.dry_run:
+        if run:
+            service.run_commands(plan.stop)
+        service.remove_files(plan)
+        if run:
+            service.run_commands(plan.after_removal)
+    report = {"platform": plan.platform, "dryRun": args.dry_run, "removed": [str(p) for p in present],
+              "commands": [command.argv for command in commands], "commandsRun": run and bool(present),
+              "manager": plan.manager}
+    _print(args, report, _format_uninstall)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    plan = _plan(args)
+    files = []
+    for path, content in plan.files.items():
+        existing = service.read_existing(path)
+        files.append({"path": str(path), "installed": existing is not None,
+                      "ours": existing is not None and service.is_ours(path, existing),
+                      "current": existing == content})
+    report = {"platform": plan.platform, "files": files, "manager": service.manager_state(plan)}
+    _print(args, report, _format_status)
+    return 0
+
+
+# --- printing ---------------------------------------------------------------------------------
+
+
+def _print(args: argparse.Namespace, report: dict[str, Any], human: Any) -> None:
+    from .cli import _print as print_report
+
+    print_report(args, report, human)
+
+
+def _format_install(r: dict[str, Any]) -> str:
+    if r["dryRun"]:
+        lines = []
+        for f in r["files"]:
+            lines += [f"# {'would write' if f['changed'] else 'unchanged'}: {f['path']}", f["content"].rstrip("\n"), ""]
+        lines += [f"# would run: {_command(c)}" for c in r["commands"]]
+        return "\n".join(lines)
+    lines = [f"{'wrote' if f['changed'] else 'unchanged'} {f['path']}" for f in r["files"]]
+    lines += _commands_lines(r, "to start the service")
+    return "\n".join(lines)
+
+
+def _format_uninstall(r: dict[str, Any]) -> str:
+    if not r["removed"]:
+        return "piwf's service is not installed; nothing to remove"
+    verb = "would remove" if r["dryRun"] else "removed"
+    lines = [f"{verb} {path}" for path in r["removed"]]
+    if r["dryRun"]:
+        return "\n".join(lines + [f"would run: {_command(c)}" for c in r["commands"]])
+    return "\n".join(lines + _commands_lines(r, "to stop the service"))
+
+
+def _commands_lines(r: dict[str, Any], purpose: str) -> list[str]:
+    if not r["commands"]:
+        return []
+    if r["commandsRun"]:
+        return [f"ran {_command(c)}" for c in r["commands"]]
+    joined = " && ".join(_command(c) for c in r["commands"])
+    return [f"{r['manager']}; {purpose}, run: {joined}"]
+
+
+def _format_status(r: dict[str, Any]) -> str:
+    lines = []
+    for f in r["files"]:
+        state = ("not installed" if not f["installed"] else "not written by piwf" if not f["ours"]
+                 else "installed" if f["current"] else "installed, differs from what install would write now")
+        lines.append(f"{f['path']}: {state}")
+    lines.append(f"service: {r['manager']}")
+    return "\n".join(lines)
+
+
+def _command(argv: list[str]) -> str:
+    return str(service.Command(argv))
