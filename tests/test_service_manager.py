@@ -217,10 +217,10 @@ async def test_json_log_lines_carry_run_id_and_run_logs_prints_worker_output(
 
     text = (await piwf(paths, "run", "logs", run["runId"])).stdout.decode()
     assert text.splitlines()[0].startswith("== generation 1, worker ") and "exited (exit 0)" in text
-    assert "compute node says hello" in text
+    assert "shell node says hello" in text and "compute node says hello" in text
     logs = json.loads((await piwf(paths, "run", "logs", run["runId"], "--json")).stdout)
     [worker] = logs["workers"]
-    assert worker["diagnostic"] == "compute node says hello\n" and worker["exitCode"] == 0
+    assert worker["diagnostic"] == "shell node says hello\ncompute node says hello\n" and worker["exitCode"] == 0
     host.signal(signal.SIGTERM)
     assert await host.wait() == 0
 

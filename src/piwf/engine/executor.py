@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -191,6 +192,7 @@ def run_shell(node: Shell, ctx: Context) -> dict[str, Any]:
             _kill_group(proc.pid)  # whatever the program left behind in its group
             proc.wait()
             ctx.journal.process_ended(proc.pid)
+    _echo(stdout, stderr)
     output = {
         "stdout": stdout.decode(errors="replace"),
         "stderr": stderr.decode(errors="replace"),
@@ -199,6 +201,15 @@ def run_shell(node: Shell, ctx: Context) -> dict[str, Any]:
     if proc.returncode != 0:
         raise ShellExit(output, program)
     return output
+
+
+def _echo(stdout: bytes, stderr: bytes) -> None:
+    """A shell node's output goes to the worker's own output too, which the host keeps
+    (its last 64 KiB) for ``piwf run logs``; the node's output value keeps all of it."""
+    for stream, data in ((sys.stdout, stdout), (sys.stderr, stderr)):
+        if data:
+            stream.buffer.write(data)
+            stream.flush()
 
 
 def _kill_group(pgid: int) -> None:
