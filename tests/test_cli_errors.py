@@ -277,3 +277,10 @@ def test_exit_codes_are_distinct_and_each_is_in_the_operations_table() -> None:
     table = (DOCS / "operations.md").read_text()
     for code in list(ExitCode)[1:]:
         assert re.search(rf"^\| {int(code)} \| `{code.outcome}` \|", table, re.M), code
+
+
+async def test_json_nested_too_deep_on_the_command_line_is_a_usage_error(paths: StatePaths, project: Path) -> None:
+    deep = "[" * 5000 + "]" * 5000
+    done = await cli(paths, "run", "start", "greet", "--project", str(project), "--input", deep)
+    assert done.returncode == ExitCode.USAGE, done.stderr
+    assert "nested deeper than 100 levels" in one_line(done)

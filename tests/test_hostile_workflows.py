@@ -81,6 +81,7 @@ async def test_a_workflow_whose_import_hangs_in_the_worker_is_timed_out_and_held
         status = (await client.call("host.status")).receipt
     assert (held["queueStatus"], held["hold"]) == ("parked", "crashed")
     assert [w["status"] for w in held["workers"]] == ["timedOut", "timedOut"]
+    assert held["statusDetail"].endswith("last output: [piwf] not ready after 0.5 s (loading its workflow included)")
     assert status["activeWorkers"] == 0  # no slot held
 
 
@@ -281,3 +282,60 @@ async def test_runs_started_while_the_fork_server_is_away_are_not_charged_crashe
         done = (await client.call("run.wait", run_id=run_id)).receipt
     assert done["status"] == "completed"  # three failed starts, max_crashes 2: never held
     assert [w["status"] for w in done["workers"]][:3] == ["notStarted"] * 3
+
+
+DEEP = """
+    import os
+    from pathlib import Path
+    from piwf import Workflow, compute
+
+    def deep(ctx):
+        value = "x"
+        for _ in range(ctx.input["depth"]):
+            value = [value]
+        return value
+
+    def crash_once(ctx):
+        marker = Path(ctx.project_path) / "crashed-once"
+        if not marker.exists():
+            marker.touch()
+            os._exit(9)  # the next worker receives the deep output from the host
+        depth, value = 0, ctx.outputs["deep"]
+        while isinstance(value, list):
+            depth, value = depth + 1, value[0]
+        return {"depth": depth}
+
+    workflow = Workflow(name="deep", start_at="deep", nodes={"deep": compute(deep), "then": compute(crash_once)},
+                        edges=[("deep", "then")])
+"""
+
+
+@pytest.mark.parametrize("depth", [64, 65])
+async def test_an_output_nested_up_to_the_limit_survives_a_resume_and_a_deeper_one_fails_its_node(
+    paths: StatePaths, project: Path, nursery: trio.Nursery, depth: int
+) -> None:
+    write_workflow(project, "deep", DEEP)
+    await nursery.start(Host(config(paths, crash_backoff_s=0.01)).serve)
+    async with AsyncClient(paths) as client:
+        run_id = await _start(client, project, "deep", input={"depth": depth})
+        run = (await client.call("run.wait", run_id=run_id)).receipt
+    if depth == 64:
+        assert (run["status"], run["output"]) == ("completed", {"depth": 64})
+    else:
+        assert run["status"] == "failed" and "nested deeper than 64 levels" in run["error"]["message"]
+        assert [w["status"] for w in run["workers"]] == ["exited"]  # failed once: not a crash
+
+
+async def test_a_shell_node_ends_with_its_program_not_with_its_background_children(
+    paths: StatePaths, project: Path, nursery: trio.Nursery
+) -> None:
+    write_workflow(project, "bg", """
+        from piwf import Workflow, shell
+        workflow = Workflow(name="bg", start_at="s", nodes={"s": shell(["sh", "-c", "sleep 300 & echo started"])})
+    """)
+    await nursery.start(Host(config(paths)).serve)
+    async with AsyncClient(paths) as client:
+        run_id = await _start(client, project, "bg")
+        with trio.fail_after(20):  # it used to wait for the background sleep: 300 s
+            run = (await client.call("run.wait", run_id=run_id)).receipt
+    assert run["status"] == "completed" and run["output"]["stdout"] == "started\n"

@@ -17,12 +17,12 @@ from typing import Any, NoReturn
 
 from . import cli_service
 from .client import Client
-from .errors import (ExitCode, HostReplied, HostTimeout, HostUnavailable, InternalError, PiwfError,
+from .errors import (ProtocolError, ExitCode, HostReplied, HostTimeout, HostUnavailable, InternalError, PiwfError,
                      UsageError)
 from .host.lock import read_record
 from .paths import StatePaths
 from .status import UNSUCCESSFUL
-from .wire import HostResponse
+from .wire import HostResponse, decode_json
 
 DEFAULT_TIMEOUT_S = 30.0  # how long the host has to answer one request (--timeout, $PIWF_TIMEOUT)
 WAIT_S = 600  # one run.wait request's own limit (the host's maximum)
@@ -340,11 +340,16 @@ def _workflow_row(name: str, result: dict[str, Any]) -> dict[str, Any]:
             "error": None}
 
 
-def cmd_run_start(args: argparse.Namespace) -> int:
+def _json_arg(text: str, option: str) -> Any:
+    """A JSON option value, read as the host reads frames (nesting bounded)."""
     try:
-        run_input = json.loads(args.input)
-    except ValueError as exc:
-        raise UsageError(f"--input is not valid JSON: {exc}") from None
+        return decode_json(text.encode())
+    except ProtocolError as exc:
+        raise UsageError(f"{option} is not valid JSON: {exc}") from None
+
+
+def cmd_run_start(args: argparse.Namespace) -> int:
+    run_input = _json_arg(args.input, "--input")
     payload: dict[str, Any] = {"workflow": args.name, "projectPath": str(Path(args.project).absolute()),
                                "input": run_input}
     if args.session:
@@ -442,10 +447,7 @@ def all_events(client: Client, run_id: str) -> list[dict[str, Any]]:
 def cmd_run_resolve_effect(args: argparse.Namespace) -> int:
     if args.result is not None and not args.applied:
         raise UsageError("--result goes with --applied")
-    try:
-        result = None if args.result is None else json.loads(args.result)
-    except ValueError as exc:
-        raise UsageError(f"--result is not valid JSON: {exc}") from None
+    result = None if args.result is None else _json_arg(args.result, "--result")
     payload = {"key": args.key, "applied": bool(args.applied), "result": result}
     with _client(args) as client:
         receipt = _ok(client.call("effect.resolve", run_id=args.run_id, payload=payload))

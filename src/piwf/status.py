@@ -61,7 +61,7 @@ class WorkerStatus(StrEnum):
     CANCELLED = "cancelled"  # stopped because its run was cancelled
     CLAIM_LOST = "claimLost"  # the run's claim moved on: told so and ended, or stopped
     STOPPED = "stopped"  # stopped because its host stopped (drain, or the host's scope was cancelled)
-    ORPHANED = "orphaned"  # found live by a later host, whose predecessor died without stopping it
+    ORPHANED = "orphaned"  # its host died before recording its end; a later host found the record open
     NOT_STARTED = "notStarted"  # could not be started (the fork server was being restarted): no crash
 
 

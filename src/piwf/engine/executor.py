@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -131,6 +132,9 @@ def execute(workflow: Workflow, *, run_id: str, project_path: str, input: Any,
 
 
 MAX_OUTPUT_BYTES = 4 * 1024 * 1024  # one node's output as JSON; a larger one fails the node
+# Deepest nesting of an output (or effect result): well inside the frame limit (MAX_NESTING),
+# which the messages carrying it (an answer's steps, a payload) add their own levels to.
+MAX_OUTPUT_NESTING = 64
 
 
 class OutputTooLarge(ValueError):
@@ -160,7 +164,7 @@ def check_output(value: Any) -> None:
     if len(encoded) > MAX_OUTPUT_BYTES:
         raise OutputTooLarge(f"node output is {len(encoded)} bytes as JSON, over the {MAX_OUTPUT_BYTES}-byte limit")
     try:
-        check_nesting(encoded)
+        check_nesting(encoded, MAX_OUTPUT_NESTING)
     except ProtocolError as exc:
         raise OutputTooLarge(f"node output is {exc}") from None
 
@@ -178,20 +182,22 @@ def run_shell(node: Shell, ctx: Context) -> dict[str, Any]:
     program = node.argv[0]
     if shutil.which(program, path=env.get("PATH")) is None and not os.access(cwd / program, os.X_OK):
         raise OSError(f"cannot run {program}: not found or not executable")
-    with subprocess.Popen(["/bin/sh", "-c", GATE, "piwf-shell", *node.argv], cwd=cwd, env=env,
-                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                          start_new_session=True) as proc:  # its pipes are closed however this ends
-        try:
-            ctx.journal.process_started(ctx.node, proc.pid)
-            stdout, stderr = proc.communicate(b"go\n", timeout=node.timeout)
-        except subprocess.TimeoutExpired as exc:
-            _kill_group(proc.pid)
-            proc.communicate()
-            raise TimeoutError(f"{program} timed out after {node.timeout} s") from exc
-        finally:
-            _kill_group(proc.pid)  # whatever the program left behind in its group
-            proc.wait()
-            ctx.journal.process_ended(proc.pid)
+    # Output goes to files, not pipes: a background child keeping a pipe open would hold
+    # the node until it exits; with files the node ends when its program does.
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        with subprocess.Popen(["/bin/sh", "-c", GATE, "piwf-shell", *node.argv], cwd=cwd, env=env,
+                              stdin=subprocess.PIPE, stdout=out, stderr=err, start_new_session=True) as proc:
+            try:
+                ctx.journal.process_started(ctx.node, proc.pid)
+                _open_gate(proc)
+                proc.wait(timeout=node.timeout)
+            except subprocess.TimeoutExpired as exc:
+                raise TimeoutError(f"{program} timed out after {node.timeout} s") from exc
+            finally:
+                _kill_group(proc.pid)  # whatever the program left behind in its group
+                proc.wait()
+                ctx.journal.process_ended(proc.pid)
+        stdout, stderr = _read_back(out), _read_back(err)
     _echo(stdout, stderr)
     output = {
         "stdout": stdout.decode(errors="replace"),
@@ -201,6 +207,18 @@ def run_shell(node: Shell, ctx: Context) -> dict[str, Any]:
     if proc.returncode != 0:
         raise ShellExit(output, program)
     return output
+
+
+def _open_gate(proc: subprocess.Popen[bytes]) -> None:
+    assert proc.stdin is not None
+    with contextlib.suppress(BrokenPipeError):  # the gate's shell is gone (killed): wait() says so
+        proc.stdin.write(b"go\n")
+        proc.stdin.close()
+
+
+def _read_back(handle: Any) -> bytes:
+    handle.seek(0)
+    return bytes(handle.read())
 
 
 def _echo(stdout: bytes, stderr: bytes) -> None:

@@ -146,6 +146,9 @@ def _worker_end(host: HostState, active: ActiveRun, stopped_by: StopReason | Non
     """The worker's record, and the run parked unless its claim is gone (cancelled, lost)."""
     status = _worker_status(active, stopped_by)
     process = active.process_end or ProcessEnd(None, "")
+    if stopped_by is not None and active.stop_note:  # why piwf stopped it, where people look
+        note = f"[piwf] {active.stop_note}"
+        process = ProcessEnd(process.returncode, f"{process.diagnostic}\n{note}".lstrip("\n"), process.started)
     if status in CRASHES:
         log.warning("run %s: worker %s (exit %s, signal %s): %s", active.run_id, status, process.exit_code,
                     process.signal, _last_line(process.diagnostic))

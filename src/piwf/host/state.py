@@ -89,16 +89,17 @@ class ActiveRun:
     conclusion: Conclusion | None = None
     process_end: ProcessEnd | None = None
     stop_reason: StopReason | None = None  # owned by ``scope``: the first reason it was cancelled with
+    stop_note: str = ""  # what the worker's record should say about that reason
 
     @property
     def run_id(self) -> str:
         return self.claim.run_id
 
-    def stop(self, reason: StopReason) -> None:
-        """Cancel the run's scope: its worker is stopped and ``reason`` recorded. The
-        first reason given wins."""
+    def stop(self, reason: StopReason, note: str = "") -> None:
+        """Cancel the run's scope: its worker is stopped and ``reason`` recorded (with
+        ``note`` in its record). The first reason given wins."""
         if self.stop_reason is None:
-            self.stop_reason = reason
+            self.stop_reason, self.stop_note = reason, note
         self.scope.cancel(reason=reason.value)
 
 

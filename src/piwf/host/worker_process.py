@@ -188,9 +188,9 @@ async def _pump(host: HostState, active: ActiveRun, receive: trio.lowlevel.FdStr
         # Until the worker reports ready, a read waits no longer than the startup timeout.
         chunk = await _receive(receive, None if active.ready.is_set() else startup_deadline)
         if chunk is None:
-            log.warning("run %s: worker not ready after %s s; stopping it", active.run_id,
-                        host.config.worker_startup_s)
-            active.stop(StopReason.STARTUP_TIMEOUT)
+            note = f"not ready after {host.config.worker_startup_s:g} s (loading its workflow included)"
+            log.warning("run %s: worker %s; stopping it", active.run_id, note)
+            active.stop(StopReason.STARTUP_TIMEOUT, note)
             return
         if not chunk:
             return
@@ -198,7 +198,7 @@ async def _pump(host: HostState, active: ActiveRun, receive: trio.lowlevel.FdStr
             messages = [parse_worker_message(line) for line in buffer.feed(chunk)]
         except ProtocolError as exc:
             log.warning("run %s: worker broke the protocol (%s); stopping it", active.run_id, exc)
-            active.stop(StopReason.PROTOCOL)
+            active.stop(StopReason.PROTOCOL, f"broke the worker protocol: {exc}")
             return
         for message in messages:
             response = handle(host, active, message)
@@ -221,4 +221,5 @@ async def _let_it_end(host: HostState, active: ActiveRun) -> None:
     log.warning("run %s: worker did not end after being told %s; stopping it", active.run_id,
                 active.conclusion.value)
     lost = active.conclusion is Conclusion.CLAIM_LOST
-    active.stop(StopReason.CLAIM_LOST if lost else StopReason.LINGERING)
+    note = f"did not end within {host.config.kill_grace_s:g} s of being told {active.conclusion.value}"
+    active.stop(StopReason.CLAIM_LOST if lost else StopReason.LINGERING, note)

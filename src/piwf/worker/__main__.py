@@ -15,12 +15,11 @@ from typing import Any
 import msgspec
 
 from .. import faults
-from ..engine.executor import EffectRejected, Step, Stop, describe_error, execute
+from ..engine.executor import EffectRejected, Step, Stop, check_output, describe_error, execute
 from ..engine.definition import Workflow
 from ..engine.loader import load_workflow
 from ..errors import ClaimLost, DefinitionError, NodeFailed, PiwfError, WorkflowLoadError
 from .. import processes
-from ..wire import canonical_json
 from ..worker_protocol import (
     AttemptAccept, AttemptAcceptPayload, AttemptFail, AttemptFailPayload, AttemptStart, AttemptStartPayload,
     AttemptStartResult, EffectApply, EffectKeyPayload, EffectReserve, EffectReservePayload, EffectSettle,
@@ -104,10 +103,11 @@ class HostJournal:
 
 
 def _json_result(value: Any, key: str, where: str) -> Any:
+    """An effect's result is stored and sent back like a node's output: same limits."""
     try:
-        canonical_json(value)
-    except (TypeError, msgspec.EncodeError) as exc:
-        raise TypeError(f"effect {key!r}: {where} returned a value that is not JSON: {exc}") from exc
+        check_output(value)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"effect {key!r}: {where} returned an unusable value: {exc}") from exc
     return value
 
 
