@@ -284,3 +284,38 @@ async def test_json_nested_too_deep_on_the_command_line_is_a_usage_error(paths: 
     done = await cli(paths, "run", "start", "greet", "--project", str(project), "--input", deep)
     assert done.returncode == ExitCode.USAGE, done.stderr
     assert "nested deeper than 100 levels" in one_line(done)
+
+
+async def test_a_wait_whose_host_dies_still_names_the_run_it_started(
+    host_process: Callable[..., HostProcess], paths: StatePaths, project: Path
+) -> None:
+    write_workflow(project, "sleeper", """
+        from piwf import Workflow, shell
+        workflow = Workflow(name="sleeper", start_at="s", nodes={"s": shell(["sleep", "300"])})
+    """)
+    host = await host_process().start()
+    async with trio.open_nursery() as nursery:
+        done: list[subprocess.CompletedProcess[bytes]] = []
+
+        async def start() -> None:
+            done.append(await cli(paths, "run", "start", "sleeper", "--project", str(project), "--wait"))
+
+        nursery.start_soon(start)
+        await wait_for(lambda: list((paths.root / "host").glob("*.sock")) and _a_run_is_running(paths))
+        host.kill_group()
+    line = one_line(done[0])
+    assert done[0].returncode == ExitCode.NO_HOST
+    assert re.search(r"run run-[0-9a-f]+ was started, but waiting for it failed", line), line
+
+
+def _a_run_is_running(paths: StatePaths) -> bool:
+    from piwf.store import Database
+
+    try:
+        db = Database.open_readonly(paths.db)
+    except Exception:
+        return False
+    try:
+        return bool(db.scalar("SELECT COUNT(*) FROM run_queue WHERE status = 'running'"))
+    finally:
+        db.close()

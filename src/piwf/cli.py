@@ -360,7 +360,10 @@ def cmd_run_start(args: argparse.Namespace) -> int:
         if not args.wait:
             _print(args, {"runId": run_id}, lambda r: run_id)
             return 0
-        run = wait_for_run(client, run_id)
+        try:
+            run = wait_for_run(client, run_id)
+        except HostUnavailable as exc:  # the run exists: say which, so it can be followed up
+            raise type(exc)(f"run {run_id} was started, but waiting for it failed: {exc}") from exc
     _print(args, run, _format_run)
     return ExitCode.ERROR if run["status"] in UNSUCCESSFUL else 0
 
