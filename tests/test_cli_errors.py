@@ -319,3 +319,8 @@ def _a_run_is_running(paths: StatePaths) -> bool:
         return bool(db.scalar("SELECT COUNT(*) FROM run_queue WHERE status = 'running'"))
     finally:
         db.close()
+
+
+async def test_a_run_list_limit_out_of_range_is_a_usage_error_without_a_host(paths: StatePaths) -> None:
+    done = await cli(paths, "run", "list", "--limit", "5000")
+    assert done.returncode == ExitCode.USAGE and "must be at most 1000" in one_line(done)

@@ -121,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--wait", action="store_true", help="wait until the run ends or waits")
     start.set_defaults(handler=cmd_run_start)
     listing = run.add_parser("list", parents=[common], help="recent runs")
-    listing.add_argument("--limit", type=_positive, default=50)
+    listing.add_argument("--limit", type=_run_list_limit, default=50, metavar="N", help="1 to 1000 (default 50)")
     listing.add_argument("--status", help="only runs with this engine status")
     listing.set_defaults(handler=cmd_run_list)
     for name, handler, text in (
@@ -167,6 +167,13 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
     if not 0 < value <= 3600:
         raise argparse.ArgumentTypeError("must be more than 0 and at most 3600 seconds")
+    return value
+
+
+def _run_list_limit(text: str) -> int:
+    value = _positive(text)
+    if value > 1000:
+        raise argparse.ArgumentTypeError("must be at most 1000")
     return value
 
 
