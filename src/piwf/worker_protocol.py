@@ -230,6 +230,55 @@ class LaunchEnvelope(msgspec.Struct, forbid_unknown_fields=True):
     inputHash: str
 
 
+# --- the fork server's control socket (host ↔ template; see worker/forkserver.py) --------
+
+
+class TemplateMessage(msgspec.Struct, tag_field="type", forbid_unknown_fields=True, omit_defaults=True):
+    pass
+
+
+class Fork(TemplateMessage, tag="fork"):
+    """Start a worker (its three descriptors travel with the message, SCM_RIGHTS)."""
+
+    id: int
+    cwd: str
+    env: dict[str, str]
+    execWorker: bool = False  # --worker-start spawn: fork and exec a fresh interpreter
+
+
+class Reap(TemplateMessage, tag="reap"):
+    """The host is done with this worker: reap it (its pid may be reused from now on)."""
+
+    pid: int
+
+
+class TemplateReady(TemplateMessage, tag="ready"):
+    pass
+
+
+class Forked(TemplateMessage, tag="forked"):
+    id: int
+    pid: int
+
+
+class ForkFailed(TemplateMessage, tag="forkFailed"):
+    id: int
+    error: str
+
+
+class Exited(TemplateMessage, tag="exited"):
+    """A worker ended; it stays unreaped until the host sends ``Reap``."""
+
+    pid: int
+    returncode: int  # negative: the signal that ended it
+
+
+ToTemplate = Fork | Reap
+FromTemplate = TemplateReady | Forked | ForkFailed | Exited
+to_template = msgspec.json.Decoder(ToTemplate)
+from_template = msgspec.json.Decoder(FromTemplate)
+
+
 _message_decoder = msgspec.json.Decoder(AnyWorkerMessage)
 _response_decoder = msgspec.json.Decoder(WorkerResponse)
 

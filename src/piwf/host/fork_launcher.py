@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import array
 import contextlib
-import json
 import logging
 import math
 import os
@@ -23,10 +22,14 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import trio
 import trio_util
 
 from .. import processes
+from ..worker_protocol import (
+    Exited, Fork, Forked, ForkFailed, Reap, TemplateMessage, TemplateReady, from_template,
+)
 from .launcher import ForkedWorker, Launch, LauncherUnavailable, WorkerHandle, _pidfd
 
 log = logging.getLogger("piwf.host")
@@ -85,11 +88,11 @@ class ForkLauncher:
 
     async def _read_replies(self) -> str:
         with trio.move_on_after(TEMPLATE_READY_S):
-            if (await self._receive()).get("ready"):
+            if isinstance(await self._receive(), TemplateReady):
                 self._up.value = True
         if not self._up.value:
             return "the fork server did not start"
-        while message := await self._receive():
+        while (message := await self._receive()) is not None:
             await self._dispatch(message)
         return "the fork server exited"
 
@@ -123,7 +126,7 @@ class ForkLauncher:
         with trio.move_on_after(CLOSE_S / 2):
             while any(not worker.exited.is_set() for worker in self._workers.values()):
                 message = await self._receive()
-                if not message:
+                if message is None:
                     break
                 await self._dispatch(message)
         if self._workers:
@@ -141,36 +144,39 @@ class ForkLauncher:
             with trio.CancelScope(shield=True, deadline=trio.current_time() + CLOSE_S):
                 await self._process.wait()
 
-    async def _receive(self) -> dict[str, Any]:
+    async def _receive(self) -> TemplateMessage | None:
+        """The template's next message; None once it has gone."""
         assert self._sock is not None
         try:
             data = await self._sock.recv(65536)
         except OSError:
-            return {}
-        return json.loads(data) if data else {}
+            return None
+        return from_template.decode(data) if data else None
 
-    async def _send(self, message: dict[str, Any], fds: array.array[int] | None = None) -> None:
+    async def _send(self, message: TemplateMessage, fds: array.array[int] | None = None) -> None:
         if self._sock is None:
             raise LauncherUnavailable("the fork server is not running")
         ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)] if fds is not None else []
-        await self._sock.sendmsg([json.dumps(message).encode()], ancillary)
+        await self._sock.sendmsg([msgspec.json.encode(message)], ancillary)
 
     async def _release(self, pid: int) -> None:
         """Tell the template to reap ``pid``: from here on its pid may be reused."""
         self._workers.pop(pid, None)
         with contextlib.suppress(OSError):
-            await self._send({"reap": pid})
+            await self._send(Reap(pid=pid))
 
-    async def _dispatch(self, message: dict[str, Any]) -> None:
-        if "exited" in message:
-            worker = self._workers.get(message["exited"])
+    async def _dispatch(self, message: TemplateMessage) -> None:
+        if isinstance(message, Exited):
+            worker = self._workers.get(message.pid)
             if worker is not None and not worker.abandoned:  # kept until released: see _retire
-                worker.report(message["returncode"])
+                worker.report(message.returncode)
             else:  # nobody waits for this worker (its start or its reaping was given up): reap it now
-                await self._release(message["exited"])
+                await self._release(message.pid)
             return
-        pending = self._pending.pop(message["id"], None)
-        pid = message.get("pid")
+        if not isinstance(message, (Forked, ForkFailed)):
+            return
+        pending = self._pending.pop(message.id, None)
+        pid = message.pid if isinstance(message, Forked) else None
         if pending is None:  # its start was cancelled: nobody will run this worker
             if pid is not None:
                 processes.signal_group(pid, signal.SIGKILL)  # unreaped until its exit report is answered
@@ -181,7 +187,8 @@ class ForkLauncher:
             self._workers[pid] = worker
             slot.append(worker)
         else:
-            slot.append(f"error: {message.get('error', 'fork server error')}")
+            assert isinstance(message, ForkFailed)
+            slot.append(f"error: {message.error}")
         event.set()
 
     async def start(self, launch: Launch) -> WorkerHandle:
@@ -197,7 +204,7 @@ class ForkLauncher:
         fds = array.array("i", [launch.to_worker_r, launch.from_worker_w, output_w])
         try:
             try:
-                await self._send({"id": request_id, "cwd": launch.cwd, "env": launch.env, "exec": self._exec}, fds)
+                await self._send(Fork(id=request_id, cwd=launch.cwd, env=launch.env, execWorker=self._exec), fds)
             except OSError as exc:  # it died just now: the next template will start the worker
                 raise LauncherUnavailable(f"the fork server is gone: {exc}") from exc
             with trio.move_on_after(TEMPLATE_READY_S):

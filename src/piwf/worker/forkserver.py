@@ -15,12 +15,13 @@ The template is single-threaded (forking a threaded process is unsafe). It speak
 host over a SOCK_SEQPACKET socket (descriptor ``$PIWF_FORKSERVER_FD``), one JSON message
 per packet, descriptors passed with SCM_RIGHTS:
 
-    host → template  {"id": n, "cwd": dir, "env": {...}, "exec": bool}
-                                                            + fds [to_worker_r, from_worker_w, output_w]
-    template → host  {"ready": true}                       once, at start
-                     {"id": n, "pid": pid} | {"id": n, "error": text}
-                     {"exited": pid, "returncode": n}  when a child ends (negative: its signal)
-    host → template  {"reap": pid}                          the host is done with that pid
+    host → template  Fork {id, cwd, env, execWorker}  + fds [to_worker_r, from_worker_w, output_w]
+    template → host  TemplateReady                   once, at start
+                     Forked {id, pid} | ForkFailed {id, error}
+                     Exited {pid, returncode}        when a child ends (negative: its signal)
+    host → template  Reap {pid}                      the host is done with that pid
+
+(msgspec Structs in ``piwf.worker_protocol``, tagged by ``type``).
 
 A child that has ended is left unreaped (a zombie) until the host says ``reap``: while
 it is, its pid and the process group it names cannot be given to another process, so
@@ -33,16 +34,19 @@ from __future__ import annotations
 import array
 import contextlib
 import gc
-import json
 import os
 import selectors
 import signal
 import socket
 import sys
-from typing import Any
+
+import msgspec
 
 from ..wire import canonical_json, decode_as, encode_line
-from ..worker_protocol import LaunchEnvelope, Ready, WorkerResponse, parse_worker_response
+from ..worker_protocol import (
+    Exited, Fork, Forked, ForkFailed, LaunchEnvelope, Ready, Reap, TemplateMessage, TemplateReady, WorkerResponse,
+    parse_worker_response, to_template,
+)
 from . import __main__ as worker_main
 
 MAX_MESSAGE = 1 << 20  # the environment of a run fits easily
@@ -58,7 +62,7 @@ def serve(control: socket.socket) -> None:
     selector = selectors.DefaultSelector()
     selector.register(control, selectors.EVENT_READ, "control")
     selector.register(wakeup_r, selectors.EVENT_READ, "child")
-    _send(control, {"ready": True})
+    _send(control, TemplateReady())
     while True:
         for key, _ in selector.select():
             if key.data == "child":
@@ -80,15 +84,15 @@ def _handle(control: socket.socket, children: dict[int, bool]) -> bool:
     for level, kind, payload in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
-    request = json.loads(data)
-    if "reap" in request:
-        _reap(request["reap"], children)
+    request = to_template.decode(data)
+    if isinstance(request, Reap):
+        _reap(request.pid, children)
         return True
     try:
         if len(fds) != FD_COUNT:
             raise ValueError(f"expected {FD_COUNT} descriptors, got {len(fds)}")
-        if not os.path.isdir(request["cwd"]):
-            raise FileNotFoundError(f"the project directory {request['cwd']} does not exist")
+        if not os.path.isdir(request.cwd):
+            raise FileNotFoundError(f"the project directory {request.cwd} does not exist")
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
@@ -99,16 +103,16 @@ def _handle(control: socket.socket, children: dict[int, bool]) -> bool:
         # the group, so it exists before the host hears the pid (and may signal it).
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.setpgid(pid, pid)
-        _send(control, {"id": request["id"], "pid": pid})
+        _send(control, Forked(id=request.id, pid=pid))
     except (OSError, ValueError) as exc:
-        _send(control, {"id": request["id"], "error": str(exc)})
+        _send(control, ForkFailed(id=request.id, error=str(exc)))
     finally:
         for fd in fds:
             os.close(fd)
     return True
 
 
-def _child(control: socket.socket, request: dict[str, Any], fds: list[int]) -> None:
+def _child(control: socket.socket, request: Fork, fds: list[int]) -> None:
     code = 70
     try:
         os.setpgid(0, 0)
@@ -124,11 +128,11 @@ def _child(control: socket.socket, request: dict[str, Any], fds: list[int]) -> N
         os.dup2(output_w, 2)
         os.close(devnull)
         os.close(output_w)
-        os.chdir(request["cwd"])
+        os.chdir(request.cwd)
         os.environ.clear()
-        os.environ.update(request["env"])
+        os.environ.update(request.env)
         os.environ["PIWF_WORKER_FDS"] = f"{to_worker_r},{from_worker_w}"
-        if request.get("exec"):  # --worker-start spawn: a fresh interpreter, still our child
+        if request.execWorker:  # --worker-start spawn: a fresh interpreter, still our child
             for fd in (to_worker_r, from_worker_w):
                 os.set_inheritable(fd, True)
             os.execv(sys.executable, [sys.executable, "-m", "piwf.worker"])
@@ -161,7 +165,7 @@ def _report_exits(control: socket.socket, children: dict[int, bool]) -> None:
             continue
         children[pid] = True
         code = info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
-        _send(control, {"exited": pid, "returncode": code})
+        _send(control, Exited(pid=pid, returncode=code))
 
 
 def _reap(pid: int, children: dict[int, bool]) -> None:
@@ -179,9 +183,9 @@ def _empty_pipe(fd: int) -> None:
         pass
 
 
-def _send(control: socket.socket, message: dict[str, Any]) -> None:
+def _send(control: socket.socket, message: TemplateMessage) -> None:
     with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # the host has gone: the next read ends it
-        control.send(json.dumps(message).encode())
+        control.send(msgspec.json.encode(message))
 
 
 def _warm_up() -> None:
