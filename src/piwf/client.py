@@ -11,9 +11,11 @@ import socket
 import uuid
 from typing import Any
 
+import msgspec
+
 from .errors import HostTimeout, HostUnavailable
 from .paths import StatePaths
-from .wire import HOST_REQUEST, MAX_LINE, HostRequest, HostResponse, LineBuffer, decode_as, encode_line
+from .wire import HOST_REQUEST, MAX_LINE, HostRequest, HostResponse, LineBuffer, decode_with, encode_line
 
 
 def make_request(
@@ -28,8 +30,11 @@ def make_request(
     )
 
 
+_response_decoder = msgspec.json.Decoder(HostResponse)
+
+
 def _decode(line: bytes) -> HostResponse:
-    return decode_as(line, HostResponse, "host response")
+    return decode_with(_response_decoder, line, "host response")
 
 
 class Client:

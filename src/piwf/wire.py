@@ -167,9 +167,15 @@ def _check_request(request: Request) -> Request:
 
 def decode_as(line: bytes, kind: type[T], what: str) -> T:
     """Decode one line into ``kind``; a ProtocolError naming ``what`` otherwise."""
+    return decode_with(msgspec.json.Decoder(kind), line, what)
+
+
+def decode_with(decoder: msgspec.json.Decoder[T], line: bytes, what: str) -> T:
+    """Decode one line with a decoder built once, nesting bounded; a ProtocolError naming
+    ``what`` otherwise."""
     check_nesting(line)
     try:
-        return msgspec.json.decode(line, type=kind)
+        return decoder.decode(line)
     except msgspec.DecodeError as exc:
         raise ProtocolError(f"unreadable {what}: {exc}") from exc
 

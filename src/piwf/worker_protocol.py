@@ -17,8 +17,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from .errors import ProtocolError
-from .wire import canonical_json, check_nesting
+from .wire import canonical_json, decode_with
 
 MAX_WORKER_LINE = 16 * 1024 * 1024
 
@@ -284,19 +283,11 @@ _response_decoder = msgspec.json.Decoder(WorkerResponse)
 
 
 def parse_worker_message(line: bytes) -> WorkerMessage:
-    check_nesting(line)
-    try:
-        return _message_decoder.decode(line)  # type: ignore[no-any-return]
-    except msgspec.DecodeError as exc:
-        raise ProtocolError(f"bad worker message: {exc}") from exc
+    return decode_with(_message_decoder, line, "worker message")  # type: ignore[return-value]
 
 
 def parse_worker_response(line: bytes) -> WorkerResponse:
-    check_nesting(line)
-    try:
-        return _response_decoder.decode(line)
-    except msgspec.DecodeError as exc:
-        raise ProtocolError(f"unreadable host answer: {exc}") from exc
+    return decode_with(_response_decoder, line, "host answer")
 
 
 def worker_fingerprint(message: WorkerMessage) -> bytes:

@@ -2,8 +2,8 @@
 
 On Linux workers are started by a template process (``fork_launcher.ForkLauncher``);
 ``SpawnLauncher`` (the host as the worker's parent) is only for platforms without
-``fork`` and pidfds. Both give the supervisor the same handle: ``pid`` (leader of the worker's own process
-group), ``stdout`` (the worker's output, stdout and stderr together), and three steps
+``fork`` and pidfds. Both give the supervisor the same handle: ``pid`` (leader of the
+worker's own process group), ``stdout`` (the worker's output, stdout and stderr together), and three steps
 that keep a signal from ever reaching a recycled pid:
 
     wait_exited()   the leader has exited; it is not reaped yet, so its pid (and the
@@ -28,7 +28,6 @@ import trio
 import trio_util
 
 from .. import processes
-
 
 
 @dataclass

@@ -94,8 +94,7 @@ async def _launch_contained(host: HostState, active: ActiveRun) -> None:
     except* Exception as failed:  # a cancellation in the same group goes on unwinding
         log.error("run %s: supervision failed", active.run_id, exc_info=failed)
         end = active.process_end or ProcessEnd(None, "")
-        note = f"[piwf] supervision failed: {failed.exceptions[0]!r}"
-        active.process_end = ProcessEnd(end.returncode, f"{end.diagnostic}\n{note}".lstrip("\n"))
+        active.process_end = end.noted(f"supervision failed: {failed.exceptions[0]!r}")
 
 
 async def _launch(host: HostState, active: ActiveRun) -> None:
@@ -147,8 +146,7 @@ def _worker_end(host: HostState, active: ActiveRun, stopped_by: StopReason | Non
     status = _worker_status(active, stopped_by)
     process = active.process_end or ProcessEnd(None, "")
     if stopped_by is not None and active.stop_note:  # why piwf stopped it, where people look
-        note = f"[piwf] {active.stop_note}"
-        process = ProcessEnd(process.returncode, f"{process.diagnostic}\n{note}".lstrip("\n"), process.started)
+        process = process.noted(active.stop_note)
     if status in CRASHES:
         log.warning("run %s: worker %s (exit %s, signal %s): %s", active.run_id, status, process.exit_code,
                     process.signal, _last_line(process.diagnostic))

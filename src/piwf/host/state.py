@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import secrets
@@ -71,6 +72,10 @@ class ProcessEnd:
     @property
     def signal(self) -> int | None:
         return -self.returncode if self.returncode is not None and self.returncode < 0 else None
+
+    def noted(self, note: str) -> ProcessEnd:
+        """The same end with a line of piwf's own after what the worker printed."""
+        return dataclasses.replace(self, diagnostic=f"{self.diagnostic}\n[piwf] {note}".lstrip("\n"))
 
 
 @dataclass(eq=False)

@@ -115,18 +115,19 @@ async def _supervise_process(host: HostState, active: ActiveRun, envelope: Launc
             exited = True
             nursery.cancel_scope.cancel()
     finally:  # cancelled, failed or done: the worker's whole group goes, and is reaped
-        returncode, note = None, ""
+        returncode = None
         with cleanup_scope(host, host.config.kill_grace_s + REAP_S) as cleanup:
             returncode = await _stop(proc, host.config.kill_grace_s, exited)
             if not diagnostics.complete:  # what it printed last, before it was stopped
                 with trio.move_on_after(OUTPUT_TAIL_S):
                     await _read_output(proc.stdout, diagnostics)
+        end = ProcessEnd(returncode, diagnostics.text())
         if cleanup.cancelled_caught and returncode is None:
-            note = "\n[piwf] the worker was not reaped before the cleanup deadline; its exit status is unknown"
             log.warning("run %s: worker pid %d not reaped before the cleanup deadline", active.run_id, proc.pid)
+            end = end.noted("the worker was not reaped before the cleanup deadline; its exit status is unknown")
         elif returncode is None:
-            note = "\n[piwf] the fork server that started the worker died first; its exit status is unknown"
-        active.process_end = ProcessEnd(returncode, diagnostics.text() + note)
+            end = end.noted("the fork server that started the worker died first; its exit status is unknown")
+        active.process_end = end
         reap_registered(host, workers.live_processes(host.db, [envelope.workerEpoch]))
         with cleanup_scope(host, 1):
             for stream in (send, receive, proc.stdout):
