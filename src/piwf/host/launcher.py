@@ -45,6 +45,7 @@ class LauncherUnavailable(OSError):
 
 class WorkerHandle(Protocol):
     pid: int
+    identity: str | None  # boot id, pid and start time, read once while it was unreaped
     stdout: trio.abc.ReceiveStream | None
 
     def signal_group(self, sig: int) -> bool: ...
@@ -77,6 +78,7 @@ class SpawnedWorker:
 
     process: trio.Process
     pidfd: int | None
+    identity: str | None = None
     reaped: bool = False
 
     @property
@@ -114,7 +116,7 @@ class SpawnLauncher:
             pass_fds=(launch.to_worker_r, launch.from_worker_w), stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         )
-        return SpawnedWorker(process, _pidfd(process.pid))
+        return SpawnedWorker(process, _pidfd(process.pid), processes.identity(process.pid))
 
 
 @dataclass(eq=False)

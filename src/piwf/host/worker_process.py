@@ -107,7 +107,7 @@ async def _supervise_process(host: HostState, active: ActiveRun, envelope: Launc
     diagnostics = Diagnostics()
     exited = False
     try:
-        workers.attach_process(host.db, envelope.workerEpoch, proc.pid, processes.identity(proc.pid) or "")
+        workers.attach_process(host.db, envelope.workerEpoch, proc.pid, proc.identity or "")
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_read_output, proc.stdout, diagnostics)
             nursery.start_soon(_pump, host, active, receive, send)

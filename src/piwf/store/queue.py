@@ -120,6 +120,11 @@ def fenced_revision(db: Database, run_id: str, token: str, now: int) -> int:
     return revision
 
 
+def revision_of(db: Database, run_id: str) -> int | None:
+    """The run's revision, None for an unknown run."""
+    return db.scalar("SELECT revision FROM runs WHERE run_id = ?", (run_id,))
+
+
 def require_claim(db: Database, run_id: str, token: str, now: int) -> None:
     if not verify_claim(db, run_id, token, now):
         raise ClaimLost(f"the claim on run {run_id} is no longer live")

@@ -12,7 +12,7 @@ from ..wire import canonical_json, decode_json, sha256_hex
 from ..status import ENDED, Hold, RunStatus
 from .db import Database
 from .effects import list_effects
-from .queue import add_event, require_claim
+from .queue import add_event, require_claim, revision_of
 from .schema import lifecycle_contradicts
 from .timefmt import iso
 from .workers import worker_summaries
@@ -56,7 +56,7 @@ def create_run(
 
 
 def revision(db: Database, run_id: str) -> int:
-    value = db.scalar("SELECT revision FROM runs WHERE run_id = ?", (run_id,))
+    value = revision_of(db, run_id)
     if value is None:
         raise NotFound(f"run {run_id} not found")
     return value

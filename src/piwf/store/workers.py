@@ -13,7 +13,7 @@ from ..status import ENDED, LIVE_WORKER
 from ..wire import canonical_json
 from ..worker_protocol import WorkerMessage, WorkerResponse, worker_fingerprint
 from .db import Database
-from .queue import add_event, fenced_revision
+from .queue import add_event, fenced_revision, revision_of
 from .schema import one_of
 
 ACTIVE = "status IN ('starting', 'running')"
@@ -101,13 +101,9 @@ def answer(db: Database, message: WorkerMessage, *, run_id: str, token: str, now
             raise Rejected(f"run revision conflict: expected {message.expectedRevision}, now {current}")
         result, extra = apply()
         response = WorkerResponse(message.messageId, "accepted",
-                                  revision=_revision(db, run_id) if revises else current, result=result)
+                                  revision=revision_of(db, run_id) if revises else current, result=result)
         record_message(db, message, response, now)
     return response, extra
-
-
-def _revision(db: Database, run_id: str) -> int:
-    return int(db.scalar("SELECT revision FROM runs WHERE run_id = ?", (run_id,)))
 
 
 def record_message(db: Database, message: WorkerMessage, response: WorkerResponse, now: int) -> None:
