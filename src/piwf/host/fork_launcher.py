@@ -20,7 +20,6 @@ import socket
 import subprocess
 import sys
 from collections.abc import Callable
-from typing import Any
 
 import msgspec
 import trio
@@ -47,7 +46,7 @@ class ForkLauncher:
         self._process: trio.Process | None = None
         self._up = trio_util.AsyncBool(False)  # a template is ready to fork
         self._next_id = 0
-        self._pending: dict[int, tuple[trio.Event, list[Any]]] = {}
+        self._pending: dict[int, tuple[trio.Event, list[ForkedWorker | OSError]]] = {}
         self._workers: dict[int, ForkedWorker] = {}
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -112,7 +111,7 @@ class ForkLauncher:
             worker.reporter_gone.set()
         self._workers.clear()
         for event, slot in self._pending.values():
-            slot.append(reason)
+            slot.append(LauncherUnavailable(reason))
             event.set()
         self._pending.clear()
         await self._kill_template()
@@ -188,7 +187,7 @@ class ForkLauncher:
             slot.append(worker)
         else:
             assert isinstance(message, ForkFailed)
-            slot.append(f"error: {message.error}")
+            slot.append(OSError(message.error))  # the template's own refusal (a missing cwd)
         event.set()
 
     async def start(self, launch: Launch) -> WorkerHandle:
@@ -199,7 +198,7 @@ class ForkLauncher:
         output_r, output_w = os.pipe2(os.O_CLOEXEC)
         self._next_id += 1
         request_id = self._next_id
-        event, slot = trio.Event(), list[Any]()
+        event, slot = trio.Event(), list[ForkedWorker | OSError]()
         self._pending[request_id] = (event, slot)
         fds = array.array("i", [launch.to_worker_r, launch.from_worker_w, output_w])
         try:
@@ -223,8 +222,8 @@ class ForkLauncher:
         finally:
             os.close(output_w)
         result = slot[0]
-        if isinstance(result, str):  # the template's own refusal (a missing cwd), or its death meanwhile
+        if isinstance(result, OSError):  # refused, or the template died meanwhile (LauncherUnavailable)
             os.close(output_r)
-            raise (OSError if result.startswith("error:") else LauncherUnavailable)(result.removeprefix("error: "))
+            raise result
         result.stdout = trio.lowlevel.FdStream(output_r)
         return result
