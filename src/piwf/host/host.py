@@ -27,6 +27,7 @@ from ..clock import Clock, WallClock
 from ..errors import HostAlreadyRunning, PiwfError
 from ..status import StopReason
 from ..store import commands, queue, workers
+from ..store.group import GroupCommit
 from ..store.hosts import acquire_lease, open_state, read_lease, release_lease, renew_lease
 from .. import faults, logs, processes
 from .fork_launcher import ForkLauncher
@@ -68,6 +69,7 @@ class Host:
             try:
                 host = HostState(self.config, db, self.clock)
                 _take_over(host, pid, identity)
+                host.group = GroupCommit(db)  # from here on, commits wait for a shared fsync
                 logs.set_epoch(host.epoch)
                 await self._serve(host, task_status, inherited)
             finally:
@@ -80,6 +82,8 @@ class Host:
                      inherited: trio.SocketListener | None) -> None:
         # The launcher outlives the runs: stopping a forked worker needs its exit report.
         async with trio.open_nursery() as outer:
+            assert host.group is not None
+            await outer.start(host.group.serve)  # outlives the drain: its answers wait on it too
             if fork_available():  # elsewhere the host spawns workers itself (SpawnLauncher)
                 host.launcher = ForkLauncher(lambda: host.drain_deadline,
                                              exec_worker=self.config.worker_start == "spawn")

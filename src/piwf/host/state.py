@@ -16,6 +16,7 @@ from ..clock import Clock, WallClock
 from ..paths import StatePaths
 from ..status import StopReason, WorkerStatus
 from ..store import Database
+from ..store.group import GroupCommit
 from ..store.hosts import HostClaim
 from ..store.queue import Claim
 from .catalog import Catalog
@@ -125,6 +126,7 @@ class HostState:
     clock: Clock = field(default_factory=WallClock)
     host_id: str = field(default_factory=lambda: "host-" + secrets.token_hex(6))
     lease: HostClaim | None = None
+    group: GroupCommit | None = None  # set once the host has taken over: answers wait on its fsyncs
     catalog: Catalog = field(default_factory=Catalog)
     launcher: Launcher = field(default_factory=SpawnLauncher)
     active: dict[str, ActiveRun] = field(default_factory=dict)
@@ -143,6 +145,11 @@ class HostState:
 
     def now(self) -> int:
         return self.clock.now_ms()
+
+    async def durable(self) -> None:
+        """Return once everything committed so far is durable: before any answer."""
+        if self.group is not None:
+            await self.group.durable()
 
     def wake(self) -> None:
         self.wake_dispatcher.set()

@@ -203,6 +203,7 @@ async def _pump(host: HostState, active: ActiveRun, receive: trio.lowlevel.FdStr
             return
         for message in messages:
             response = handle(host, active, message)
+            await host.durable()
             try:
                 await send.send_all(encode_line(response))
             except (trio.BrokenResourceError, trio.ClosedResourceError):

@@ -36,6 +36,8 @@ class Database:
         self.conn = conn
         self.path = path
         self._depth = 0
+        self.durability = "full"
+        self.sync_deferred = False  # see defer_sync
 
     # --- opening ---------------------------------------------------------------------
 
@@ -61,6 +63,7 @@ class Database:
         finally:
             os.umask(old_umask)
         db = cls(conn, path)
+        db.durability = durability
         try:
             conn.setbusytimeout(BUSY_TIMEOUT_MS)
             fresh = db._is_empty()
@@ -101,7 +104,38 @@ class Database:
         return db
 
     def close(self) -> None:
+        if self.sync_deferred:  # what was committed since the last group's fsync
+            self.sync_wal()
         self.conn.close()
+
+    # --- group commit -----------------------------------------------------------------
+
+    def defer_sync(self) -> None:
+        """Commit without SQLite's own fsync (``synchronous = NORMAL``): the caller makes
+        commits durable by calling ``sync_wal`` (in a thread, for every commit since the
+        last call at once) and answers nothing before it returns. Frames reach the WAL in
+        commit order and recovery keeps a prefix of them, so one fsync of the WAL makes
+        every earlier commit durable, as ``synchronous = FULL`` would have one by one
+        (checkpoints still fsync the WAL and the database themselves)."""
+        self.conn.execute("PRAGMA synchronous = NORMAL")
+        self.sync_deferred = True
+
+    def written(self) -> int:
+        """A counter that grows with every row this connection changes (committed or
+        not): what a later ``sync_wal`` must cover."""
+        return self.conn.total_changes()
+
+    def sync_wal(self) -> None:
+        """fdatasync the WAL: every transaction committed before this call is durable
+        when it returns. Safe from another thread while the connection commits more."""
+        try:
+            fd = os.open(f"{self.path}-wal", os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:  # no WAL: everything is in the database file, synced by its checkpoint
+            return
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
 
     def quick_check(self) -> None:
         """SQLite's ``quick_check``: every b-tree page readable and well formed (it reads the
