@@ -34,7 +34,7 @@ async def _connectable(paths: StatePaths) -> bool:
         return False
 
 
-@pytest.mark.parametrize("point", ["store.group.syncing", "store.group.synced"])
+@pytest.mark.parametrize("point", ["host.group.syncing", "host.group.synced"])
 async def test_a_host_dying_before_or_after_the_fsync_has_answered_nothing_of_its_group(
     host_process: Callable[..., HostProcess], paths: StatePaths, project: Path, point: str
 ) -> None:
@@ -87,7 +87,7 @@ async def test_every_worker_answer_waits_for_an_fsync_after_its_commit(
     spans = _trace_between(trace.read_text().split(), "host.worker.committed", "host.worker.answered")
     assert len(spans) >= 3  # ready, then an attempt start and an accept per node (two nodes)
     for span in spans:  # every one of these messages wrote something
-        assert span[-2:] == ["store.group.syncing", "store.group.synced"], span
+        assert span[-2:] == ["host.group.syncing", "host.group.synced"], span
     assert host.group is not None and host.group.fsyncs >= 1
 
 
@@ -102,5 +102,5 @@ async def test_at_normal_durability_nothing_waits_for_an_fsync(
     host.stop_requested.set()
     reached = set(trace.read_text().split())
     assert "host.worker.answered" in reached
-    assert not {"store.group.syncing", "store.group.synced"} & reached
+    assert not {"host.group.syncing", "host.group.synced"} & reached
 

@@ -1,6 +1,9 @@
 """``piwf serve``: the nursery tree of DESIGN.md §3.
 
-    launcher             the fork-server template; outlives the runs (their exit reports)
+    launcher             the fork-server template; outlives the runs (their exit reports);
+                         a standby (--standby) starts it first, then waits for the host lock
+    group syncer         at full durability, one fsync of the WAL for every commit before
+                         it; answers wait for it (store/group.py); outlives the drain
     notifier             sd_notify, under systemd: READY=1 once serving, STATUS=, WATCHDOG=1,
                          STOPPING=1 when a drain starts; outlives the host scope (pings
                          go on through the drain)
@@ -17,6 +20,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 
@@ -25,6 +29,7 @@ import trio_util
 
 from ..clock import Clock, WallClock
 from ..errors import HostAlreadyRunning, PiwfError
+from ..paths import StatePaths
 from ..status import StopReason
 from ..store import commands, queue, workers
 from ..store.group import GroupCommit
@@ -63,36 +68,52 @@ class Host:
         paths = self.config.state_dir
         pid = os.getpid()
         identity = processes.identity(pid) or f"pid:{pid}"
-        lock = HostLock.acquire(paths, {"pid": pid, "identity": identity})
+        serving: list[HostState] = []  # the launcher's drain deadline is the host's, once there is one
+        lock = db = None
         try:
-            db = open_state(paths.db, durability=self.config.durability)  # refuses a damaged one unwritten
-            try:
+            # The launcher outlives the runs (stopping a forked worker needs its exit report),
+            # and starts before the lock: a standby's fork server is warm when it takes over.
+            async with trio.open_nursery() as outer:
+                warm = await self._start_launcher(outer, serving) if self.config.standby else None
+                lock = await self._lock(paths, {"pid": pid, "identity": identity})
+                if lock is None:  # a standby told to stop
+                    outer.cancel_scope.cancel()
+                    return
+                launcher = warm or await self._start_launcher(outer, serving)
+                db = open_state(paths.db, durability=self.config.durability)  # refuses a damaged one unwritten
                 host = HostState(self.config, db, self.clock)
+                host.launcher = launcher or host.launcher
+                serving.append(host)
                 _take_over(host, pid, identity)
-                host.group = GroupCommit(db)  # from here on, commits wait for a shared fsync
                 logs.set_epoch(host.epoch)
-                await self._serve(host, task_status, inherited)
-            finally:
-                logs.set_epoch(None)
-                db.close()
+                host.group = GroupCommit(db)  # from here on, commits wait for a shared fsync
+                await outer.start(host.group.serve)  # outlives the drain: its answers wait on it too
+                try:
+                    await self._serve_runs(host, task_status, inherited)
+                finally:
+                    outer.cancel_scope.cancel()
+            log.info("stopped")
         finally:
-            lock.release()
+            logs.set_epoch(None)
+            if db is not None:
+                db.close()
+            if lock is not None:
+                lock.release()
 
-    async def _serve(self, host: HostState, task_status: trio.TaskStatus[HostState],
-                     inherited: trio.SocketListener | None) -> None:
-        # The launcher outlives the runs: stopping a forked worker needs its exit report.
-        async with trio.open_nursery() as outer:
-            assert host.group is not None
-            await outer.start(host.group.serve)  # outlives the drain: its answers wait on it too
-            if fork_available():  # elsewhere the host spawns workers itself (SpawnLauncher)
-                host.launcher = ForkLauncher(lambda: host.drain_deadline,
-                                             exec_worker=self.config.worker_start == "spawn")
-                await outer.start(host.launcher.serve)
-            try:
-                await self._serve_runs(host, task_status, inherited)
-            finally:
-                outer.cancel_scope.cancel()
-        log.info("stopped")
+    async def _start_launcher(self, nursery: trio.Nursery, serving: list[HostState]) -> ForkLauncher | None:
+        if not fork_available():  # elsewhere the host spawns workers itself (SpawnLauncher)
+            return None
+        launcher = ForkLauncher(lambda: serving[0].drain_deadline if serving else math.inf,
+                                exec_worker=self.config.worker_start == "spawn")
+        await nursery.start(launcher.serve)
+        return launcher
+
+    async def _lock(self, paths: StatePaths, record: dict[str, object]) -> HostLock | None:
+        """The host lock; a standby waits for it (None if it is told to stop first)."""
+        if not self.config.standby:
+            return HostLock.acquire(paths, record)
+        log.info("standing by: %s is served by another host; taking over when it stops", paths.root)
+        return await _stand_by(paths, record)
 
     async def _serve_runs(self, host: HostState, task_status: trio.TaskStatus[HostState],
                           inherited: trio.SocketListener | None) -> None:
@@ -120,6 +141,25 @@ class Host:
                     if inherited is None:  # an inherited socket outlives this host
                         config.state_dir.socket.unlink(missing_ok=True)
                     _release(host)
+
+
+async def _stand_by(paths: StatePaths, record: dict[str, object]) -> HostLock | None:
+    """Wait for the lock, or for SIGTERM/SIGINT (then None)."""
+    taken: list[HostLock] = []
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            async def take() -> None:
+                taken.append(await HostLock.wait(paths, record))
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(take)
+            async for signum in signals:
+                log.info("received %s while standing by; stopping", signal.Signals(signum).name)
+                nursery.cancel_scope.cancel()
+                break
+    if taken:
+        log.info("the lock is free: taking over %s", paths.root)
+    return taken[0] if taken else None
 
 
 def _take_over(host: HostState, pid: int, identity: str) -> None:

@@ -47,6 +47,7 @@ class HostConfig:
     listen_fd: int | None = None  # a listening socket passed by the service manager (LISTEN_FDS)
     notify_socket: str | None = None  # sd_notify's $NOTIFY_SOCKET: a path, or @name (abstract)
     watchdog_s: float | None = None  # the service's watchdog period ($WATCHDOG_USEC), pinged twice per period
+    standby: bool = False  # wait for the host lock instead of refusing to start (piwf serve --standby)
 
 
 class Conclusion(Enum):

@@ -58,7 +58,7 @@ class GroupCommit:
             await self._wanted.wait()
             self._wanted = trio.Event()
             target = self.db.written()
-            faults.point("store.group.syncing")
+            faults.point("host.group.syncing")
             try:
                 await trio.to_thread.run_sync(self.db.sync_wal)
             except OSError as exc:
@@ -66,6 +66,6 @@ class GroupCommit:
                                                   "committed since the last fsync may be lost: restart the host")
                 self._synced.value = FAILED
                 raise self.failure from exc
-            faults.point("store.group.synced")
+            faults.point("host.group.synced")
             self.fsyncs += 1
             self._synced.value = target
