@@ -4,12 +4,14 @@ Starts a host on a temporary state directory, submits ``--runs`` runs of a workf
 shell nodes and effects (the outside world is a ledger file), and meanwhile kills
 ``--kills`` times at random: SIGKILL of the host, SIGKILL of a worker, or a host started
 with a fault point that makes it exit at a commit or reply boundary. Clients retry with the
-same request ids, as they should. One run in ``--hostile-every`` is a hostile workflow
-instead: its node exits early with status 0 or 3, kills its parent, or returns an output
-over the limit. Afterwards it plays the operator for effects held as ambiguous (the ledger
-says what happened), waits for every run, and prints one JSON summary on stdout: no run
-lost or done twice, every hostile run held or failed with its reason, and the host never
-exiting but when killed. Progress goes to stderr.
+same request ids, as they should. With ``--standby`` a ``piwf serve --standby`` always
+waits beside the live host: a killed host is replaced by it, and a new standby started. One
+run in ``--hostile-every`` is a hostile workflow instead: its node exits early with status
+0 or 3, kills its parent, or returns an output over the limit. Afterwards it plays the
+operator for effects held as ambiguous (the ledger says what happened), waits for every
+run, and prints one JSON summary on stdout: no run lost or done twice, every hostile run
+held or failed with its reason, and the host never exiting but when killed. Progress goes
+to stderr.
 """
 
 from __future__ import annotations
@@ -115,6 +117,7 @@ class Tally:
     hostile: dict[str, str] = field(default_factory=dict)  # run id -> kind
     unexpected_host_exits: int = 0  # the host exited with no kill and no fault armed
     ambiguous_runs: set[str] = field(default_factory=set)
+    standby_takeovers: int = 0
 
 
 class Chaos:
@@ -128,35 +131,68 @@ class Chaos:
         self.log = root / "host.log"
         self.host: subprocess.Popen[bytes] | None = None
         self.fault_armed = False
+        self.standby: subprocess.Popen[bytes] | None = None  # with --standby: waiting on the lock
+        self.standby_fault = False
         self.tally = Tally()
         self.lock = threading.Lock()
 
     # --- the host ---
 
-    def start_host(self, fault: str | None = None) -> None:
+    def _serve(self, fault: str | None, *extra: str) -> subprocess.Popen[bytes]:
         env = {**os.environ, "PIWF_CHAOS_LEDGER": str(self.ledger)}
         env.pop("PIWF_FAULT", None)
         if fault:
             env["PIWF_FAULT"] = fault
-        self.fault_armed = fault is not None
-        began = time.monotonic()
         with open(self.log, "ab") as log:
-            self.host = subprocess.Popen(
+            return subprocess.Popen(
                 [sys.executable, "-m", "piwf", "serve", "--state-dir", str(self.paths.root),
-                 "--max-workers", str(self.args.max_workers), "--durability", self.args.durability],
+                 "--max-workers", str(self.args.max_workers), "--durability", self.args.durability, *extra],
                 stdout=log, stderr=log, env=env, start_new_session=True,
             )
+
+    def start_standby(self) -> None:
+        fault = self.random_fault()
+        self.standby, self.standby_fault = self._serve(fault, "--standby"), fault is not None
+
+    def promote_standby(self) -> None:
+        """The live host is gone: the standby takes over; a new standby waits behind it."""
+        assert self.standby is not None
+        began = time.monotonic()
+        self.host, self.fault_armed = self.standby, self.standby_fault
+        self.standby = None
+        self.tally.standby_takeovers += 1
+        self._wait_serving(began, None)
+        self.start_standby()
+
+    def random_fault(self) -> str | None:
+        if self.rng.random() < 0.5:
+            return f"{self.rng.choice(HOST_POINTS)}:exit:{self.rng.randint(1, 40)}"
+        return None
+
+    def start_host(self, fault: str | None = None) -> None:
+        self.fault_armed = fault is not None
+        self.host = self._serve(fault)
+        self._wait_serving(time.monotonic(), fault)
+
+    def _wait_serving(self, began: float, fault: str | None) -> None:
+        assert self.host is not None
         while not self._answers():
             if self.host.poll() is not None:
-                if fault:  # the fault fired during start-up (takeover): that is a kill too
+                if self.fault_armed:  # the fault fired during start-up (takeover): that is a kill too
                     self.tally.fault_exits += 1
-                    return self.start_host()
+                    return self.replace_host()
                 raise RuntimeError(f"host exited with {self.host.returncode}; see {self.log}")
             if time.monotonic() - began > 30:
                 raise RuntimeError(f"host not serving after 30 s; see {self.log}")
             time.sleep(0.005)
         self.tally.takeover_ms.append((time.monotonic() - began) * 1000)
         return None
+
+    def replace_host(self, fault: str | None = None) -> None:
+        if self.standby is not None and self.standby.poll() is None:
+            self.promote_standby()
+        else:
+            self.start_host(fault)
 
     def _answers(self) -> bool:
         try:
@@ -173,7 +209,7 @@ class Chaos:
                 self.tally.fault_exits += 1
             else:
                 self.tally.unexpected_host_exits += 1
-            self.start_host()
+            self.replace_host()
 
     def kill_host(self) -> None:
         assert self.host is not None
@@ -181,10 +217,7 @@ class Chaos:
             self.host.send_signal(signal.SIGKILL)
         self.host.wait()
         self.tally.host_kills += 1
-        fault = None
-        if self.rng.random() < 0.5:
-            fault = f"{self.rng.choice(HOST_POINTS)}:exit:{self.rng.randint(1, 40)}"
-        self.start_host(fault)
+        self.replace_host(self.random_fault())
 
     def kill_worker(self) -> bool:
         assert self.host is not None
@@ -250,6 +283,8 @@ class Chaos:
         self.project.joinpath(".piwf", "workflows", "hostile.py").write_text(textwrap.dedent(HOSTILE))
         self.start_host()
         self.tally.takeover_ms.clear()  # the first start is not a takeover
+        if self.args.standby:
+            self.start_standby()
         submitter = threading.Thread(target=self.submit_all, name="submitter", daemon=True)
         submitter.start()
         for _ in range(self.args.kills):
@@ -265,6 +300,7 @@ class Chaos:
     def restart_clean(self) -> None:
         """The last host runs without faults: the end state must be reachable by itself."""
         assert self.host is not None
+        self.stop_standby()
         if self.host.poll() is None:
             self.host.send_signal(signal.SIGKILL)
             self.host.wait()
@@ -332,11 +368,21 @@ class Chaos:
             "effects_applied_twice": sum(1 for count in applied.values() if count > 1),
             "runs_parked_ambiguous": len(self.tally.ambiguous_runs),
             "lifecycle_contradictions": status["lifecycleContradictions"],
+            "standby_takeovers": self.tally.standby_takeovers,
             "takeover_ms": {"p50": round(statistics.median(takeover), 1), "max": round(max(takeover), 1),
                             "count": len(self.tally.takeover_ms)},
         }
 
+    def stop_standby(self) -> None:
+        """Kill a waiting standby first (it would take over from the host being stopped)."""
+        if self.standby is not None and self.standby.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.standby.pid, signal.SIGKILL)
+            self.standby.wait()
+        self.standby = None
+
     def stop_host(self) -> None:
+        self.stop_standby()
         if self.host is None or self.host.poll() is not None:
             return
         self.host.send_signal(signal.SIGTERM)
@@ -354,6 +400,7 @@ class Chaos:
             db.close()
 
     def cleanup(self) -> None:
+        self.stop_standby()
         if self.host is not None and self.host.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.host.pid, signal.SIGKILL)
@@ -385,6 +432,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--hostile-every", type=int, default=5, metavar="K",
                         help="one run in K is a hostile workflow (default 5; 0: none)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for runs to settle")
+    parser.add_argument("--standby", action="store_true",
+                        help="keep a `piwf serve --standby` waiting: it replaces each killed host")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (path on stderr)")
     args = parser.parse_args(argv)
     if args.runs < 1 or args.kills < 0 or args.max_workers < 1 or args.hostile_every < 0:

@@ -65,40 +65,60 @@ class Host:
 
     async def _serve_locked(self, task_status: trio.TaskStatus[HostState],
                             inherited: trio.SocketListener | None) -> None:
+        serving: list[HostState] = []  # the launcher's drain deadline is the host's, once there is one
+        held: list[HostLock] = []
+        refused: PiwfError | None = None  # raised as it is (not in a group): the CLI prints its one line
+        try:
+            # The launcher outlives the runs (stopping a forked worker needs its exit report);
+            # a standby starts it before waiting for the lock, so it is warm when it takes over.
+            async with trio.open_nursery() as outer:
+                warm = await self._start_launcher(outer, serving) if self.config.standby else None
+                try:
+                    host = await self._take_state(held)
+                except PiwfError as exc:
+                    refused = exc
+                    outer.cancel_scope.cancel()
+                if refused is None and host is not None:
+                    serving.append(host)
+                    host.launcher = warm or await self._start_launcher(outer, serving) or host.launcher
+                    assert host.group is not None
+                    await outer.start(host.group.serve)  # outlives the drain: its answers wait on it too
+                    try:
+                        await self._serve_runs(host, task_status, inherited)
+                    finally:
+                        outer.cancel_scope.cancel()
+                    log.info("stopped")
+                else:
+                    outer.cancel_scope.cancel()
+        finally:
+            logs.set_epoch(None)
+            for host in serving:
+                host.db.close()
+            for lock in held:
+                lock.release()
+        if refused is not None:
+            raise refused
+
+    async def _take_state(self, held: list[HostLock]) -> HostState | None:
+        """Take the lock (a standby waits for it: None if told to stop first), open the
+        database and take over; the lock goes into ``held`` as soon as it is taken."""
         paths = self.config.state_dir
         pid = os.getpid()
         identity = processes.identity(pid) or f"pid:{pid}"
-        serving: list[HostState] = []  # the launcher's drain deadline is the host's, once there is one
-        lock = db = None
+        lock = await self._lock(paths, {"pid": pid, "identity": identity})
+        if lock is None:
+            return None
+        held.append(lock)
+        db = open_state(paths.db, durability=self.config.durability)  # refuses a damaged one unwritten
+        host = HostState(self.config, db, self.clock)
         try:
-            # The launcher outlives the runs (stopping a forked worker needs its exit report),
-            # and starts before the lock: a standby's fork server is warm when it takes over.
-            async with trio.open_nursery() as outer:
-                warm = await self._start_launcher(outer, serving) if self.config.standby else None
-                lock = await self._lock(paths, {"pid": pid, "identity": identity})
-                if lock is None:  # a standby told to stop
-                    outer.cancel_scope.cancel()
-                    return
-                launcher = warm or await self._start_launcher(outer, serving)
-                db = open_state(paths.db, durability=self.config.durability)  # refuses a damaged one unwritten
-                host = HostState(self.config, db, self.clock)
-                host.launcher = launcher or host.launcher
-                serving.append(host)
-                _take_over(host, pid, identity)
-                logs.set_epoch(host.epoch)
-                host.group = GroupCommit(db)  # from here on, commits wait for a shared fsync
-                await outer.start(host.group.serve)  # outlives the drain: its answers wait on it too
-                try:
-                    await self._serve_runs(host, task_status, inherited)
-                finally:
-                    outer.cancel_scope.cancel()
-            log.info("stopped")
-        finally:
-            logs.set_epoch(None)
-            if db is not None:
-                db.close()
-            if lock is not None:
-                lock.release()
+            _take_over(host, pid, identity)
+        except BaseException:
+            db.close()
+            raise
+        logs.set_epoch(host.epoch)
+        host.group = GroupCommit(db)  # from here on, commits wait for a shared fsync
+        return host
 
     async def _start_launcher(self, nursery: trio.Nursery, serving: list[HostState]) -> ForkLauncher | None:
         if not fork_available():  # elsewhere the host spawns workers itself (SpawnLauncher)
