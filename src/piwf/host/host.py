@@ -112,6 +112,7 @@ class Host:
         db = open_state(paths.db, durability=self.config.durability)  # refuses a damaged one unwritten
         host = HostState(self.config, db, self.clock)
         try:
+            await _owner_exited(host, pid)
             _take_over(host, pid, identity)
         except BaseException:
             db.close()
@@ -180,6 +181,24 @@ async def _stand_by(paths: StatePaths, record: dict[str, object]) -> HostLock | 
     if taken:
         log.info("the lock is free: taking over %s", paths.root)
     return taken[0] if taken else None
+
+
+OWNER_EXIT_S = 2.0  # how long a lease owner that has let go of the lock may take to finish dying
+
+
+async def _owner_exited(host: HostState, pid: int) -> None:
+    """Holding the lock, wait (briefly) for the lease owner to be gone.
+
+    The owner holds the lock until it exits (or until after it released the lease, when
+    it stops cleanly), so an owner still there has let go of it and is exiting: a killed
+    process closes its files before it becomes a zombie, and a standby waiting on the lock
+    is woken in between."""
+    previous = read_lease(host.db)
+    if previous.pid is None or previous.pid == pid:
+        return
+    with trio.move_on_after(OWNER_EXIT_S):
+        while processes.alive(previous.pid, previous.identity) and previous.live(host.now()):
+            await trio.sleep(0.001)
 
 
 def _take_over(host: HostState, pid: int, identity: str) -> None:
