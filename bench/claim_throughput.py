@@ -198,7 +198,7 @@ def table(results: dict[str, Any]) -> str:
               f"(max {takeover['cold_max_ms']:.0f})"]
     if "scaling" in results:
         lines += ["", f"{'runs/s against --max-workers':44} {'normal':>14} {'full':>14}"]
-        for workers, rates in results["scaling"].items():
+        for workers, rates in sorted(results["scaling"].items(), key=lambda item: int(item[0])):
             lines.append(f"{workers:>44} {rates['normal']:>12,.0f} /s {rates['full']:>11,.0f} /s")
     lines += ["", "targets:"]
     for name, check in results["targets"].items():

@@ -10,7 +10,6 @@ shares, not the absolute figures).
 
 from __future__ import annotations
 
-import cProfile
 import os
 import pstats
 import signal
