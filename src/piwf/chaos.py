@@ -151,8 +151,15 @@ class Chaos:
             )
 
     def start_standby(self) -> None:
+        """A standby, once it says it stands by (so a takeover's time is a warm one's)."""
         fault = self.random_fault()
         self.standby, self.standby_fault = self._serve(fault, "--standby"), fault is not None
+        said = f'"pid": {self.standby.pid}'
+        deadline = time.monotonic() + 30
+        while not any("standing by" in line and said in line for line in self.log.read_text().splitlines()):
+            if self.standby.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the standby did not stand by; see {self.log}")
+            time.sleep(0.01)
 
     def promote_standby(self) -> None:
         """The live host is gone: the standby takes over; a new standby waits behind it."""
