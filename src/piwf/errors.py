@@ -157,6 +157,13 @@ class WorkflowLoadError(WorkflowError):
     code = "load"
 
 
+class Invalid(WorkflowError):
+    """Raised by an ask's ``validate`` to refuse a submitted value; the message is the
+    reason the person or agent sees, and the request is open again."""
+
+    code = "invalid"
+
+
 class NodeFailed(WorkflowError):
     """A node raised or (for shell nodes) exited non-zero; ``error`` describes it."""
 
