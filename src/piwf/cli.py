@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from . import cli_service
+from . import cli_interact, cli_service
 from .client import Client
 from .errors import (ProtocolError, ExitCode, HostReplied, HostTimeout, HostUnavailable, InternalError, PiwfError,
                      UsageError)
@@ -146,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     outcome.add_argument("--not-applied", action="store_true", help="it was not applied: the run applies it again")
     resolve.add_argument("--result", metavar="JSON", help="the effect's result as JSON, with --applied (default null)")
     resolve.set_defaults(handler=cmd_run_resolve_effect)
+    cli_interact.add_parsers(commands, common)
     cli_service.add_parsers(commands, common)
     return parser
 
@@ -522,7 +523,10 @@ def _format_status(s: dict[str, Any]) -> str:
         lines.append(f"detail:    {s['detail']}")
     if "queuedRuns" in s:
         lines.append(f"runs:      {s['queuedRuns']} queued, {s['runningRuns']} running, {s['parkedRuns']} parked, "
-                     f"{s['completedRuns']} completed, {s['failedRuns']} failed, {s['cancelledRuns']} cancelled")
+                     f"{s['waitingRuns']} waiting, {s['completedRuns']} completed, {s['failedRuns']} failed, "
+                     f"{s['cancelledRuns']} cancelled")
+        if s.get("pendingInteractions"):
+            lines.append(f"inbox:     {s['pendingInteractions']} open request(s): piwf inbox")
         lines.append(f"workers:   {s.get('activeWorkers', 0)} active")
         if s["lifecycleContradictions"]:
             lines.append(f"WARNING:   {s['lifecycleContradictions']} lifecycle contradictions")
@@ -539,6 +543,8 @@ def _format_run(r: dict[str, Any]) -> str:
         lines.append(f"  step {step['seq']}: {step['node']:16} {step['status']} (generation {step['generation']})")
     for effect in r.get("effects", []):
         lines.append(f"  effect {effect['key']}: {effect['status']} (node {effect['node']})")
+    for request in r.get("waitingFor", []):
+        lines.append("waiting for:\n" + cli_interact.format_request(request))
     if r.get("output") is not None:
         lines.append("output:   " + json.dumps(r["output"]))
     if r.get("error"):
