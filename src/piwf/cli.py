@@ -483,7 +483,23 @@ def _paths(args: argparse.Namespace) -> StatePaths:
 
 
 def _client(args: argparse.Namespace) -> Client:
-    return Client(_paths(args), timeout=_timeout(args))
+    return Client(_paths(args), timeout=_timeout(args), client_id=client_id())
+
+
+def client_id() -> str:
+    """Who this CLI is to the host: ``$PIWF_CLIENT_ID``, else ``cli:<user>``. It is stable,
+    so a command repeated with the same ``--request-id`` is a retry (``adopted``), and a
+    decision records a person, not a process, as who answered."""
+    given = os.environ.get("PIWF_CLIENT_ID")
+    if given:
+        return given
+    try:
+        import getpass
+
+        return f"cli:{getpass.getuser()}"
+    except (KeyError, OSError):
+        return f"cli:uid-{os.getuid()}"
+
 
 
 def _timeout(args: argparse.Namespace) -> float:

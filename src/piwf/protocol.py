@@ -17,7 +17,9 @@ from typing import Annotated, Any, ClassVar
 
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from .status import EffectStatus, Hold, Provenance, QueueStatus, RequestStatus, RunStatus, SubmissionStatus, WorkerStatus
+from .status import (
+    EffectStatus, Hold, Provenance, QueueStatus, RequestStatus, RunStatus, SubmissionStatus, WorkerStatus,
+)
 
 WAIT_LIMIT_MS = 600_000
 
@@ -94,7 +96,8 @@ class UpdateInteractionPayload(NoPayload, frozen=True):
     action: Annotated[UpdateAction, Meta(description="`claim` the presentation (a lease, presenter = clientId), "
                                                      "say it was `presented` (with `entryId`), or report "
                                                      "`progress`")]
-    entryId: Annotated[str, Meta(max_length=512), Meta(description="where it was presented (`presented`)")] | None = None
+    entryId: Annotated[str, Meta(max_length=512), Meta(description="where it was presented (`presented`)")] | None = (
+        None)
     progress: Annotated[str, Meta(max_length=8192), Meta(description="a line of progress (`progress`)")] | None = None
 
 

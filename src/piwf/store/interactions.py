@@ -20,7 +20,7 @@ from ..protocol import (
     AnswerReceipt, ChoiceSpec, DefaultAnswer, InteractionRequest, Resolution, SubmissionInfo, SubmitReceipt,
     UpdateAction, UpdateReceipt,
 )
-from ..status import AttemptStatus, Hold, Provenance, QueueStatus, RequestStatus, SubmissionStatus
+from ..status import AttemptStatus, Provenance, RequestStatus, SubmissionStatus
 from ..wire import canonical_json, decode_json
 from ..worker_protocol import InteractionOpenPayload, PendingSubmission
 from .db import Database
@@ -187,7 +187,7 @@ def _open_request(db: Database, request_id: str, kind: str, expected_revision: i
                     FROM interaction_requests WHERE request_id = ?""", (request_id,))
     if row is None:
         raise NotFound(f"request {request_id} not found")
-    run_id, _, actual_kind, status, revision, deadline, _, _ = row
+    _, _, actual_kind, status, revision, deadline, _, _ = row
     if actual_kind != kind:
         verb = "piwf decide (decision.answer)" if actual_kind == "decision" else "piwf answer (interaction.submit)"
         raise Rejected(f"request {request_id} is a {actual_kind}: answer it with {verb}")

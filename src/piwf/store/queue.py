@@ -74,8 +74,8 @@ def _take(db: Database, run_id: str, runner_id: str, token: str, lease_ms: int, 
         (runner_id, token, now + lease_ms, epoch, now, now, run_id),
     )
     # a waiting run is claimed once a submission to it awaits validation
-    db.execute("UPDATE runs SET status = 'running', updated_at = ? WHERE run_id = ? AND status IN ('queued', 'waiting')",
-               (now, run_id))
+    db.execute("UPDATE runs SET status = 'running', updated_at = ? "
+               "WHERE run_id = ? AND status IN ('queued', 'waiting')", (now, run_id))
     _interrupt_attempts(db, run_id, now)  # whatever a previous generation left running
     add_event(db, run_id, "claimed", {"generation": generation, "epoch": epoch}, now)
     return Claim(run_id, token, generation, now + lease_ms)
