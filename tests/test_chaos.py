@@ -39,7 +39,7 @@ def check(summary: dict) -> None:
 
 
 def test_a_small_chaos_run_loses_nothing_and_repeats_no_effect() -> None:
-    summary = chaos("--runs", "8", "--kills", "5", "--hostile-every", "2")
+    summary = chaos("--runs", "10", "--kills", "5", "--hostile-every", "2", "--loop-every", "3")
     check(summary)
     assert sorted(summary["hostile_runs"]) == ["exit0", "exit3", "oversized", "parricide"]
     assert summary["takeover_ms"]["count"] >= 1
