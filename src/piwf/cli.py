@@ -92,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds a client has to send a whole request once it began (default 10)")
     serve.add_argument("--reply-timeout", type=_seconds, default=10.0, metavar="S",
                        help="seconds a client has to take a reply before it is disconnected (default 10)")
+    serve.add_argument("--presentation-lease", type=_seconds, default=10.0, metavar="S",
+                       help="seconds a client presenting a decision or ask holds it (default 10)")
     serve.add_argument("--worker-start", choices=("fork", "spawn"), default="fork",
                        help="fork workers from a preloaded template process (default; Linux) "
                             "or spawn a new interpreter for each")
@@ -207,7 +209,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         durability=args.durability, worker_startup_s=args.worker_startup_timeout,
                         kill_grace_s=args.kill_grace, worker_start=args.worker_start,
                         drain_timeout_s=args.drain_timeout, request_timeout_s=args.request_timeout,
-                        reply_timeout_s=args.reply_timeout, **service_manager_settings())
+                        reply_timeout_s=args.reply_timeout,
+                        presentation_lease_ms=max(1, int(args.presentation_lease * 1000)),
+                        **service_manager_settings())
     try:
         trio.run(Host(config).serve)
     except PiwfError:
