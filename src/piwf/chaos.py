@@ -286,10 +286,13 @@ class Chaos:
             except RuntimeError:
                 continue
             for request in page["requests"]:
-                if request["kind"] == "decision":
-                    self.decide(request)
-                elif (request["lastSubmission"] or {}).get("status") != "validating":
-                    self.submit(request)
+                try:
+                    if request["kind"] == "decision":
+                        self.decide(request)
+                    elif (request["lastSubmission"] or {}).get("status") != "validating":
+                        self.submit(request)
+                except RuntimeError:  # unanswered for long (the host is restarting): ask again
+                    continue
             self.settled.wait(0.02)
 
     def decide(self, request: dict[str, Any]) -> None:
@@ -347,7 +350,9 @@ class Chaos:
             self.ensure_host()
             if self.rng.random() < 0.5 or not self.kill_worker():
                 self.kill_host()
-        submitter.join()
+        while submitter.is_alive():  # a fault armed by the last kill may still stop the host
+            self.ensure_host()
+            submitter.join(0.05)
         self.ensure_host()
         self.restart_clean()
         return self.settle_and_summarize()
