@@ -156,6 +156,7 @@ class Chaos:
         self.tally = Tally()
         self.lock = threading.Lock()
         self.settled = threading.Event()  # every run settled: the person stops
+        self.person_rng = random.Random(args.seed + 1)  # its own: the other threads' draws stay the seed's
 
     # --- the host ---
 
@@ -296,7 +297,7 @@ class Chaos:
             self.settled.wait(0.02)
 
     def decide(self, request: dict[str, Any]) -> None:
-        choice = self.tally.decided.get(request["runId"]) or self.rng.choice(["yes", "no"])
+        choice = self.tally.decided.get(request["runId"]) or self.person_rng.choice(["yes", "no"])
         response = self.request(make_request(
             "decision.answer", client_id="person", request_id=f"person-{request['requestId']}",
             payload={"requestId": request["requestId"], "choice": choice}))
