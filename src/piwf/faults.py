@@ -33,6 +33,8 @@ POINTS: dict[str, str] = {
     "host.lease.renewed": "the heartbeat renewed the host lease",
     "host.group.syncing": "at full durability, commits are waiting for their group's fsync: nothing answered",
     "host.group.synced": "a group's fsync returned, before any of its answers is sent",
+    "host.deadline.due": "the deadline timer woke with a request due, before it closes any",
+    "host.deadline.committed": "the deadline timer closed requests whose deadline passed, before it logs",
     "worker.started": "a worker process started, before it reports ready",
     "worker.message.sent": "a worker wrote a message, before reading the answer",
     "worker.answer.received": "a worker read the host's answer",
