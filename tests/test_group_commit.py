@@ -86,8 +86,8 @@ async def test_every_worker_answer_waits_for_an_fsync_after_its_commit(
     host.stop_requested.set()
     spans = _trace_between(trace.read_text().split(), "host.worker.committed", "host.worker.answered")
     assert len(spans) >= 3  # ready, then an attempt start and an accept per node (two nodes)
-    for span in spans:  # every one of these messages wrote something
-        assert span[-2:] == ["host.group.syncing", "host.group.synced"], span
+    for span in spans:  # every one of these messages wrote something: an fsync began and ended in between
+        assert "host.group.syncing" in span and "host.group.synced" in span[span.index("host.group.syncing"):], span
     assert host.group is not None and host.group.fsyncs >= 1
 
 
