@@ -2,7 +2,9 @@
 
 from .engine.definition import Route, Workflow, compute, shell
 from .engine.executor import Context, EffectRejected
-from .errors import PiwfError
+from .controllers import Controller, Result
+from .errors import PermanentError, PiwfError, TemporaryError
 
-__all__ = ["Context", "EffectRejected", "PiwfError", "Route", "Workflow", "compute", "shell"]
+__all__ = ["Context", "Controller", "EffectRejected", "PermanentError", "PiwfError", "Result", "Route",
+           "TemporaryError", "Workflow", "compute", "shell"]
 __version__ = "0.2.0"

@@ -29,7 +29,7 @@ class ApplyResourcePayload(NoFields, frozen=True):
     controller: ControllerName
     key: ResourceKey
     spec: Annotated[Any, Meta(description="what is wanted: any JSON, at most 1 MiB")]
-    expectedResourceVersion: Annotated[int | None, Meta(ge=0, description="refused as a `conflict` when stale")] = None
+    expectedResourceVersion: Annotated[int, Meta(ge=0)] | None = None  # refused as a `conflict` when stale
 
 
 class ResourcePayload(NoFields, frozen=True):

@@ -34,6 +34,7 @@ from ..status import AT_REST, QueueStatus, StopReason
 from ..store import commands, effects, queue, runs
 from ..store.hosts import read_lease
 from ..wire import HostResponse, check_id, request_fingerprint
+from . import controller_operations
 from .catalog import WorkflowInfo
 from .state import HostState, log
 
@@ -96,6 +97,7 @@ def status_receipt(host: HostState) -> HostStatus:
         "connectedClients": host.connections,
         "hostRssBytes": _HOST_PROCESS.memory_info().rss,
         **runs.status_counts(host.db, now),
+        **controller_operations.status_counts(host),
     }, HostStatus)
 
 
@@ -255,3 +257,5 @@ WRITES: dict[type[Request], tuple[Prepare, Apply]] = {
     ResumeRun: (_prepare_resume, _run_resume),
     ResolveEffect: (None, _effect_resolve),
 }
+READS.update(controller_operations.READS)
+WRITES.update(controller_operations.WRITES)

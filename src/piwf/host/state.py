@@ -19,6 +19,7 @@ from ..store import Database
 from ..store.hosts import HostClaim
 from ..store.queue import Claim
 from .catalog import Catalog
+from .controller_state import ControllerState
 from .launcher import Launcher, SpawnLauncher
 
 log = logging.getLogger("piwf.host")
@@ -46,6 +47,8 @@ class HostConfig:
     listen_fd: int | None = None  # a listening socket passed by the service manager (LISTEN_FDS)
     notify_socket: str | None = None  # sd_notify's $NOTIFY_SOCKET: a path, or @name (abstract)
     watchdog_s: float | None = None  # the service's watchdog period ($WATCHDOG_USEC), pinged twice per period
+    max_controller_workers: int = 4  # reconciles at once (DESIGN.md §9)
+    controller_lease_ms: int = 120_000  # a reconcile's claim; renewed every quarter and on each worker message
 
 
 class Conclusion(Enum):
@@ -135,6 +138,7 @@ class HostState:
     wake_dispatcher: trio.Event = field(default_factory=trio.Event)
     run_changed: trio_util.RepeatedEvent = field(default_factory=trio_util.RepeatedEvent)
     stop_requested: trio.Event = field(default_factory=trio.Event)
+    controllers: ControllerState = field(default_factory=ControllerState)
 
     @property
     def epoch(self) -> int:

@@ -162,10 +162,10 @@ def record_child(db: Database, uid: str, request_key: str, workflow: str, run_in
 def sync_children(db: Database, now: int) -> list[str]:
     """Child runs whose state moved on (running → waiting or ended): recorded, shown in
     their resource's ``status.workflowRun``, and the resource queued. Returns their uids."""
+    if not _moved_children(db):  # the common case, read without taking the write lock
+        return []
     with db.write():
-        rows = db.execute(f"""SELECT c.uid, c.request_key, c.run_id, c.attempt, {CHILD_STATE} FROM controller_workflows c
-                              JOIN runs r ON r.run_id = c.run_id JOIN run_queue q ON q.run_id = c.run_id
-                              WHERE c.state IN ('running', 'waiting') AND c.state != {CHILD_STATE}""").fetchall()
+        rows = _moved_children(db)
         for uid, request_key, run_id, attempt, state in rows:
             db.execute("UPDATE controller_workflows SET state = ?, updated_at = ? WHERE uid = ? AND request_key = ?",
                        (state, now, uid, request_key))
@@ -174,3 +174,9 @@ def sync_children(db: Database, now: int) -> list[str]:
             add_event(db, uid, "workflow_changed", {"requestKey": request_key, "state": state}, now)
             enqueue(db, uid, now)
         return [row[0] for row in rows]
+
+
+def _moved_children(db: Database) -> list[tuple[str, str, str, int, str]]:
+    return db.execute(f"""SELECT c.uid, c.request_key, c.run_id, c.attempt, {CHILD_STATE} FROM controller_workflows c
+                          JOIN runs r ON r.run_id = c.run_id JOIN run_queue q ON q.run_id = c.run_id
+                          WHERE c.state IN ('running', 'waiting') AND c.state != {CHILD_STATE}""").fetchall()

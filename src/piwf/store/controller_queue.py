@@ -14,6 +14,7 @@ Holds (``permanent``, ``effect``) keep a row from being claimed until someone ac
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -154,7 +155,10 @@ def finish_success(db: Database, uid: str, token: str, *, requeue_after_ms: int 
     return "settled" if settled else "requeued"
 
 
-def finish_failure(db: Database, uid: str, token: str, *, error: str, delay_ms: int, permanent: bool,
+Delay = int | Callable[[int], int]  # ms, or ms as a function of the failures in a row before this one
+
+
+def finish_failure(db: Database, uid: str, token: str, *, error: str, delay_ms: Delay, permanent: bool,
                    now: int) -> int:
     """Record a failed reconcile: the error, the count in a row, and the next attempt
     after ``delay_ms`` (at once if an event arrived meanwhile). A permanent error sets
@@ -163,6 +167,8 @@ def finish_failure(db: Database, uid: str, token: str, *, error: str, delay_ms: 
     current = db.scalar("SELECT resource_version FROM controller_resources WHERE uid = ?", (uid,))
     error = error[:MAX_ERROR_CHARS]
     errors = db.scalar("SELECT consecutive_errors + 1 FROM controller_queue WHERE uid = ?", (uid,))
+    if callable(delay_ms):
+        delay_ms = delay_ms(errors - 1)
     if permanent and seen_version == current:
         _set_condition(db, uid, {"type": "Ready", "status": "False", "reason": "PermanentError",
                                  "message": error[:1024]}, now)
@@ -175,7 +181,7 @@ def finish_failure(db: Database, uid: str, token: str, *, error: str, delay_ms: 
     return errors
 
 
-def record_failure(db: Database, uid: str, token: str, *, error: str, delay_ms: int, now: int) -> int | None:
+def record_failure(db: Database, uid: str, token: str, *, error: str, delay_ms: Delay, now: int) -> int | None:
     """A reconcile that ended without reporting (crash, timeout, host stop), recorded by
     the host after its worker is gone; None when the claim was lost meanwhile."""
     with db.write():

@@ -1,0 +1,163 @@
+"""Controllers end to end: real hosts, real reconcile worker processes, files as the world."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from piwf.client import AsyncClient
+from piwf.paths import StatePaths
+
+from .conftest import wait_for
+
+# The worked example of docs/controllers.md: keep out/<key>.txt in sync with the spec; a
+# finalizer removes the file when the resource is deleted. A ledger counts every apply().
+MIRROR = """
+    from pathlib import Path
+    from piwf import Controller, Result
+
+    FINALIZER = "mirror/file"
+
+
+    def reconcile(ctx):
+        target = Path("out") / f"{ctx.resource.key}.txt"
+        if ctx.resource.deletion_timestamp is not None:
+            ctx.effects.ensure("remove", lambda: target.unlink(missing_ok=True))
+            return Result.settled(finalizers=[])
+        want = ctx.resource.spec["text"]
+
+        def write():
+            target.parent.mkdir(exist_ok=True)
+            target.write_text(want)
+            with open("ledger.txt", "a") as ledger:
+                ledger.write(f"{ctx.resource.key} {ctx.generation}\\n")
+            return {"bytes": len(want)}
+
+        written = ctx.effects.ensure("write", write)
+        return Result.settled(status={"written": want, "bytes": written["bytes"]},
+                              conditions=[{"type": "Ready", "status": "True", "reason": "Synced"}],
+                              finalizers=[FINALIZER])
+
+
+    controller = Controller(name="mirror", reconcile=reconcile, initial_status={"written": None})
+"""
+
+
+def write_controller(project: Path, name: str, source: str) -> Path:
+    path = project / ".piwf" / "controllers" / f"{name}.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(source))
+    return path
+
+
+async def ctl(paths: StatePaths, operation: str, project: Path, name: str, key: str | None = None,
+              **payload: Any) -> Any:
+    body: dict[str, Any] = {"projectPath": str(project), "controller": name, **payload}
+    if key is not None:
+        body["key"] = key
+    async with AsyncClient(paths) as client:
+        response = await client.call(f"controller.{operation}", payload=body)
+    assert response.outcome in ("accepted", "adopted"), response
+    return response.receipt
+
+
+async def refused(paths: StatePaths, operation: str, payload: dict[str, Any]) -> Any:
+    async with AsyncClient(paths) as client:
+        response = await client.call(f"controller.{operation}", payload=payload)
+    assert response.outcome not in ("accepted", "adopted"), response
+    return response
+
+
+async def get(paths: StatePaths, project: Path, name: str, key: str) -> dict[str, Any] | None:
+    async with AsyncClient(paths) as client:
+        response = await client.call("controller.get", payload={"projectPath": str(project), "controller": name,
+                                                                "key": key})
+    if response.outcome == "notFound":
+        return None
+    assert response.outcome == "accepted", response
+    return response.receipt
+
+
+def ready(resource: dict[str, Any] | None) -> bool:
+    return (resource is not None and resource["status"]["observedGeneration"] == resource["generation"]
+            and resource["ready"] == "True" and not resource["reconciling"])
+
+
+@pytest.fixture
+def mirror(project: Path) -> Path:
+    write_controller(project, "mirror", MIRROR)
+    return project
+
+
+async def test_the_sample_controller_converges_rewrites_and_finalizes(host: Any, paths: StatePaths,
+                                                                     mirror: Path) -> None:
+    receipt = await ctl(paths, "apply", mirror, "mirror", "greeting", spec={"text": "hello"})
+    assert (receipt["generation"], receipt["resourceVersion"]) == (1, 1)
+    got = await wait_for(lambda: _ready(paths, mirror, "greeting"))
+    assert (mirror / "out" / "greeting.txt").read_text() == "hello"
+    assert got["status"]["controllerStatus"] == {"written": "hello", "bytes": 5}
+    assert got["finalizers"] == ["mirror/file"]
+    [condition] = got["status"]["conditions"]
+    assert condition["type"] == "Ready" and condition["observedGeneration"] == 1
+    assert condition["lastTransitionTime"]
+
+    changed = await ctl(paths, "apply", mirror, "mirror", "greeting", spec={"text": "bye"})
+    assert changed["generation"] == 2
+    await wait_for(lambda: _ready(paths, mirror, "greeting", generation=2))
+    assert (mirror / "out" / "greeting.txt").read_text() == "bye"
+    assert (mirror / "ledger.txt").read_text().splitlines() == ["greeting 1", "greeting 2"]
+
+    deleting = await ctl(paths, "delete", mirror, "mirror", "greeting")
+    assert not deleting["deleted"]
+    await wait_for(lambda: _gone(paths, mirror, "greeting"))
+    assert not (mirror / "out" / "greeting.txt").exists()
+    status = await wait_for(lambda: _idle(paths))
+    assert status["pendingControllers"] == 0
+
+
+async def _ready(paths: StatePaths, project: Path, key: str, generation: int = 1) -> dict[str, Any] | None:
+    got = await get(paths, project, "mirror", key)
+    return got if ready(got) and got["generation"] == generation else None
+
+
+async def _gone(paths: StatePaths, project: Path, key: str) -> bool:
+    return await get(paths, project, "mirror", key) is None
+
+
+async def _host_status(paths: StatePaths) -> dict[str, Any]:
+    async with AsyncClient(paths) as client:
+        return (await client.call("host.status")).receipt
+
+
+async def _idle(paths: StatePaths) -> dict[str, Any] | None:
+    status = await _host_status(paths)
+    return status if status["activeControllerWorkers"] == 0 else None
+
+
+async def test_bad_input_is_one_line_and_changes_nothing(host: Any, paths: StatePaths, mirror: Path) -> None:
+    write_controller(mirror, "broken", "raise RuntimeError('no')\n")
+    write_controller(mirror, "empty", "x = 1\n")
+    base = {"projectPath": str(mirror), "key": "k", "spec": {}}
+    for name, words in (("broken", "failed to import"), ("empty", "defines no module-level"),
+                        ("missing", "no controller")):
+        response = await refused(paths, "apply", {**base, "controller": name})
+        assert response.outcome == "rejected" and words in response.error and "\n" not in response.error
+    await ctl(paths, "apply", mirror, "mirror", "k", spec={"text": "a"})
+    stale = await refused(paths, "apply", {**base, "controller": "mirror", "spec": {"text": "b"},
+                                           "expectedResourceVersion": 99})
+    assert stale.outcome == "conflict"
+    big = await refused(paths, "apply", {**base, "controller": "mirror", "key": "big",
+                                         "spec": {"text": "x" * (1024 * 1024 - 200)}})
+    # a spec over 1 MiB cannot fit a request line (1 MiB): refused as the line it came in
+    # (the store's own check of the spec's size: tests/test_store_controllers.py)
+    assert big.outcome == "rejected" and "limit" in big.error
+    unknown = await refused(paths, "reconcile", {"projectPath": str(mirror), "controller": "mirror", "key": "nope"})
+    assert unknown.outcome == "notFound"
+    async with AsyncClient(paths) as client:
+        listed = (await client.call("controller.list", payload={"projectPath": str(mirror)})).receipt
+    assert [r["key"] for r in listed] == ["k"]
+    got = await get(paths, mirror, "mirror", "k")
+    assert got is not None and got["spec"] == {"text": "a"}
