@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from . import cli_service
+from . import cli_controller, cli_service
 from .client import Client
 from .errors import (ProtocolError, ExitCode, HostReplied, HostTimeout, HostUnavailable, InternalError, PiwfError,
                      UsageError)
@@ -92,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds a client has to send a whole request once it began (default 10)")
     serve.add_argument("--reply-timeout", type=_seconds, default=10.0, metavar="S",
                        help="seconds a client has to take a reply before it is disconnected (default 10)")
+    serve.add_argument("--max-controller-workers", type=_positive, default=4, metavar="N",
+                       help="concurrent reconciles (default 4)")
     serve.add_argument("--worker-start", choices=("fork", "spawn"), default="fork",
                        help="fork workers from a preloaded template process (default; Linux) "
                             "or spawn a new interpreter for each")
@@ -147,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     resolve.add_argument("--result", metavar="JSON", help="the effect's result as JSON, with --applied (default null)")
     resolve.set_defaults(handler=cmd_run_resolve_effect)
     cli_service.add_parsers(commands, common)
+    cli_controller.add_parsers(commands, common)
     return parser
 
 
@@ -206,7 +209,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         durability=args.durability, worker_startup_s=args.worker_startup_timeout,
                         kill_grace_s=args.kill_grace, worker_start=args.worker_start,
                         drain_timeout_s=args.drain_timeout, request_timeout_s=args.request_timeout,
-                        reply_timeout_s=args.reply_timeout, **service_manager_settings())
+                        reply_timeout_s=args.reply_timeout, max_controller_workers=args.max_controller_workers,
+                        **service_manager_settings())
     try:
         trio.run(Host(config).serve)
     except PiwfError:
