@@ -161,3 +161,50 @@ async def test_bad_input_is_one_line_and_changes_nothing(host: Any, paths: State
     assert [r["key"] for r in listed] == ["k"]
     got = await get(paths, mirror, "mirror", "k")
     assert got is not None and got["spec"] == {"text": "a"}
+
+
+# Starts the `gated` workflow (tests/conftest.py) as its child; Ready once the child succeeded.
+PARENT = """
+    from piwf import Controller, Result
+
+    def reconcile(ctx):
+        child = ctx.workflows.ensure("main", "gated", {"who": ctx.resource.spec["who"]})
+        ctx.log(f"child {child['runId']} is {child['state']}")
+        if child["state"] in ("running", "waiting"):
+            return Result.settled(status={"child": child["state"]},
+                                  conditions=[{"type": "Ready", "status": "False", "reason": "ChildRunning"}])
+        return Result.settled(status={"child": child["state"], "output": child["output"]},
+                              conditions=[{"type": "Ready", "status": "True", "reason": "ChildDone"}])
+
+    controller = Controller(name="parent", reconcile=reconcile)
+"""
+
+
+async def test_a_child_run_ending_queues_its_resource_and_shows_in_status(host: Any, paths: StatePaths,
+                                                                         project: Path) -> None:
+    write_controller(project, "parent", PARENT)
+    await ctl(paths, "apply", project, "parent", "p", spec={"who": "ada"})
+
+    async def child_running() -> dict[str, Any] | None:
+        got = await get(paths, project, "parent", "p")
+        ok = got and got["status"].get("controllerStatus", {}).get("child") == "running" and not got["reconciling"]
+        return got if ok else None
+
+    got = await wait_for(child_running)
+    run = got["status"]["workflowRun"]
+    assert run["requestKey"] == "main" and run["state"] == "running" and run["attempt"] == 1
+    await wait_for(lambda: (project / "wait.log").exists())
+    (project / "gate").touch()
+
+    async def child_done() -> dict[str, Any] | None:
+        got = await get(paths, project, "parent", "p")
+        return got if got and got["ready"] == "True" and not got["reconciling"] else None
+
+    done = await wait_for(child_done)
+    assert done["status"]["workflowRun"] == {**run, "state": "succeeded"}
+    assert done["status"]["controllerStatus"]["output"]["input"] == {"who": "ada"}
+    async with AsyncClient(paths) as client:
+        child = (await client.call("run.status", run_id=run["runId"])).receipt
+    assert child["status"] == "completed"
+    assert (project / "once.log").read_text().count(run["runId"]) == 1  # one child run, not one per pass
+    assert any(e["type"] == "log" for e in done["events"])
