@@ -109,7 +109,7 @@ def cmd_resolve(args: argparse.Namespace) -> int:
         raise UsageError("--result goes with --applied")
     result = None if args.result is None else _json_arg(args.result, "--result")
     payload = {**_target(args), "effectKey": args.effect_key, "applied": bool(args.applied), "result": result}
-    receipt = _call(args, "controller.resolve-effect", payload)
+    receipt = _call(args, "controller.resolve", payload)
     return _show(args, receipt, lambda r: f"{args.name}/{args.key}: effect {args.effect_key} resolved as "
                  f"{r['status']}" + (f"; still ambiguous: {', '.join(r['ambiguous'])}" if r["ambiguous"] else ""))
 

@@ -385,7 +385,7 @@ class ReconcileResource(Request, tag="controller.reconcile"):
     receipt_type = ResourceRef
 
 
-class ResolveResourceEffect(Request, tag="controller.resolve-effect"):
+class ResolveResourceEffect(Request, tag="controller.resolve"):
     """Say whether a reconcile's ambiguous effect was applied; the resource is reconciled again."""
 
     payload: ResolveResourceEffectPayload

@@ -165,7 +165,7 @@ def _fail_with(host: HostState, active: ActiveReconcile, error: str, now: int) -
 
 
 def _log(host: HostState, active: ActiveReconcile, message: ReconcileLog, prepared: None, now: int) -> Outcome:
-    controllers.add_event(host.db, active.uid, "log", {"message": message.payload.message}, now)
+    controllers.add_resource_event(host.db, active.uid, "log", {"message": message.payload.message}, now)
     return NOTHING, None
 
 

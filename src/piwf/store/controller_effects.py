@@ -16,7 +16,7 @@ from ..errors import NotFound, Rejected
 from ..status import EffectStatus as E
 from ..wire import canonical_json, decode_json, sha256_hex
 from .controller_queue import hold_for_effect, release_effect_hold, set_workflow_run
-from .controllers import add_event, enqueue
+from .controllers import add_resource_event, enqueue
 from .db import Database
 
 WHERE = "uid = ? AND spec_generation = ? AND effect_key = ?"
@@ -58,7 +58,7 @@ def begin_apply(db: Database, uid: str, spec_generation: int, key: str, *, gener
     if status not in (E.PENDING, E.APPLYING):
         raise Rejected(f"effect {key!r} is {status}; it cannot be applied")
     _set(db, ident, E.APPLYING, generation, now)
-    add_event(db, uid, "effect_applying", {"key": key}, now)
+    add_resource_event(db, uid, "effect_applying", {"key": key}, now)
 
 
 def settle(db: Database, uid: str, spec_generation: int, key: str, *, generation: int, result: Any = None,
@@ -83,7 +83,7 @@ def resolve(db: Database, uid: str, key: str, *, applied: bool, result: Any, now
             _finish(db, ident, result=result, error=None, now=now)
         else:
             _set(db, ident, E.PENDING, None, now)
-        add_event(db, uid, "effect_resolved", {"key": key, "applied": applied}, now)
+        add_resource_event(db, uid, "effect_resolved", {"key": key, "applied": applied}, now)
         remaining = [k for (k,) in db.execute("SELECT effect_key FROM controller_effects WHERE uid = ? "
                                               "AND status = 'ambiguous' ORDER BY effect_key", (uid,))]
         if not remaining:
@@ -104,7 +104,7 @@ def _set(db: Database, ident: tuple[str, int, str], status: str, generation: int
     db.execute(f"""UPDATE controller_effects SET status = ?, generation = COALESCE(?, generation), updated_at = ?
                    WHERE {WHERE}""", (status, generation, now, *ident))
     if status == E.AMBIGUOUS:
-        add_event(db, ident[0], "effect_ambiguous", {"key": ident[2]}, now)
+        add_resource_event(db, ident[0], "effect_ambiguous", {"key": ident[2]}, now)
 
 
 def _finish(db: Database, ident: tuple[str, int, str], *, result: Any, error: dict[str, Any] | None,
@@ -114,7 +114,7 @@ def _finish(db: Database, ident: tuple[str, int, str], *, result: Any, error: di
                      updated_at = ?, settled_at = ? WHERE {WHERE}""",
                (E.REJECTED if error is not None else E.APPLIED, inline, digest,
                 None if error is None else canonical_json(error).decode(), now, now, *ident))
-    add_event(db, ident[0], "effect_rejected" if error is not None else "effect_applied", {"key": ident[2]}, now)
+    add_resource_event(db, ident[0], "effect_rejected" if error is not None else "effect_applied", {"key": ident[2]}, now)
 
 
 # --- child workflow runs --------------------------------------------------------------------
@@ -149,7 +149,7 @@ def record_child(db: Database, uid: str, request_key: str, workflow: str, run_in
     db.execute("""INSERT INTO controller_workflows (uid, request_key, input_hash, workflow, run_id, state, attempt,
                     created_at, updated_at) VALUES (?, ?, ?, ?, ?, 'running', 1, ?, ?)""",
                (uid, request_key, input_hash(run_input), workflow, run_id, now, now))
-    add_event(db, uid, "workflow_started", {"requestKey": request_key, "runId": run_id}, now)
+    add_resource_event(db, uid, "workflow_started", {"requestKey": request_key, "runId": run_id}, now)
     child = {"requestKey": request_key, "runId": run_id, "state": "running", "attempt": 1}
     seen = db.scalar("SELECT resource_version FROM controller_resources WHERE uid = ?", (uid,))
     set_workflow_run(db, uid, child, now)
@@ -171,7 +171,7 @@ def sync_children(db: Database, now: int) -> list[str]:
                        (state, now, uid, request_key))
             set_workflow_run(db, uid, {"requestKey": request_key, "runId": run_id, "state": state,
                                        "attempt": attempt}, now)
-            add_event(db, uid, "workflow_changed", {"requestKey": request_key, "state": state}, now)
+            add_resource_event(db, uid, "workflow_changed", {"requestKey": request_key, "state": state}, now)
             enqueue(db, uid, now)
         return [row[0] for row in rows]
 

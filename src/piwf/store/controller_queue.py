@@ -21,7 +21,7 @@ from typing import Any
 from ..controller_wire import MAX_ERROR_CHARS
 from ..errors import ClaimLost, Rejected
 from ..wire import canonical_json, decode_json
-from .controllers import add_event, check_json_size, delete_resource
+from .controllers import add_resource_event, check_json_size, delete_resource
 from .db import Database
 from .timefmt import iso
 
@@ -61,7 +61,7 @@ def claim_due(db: Database, *, room: int, exclude: frozenset[str], lease_ms: int
                      claim_generation = claim_generation + 1, claim_epoch = ?, claim_resource_version = NULL,
                      available_at = NULL, updated_at = ? WHERE uid = ? RETURNING claim_generation""",
                 (token, now + lease_ms, epoch, now, uid))
-            add_event(db, uid, "reconcile_started", {"claim": generation}, now)
+            add_resource_event(db, uid, "reconcile_started", {"claim": generation}, now)
             claims.append(ControllerClaim(uid, token, generation, project, controller, key))
         return claims
 
@@ -133,7 +133,7 @@ def finish_success(db: Database, uid: str, token: str, *, requeue_after_ms: int 
     assert row is not None
     current, generation, status_json, status_hash, old_finalizers, deleting = row
     if current != seen_version:
-        add_event(db, uid, "reconcile_conflict", {"resourceVersion": current, "seen": seen_version}, now)
+        add_resource_event(db, uid, "reconcile_conflict", {"resourceVersion": current, "seen": seen_version}, now)
         _release(db, uid, now, now)
         return "conflict"
     status = dict(db.get_json(status_json, status_hash) or {})
@@ -150,7 +150,7 @@ def finish_success(db: Database, uid: str, token: str, *, requeue_after_ms: int 
     if version > claim_version:  # an event arrived during the reconcile: once more, now
         due = now
     _release(db, uid, now, due, errors=0, last_error=None)
-    add_event(db, uid, "reconcile_finished", {"result": "settled" if settled else "requeue",
+    add_resource_event(db, uid, "reconcile_finished", {"result": "settled" if settled else "requeue",
                                               "generation": generation}, now)
     return "settled" if settled else "requeued"
 
@@ -176,7 +176,7 @@ def finish_failure(db: Database, uid: str, token: str, *, error: str, delay_ms: 
     else:
         due = now if version > claim_version or (permanent and seen_version != current) else now + delay_ms
         _release(db, uid, now, due, errors=errors, last_error=error)
-    add_event(db, uid, "reconcile_failed", {"error": error[:500], "delayMs": None if permanent else delay_ms,
+    add_resource_event(db, uid, "reconcile_failed", {"error": error[:500], "delayMs": None if permanent else delay_ms,
                                             "permanent": permanent, "consecutiveErrors": errors}, now)
     return errors
 
@@ -197,7 +197,7 @@ def hold_for_effect(db: Database, uid: str, key: str, now: int) -> None:
                              "message": f"effect {key!r} may or may not have been applied; "
                                         "resolve it with `piwf controller resolve-effect`"}, now)
     _release(db, uid, now, None, hold="effect", last_error=f"ambiguous effect {key}")
-    add_event(db, uid, "effect_ambiguous", {"key": key}, now)
+    add_resource_event(db, uid, "effect_ambiguous", {"key": key}, now)
 
 
 def release_effect_hold(db: Database, uid: str, now: int) -> None:

@@ -75,7 +75,7 @@ def apply_resource(db: Database, *, project: str, controller: str, key: str, spe
                       WHERE uid = ?""", (spec_json, spec_hash, digest, now, uid))
         db.execute("UPDATE controller_queue SET hold = NULL WHERE uid = ? AND hold = 'permanent'", (uid,))
         enqueue(db, uid, now)
-        add_event(db, uid, "applied", {"generation": generation + 1}, now)
+        add_resource_event(db, uid, "applied", {"generation": generation + 1}, now)
         return ApplyReceipt(uid, version + 1, generation + 1, changed=True)
 
 
@@ -90,7 +90,7 @@ def _create(db: Database, project: str, controller: str, key: str, spec: Any, di
                (uid, project, controller, key, spec_json, spec_hash, digest, status_json, status_hash, now, now))
     db.execute("INSERT INTO controller_queue (uid, available_at, version, updated_at) VALUES (?, ?, 1, ?)",
                (uid, now, now))
-    add_event(db, uid, "applied", {"generation": 1}, now)
+    add_resource_event(db, uid, "applied", {"generation": 1}, now)
     return ApplyReceipt(uid, 1, 1, changed=True)
 
 
@@ -121,7 +121,7 @@ def request_delete(db: Database, project: str, controller: str, key: str, now: i
             db.execute("""UPDATE controller_resources SET deletion_requested_at = ?,
                             resource_version = resource_version + 1, updated_at = ? WHERE uid = ?""", (now, now, uid))
             db.execute("UPDATE controller_queue SET hold = NULL WHERE uid = ? AND hold = 'permanent'", (uid,))
-            add_event(db, uid, "deletion_requested", {}, now)
+            add_resource_event(db, uid, "deletion_requested", {}, now)
             version += 1
         enqueue(db, uid, now)
         return ResourceRef(uid, version, deleted=False)
@@ -131,7 +131,7 @@ def delete_resource(db: Database, uid: str, now: int) -> None:
     """Remove the resource with its queue row, effects and child-run records (cascade);
     its events stay, under its uid."""
     db.execute("DELETE FROM controller_resources WHERE uid = ?", (uid,))
-    add_event(db, uid, "resource_deleted", {}, now)
+    add_resource_event(db, uid, "resource_deleted", {}, now)
 
 
 def enqueue(db: Database, uid: str, now: int, at: int | None = None) -> None:
@@ -157,7 +157,7 @@ def locate_uid(db: Database, project: str, controller: str, key: str) -> str:
 # --- events ---------------------------------------------------------------------------------
 
 
-def add_event(db: Database, uid: str, kind: str, payload: dict[str, Any], now: int) -> None:
+def add_resource_event(db: Database, uid: str, kind: str, payload: dict[str, Any], now: int) -> None:
     db.execute("INSERT INTO controller_events (uid, at, type, payload_json) VALUES (?, ?, ?, ?)",
                (uid, now, kind, canonical_json(payload).decode()))
 
