@@ -184,3 +184,30 @@ async def test_a_child_run_ending_queues_its_resource_and_shows_in_status(host: 
     assert child["status"] == "completed"
     assert (project / "once.log").read_text().count(run["runId"]) == 1  # one child run, not one per pass
     assert any(e["type"] == "log" for e in done["events"])
+
+
+async def test_the_cli_applies_shows_lists_reconciles_and_deletes(host: Any, paths: StatePaths, mirror: Path) -> None:
+    import json
+
+    from .conftest import piwf
+
+    where = ("--project", str(mirror))
+    applied = json.loads((await piwf(paths, "controller", "apply", "mirror", "cli", "--spec", '{"text": "x"}',
+                                     *where, "--json")).stdout)
+    assert applied["generation"] == 1 and applied["changed"]
+    await wait_for(lambda: _ready(paths, mirror, "cli"))
+    shown = json.loads((await piwf(paths, "controller", "get", "mirror", "cli", *where, "--json")).stdout)
+    for field in ("uid", "resourceVersion", "generation", "spec", "status", "finalizers", "deletionTimestamp",
+                  "consecutiveErrors", "availableAt", "lastError", "events"):
+        assert field in shown, field
+    human = (await piwf(paths, "controller", "get", "mirror", "cli", cwd=mirror)).stdout.decode()
+    assert "Ready=True Synced" in human and "finalizers: mirror/file" in human
+    listed = json.loads((await piwf(paths, "controller", "list", "mirror", "--json")).stdout)
+    assert [r["key"] for r in listed] == ["cli"]
+    await piwf(paths, "controller", "reconcile", "mirror", "cli", *where)
+    await piwf(paths, "controller", "delete", "mirror", "cli", *where)
+    await wait_for(lambda: _gone(paths, mirror, "cli"))
+    missing = await piwf(paths, "controller", "get", "mirror", "cli", *where, check=False)
+    assert missing.returncode != 0 and missing.stderr.decode().count("\n") == 1
+    bad = await piwf(paths, "controller", "apply", "mirror", "cli", "--spec", "{nope", *where, check=False)
+    assert bad.returncode == 2 and "--spec is not valid JSON" in bad.stderr.decode()

@@ -188,3 +188,96 @@ async def test_host_sigkill_mid_reconcile_reconciles_again_without_repeating_the
     assert got["consecutiveErrors"] == 0
     second.signal(signal.SIGTERM)
     assert await second.wait() == 0
+
+
+# The first pass dies inside apply() (after the world changed, before it was settled); its
+# effect has no observe(), so nobody can tell: the resource is held for an operator.
+DIES_MID_APPLY = """
+    import os
+    from pathlib import Path
+    from piwf import Controller, Result
+
+    def reconcile(ctx):
+        def apply():
+            with open("ledger.txt", "a") as f:
+                f.write("applied\\n")
+            if not Path("died").exists():
+                Path("died").touch()
+                os._exit(9)
+            return {"n": 1}
+        result = ctx.effects.ensure("once", apply)
+        return Result.settled(status=result, conditions=[{"type": "Ready", "status": "True", "reason": "Done"}])
+
+    controller = Controller(name="fragile", reconcile=reconcile)
+"""
+
+SLEEPER = """
+    import time
+    from piwf import Controller, Result
+
+    def reconcile(ctx):
+        time.sleep(30)
+        return Result.settled()
+
+    controller = Controller(name="sleeper", reconcile=reconcile, timeout=0.5)
+"""
+
+
+async def test_an_effect_cut_short_holds_the_resource_until_an_operator_resolves_it(
+        host: Any, paths: StatePaths, project: Path) -> None:
+    write_controller(project, "fragile", DIES_MID_APPLY)
+    await ctl(paths, "apply", project, "fragile", "f", spec={})
+
+    async def held() -> dict[str, Any] | None:
+        got = await get(paths, project, "fragile", "f")
+        return got if got and got["hold"] == "effect" and not got["reconciling"] else None
+
+    got = await wait_for(held, timeout=30)
+    [ready] = got["status"]["conditions"]
+    assert (ready["status"], ready["reason"]) == ("False", "EffectAmbiguous")
+    assert (project / "ledger.txt").read_text() == "applied\n"
+    receipt = await ctl(paths, "resolve", project, "fragile", "f", effectKey="once", applied=True, result={"n": 1})
+    assert receipt["ambiguous"] == []
+
+    async def done() -> dict[str, Any] | None:
+        got = await get(paths, project, "fragile", "f")
+        return got if got and got["ready"] == "True" and not got["reconciling"] else None
+
+    fixed = await wait_for(done)
+    assert fixed["status"]["controllerStatus"] == {"n": 1} and fixed["hold"] is None
+    assert (project / "ledger.txt").read_text() == "applied\n"  # never applied again
+
+
+async def test_a_reconcile_over_its_timeout_is_stopped_and_backs_off(host: Any, paths: StatePaths,
+                                                                     project: Path) -> None:
+    write_controller(project, "sleeper", SLEEPER)
+    await ctl(paths, "apply", project, "sleeper", "z", spec={})
+
+    async def timed_out() -> dict[str, Any] | None:
+        got = await get(paths, project, "sleeper", "z")
+        return got if got and got["consecutiveErrors"] >= 1 and not got["reconciling"] else None
+
+    got = await wait_for(timed_out)
+    assert got["lastError"].startswith("reconcileTimeout: reconcile did not finish within its timeout of 0.5 s")
+    assert got["availableAt"] is not None
+
+
+async def test_a_host_stop_requeues_the_reconcile_at_once(host_process: Any, paths: StatePaths,
+                                                          project: Path) -> None:
+    write_controller(project, "slow", SLOW)
+    first: HostProcess = await host_process().start()
+    await ctl(paths, "apply", project, "slow", "h", spec={})
+    trace = project / "trace.txt"
+    await wait_for(lambda: trace.exists() and "start" in trace.read_text())
+    first.signal(signal.SIGTERM)
+    assert await first.wait() == 0
+    from piwf.store import Database
+    from piwf.store.controllers import get_resource
+
+    db = Database.open_readonly(paths.db)
+    try:
+        got = get_resource(db, str(project), "slow", "h", 0)
+    finally:
+        db.close()
+    assert got.consecutiveErrors == 1 and got.availableAt is not None and not got.reconciling
+    assert got.lastError == "interrupted: the host stopped during the reconcile"
