@@ -3,6 +3,7 @@ reconcile requests during a slow reconcile, a host SIGKILLed mid-reconcile."""
 
 from __future__ import annotations
 
+import itertools
 import signal
 from datetime import datetime
 from pathlib import Path
@@ -75,7 +76,7 @@ def test_backoff_grows_and_is_capped_with_jitter() -> None:
     for n, delay in enumerate(delays):
         base = min(60_000, 1000 * 2 ** min(n, 6))
         assert base * 0.9 <= delay <= base
-    assert all(b > a for a, b in zip(delays[:6], delays[1:6]))
+    assert all(b > a for a, b in itertools.pairwise(delays[:6]))
     assert max(delays) <= 60_000
 
 

@@ -22,7 +22,8 @@ def apply(db: Database, clock: ManualClock, key: str = "a", spec: Any = None, **
                               initial={"seed": True}, expected_version=kw.get("expected"), now=clock.now)
 
 
-def claim(db: Database, clock: ManualClock, room: int = 4, exclude: frozenset[str] = frozenset()) -> list[cq.ControllerClaim]:
+def claim(db: Database, clock: ManualClock, room: int = 4,
+          exclude: frozenset[str] = frozenset()) -> list[cq.ControllerClaim]:
     return cq.claim_due(db, room=room, exclude=exclude, lease_ms=LEASE, now=clock.now, epoch=1)
 
 

@@ -45,7 +45,7 @@ class ReconcileFinishPayload(Payload):
     requeueAfterMs: Count = 0
     keepStatus: bool = True
     status: Any = None
-    conditions: list[dict[str, Any]] = []
+    conditions: list[dict[str, Any]] = msgspec.field(default_factory=list)
     finalizers: list[str] | None = None
 
 

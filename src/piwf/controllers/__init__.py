@@ -94,7 +94,7 @@ class Resource:
     deletion_timestamp: str | None  # None unless deletion was requested
 
     @property
-    def resourceVersion(self) -> int:  # noqa: N802 (the wire's spelling, as DESIGN.md §9 lists it)
+    def resourceVersion(self) -> int:
         return self.resource_version
 
 

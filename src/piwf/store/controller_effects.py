@@ -114,7 +114,8 @@ def _finish(db: Database, ident: tuple[str, int, str], *, result: Any, error: di
                      updated_at = ?, settled_at = ? WHERE {WHERE}""",
                (E.REJECTED if error is not None else E.APPLIED, inline, digest,
                 None if error is None else canonical_json(error).decode(), now, now, *ident))
-    add_resource_event(db, ident[0], "effect_rejected" if error is not None else "effect_applied", {"key": ident[2]}, now)
+    kind = "effect_rejected" if error is not None else "effect_applied"
+    add_resource_event(db, ident[0], kind, {"key": ident[2]}, now)
 
 
 # --- child workflow runs --------------------------------------------------------------------
@@ -131,7 +132,8 @@ def input_hash(value: Any) -> str:
 def find_child(db: Database, uid: str, request_key: str, workflow: str, run_input: Any) -> dict[str, Any] | None:
     """The child run recorded for ``request_key``, or None (start one). The same key with
     another workflow or input is refused."""
-    row = db.one(f"""SELECT c.workflow, c.input_hash, c.run_id, {CHILD_STATE}, c.attempt, r.output_json, r.output_hash
+    row = db.one(f"""SELECT c.workflow, c.input_hash, c.run_id, {CHILD_STATE}, c.attempt,
+                       r.output_json, r.output_hash
                      FROM controller_workflows c JOIN runs r ON r.run_id = c.run_id
                      JOIN run_queue q ON q.run_id = c.run_id WHERE c.uid = ? AND c.request_key = ?""",
                  (uid, request_key))

@@ -108,7 +108,8 @@ def reconcile_view(db: Database, uid: str) -> dict[str, Any]:
     """What a reconcile starts from; the ``resourceVersion`` shown becomes the claim's
     compare-and-set token. Call fenced."""
     row = db.one("""SELECT resource_key, controller, spec_json, spec_hash, status_json, status_hash, generation,
-                      resource_version, finalizers_json, deletion_requested_at FROM controller_resources WHERE uid = ?""",
+                      resource_version, finalizers_json, deletion_requested_at
+                    FROM controller_resources WHERE uid = ?""",
                  (uid,))
     if row is None:
         raise ClaimLost(f"resource {uid} is gone")
@@ -227,7 +228,7 @@ def _claim(db: Database, uid: str) -> tuple[int, int | None, int]:
 
 
 def _release(db: Database, uid: str, now: int, due: int | None, *, errors: int | None = None,
-             last_error: str | None | bool = False, hold: str | None = None) -> None:
+             last_error: str | bool | None = False, hold: str | None = None) -> None:
     db.execute("""UPDATE controller_queue SET claim_token = NULL, claim_expires_at = NULL, available_at = ?,
                     consecutive_errors = COALESCE(?, consecutive_errors),
                     last_error = CASE WHEN ? THEN ? ELSE last_error END, hold = COALESCE(?, hold), updated_at = ?

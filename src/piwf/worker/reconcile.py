@@ -54,7 +54,7 @@ class Workflows:
     def __init__(self, channel: Channel) -> None:
         self._channel = channel
 
-    def ensure(self, request_key: str, workflow: str, input: Any = None) -> dict[str, Any]:  # noqa: A002
+    def ensure(self, request_key: str, workflow: str, input: Any = None) -> dict[str, Any]:
         """Start the run, or find the one started for ``request_key``: ``{runId, state,
         attempt, output}`` (state: running, waiting, succeeded, failed). Its end queues
         this resource again."""
