@@ -237,3 +237,13 @@ def test_effects_apply_once_per_spec_generation_and_ambiguity_holds(db: Database
     assert effects.resolve(db, c.uid, "x", applied=True, result=None, now=clock.now)["ambiguous"] == []
     got = detail(db, clock)
     assert got.hold is None and got.availableAt is not None
+
+
+def test_a_resource_keeps_its_most_recent_events(db: Database, clock: ManualClock) -> None:
+    receipt = apply(db, clock)
+    with db.write():
+        for n in range(res.KEPT_EVENTS + 2 * res.PRUNE_EVERY):
+            res.add_resource_event(db, receipt.uid, "log", {"message": str(n)}, clock.now)
+    kept = db.scalar("SELECT COUNT(*) FROM controller_events WHERE uid = ?", (receipt.uid,))
+    assert res.KEPT_EVENTS <= kept <= res.KEPT_EVENTS + res.PRUNE_EVERY + 1
+    assert res.events(db, receipt.uid, 1)[0].detail == {"message": str(res.KEPT_EVENTS + 2 * res.PRUNE_EVERY - 1)}

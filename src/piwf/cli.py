@@ -528,6 +528,9 @@ def _format_status(s: dict[str, Any]) -> str:
         lines.append(f"runs:      {s['queuedRuns']} queued, {s['runningRuns']} running, {s['parkedRuns']} parked, "
                      f"{s['completedRuns']} completed, {s['failedRuns']} failed, {s['cancelledRuns']} cancelled")
         lines.append(f"workers:   {s.get('activeWorkers', 0)} active")
+        if s.get("pendingControllers") or s.get("activeControllerWorkers") or s.get("heldControllers"):
+            lines.append(f"resources: {s['pendingControllers']} queued, {s['activeControllerWorkers']} reconciling, "
+                         f"{s['heldControllers']} held")
         if s["lifecycleContradictions"]:
             lines.append(f"WARNING:   {s['lifecycleContradictions']} lifecycle contradictions")
     return "\n".join(lines)

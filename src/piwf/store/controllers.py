@@ -26,6 +26,8 @@ RESOURCE_COLUMNS = """r.uid, r.project_path, r.controller, r.resource_key, r.res
   r.spec_json, r.spec_hash, r.status_json, r.status_hash, r.finalizers_json, r.deletion_requested_at,
   r.created_at, r.updated_at, q.available_at, q.hold, q.claim_token, q.claim_expires_at,
   q.consecutive_errors, q.last_error"""
+KEPT_EVENTS = 1000
+PRUNE_EVERY = 50  # event ids: an old-event sweep of the resource at every 50th event written
 FROM_RESOURCES = "controller_resources r JOIN controller_queue q ON q.uid = r.uid"
 
 
@@ -158,8 +160,14 @@ def locate_uid(db: Database, project: str, controller: str, key: str) -> str:
 
 
 def add_resource_event(db: Database, uid: str, kind: str, payload: dict[str, Any], now: int) -> None:
-    db.execute("INSERT INTO controller_events (uid, at, type, payload_json) VALUES (?, ?, ?, ?)",
-               (uid, now, kind, canonical_json(payload).decode()))
+    """Record an event; a resource keeps its last ``KEPT_EVENTS`` (one requeued every
+    second for a year must not fill the disk)."""
+    event_id = db.scalar("INSERT INTO controller_events (uid, at, type, payload_json) VALUES (?, ?, ?, ?) "
+                         "RETURNING event_id", (uid, now, kind, canonical_json(payload).decode()))
+    if event_id % PRUNE_EVERY == 0:
+        db.execute("""DELETE FROM controller_events WHERE uid = ?1 AND event_id <= (SELECT event_id
+                        FROM controller_events WHERE uid = ?1 ORDER BY event_id DESC LIMIT 1 OFFSET ?2)""",
+                   (uid, KEPT_EVENTS))
 
 
 def events(db: Database, uid: str, limit: int = RECENT_EVENTS) -> list[ResourceEvent]:
