@@ -282,3 +282,31 @@ async def test_a_host_stop_requeues_the_reconcile_at_once(host_process: Any, pat
         db.close()
     assert got.consecutiveErrors == 1 and got.availableAt is not None and not got.reconciling
     assert got.lastError == "interrupted: the host stopped during the reconcile"
+
+
+async def test_max_controller_workers_bounds_reconciles_at_once(paths: StatePaths, project: Path,
+                                                                nursery: Any) -> None:
+    from piwf.host.host import Host
+
+    from .conftest import config
+
+    state = await nursery.start(Host(config(paths, max_controller_workers=1)).serve)
+    try:
+        write_controller(project, "slow", SLOW)
+        for key in ("a", "b", "c"):
+            await ctl(paths, "apply", project, "slow", key, spec={})
+        trace = project / "trace.txt"
+        await wait_for(lambda: trace.exists() and "start" in trace.read_text())
+        async with AsyncClient(paths) as client:
+            status = (await client.call("host.status")).receipt
+        assert status["activeControllerWorkers"] == 1 and status["pendingControllers"] == 2
+        (project / "gate").touch()
+
+        async def all_done() -> bool:
+            text = trace.read_text()
+            return text.count("end") == 3 and state.controllers.active == {}
+
+        await wait_for(all_done)
+        assert trace.read_text().split()[::2] == ["start", "end"] * 3  # one at a time
+    finally:
+        state.stop_requested.set()
