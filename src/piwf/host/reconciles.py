@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+from collections.abc import Callable
 
 import trio
 import trio_util
@@ -123,10 +124,15 @@ def _record_end(host: HostState, active: ActiveReconcile, stopped_by: ReconcileS
     if active.conclusion is not None or stopped_by is ReconcileStop.CLAIM_LOST:
         return
     error = _why(active, stopped_by)
-    delay = 0 if stopped_by is ReconcileStop.HOST_STOPPING else host.controllers.backoff_ms
+    delay: int | Callable[[int], int] = host.controllers.backoff_ms
+    not_started = stopped_by is None and active.process_end is not None and not active.process_end.started
+    if stopped_by is ReconcileStop.HOST_STOPPING:
+        delay = 0
+    elif not_started:  # the fork server was being started again: wait a moment, uncounted
+        delay = int(host.config.crash_backoff_s * 1000)
     try:
         errors = controller_queue.record_failure(host.db, active.uid, active.claim.token, error=error,
-                                                 delay_ms=delay, now=host.now())
+                                                 delay_ms=delay, now=host.now(), counted=not not_started)
     except PiwfError as exc:  # the claim expires and the resource is claimed again
         log.error("%s: could not record the end of its reconcile: %s", active.run_id, exc)
         return

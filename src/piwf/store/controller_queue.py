@@ -160,16 +160,16 @@ Delay = int | Callable[[int], int]  # ms, or ms as a function of the failures in
 
 
 def finish_failure(db: Database, uid: str, token: str, *, error: str, delay_ms: Delay, permanent: bool,
-                   now: int) -> int:
+                   now: int, counted: bool = True) -> int:
     """Record a failed reconcile: the error, the count in a row, and the next attempt
     after ``delay_ms`` (at once if an event arrived meanwhile). A permanent error sets
     ``Ready=False`` and holds the resource until its spec changes. Returns the count."""
     claim_version, seen_version, version = _claim(db, uid)
     current = db.scalar("SELECT resource_version FROM controller_resources WHERE uid = ?", (uid,))
     error = error[:MAX_ERROR_CHARS]
-    errors = db.scalar("SELECT consecutive_errors + 1 FROM controller_queue WHERE uid = ?", (uid,))
+    errors = db.scalar("SELECT consecutive_errors + ? FROM controller_queue WHERE uid = ?", (int(counted), uid))
     if callable(delay_ms):
-        delay_ms = delay_ms(errors - 1)
+        delay_ms = delay_ms(errors - int(counted))
     if permanent and seen_version == current:
         _set_condition(db, uid, {"type": "Ready", "status": "False", "reason": "PermanentError",
                                  "message": error[:1024]}, now)
@@ -182,14 +182,17 @@ def finish_failure(db: Database, uid: str, token: str, *, error: str, delay_ms: 
     return errors
 
 
-def record_failure(db: Database, uid: str, token: str, *, error: str, delay_ms: Delay, now: int) -> int | None:
+def record_failure(db: Database, uid: str, token: str, *, error: str, delay_ms: Delay, now: int,
+                   counted: bool = True) -> int | None:
     """A reconcile that ended without reporting (crash, timeout, host stop), recorded by
-    the host after its worker is gone; None when the claim was lost meanwhile."""
+    the host after its worker is gone; None when the claim was lost meanwhile. Not
+    ``counted``: its worker could not even start (not the resource's fault)."""
     with db.write():
         live = db.scalar("SELECT 1 FROM controller_queue WHERE uid = ? AND claim_token = ?", (uid, token))
         if live is None:
             return None
-        return finish_failure(db, uid, token, error=error, delay_ms=delay_ms, permanent=False, now=now)
+        return finish_failure(db, uid, token, error=error, delay_ms=delay_ms, permanent=False, now=now,
+                              counted=counted)
 
 
 def hold_for_effect(db: Database, uid: str, key: str, now: int) -> None:
