@@ -165,14 +165,20 @@ async def test_a_thousand_reconcile_requests_during_a_slow_reconcile_cause_one_m
     assert (project / "ledger.txt").read_text().splitlines() == ["s"]  # the same spec: its effect once
 
 
-@pytest.mark.parametrize("worker_start", ["fork"])
+@pytest.mark.parametrize("worker_start", ["fork", "spawn"])
 async def test_host_sigkill_mid_reconcile_reconciles_again_without_repeating_the_effect(
         host_process: Any, paths: StatePaths, project: Path, worker_start: str) -> None:
     write_controller(project, "slow", SLOW)
     first: HostProcess = await host_process("--worker-start", worker_start).start()
     await ctl(paths, "apply", project, "slow", "k", spec={"n": 1})
     ledger = project / "ledger.txt"
-    await wait_for(lambda: ledger.exists() and ledger.read_text() == "k\n")
+
+    async def effect_settled() -> bool:  # applied and recorded: SIGKILL mid-apply is the ambiguity test's case
+        got = await get(paths, project, "slow", "k")
+        return bool(got and event_types(got, "effect_applied"))
+
+    await wait_for(effect_settled)
+    assert ledger.read_text() == "k\n"
     first.signal(signal.SIGKILL)
     await first.wait()
     second: HostProcess = await host_process("--worker-start", worker_start).start()
