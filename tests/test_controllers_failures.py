@@ -316,3 +316,36 @@ async def test_max_controller_workers_bounds_reconciles_at_once(paths: StatePath
         assert trace.read_text().split()[::2] == ["start", "end"] * 3  # one at a time
     finally:
         state.stop_requested.set()
+
+
+async def test_a_lost_claim_stops_exactly_that_reconcile(paths: StatePaths, project: Path, nursery: Any) -> None:
+    import psutil
+
+    from piwf.host.host import Host
+    from piwf.store import Database
+
+    from .conftest import config
+
+    state = await nursery.start(Host(config(paths, controller_lease_ms=600)).serve)
+    try:
+        write_controller(project, "slow", SLOW)
+        for key in ("lost", "kept"):
+            await ctl(paths, "apply", project, "slow", key, spec={})
+        trace = project / "trace.txt"
+        await wait_for(lambda: trace.exists() and trace.read_text().count("start") == 2)
+        pids = [int(pid) for pid in trace.read_text().split()[1::2]]
+        lost = (await get(paths, project, "slow", "lost"))["uid"]
+        other = Database.open(paths.db)  # another host took the claim
+        try:
+            other.execute("UPDATE controller_queue SET claim_token = 'another-host' WHERE uid = ?", (lost,))
+        finally:
+            other.close()
+        await wait_for(lambda: lost not in state.controllers.active)
+        alive = [pid for pid in pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+        assert len(alive) == 1  # the other reconcile goes on
+        kept = await get(paths, project, "slow", "kept")
+        assert kept["reconciling"]
+        got = await get(paths, project, "slow", "lost")
+        assert got["consecutiveErrors"] == 0 and got["lastError"] is None  # nothing recorded for a lost claim
+    finally:
+        state.stop_requested.set()
