@@ -28,7 +28,7 @@ from ..worker_protocol import (
 from .catalog import WorkflowInfo
 from .controller_state import ActiveReconcile, ReconcileStop
 from .state import Conclusion, HostState, log
-from .worker_process import _receive
+from .worker_process import receive_before
 
 NOTHING = Result()
 Outcome = tuple[Result, Conclusion | None]
@@ -39,7 +39,7 @@ async def pump(host: HostState, active: ActiveReconcile, receive: trio.lowlevel.
     buffer = LineBuffer(MAX_WORKER_LINE)
     deadline = trio.current_time() + host.config.worker_startup_s
     while True:
-        chunk = await _receive(receive, deadline)
+        chunk = await receive_before(receive, deadline)
         if chunk is None:
             _timed_out(host, active)
             return

@@ -179,7 +179,7 @@ async def _read_output(stream: trio.abc.ReceiveStream | None, diagnostics: Diagn
     diagnostics.complete = True
 
 
-async def _receive(stream: trio.lowlevel.FdStream, deadline: float | None) -> bytes | None:
+async def receive_before(stream: trio.lowlevel.FdStream, deadline: float | None) -> bytes | None:
     """The next chunk (b"" at the end), or None if the deadline passed first."""
     if deadline is None:
         return await stream.receive_some(65536)
@@ -194,7 +194,7 @@ async def _pump(host: HostState, active: ActiveRun, receive: trio.lowlevel.FdStr
     startup_deadline = trio.current_time() + host.config.worker_startup_s
     while True:
         # Until the worker reports ready, a read waits no longer than the startup timeout.
-        chunk = await _receive(receive, None if active.ready.is_set() else startup_deadline)
+        chunk = await receive_before(receive, None if active.ready.is_set() else startup_deadline)
         if chunk is None:
             note = f"not ready after {host.config.worker_startup_s:g} s (loading its workflow included)"
             log.warning("run %s: worker %s; stopping it", active.run_id, note)

@@ -28,6 +28,7 @@ from ..controllers.loader import load_controller
 from ..engine.executor import Stop
 from ..errors import ClaimLost, PermanentError, PiwfError, TemporaryError
 from ..wire import canonical_json
+from .__main__ import HostJournal
 from .channel import Channel
 
 TRACEBACK_TAIL = 4000
@@ -37,9 +38,7 @@ class Effects:
     """``ctx.effects``: keyed side effects on the resource's ledger (once per spec generation)."""
 
     def __init__(self, channel: Channel) -> None:
-        from .__main__ import HostJournal  # the run worker's effect steps, reused as they are
-
-        self._journal = HostJournal(channel)
+        self._journal = HostJournal(channel)  # the run worker's effect steps, reused as they are
 
     def ensure(self, key: str, apply: Callable[[], Any], observe: Callable[[], Any] | None = None) -> Any:
         """Apply ``apply()`` once for this key and spec generation and return its result; a
