@@ -28,7 +28,11 @@ def check(summary: dict) -> None:
     assert summary["runs_completed"] == summary["runs"] - hostile, seed
     assert summary["hostile_held"] + summary["hostile_failed"] == hostile, seed  # each with its reason
     assert summary["unexpected_host_exits"] == 0, seed  # no hostile workflow took the host down
-    assert summary["effects_applied"] == 2 * (summary["runs"] - hostile), seed  # each effect exactly once
+    loop = summary["loop_runs"]  # waiting for a decision and an ask: no effects
+    assert summary["effects_applied"] == 2 * (summary["runs"] - hostile - loop), seed  # each effect exactly once
+    assert loop >= 1 and summary["decisions_answered"] == loop, seed
+    assert summary["asks_submitted"] >= 2 * loop, seed  # an odd value refused, then an even one
+    assert (summary["answers_lost"], summary["answered_twice"], summary["answers_refused"]) == (0, 0, 0), seed
     assert summary["lifecycle_contradictions"] == 0, seed
     assert summary["integrity_check"] == "ok", seed
     assert summary["host_kills"] + summary["worker_kills"] >= summary["kills"], seed
@@ -39,7 +43,7 @@ def check(summary: dict) -> None:
 
 
 def test_a_small_chaos_run_loses_nothing_and_repeats_no_effect() -> None:
-    summary = chaos("--runs", "8", "--kills", "5", "--hostile-every", "2", "--resources", "6")
+    summary = chaos("--runs", "10", "--kills", "5", "--hostile-every", "2", "--loop-every", "3", "--resources", "6")
     check(summary)
     assert sorted(summary["hostile_runs"]) == ["exit0", "exit3", "oversized", "parricide"]
     assert summary["takeover_ms"]["count"] >= 1

@@ -21,16 +21,17 @@ from .test_lifecycle import call
 SRC = Path(__file__).parent.parent / "src" / "piwf"
 
 EVERYTHING = """
-    from piwf import Workflow, compute, shell
+    from piwf import Workflow, compute, decision, shell
 
     workflow = Workflow(
         name="everything",
-        start_at="hello",
+        start_at="approve",
         nodes={
+            "approve": decision("Go?", choices={"go": "Go"}, deadline=0.05, default="go"),
             "hello": shell(["echo", "hello"]),
             "send": compute(lambda ctx: ctx.effect("send", lambda: {"sent": True})),
         },
-        edges=[("hello", "send")],
+        edges=[("approve", "hello"), ("hello", "send")],
     )
 """
 
@@ -87,8 +88,12 @@ async def test_every_declared_point_is_reached(paths: StatePaths, project: Path,
     host_config = config(paths, host_lease_ms=300, worker_env={"PIWF_FAULT_TRACE": str(trace)})
     host = await nursery.start(Host(host_config).serve)
     receipt = await call(paths, "run.start", payload={"workflow": "everything", "projectPath": str(project)})
-    done = await call(paths, "run.wait", run_id=receipt["runId"], payload={"timeoutMs": 20_000})
-    assert done["status"] == "completed", done
+    async def completed() -> bool:  # run.wait answers while it waits for its decision too
+        done = await call(paths, "run.wait", run_id=receipt["runId"], payload={"timeoutMs": 20_000})
+        assert done["status"] in ("waiting", "running", "completed"), done
+        return done["status"] == "completed"
+
+    await wait_for(completed)
     write_controller(project, "settle", SETTLE)  # and a controller's reconcile
     await call(paths, "controller.apply", payload={"projectPath": str(project), "controller": "settle", "key": "k",
                                                    "spec": {}})

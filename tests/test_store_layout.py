@@ -145,7 +145,43 @@ def test_a_layout_3_database_is_migrated_with_its_run_counts_filled(tmp_path: Pa
     db.close()
 
 
-def test_a_layout_5_database_gains_the_controller_tables_as_a_fresh_one_has_them(tmp_path: Path) -> None:
+def test_a_layout_5_database_is_migrated_keeping_runs_steps_and_counts(tmp_path: Path) -> None:
+    """Layout 6 rebuilds run_queue and node_attempts (new CHECK lists) under the run-count
+    triggers; rows, counts and indexes come through, and the new words are allowed."""
+    from piwf.store import runs
+
+    path = tmp_path / "v5.db"
+    conn = apsw.Connection(str(path))
+    conn.execute((Path(__file__).parent / "data" / "schema_v5.sql").read_text())
+    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = 5")
+    for run_id, status, queue_status in [("a", "completed", "done"), ("b", "running", "parked"),
+                                         ("c", "queued", "queued")]:
+        conn.execute("INSERT INTO runs (run_id, workflow, project_path, definition_hash, definition_digest, status, "
+                     "created_at, updated_at) VALUES (?, 'w', '/p', 'h', 'd', ?, 1, 1)", (run_id, status))
+        conn.execute("INSERT INTO run_queue (run_id, status, created_at, updated_at, crash_count) "
+                     "VALUES (?, ?, 1, 1, 2)", (run_id, queue_status))
+    conn.execute("INSERT INTO node_attempts (attempt_id, run_id, seq, node_id, generation, status, started_at) "
+                 "VALUES ('x', 'a', 0, 'n', 1, 'accepted', 1)")
+    conn.close()
+    db = Database.open(path)
+    assert db.scalar("PRAGMA user_version") == SCHEMA_VERSION
+    assert db.scalar("SELECT crash_count FROM run_queue WHERE run_id = 'b'") == 2
+    assert db.scalar("SELECT status FROM node_attempts WHERE attempt_id = 'x'") == "accepted"
+    counts = runs.status_counts(db, 1)
+    assert counts == runs.recounted(db, 1) and counts["completedRuns"] == 1 and counts["queuedRuns"] == 1
+    with db.write():  # the new words, counted by the triggers made again
+        db.execute("UPDATE run_queue SET hold = 'waiting' WHERE run_id = 'b'")
+        db.execute("UPDATE runs SET status = 'waiting' WHERE run_id = 'b'")
+        db.execute("UPDATE node_attempts SET status = 'waiting' WHERE attempt_id = 'x'")
+    assert runs.status_counts(db, 1)["waitingRuns"] == 1 == runs.recounted(db, 1)["waitingRuns"]
+    assert runs.status_counts(db, 1)["lifecycleContradictions"] == 0
+    assert {"run_queue_ready", "node_attempts_accepted", "interaction_submissions_validating"} <= {
+        name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert db.scalar("PRAGMA integrity_check") == "ok"
+    db.close()
+
+
+def test_a_layout_6_database_gains_the_controller_tables_as_a_fresh_one_has_them(tmp_path: Path) -> None:
     def controller_schema(db: Database) -> set[tuple[str, str]]:
         return set(db.execute("SELECT name, sql FROM sqlite_master WHERE name LIKE 'controller%'"))
 
@@ -154,12 +190,12 @@ def test_a_layout_5_database_gains_the_controller_tables_as_a_fresh_one_has_them
     fresh.close()
     assert {name for name, _ in expected} >= {"controller_resources", "controller_queue", "controller_events",
                                               "controller_effects", "controller_workflows"}
-    path = tmp_path / "v5.db"
+    path = tmp_path / "v6.db"
     db = Database.open(path)
     for table in ("controller_workflows", "controller_effects", "controller_events", "controller_queue",
                   "controller_resources"):
         db.execute(f"DROP TABLE {table}")
-    db.execute("PRAGMA user_version = 5")
+    db.execute("PRAGMA user_version = 6")
     db.close()
     db = Database.open(path)
     assert db.scalar("PRAGMA user_version") == SCHEMA_VERSION

@@ -103,6 +103,27 @@ HOSTILE = """
 """
 HOSTILE_KINDS = ("exit0", "exit3", "parricide", "oversized")
 
+# People in the loop: a decision, then an ask whose validator refuses odd numbers. A
+# simulated person answers both while the kills go on (see Chaos.person).
+LOOP = """
+    from piwf import Invalid, Workflow, ask, compute, decision
+
+    def even(value):
+        if value % 2:
+            raise Invalid("an even number, please")
+
+    workflow = Workflow(
+        name="loop",
+        start_at="approve",
+        nodes={
+            "approve": decision("Go on?", choices={"yes": "Yes", "no": "No"}),
+            "amount": ask("How much (even)?", expect=int, validate=even),
+            "done": compute(lambda ctx: {"choice": ctx.outputs["approve"]["choice"], "amount": ctx.outputs["amount"]}),
+        },
+        edges=[("approve", "amount"), ("amount", "done")],
+    )
+"""
+
 # Host-side points only: a worker point would fire in every worker of that host.
 HOST_POINTS = sorted(p for p in POINTS if p.startswith("host."))
 
@@ -117,6 +138,10 @@ class Tally:
     hostile: dict[str, str] = field(default_factory=dict)  # run id -> kind
     unexpected_host_exits: int = 0  # the host exited with no kill and no fault armed
     ambiguous_runs: set[str] = field(default_factory=set)
+    loop_runs: set[str] = field(default_factory=set)
+    decided: dict[str, str] = field(default_factory=dict)  # run id -> the choice the person made
+    asked: dict[str, int] = field(default_factory=dict)  # request id -> submissions made
+    refused_answers: list[str] = field(default_factory=list)  # answers the host refused (none expected)
 
 
 class Chaos:
@@ -132,6 +157,8 @@ class Chaos:
         self.fault_armed = False
         self.tally = Tally()
         self.lock = threading.Lock()
+        self.settled = threading.Event()  # every run settled: the person stops
+        self.person_rng = random.Random(args.seed + 1)  # its own: the other threads' draws stay the seed's
         self.controllers = ControllerChaos(self)
 
     # --- the host ---
@@ -225,9 +252,12 @@ class Chaos:
         for index in range(self.args.runs):
             hostile = self.args.hostile_every and index % self.args.hostile_every == self.args.hostile_every - 1
             kind = HOSTILE_KINDS[index // self.args.hostile_every % len(HOSTILE_KINDS)] if hostile else None
+            loop = not kind and self.args.loop_every and index % self.args.loop_every == self.args.loop_every - 1
             payload = {"workflow": "hostile", "projectPath": str(self.project), "input": {"kind": kind}} if kind else {
                 "workflow": "chaos", "projectPath": str(self.project),
                 "input": {"index": index, "observeNotify": index % 2 == 0, "pause": round(self.rng.uniform(0, 0.3), 3)}}
+            if loop:
+                payload = {"workflow": "loop", "projectPath": str(self.project), "input": {"index": index}}
             request = make_request("run.start", client_id="chaos", idempotency_key=f"chaos-{index}",
                                    request_id=f"chaos-{index}", payload=payload)
             response = self.request(request)
@@ -237,6 +267,8 @@ class Chaos:
                 self.tally.accepted[index] = response.receipt["runId"]
                 if kind:
                     self.tally.hostile[response.receipt["runId"]] = kind
+                if loop:
+                    self.tally.loop_runs.add(response.receipt["runId"])
             time.sleep(self.rng.uniform(0, 0.03))
 
     def call(self, operation: str, **kwargs: Any) -> Any:
@@ -245,17 +277,79 @@ class Chaos:
             raise RuntimeError(f"{operation}: {response.outcome}: {response.error}")
         return response.receipt
 
+    # --- the person in the loop ---
+
+    def person(self) -> None:
+        """Answer what waits, as a person would, with the same ids on every retry: each
+        decision once (a random choice), each ask first with an odd number (refused by the
+        workflow) and then with an even one; an ask whose submission was rejected (by the
+        validator, or because the worker validating it was killed) is answered again."""
+        while not self.settled.is_set():
+            try:
+                page = self.call("interaction.list", payload={"limit": 1000})
+            except RuntimeError:
+                continue
+            for request in page["requests"]:
+                try:
+                    if request["kind"] == "decision":
+                        self.decide(request)
+                    elif (request["lastSubmission"] or {}).get("status") != "validating":
+                        self.submit(request)
+                except RuntimeError:  # unanswered for long (the host is restarting): ask again
+                    continue
+            self.settled.wait(0.02)
+
+    def decide(self, request: dict[str, Any]) -> None:
+        choice = self.tally.decided.get(request["runId"]) or self.person_rng.choice(["yes", "no"])
+        response = self.request(make_request(
+            "decision.answer", client_id="person", request_id=f"person-{request['requestId']}",
+            payload={"requestId": request["requestId"], "choice": choice}))
+        with self.lock:
+            if response.outcome in ("accepted", "adopted"):
+                self.tally.decided[request["runId"]] = choice
+            else:
+                self.tally.refused_answers.append(f"{request['requestId']}: {response.error}")
+
+    def submit(self, request: dict[str, Any]) -> None:
+        tries = self.tally.asked.get(request["requestId"], 0)
+        response = self.request(make_request(
+            "interaction.submit", client_id="person", request_id=f"person-{request['requestId']}-{tries}",
+            payload={"requestId": request["requestId"], "value": 1 if tries == 0 else 2 * tries}))
+        with self.lock:
+            if response.outcome in ("accepted", "adopted"):
+                self.tally.asked[request["requestId"]] = tries + 1
+            elif "being validated" not in (response.error or ""):  # listed just before it was
+                self.tally.refused_answers.append(f"{request['requestId']}: {response.error}")
+
+    def loop_summary(self, final: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        """Every loop run completed with the person's choice and an even amount, and each
+        of its requests resolved once."""
+        lost = twice = 0
+        for run_id in self.tally.loop_runs:
+            run = final[run_id]
+            output = run.get("output") or {}
+            if run["status"] != "completed" or output.get("choice") != self.tally.decided.get(run_id) \
+                    or not isinstance(output.get("amount"), int) or output["amount"] % 2:
+                lost += 1
+            kinds = Counter(e["type"] for e in self.call("run.events", run_id=run_id)["events"])
+            twice += max(0, kinds["decision.answered"] - 1) + max(0, kinds["submission.accepted"] - 1)
+        return {"loop_runs": len(self.tally.loop_runs), "decisions_answered": len(self.tally.decided),
+                "asks_submitted": sum(self.tally.asked.values()), "answers_lost": lost, "answered_twice": twice,
+                "answers_refused": len(self.tally.refused_answers)}
+
     # --- the run ---
 
     def run(self) -> dict[str, Any]:
         self.project.joinpath(".piwf", "workflows").mkdir(parents=True)
         self.project.joinpath(".piwf", "workflows", "chaos.py").write_text(textwrap.dedent(WORKFLOW))
         self.project.joinpath(".piwf", "workflows", "hostile.py").write_text(textwrap.dedent(HOSTILE))
+        self.project.joinpath(".piwf", "workflows", "loop.py").write_text(textwrap.dedent(LOOP))
         self.controllers.install()
         self.start_host()
         self.tally.takeover_ms.clear()  # the first start is not a takeover
         submitter = threading.Thread(target=self.submit_all, name="submitter", daemon=True)
         submitter.start()
+        threading.Thread(target=self.person, name="person", daemon=True).start()
         applier = threading.Thread(target=self.controllers.apply_all, name="applier", daemon=True)
         applier.start()
         for _ in range(self.args.kills):
@@ -263,8 +357,12 @@ class Chaos:
             self.ensure_host()
             if self.rng.random() < 0.5 or not self.kill_worker():
                 self.kill_host()
-        submitter.join()
-        applier.join()
+        while submitter.is_alive():  # a fault armed by the last kill may still stop the host
+            self.ensure_host()
+            submitter.join(0.05)
+        while applier.is_alive():
+            self.ensure_host()
+            applier.join(0.05)
         self.ensure_host()
         self.restart_clean()
         return self.settle_and_summarize()
@@ -282,7 +380,8 @@ class Chaos:
         final: dict[str, dict[str, Any]] = {}
         for run_id in self.tally.accepted.values():
             final[run_id] = self.wait_run(run_id, deadline)
-        summary = self.summarize(final)
+        self.settled.set()
+        summary = self.summarize(final) | self.loop_summary(final)
         summary.update(self.controllers.settle(deadline))
         self.stop_host()
         summary["integrity_check"] = self.integrity()
@@ -295,6 +394,9 @@ class Chaos:
             if run.get("hold") == "effect":
                 self.tally.ambiguous_runs.add(run_id)
                 self.resolve(run)
+                continue
+            if run["status"] == "waiting" and left_ms > 0:  # for the person: ask again
+                time.sleep(0.02)
                 continue
             if run["atRest"] or left_ms == 0:
                 return run
@@ -394,12 +496,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="controller resources to apply, half of them changed once (default 10; 0: none)")
     parser.add_argument("--hostile-every", type=int, default=5, metavar="K",
                         help="one run in K is a hostile workflow (default 5; 0: none)")
+    parser.add_argument("--loop-every", type=int, default=4, metavar="K",
+                        help="one run in K waits for a decision and an ask, answered by a simulated person "
+                             "(default 4; 0: none)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for runs to settle")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (path on stderr)")
     args = parser.parse_args(argv)
-    if args.runs < 1 or args.kills < 0 or args.max_workers < 1 or args.hostile_every < 0 or args.resources < 0:
-        parser.error("--runs and --max-workers must be at least 1, --kills, --hostile-every and --resources "
-                     "at least 0")
+    if (args.runs < 1 or args.kills < 0 or args.max_workers < 1 or args.hostile_every < 0 or args.loop_every < 0
+            or args.resources < 0):
+        parser.error("--runs and --max-workers must be at least 1, --kills, --hostile-every, --loop-every and "
+                     "--resources at least 0")
     if args.seed is None:
         args.seed = random.randrange(2**32)
     return args
@@ -420,6 +526,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(summary, sort_keys=True))
     bad = summary["runs_lost"] or summary["effects_applied_twice"] or summary["runs_stuck"] \
         or summary["runs_duplicated"] or summary["unexpected_host_exits"] or summary["integrity_check"] != "ok" \
+        or summary["answers_lost"] or summary["answered_twice"] or summary["answers_refused"] \
         or controllers_bad(summary)
     return 1 if bad else 0
 

@@ -9,13 +9,14 @@ and an exit code from ``errors.ExitCode``; with ``--json`` also one JSON documen
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from . import cli_controller, cli_service
+from . import cli_controller, cli_interact, cli_service
 from .client import Client
 from .errors import (ProtocolError, ExitCode, HostReplied, HostTimeout, HostUnavailable, InternalError, PiwfError,
                      UsageError)
@@ -34,15 +35,33 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         as_json = args.json
+        _check_text(args)
         return args.handler(args) or 0
     except PiwfError as exc:
         return fail(exc, as_json)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `piwf ... | head`: the reader has what it wanted
+        with contextlib.suppress(OSError):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - flushed at exit without a second error
+        return 0
     except OSError as exc:  # a file or socket piwf did not expect to be refused
         return fail(PiwfError(str(exc)), as_json)
     except Exception as exc:  # a bug: one line all the same, and an exit code of its own
         return fail(InternalError(f"internal error: {type(exc).__name__}: {exc}"), as_json)
+
+
+def _check_text(args: argparse.Namespace) -> None:
+    """Arguments are text the host reads as UTF-8: bytes that are not (the shell passes
+    them through as surrogate escapes) are a usage error, not a crash later on."""
+    for name, value in vars(args).items():
+        if isinstance(value, str):
+            try:
+                value.encode()
+            except UnicodeEncodeError:
+                option = "--" + name.replace("_", "-") if name not in ("request_id", "choice", "name", "run_id",
+                                                                        "key") else name.upper()
+                raise UsageError(f"{option} is not valid UTF-8 text") from None
 
 
 def fail(exc: PiwfError, as_json: bool) -> int:
@@ -92,6 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds a client has to send a whole request once it began (default 10)")
     serve.add_argument("--reply-timeout", type=_seconds, default=10.0, metavar="S",
                        help="seconds a client has to take a reply before it is disconnected (default 10)")
+    serve.add_argument("--presentation-lease", type=_seconds, default=10.0, metavar="S",
+                       help="seconds a client presenting a decision or ask holds it (default 10)")
     serve.add_argument("--max-controller-workers", type=_positive, default=4, metavar="N",
                        help="concurrent reconciles (default 4)")
     serve.add_argument("--worker-start", choices=("fork", "spawn"), default="fork",
@@ -118,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("name", metavar="NAME")
     start.add_argument("--input", default="{}", metavar="JSON", help="run input as JSON (default {})")
     start.add_argument("--project", default=".", metavar="DIR", help="project directory (default .)")
-    start.add_argument("--session", metavar="ID", help="origin session id (one active run per session)")
+    start.add_argument("--session", metavar="ID", help="origin session id (one queued or running run per session)")
     start.add_argument("--run-id", metavar="ID", help="choose the run id (default: the host makes one)")
     start.add_argument("--wait", action="store_true", help="wait until the run ends or waits")
     start.set_defaults(handler=cmd_run_start)
@@ -148,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     outcome.add_argument("--not-applied", action="store_true", help="it was not applied: the run applies it again")
     resolve.add_argument("--result", metavar="JSON", help="the effect's result as JSON, with --applied (default null)")
     resolve.set_defaults(handler=cmd_run_resolve_effect)
+    cli_interact.add_parsers(commands, common)
     cli_service.add_parsers(commands, common)
     cli_controller.add_parsers(commands, common)
     return parser
@@ -210,6 +232,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         kill_grace_s=args.kill_grace, worker_start=args.worker_start,
                         drain_timeout_s=args.drain_timeout, request_timeout_s=args.request_timeout,
                         reply_timeout_s=args.reply_timeout, max_controller_workers=args.max_controller_workers,
+                        presentation_lease_ms=max(1, int(args.presentation_lease * 1000)),
                         **service_manager_settings())
     try:
         trio.run(Host(config).serve)
@@ -486,7 +509,23 @@ def _paths(args: argparse.Namespace) -> StatePaths:
 
 
 def _client(args: argparse.Namespace) -> Client:
-    return Client(_paths(args), timeout=_timeout(args))
+    return Client(_paths(args), timeout=_timeout(args), client_id=client_id())
+
+
+def client_id() -> str:
+    """Who this CLI is to the host: ``$PIWF_CLIENT_ID``, else ``cli:<user>``. It is stable,
+    so a command repeated with the same ``--request-id`` is a retry (``adopted``), and a
+    decision records a person, not a process, as who answered."""
+    given = os.environ.get("PIWF_CLIENT_ID")
+    if given:
+        return given
+    try:
+        import getpass
+
+        return f"cli:{getpass.getuser()}"
+    except (KeyError, OSError):
+        return f"cli:uid-{os.getuid()}"
+
 
 
 def _timeout(args: argparse.Namespace) -> float:
@@ -526,7 +565,10 @@ def _format_status(s: dict[str, Any]) -> str:
         lines.append(f"detail:    {s['detail']}")
     if "queuedRuns" in s:
         lines.append(f"runs:      {s['queuedRuns']} queued, {s['runningRuns']} running, {s['parkedRuns']} parked, "
-                     f"{s['completedRuns']} completed, {s['failedRuns']} failed, {s['cancelledRuns']} cancelled")
+                     f"{s['waitingRuns']} waiting, {s['completedRuns']} completed, {s['failedRuns']} failed, "
+                     f"{s['cancelledRuns']} cancelled")
+        if s.get("pendingInteractions"):
+            lines.append(f"inbox:     {s['pendingInteractions']} open request(s): piwf inbox")
         lines.append(f"workers:   {s.get('activeWorkers', 0)} active")
         if s.get("pendingControllers") or s.get("activeControllerWorkers") or s.get("heldControllers"):
             lines.append(f"resources: {s['pendingControllers']} queued, {s['activeControllerWorkers']} reconciling, "
@@ -546,6 +588,8 @@ def _format_run(r: dict[str, Any]) -> str:
         lines.append(f"  step {step['seq']}: {step['node']:16} {step['status']} (generation {step['generation']})")
     for effect in r.get("effects", []):
         lines.append(f"  effect {effect['key']}: {effect['status']} (node {effect['node']})")
+    for request in r.get("waitingFor", []):
+        lines.append("waiting for:\n" + cli_interact.format_request(request))
     if r.get("output") is not None:
         lines.append("output:   " + json.dumps(r["output"]))
     if r.get("error"):

@@ -112,6 +112,12 @@ class HostRefused(PiwfError):
     code = "hostRefused"
 
 
+class RequestTooLarge(PiwfError):
+    """A request over the host's line limit, refused by the client before sending it."""
+
+    code = "rejected"
+
+
 class ProtocolError(PiwfError):
     """A frame that cannot be read as a request; ``request_id`` when one could be read."""
 
@@ -155,6 +161,13 @@ class WorkflowLoadError(WorkflowError):
     """A workflow file that cannot be found or imported."""
 
     code = "load"
+
+
+class Invalid(WorkflowError):
+    """Raised by an ask's ``validate`` to refuse a submitted value; the message is the
+    reason the person or agent sees, and the request is open again."""
+
+    code = "invalid"
 
 
 class NodeFailed(WorkflowError):

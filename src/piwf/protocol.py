@@ -21,7 +21,9 @@ from .controller_wire import (
     ApplyReceipt, ApplyResourcePayload, ListResourcesPayload, ResolveResourceEffectPayload,
     ResolveResourceEffectReceipt, ResourceDetail, ResourcePayload, ResourceRef, ResourceSummary,
 )
-from .status import EffectStatus, Hold, QueueStatus, RunStatus, WorkerStatus
+from .status import (
+    EffectStatus, Hold, Provenance, QueueStatus, RequestStatus, RunStatus, SubmissionStatus, WorkerStatus,
+)
 
 WAIT_LIMIT_MS = 600_000
 
@@ -49,8 +51,8 @@ class StartRunPayload(NoPayload, frozen=True):
     workflow: Annotated[str, Meta(min_length=1, description="the workflow's name")]
     projectPath: Annotated[str, Meta(description="absolute path of the project holding `.piwf/workflows/`")]
     input: Annotated[Any, Meta(description="the run input, any JSON")] = {}
-    originSessionId: Annotated[str | None, Meta(description="an id (see Ids); at most one active run per session")] = (
-        None)
+    originSessionId: Annotated[str | None, Meta(description="an id (see Ids); at most one queued or running run "
+                                                            "per session (a waiting run does not count)")] = None
     definitionDigest: Annotated[str | None, Meta(description="refused unless the workflow has this digest")] = None
 
 
@@ -77,6 +79,141 @@ class ResolveEffectPayload(NoPayload, frozen=True):
     key: Annotated[str, Meta(min_length=1, description="the effect's key")]
     applied: Annotated[bool, Meta(description="whether the effect was applied")]
     result: Annotated[Any, Meta(description="its result (JSON), only with `applied: true`")] = None
+
+
+class ListInteractionsPayload(NoPayload, frozen=True):
+    sessionId: Annotated[str | None, Meta(description="only requests of runs started by this session")] = None
+    runId: Annotated[str | None, Meta(description="only this run's requests")] = None
+    open: Annotated[bool, Meta(description="only open requests (`pending`, `presenting`)")] = True
+    limit: Annotated[int, Meta(ge=1, le=1000, description="at most this many, oldest first")] = 100
+
+
+class UpdateAction(enum.StrEnum):
+    CLAIM = "claim"
+    PRESENTED = "presented"
+    PROGRESS = "progress"
+
+
+class UpdateInteractionPayload(NoPayload, frozen=True):
+    requestId: str
+    expectedRevision: Annotated[int, Meta(description="the request's revision; a stale one is a `conflict`")]
+    action: Annotated[UpdateAction, Meta(description="`claim` the presentation (a lease, presenter = clientId), "
+                                                     "say it was `presented` (with `entryId`), or report "
+                                                     "`progress`")]
+    entryId: Annotated[str, Meta(max_length=512), Meta(description="where it was presented (`presented`)")] | None = (
+        None)
+    progress: Annotated[str, Meta(max_length=8192), Meta(description="a line of progress (`progress`)")] | None = None
+
+
+class SubmitInteractionPayload(NoPayload, frozen=True):
+    requestId: str
+    value: Annotated[Any, Meta(description="the answer to an `ask`, any JSON; the workflow validates it")]
+    sessionId: Annotated[str | None, Meta(description="the submitting session; must be the run's origin "
+                                                      "session when it has one")] = None
+    expectedRevision: Annotated[int | None, Meta(description="the request's revision; stale is a `conflict`")] = None
+
+
+class AnswerDecisionPayload(NoPayload, frozen=True):
+    requestId: str
+    choice: Annotated[str, Meta(min_length=1, description="one of the decision's choice ids")]
+    input: Annotated[str | None, Meta(description="the text a choice with `input` takes (Unicode code points "
+                                                  "counted against its bounds; kept exactly as given)")] = None
+    expectedRevision: Annotated[int | None, Meta(description="the request's revision; stale is a `conflict`")] = None
+
+
+# --- interaction requests (shared with the worker protocol) -----------------------------
+
+
+class TextInputSpec(Struct, frozen=True, forbid_unknown_fields=True):
+    prompt: str
+    minLength: int = 1
+    maxLength: int = 4000
+
+
+class ChoiceSpec(Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    label: str
+    input: TextInputSpec | None = None
+
+
+class DefaultAnswer(Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    choice: str
+    input: str | None = None
+
+
+class SubmissionInfo(Struct):
+    submissionId: str
+    status: SubmissionStatus
+    error: Annotated[str | None, Meta(description="why it was rejected")]
+    submittedBy: Annotated[str, Meta(description="the submitting clientId")]
+    submittedAt: str
+
+
+class Resolution(Struct, omit_defaults=True):
+    """How a request was closed: a decision's answer, an ask's accepted value, or none
+    (`expired`, `cancelled`)."""
+
+    provenance: Provenance | None
+    answeredBy: Annotated[str | None, Meta(description="the clientId that answered; null for a timeout")]
+    answeredAt: str
+    choice: str | None = None
+    input: str | None = None
+    value: Any = None
+    submissionId: str | None = None
+
+
+class InteractionRequest(Struct):
+    """A decision or an ask a waiting run put to a person or an agent (DESIGN.md §7)."""
+
+    requestId: Annotated[str, Meta(description="derived from the run and the attempt that asked")]
+    kind: Annotated[str, Meta(description="`decision` or `ask`")]
+    runId: str
+    workflow: str
+    nodeId: str
+    originSessionId: str | None
+    title: Annotated[str, Meta(description="a decision's title, an ask's prompt")]
+    choices: Annotated[dict[str, ChoiceSpec] | None, Meta(description="a decision's choices by id")]
+    schema: Annotated[Any, Meta(description="JSON Schema of the value an ask expects")]
+    deadline: Annotated[str | None, Meta(description="when it expires (ISO 8601 UTC)")]
+    default: Annotated[DefaultAnswer | None, Meta(description="what a decision resolves to at its deadline")]
+    timeoutExit: Annotated[bool, Meta(description="whether its node leaves through `timeout` at the deadline "
+                                                  "(else the run ends `timed_out`)")]
+    status: RequestStatus
+    revision: int
+    presenter: Annotated[str | None, Meta(description="the clientId holding a live presentation claim")]
+    presenterExpiresAt: str | None
+    entryId: str | None
+    progress: str | None
+    lastSubmission: SubmissionInfo | None
+    resolution: Resolution | None
+    createdAt: str
+
+
+class InteractionsPage(Struct):
+    requests: list[InteractionRequest]
+
+
+class UpdateReceipt(Struct):
+    requestId: str
+    status: RequestStatus
+    revision: int
+    presenter: str | None
+    presenterExpiresAt: str | None
+
+
+class SubmitReceipt(Struct):
+    requestId: str
+    runId: str
+    submissionId: str
+    status: SubmissionStatus
+
+
+class AnswerReceipt(Struct):
+    requestId: str
+    runId: str
+    choice: str
+    input: str | None
+    provenance: Provenance
+    revision: Annotated[int, Meta(description="the request's revision after the answer")]
 
 
 # --- receipts: what an accepted request answers -----------------------------------------
@@ -107,6 +244,7 @@ class HostStatus(Struct):
     failedRuns: int
     cancelledRuns: int
     expiredClaims: int
+    pendingInteractions: Annotated[int, Meta(description="open decisions and asks")]
     lifecycleContradictions: Annotated[int, Meta(description="0 unless the database was edited by hand")]
     pendingControllers: Annotated[int, Meta(description="resources with a reconcile queued (due now or later)")] = 0
     heldControllers: Annotated[int, Meta(description="resources held after a permanent error or an ambiguous "
@@ -180,6 +318,7 @@ class RunDetail(RunSummary):
     steps: Annotated[list[Step], Meta(description="every node attempt, in order")]
     workers: list[WorkerSummary]
     effects: list[EffectSummary]
+    waitingFor: Annotated[list[InteractionRequest], Meta(description="the run's open requests")]
 
 
 class WaitReceipt(RunDetail):
@@ -212,6 +351,11 @@ class RunEvent(Struct):
     outcome: str | UnsetType = UNSET
     exitCode: int | UnsetType | None = UNSET
     signal: int | UnsetType | None = UNSET
+    requestId: str | UnsetType = UNSET
+    kind: str | UnsetType = UNSET
+    choice: str | UnsetType | None = UNSET
+    provenance: str | UnsetType | None = UNSET
+    submissionId: str | UnsetType = UNSET
 
 
 class RunEventsPage(Struct):
@@ -343,6 +487,36 @@ class ResolveEffect(RunRequest, tag="effect.resolve"):
     receipt_type = ResolveReceipt
 
 
+class ListInteractions(Request, tag="interaction.list"):
+    """Decisions and asks, oldest first: open ones by default."""
+
+    payload: ListInteractionsPayload = ListInteractionsPayload()
+    is_read = True
+    receipt_type = InteractionsPage
+
+
+class UpdateInteraction(Request, tag="interaction.update"):
+    """Claim a request's presentation, say it was presented, or report progress."""
+
+    payload: UpdateInteractionPayload
+    receipt_type = UpdateReceipt
+
+
+class SubmitInteraction(Request, tag="interaction.submit"):
+    """Submit a value to an `ask`; the workflow validates it (status `validating`)."""
+
+    payload: SubmitInteractionPayload
+    receipt_type = SubmitReceipt
+
+
+class AnswerDecision(Request, tag="decision.answer"):
+    """Answer a decision; the first answer wins and the run goes on along its choice."""
+
+    payload: AnswerDecisionPayload
+    receipt_type = AnswerReceipt
+
+
+
 # --- controllers (DESIGN.md §9; payloads and receipts in piwf.controller_wire) -----------------
 
 
@@ -393,7 +567,8 @@ class ResolveResourceEffect(Request, tag="controller.resolve"):
 
 
 AnyRequest = (GetHostStatus | StopHost | StartRun | ListRuns | GetRun | GetRunEvents | WaitRun | CancelRun
-              | PauseRun | ResumeRun | ResolveEffect
+              | PauseRun | ResumeRun | ResolveEffect | ListInteractions | UpdateInteraction | SubmitInteraction
+              | AnswerDecision
               | ApplyResource | GetResource | ListResources | DeleteResource | ReconcileResource
               | ResolveResourceEffect)
 REQUEST_TYPES: tuple[type[Request], ...] = AnyRequest.__args__

@@ -40,6 +40,38 @@ class Hold(StrEnum):
     SOURCE = "source"
     CRASHED = "crashed"
     EFFECT = "effect"
+    WAITING = "waiting"  # for a person or an agent: an interaction request of the run is open
+
+
+class AttemptStatus(StrEnum):
+    RUNNING = "running"
+    WAITING = "waiting"  # its node asked a person or an agent; the run waits for the answer
+    ACCEPTED = "accepted"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+
+
+class RequestStatus(StrEnum):
+    """An interaction request (a decision or an ask): open, then how it was closed."""
+
+    PENDING = "pending"
+    PRESENTING = "presenting"  # a client holds the presentation claim
+    SETTLED = "settled"  # answered, or its accepted submission became the node's output
+    EXPIRED = "expired"  # its deadline passed with no default
+    CANCELLED = "cancelled"  # its run was cancelled
+
+
+class SubmissionStatus(StrEnum):
+    VALIDATING = "validating"
+    ACCEPTED = "accepted"
+    REJECTED = "rejected"
+
+
+class Provenance(StrEnum):
+    """Who resolved a decision."""
+
+    HUMAN = "human"
+    TIMEOUT = "timeout"
 
 
 class EffectStatus(StrEnum):
@@ -90,5 +122,6 @@ ACTIVE_QUEUE = (QueueStatus.STARTING, QueueStatus.RUNNING)  # a claim is held
 AT_REST = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.TIMED_OUT, RunStatus.CANCELLED,
                      RunStatus.WAITING})  # nothing happens to such a run without someone acting
 UNSUCCESSFUL = frozenset({RunStatus.FAILED, RunStatus.TIMED_OUT, RunStatus.CANCELLED})
+OPEN_REQUEST = (RequestStatus.PENDING, RequestStatus.PRESENTING)
 CRASHES = frozenset({WorkerStatus.CRASHED, WorkerStatus.TIMED_OUT})
 LIVE_WORKER = (WorkerStatus.STARTING, WorkerStatus.RUNNING)

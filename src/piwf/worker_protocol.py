@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from .protocol import ChoiceSpec, DefaultAnswer
 from .wire import canonical_json, decode_with
 
 MAX_WORKER_LINE = 16 * 1024 * 1024
@@ -61,6 +62,7 @@ class AttemptAcceptPayload(Payload):
     exit: Text
     output: Any = None
     final: bool = False  # the run's last node: complete the run with this output, same transaction
+    submissionId: str | None = None  # the output is this submission's value, validated: accept it too
 
 
 class AttemptFailPayload(Payload):
@@ -104,6 +106,24 @@ class ProcessRegisterPayload(Payload):
 
 class ProcessPayload(Payload):
     pid: Count
+
+
+class InteractionOpenPayload(Payload):
+    """A decision or ask node waits: open its request and park the run as waiting."""
+
+    attemptId: Text
+    kind: Literal["decision", "ask"]
+    title: Text
+    choices: dict[str, ChoiceSpec] | None = None
+    schema: Any = None
+    deadlineMs: Annotated[int, msgspec.Meta(gt=0)] | None = None
+    default: DefaultAnswer | None = None
+    timeoutExit: bool = False  # the graph has a `timeout` exit for the node
+
+
+class SubmissionRejectPayload(Payload):
+    submissionId: Text
+    error: Annotated[str, msgspec.Meta(max_length=8192)]
 
 
 # --- messages ------------------------------------------------------------------------------
@@ -159,8 +179,19 @@ class ProcessUnregister(WorkerMessage, tag="process.unregister"):
     payload: ProcessPayload
 
 
+class InteractionOpen(WorkerMessage, tag="interaction.open"):
+    payload: InteractionOpenPayload
+
+
+class SubmissionReject(WorkerMessage, tag="submission.reject"):
+    """The submission being validated did not fit: the request opens again with the reason."""
+
+    payload: SubmissionRejectPayload
+
+
 AnyWorkerMessage = (Ready | AttemptStart | AttemptAccept | AttemptFail | RunComplete | RunFail
-                    | StepsRead | EffectReserve | EffectApply | EffectSettle | ProcessRegister | ProcessUnregister)
+                    | StepsRead | EffectReserve | EffectApply | EffectSettle | ProcessRegister | ProcessUnregister
+                    | InteractionOpen | SubmissionReject)
 WORKER_OPERATIONS = {cls.__struct_config__.tag: cls for cls in AnyWorkerMessage.__args__}  # type: ignore[attr-defined]
 
 
@@ -197,9 +228,15 @@ class StepsPage(Result):
     more: bool = False
 
 
+class PendingSubmission(msgspec.Struct):
+    submissionId: str
+    value: Any
+
+
 class AttemptStartResult(Result):
     attemptId: str | None = None
-    stop: Literal["paused"] | None = None  # stop at this node boundary instead
+    stop: Literal["paused", "waiting"] | None = None  # stop at this node boundary instead
+    submission: PendingSubmission | None = None  # the node's request has a submission to validate
 
 
 class EffectState(Result):

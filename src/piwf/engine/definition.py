@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from ..errors import DefinitionError
 from ..wire import canonical_json
 
@@ -44,7 +46,56 @@ class Shell:
                 "env": dict(self.env or {}), "timeout": self.timeout}
 
 
-Node = Compute | Shell
+@dataclass(frozen=True)
+class TextInput:
+    """A line of text a choice takes; its length is counted in Unicode code points."""
+
+    prompt: str
+    min_length: int = 1
+    max_length: int = 4000
+
+
+@dataclass(frozen=True)
+class Choice:
+    label: str
+    input: TextInput | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    title: str
+    choices: Mapping[str, Choice]
+    deadline: float | None = None
+    default: tuple[str, str | None] | None = None
+    kind: str = field(default="decision", init=False)
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "title": self.title, "deadline": self.deadline,
+                "default": list(self.default) if self.default else None,
+                "choices": {key: [c.label, None if c.input is None else
+                                  [c.input.prompt, c.input.min_length, c.input.max_length]]
+                            for key, c in sorted(self.choices.items())}}
+
+
+@dataclass(frozen=True)
+class Ask:
+    prompt: str
+    expect: Any
+    validate: Callable[[Any], Any] | None = None
+    deadline: float | None = None
+    kind: str = field(default="ask", init=False)
+
+    def schema(self) -> Any:
+        return msgspec.json.schema(self.expect)
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "prompt": self.prompt, "deadline": self.deadline, "schema": self.schema(),
+                "validate": None if self.validate is None else _code_digest(self.validate)}
+
+
+Node = Compute | Shell | Decision | Ask
+Interactive = (Decision, Ask)
+TIMEOUT_EXIT = "timeout"
 
 
 def compute(fn: Callable[[Any], Any]) -> Compute:
@@ -52,6 +103,91 @@ def compute(fn: Callable[[Any], Any]) -> Compute:
     if not callable(fn):
         raise DefinitionError(f"compute() needs a callable, not {type(fn).__name__}")
     return Compute(fn)
+
+
+def decision(title: str, choices: Mapping[str, str | Choice], *, deadline: float | None = None,
+             default: str | tuple[str, str] | None = None) -> Decision:
+    """A node that waits for a person to choose; it leaves through the exit named by the
+    chosen id (``timeout`` when its deadline passes with no default), with output
+    ``{"choice", "input", "provenance", "answeredBy", "answeredAt"}``."""
+    _check_title("decision() title", title)
+    if not isinstance(choices, Mapping):
+        raise DefinitionError("decision() choices must be a mapping of choice id to label")
+    if not choices:
+        raise DefinitionError("decision() needs at least one choice")
+    made = {key: _choice(key, value) for key, value in choices.items()}
+    labels = [c.label for c in made.values()]
+    if len(set(labels)) != len(labels):
+        raise DefinitionError("decision() choices must have different labels")
+    _check_deadline("decision()", deadline)
+    picked = None
+    if default is not None:
+        if deadline is None:
+            raise DefinitionError("decision() default needs a deadline")
+        picked = (default, None) if isinstance(default, str) else tuple(default)
+        if len(picked) != 2:
+            raise DefinitionError("decision() default is a choice id or a (choice, text) pair")
+        _check_default(made, picked[0], picked[1])
+    return Decision(title, made, deadline, picked)
+
+
+def _choice(key: Any, value: str | Choice) -> Choice:
+    if not isinstance(key, str) or not key or "." in key or key in (DEFAULT_EXIT, TIMEOUT_EXIT):
+        raise DefinitionError(f"choice id {key!r} must be non-empty text without '.', and not "
+                              f"{DEFAULT_EXIT!r} or {TIMEOUT_EXIT!r}")
+    choice = Choice(value) if isinstance(value, str) else value
+    if not isinstance(choice, Choice):
+        raise DefinitionError(f"choice {key!r} needs a label (text, or Choice(label, input=TextInput(...)))")
+    _check_title(f"choice {key!r} label", choice.label)
+    text = choice.input
+    if text is not None and not (isinstance(text, TextInput) and 0 <= text.min_length <= text.max_length <= 4000):
+        raise DefinitionError(f"choice {key!r}: TextInput bounds must satisfy 0 <= min_length <= max_length <= 4000")
+    return choice
+
+
+def _check_default(choices: Mapping[str, Choice], key: str, text: str | None) -> None:
+    if key not in choices:
+        raise DefinitionError(f"decision() default {key!r} is not one of the choices")
+    wanted = choices[key].input
+    if wanted is None and text is not None:
+        raise DefinitionError(f"decision() default {key!r} takes no text")
+    if wanted is not None and (text is None or not wanted.min_length <= len(text) <= wanted.max_length):
+        raise DefinitionError(f"decision() default {key!r} needs text of {wanted.min_length} to "
+                              f"{wanted.max_length} characters")
+
+
+MAX_DEADLINE_S = 366 * 24 * 3600  # a year: a longer wait is a design, not a deadline
+MAX_TITLE = 2000  # characters of a title, prompt or label
+
+
+def _check_deadline(where: str, deadline: float | None) -> None:
+    if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float))
+                                 or not 0 < deadline <= MAX_DEADLINE_S):
+        raise DefinitionError(f"{where} deadline must be a number of seconds above 0 and at most "
+                              f"{MAX_DEADLINE_S} (a year)")
+
+
+def _check_title(where: str, text: Any) -> None:
+    if not isinstance(text, str) or not text.strip():
+        raise DefinitionError(f"{where} must be non-blank text")
+    if len(text) > MAX_TITLE:
+        raise DefinitionError(f"{where} is {len(text)} characters; at most {MAX_TITLE}")
+
+
+def ask(prompt: str, *, expect: Any = Any, validate: Callable[[Any], Any] | None = None,
+        deadline: float | None = None) -> Ask:
+    """A node that asks the run's origin session for a value of type ``expect``; the value
+    is converted with msgspec and checked by ``validate`` (which may raise ``piwf.Invalid``)
+    in a worker, and becomes the node's output."""
+    _check_title("ask() prompt", prompt)
+    if validate is not None and not callable(validate):
+        raise DefinitionError("ask() validate must be callable")
+    _check_deadline("ask()", deadline)
+    try:
+        msgspec.json.schema(expect)
+    except (TypeError, ValueError) as exc:
+        raise DefinitionError(f"ask() expect is not a type msgspec can check: {exc}") from None
+    return Ask(prompt, expect, validate, deadline)
 
 
 def shell(
@@ -87,8 +223,8 @@ class Workflow:
         if not self.nodes:
             raise DefinitionError(f"workflow {self.name} has no nodes")
         for node_id, node in self.nodes.items():
-            if not isinstance(node, (Compute, Shell)):
-                raise DefinitionError(f"node {node_id!r} is not a compute() or shell() node")
+            if not isinstance(node, (Compute, Shell, Decision, Ask)):
+                raise DefinitionError(f"node {node_id!r} is not a compute(), shell(), decision() or ask() node")
             if "." in node_id:
                 raise DefinitionError(f"node id {node_id!r} must not contain '.'")
         if self.start_at not in self.nodes:
@@ -108,7 +244,43 @@ class Workflow:
                 raise DefinitionError(f"two edges leave {source}: to {routes[key]!r} and to {target!r}")
             routes[key] = target
         self._check_reachable(routes)
+        self._check_decision_exits(routes)
+        self._check_waiting_exits(routes)
         return routes
+
+    def _check_waiting_exits(self, routes: dict[tuple[str, str], str]) -> None:
+        """An exit no run could ever take is a mistake in the graph: an ask leaves only
+        through its plain edge or ``timeout``, and ``timeout`` only from a node with a
+        deadline and no default."""
+        for (node_id, exit_name) in routes:
+            node = self.nodes[node_id]
+            if isinstance(node, Ask) and exit_name not in (DEFAULT_EXIT, TIMEOUT_EXIT):
+                raise DefinitionError(f"ask {node_id!r} has no exit {exit_name!r}: it leaves through its plain "
+                                      f"edge, or {TIMEOUT_EXIT!r} at its deadline")
+            if exit_name != TIMEOUT_EXIT or not isinstance(node, (Ask, Decision)):
+                continue
+            if node.deadline is None:
+                raise DefinitionError(f"{node_id}.{TIMEOUT_EXIT} can never be taken: {node_id!r} has no deadline")
+            if isinstance(node, Decision) and node.default is not None:
+                raise DefinitionError(f"{node_id}.{TIMEOUT_EXIT} can never be taken: {node_id!r} resolves to its "
+                                      "default at the deadline")
+
+    def _check_decision_exits(self, routes: dict[tuple[str, str], str]) -> None:
+        """A decision whose choices lead somewhere must lead somewhere from each of them."""
+        for node_id, node in self.nodes.items():
+            if not isinstance(node, Decision):
+                continue
+            exits = {name for (source, name) in routes if source == node_id}
+            unknown = exits - set(node.choices) - {TIMEOUT_EXIT, DEFAULT_EXIT}
+            if unknown:
+                raise DefinitionError(f"decision {node_id!r} has no choice {', '.join(sorted(unknown))}")
+            chosen = exits & set(node.choices)
+            if chosen and DEFAULT_EXIT in exits:
+                raise DefinitionError(f"decision {node_id!r} has edges for its choices and a plain edge: "
+                                      "give every choice its own edge, or use one plain edge for all")
+            missing = [key for key in node.choices if key not in exits]
+            if chosen and missing:
+                raise DefinitionError(f"decision {node_id!r}: choice {', '.join(missing)} has no edge")
 
     def _check_reachable(self, routes: dict[tuple[str, str], str]) -> None:
         seen, todo = {self.start_at}, [self.start_at]
@@ -127,6 +299,8 @@ class Workflow:
         target = self.routes.get((node_id, exit_name))
         if target is not None:
             return target
+        if isinstance(self.nodes.get(node_id), Decision) and exit_name != TIMEOUT_EXIT:
+            return self.routes.get((node_id, DEFAULT_EXIT))  # one plain edge for every choice
         named = sorted(e for (n, e) in self.routes if n == node_id and e != DEFAULT_EXIT)
         if exit_name != DEFAULT_EXIT and named:
             raise DefinitionError(f"node {node_id} chose exit {exit_name!r}; its exits are {', '.join(named)}")

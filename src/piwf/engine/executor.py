@@ -23,9 +23,9 @@ from typing import Any, Protocol
 
 import msgspec
 
-from ..errors import ClaimLost, DefinitionError, HostRefused, NodeFailed, ProtocolError
+from ..errors import ClaimLost, DefinitionError, HostRefused, Invalid, NodeFailed, ProtocolError
 from ..wire import canonical_json, check_nesting
-from .definition import DEFAULT_EXIT, Compute, Route, Shell, Workflow
+from .definition import DEFAULT_EXIT, TIMEOUT_EXIT, Ask, Compute, Decision, Route, Shell, Workflow
 
 TRACEBACK_TAIL = 4000
 
@@ -53,6 +53,15 @@ class Journal(Protocol):
     def effect(self, node: str, key: str, apply: Callable[[], Any], observe: Callable[[], Any] | None) -> Any: ...
     def process_started(self, node: str, pid: int) -> None: ...
     def process_ended(self, pid: int) -> None: ...
+    def wait_for(self, attempt_id: str, request: dict[str, Any]) -> None:
+        """Open the attempt's interaction request; the run waits (raises Stop)."""
+        ...
+    def submission(self, attempt_id: str) -> tuple[str, Any] | None:
+        """The submission to validate for a waiting attempt, as (id, value)."""
+        ...
+    def reject(self, submission_id: str, reason: str) -> None:
+        """The submission does not fit: the run waits again (raises Stop)."""
+        ...
 
 
 class EffectRejected(Exception):
@@ -115,7 +124,10 @@ def execute(workflow: Workflow, *, run_id: str, project_path: str, input: Any,
             attempt_id = journal.start(seq, node)
             ctx = Context(run_id, node, attempt_id, input, MappingProxyType(dict(outputs)), project_path, journal)
             try:
-                output, exit_name = run_node(workflow.nodes[node], ctx)
+                if isinstance(workflow.nodes[node], (Decision, Ask)):
+                    output, exit_name = interact(workflow, node, ctx)
+                else:
+                    output, exit_name = run_node(workflow.nodes[node], ctx)
                 following = workflow.next_node(node, exit_name)  # an unknown exit fails this node
             except STOPPING:
                 raise
@@ -153,6 +165,57 @@ def run_node(node: Compute | Shell, ctx: Context) -> tuple[Any, str]:
         exit_name, result = result.exit, result.value
     check_output(result)
     return result, exit_name
+
+
+def interact(workflow: Workflow, node_id: str, ctx: Context) -> tuple[Any, str]:
+    """A decision or ask node reached live: its request is opened and the run waits. A
+    decision comes back answered (an accepted step, written by the host); an ask comes back
+    with a submission to validate here, in the worker: the value converted to ``expect``,
+    then ``validate``. Accepted: it is the node's output. Refused: the run waits again."""
+    node = workflow.nodes[node_id]
+    pending = ctx.journal.submission(ctx.attempt_id) if isinstance(node, Ask) else None
+    if pending is None:
+        ctx.journal.wait_for(ctx.attempt_id, request_spec(workflow, node_id))
+        raise Stop("waiting")  # wait_for raises it; a journal that returns must not go on
+    submission_id, value = pending
+    assert isinstance(node, Ask)
+    try:
+        converted = msgspec.convert(value, node.expect)
+        output = msgspec.to_builtins(converted)
+        check_output(output)
+    except (msgspec.ValidationError, TypeError, ValueError) as exc:
+        ctx.journal.reject(submission_id, str(exc) or type(exc).__name__)
+        raise Stop("waiting") from None
+    try:
+        if node.validate is not None:
+            node.validate(converted)
+    except Invalid as exc:
+        ctx.journal.reject(submission_id, str(exc) or "refused by validate()")
+        raise Stop("waiting") from None
+    except Exception as exc:  # the validator itself failed: the submission is refused, nothing is lost
+        ctx.journal.reject(submission_id, f"validate() raised {type(exc).__name__}: {exc}")
+        raise Stop("waiting") from None
+    return output, DEFAULT_EXIT
+
+
+def request_spec(workflow: Workflow, node_id: str) -> dict[str, Any]:
+    """What the host stores for a waiting node's request."""
+    node = workflow.nodes[node_id]
+    spec: dict[str, Any] = {"timeoutExit": (node_id, TIMEOUT_EXIT) in workflow.routes}
+    if node.deadline is not None:
+        spec["deadlineMs"] = max(1, int(node.deadline * 1000))
+    if isinstance(node, Decision):
+        spec |= {"kind": "decision", "title": node.title, "choices": {
+            key: {"label": c.label} | ({} if c.input is None else {"input": {
+                "prompt": c.input.prompt, "minLength": c.input.min_length, "maxLength": c.input.max_length}})
+            for key, c in node.choices.items()}}
+        if node.default is not None:
+            choice, text = node.default
+            spec["default"] = {"choice": choice} | ({} if text is None else {"input": text})
+    else:
+        assert isinstance(node, Ask)
+        spec |= {"kind": "ask", "title": node.prompt, "schema": node.schema()}
+    return spec
 
 
 def check_output(value: Any) -> None:

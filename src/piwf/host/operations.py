@@ -26,12 +26,13 @@ import trio
 from .. import faults
 from ..errors import PiwfError, Rejected
 from ..protocol import (
-    CancelReceipt, CancelRun, GetHostStatus, GetRun, GetRunEvents, HoldReceipt, HostStatus, ListRuns, Outcome,
-    PauseRun, Request, ResolveEffect, ResolveReceipt, ResumeRun, RunDetail, RunEventsPage, RunSummary, StartReceipt,
-    StartRun, StopHost, StopReceipt, WaitReceipt, WaitRun,
+    AnswerDecision, CancelReceipt, CancelRun, GetHostStatus, GetRun, GetRunEvents, HoldReceipt, HostStatus,
+    InteractionsPage, ListInteractions, ListRuns, Outcome, PauseRun, Request, ResolveEffect, ResolveReceipt,
+    ResumeRun, RunDetail, RunEventsPage, RunSummary, StartReceipt, StartRun, StopHost, StopReceipt,
+    SubmitInteraction, UpdateInteraction, WaitReceipt, WaitRun,
 )
 from ..status import AT_REST, QueueStatus, StopReason
-from ..store import commands, effects, queue, runs
+from ..store import commands, effects, interactions, queue, runs
 from ..store.hosts import read_lease
 from ..wire import HostResponse, check_id, request_fingerprint
 from . import controller_operations
@@ -102,7 +103,7 @@ def status_receipt(host: HostState) -> HostStatus:
 
 
 async def _run_status(host: HostState, request: GetRun) -> RunDetail:
-    return runs.get_run(host.db, request.runId)
+    return runs.get_run(host.db, request.runId, host.now())
 
 
 async def _run_list(host: HostState, request: ListRuns) -> list[RunSummary]:
@@ -121,7 +122,7 @@ async def _run_wait(host: HostState, request: WaitRun) -> WaitReceipt:
     with trio.move_on_after(request.payload.timeoutMs / 1000):
         while not _settled(host, runs.run_summary(host.db, run_id)):
             await host.run_changed.wait()  # set on every change, and when a run leaves host.active
-    run = runs.get_run(host.db, run_id)
+    run = runs.get_run(host.db, run_id, host.now())
     return WaitReceipt(**msgspec.structs.asdict(run), atRest=_settled(host, run))
 
 
@@ -228,6 +229,45 @@ def _effect_resolve(host: HostState, request: ResolveEffect, prepared: None, aft
                         receipt=receipt)
 
 
+# --- people and agents in the loop ----------------------------------------------------------
+
+
+async def _interaction_list(host: HostState, request: ListInteractions) -> InteractionsPage:
+    payload = request.payload
+    return InteractionsPage(requests=interactions.list_requests(
+        host.db, session_id=payload.sessionId, run_id=payload.runId, open_only=payload.open, limit=payload.limit,
+        now=host.now()))
+
+
+def _interaction_update(host: HostState, request: UpdateInteraction, prepared: None, after: After) -> HostResponse:
+    payload = request.payload
+    receipt = interactions.update(
+        host.db, request_id=payload.requestId, expected_revision=payload.expectedRevision, action=payload.action,
+        client_id=request.clientId, entry_id=payload.entryId, progress=payload.progress,
+        lease_ms=host.config.presentation_lease_ms, now=host.now())
+    return HostResponse(request.requestId, Outcome.ACCEPTED, receipt=receipt)
+
+
+def _interaction_submit(host: HostState, request: SubmitInteraction, prepared: None, after: After) -> HostResponse:
+    payload = request.payload
+    if payload.sessionId is not None:
+        check_id(payload.sessionId, "payload.sessionId")
+    receipt = interactions.submit(
+        host.db, request_id=payload.requestId, value=payload.value, session_id=payload.sessionId,
+        submitted_by=request.clientId, expected_revision=payload.expectedRevision, now=host.now())
+    after.append(host.wake)
+    return HostResponse(request.requestId, Outcome.ACCEPTED, receipt=receipt)
+
+
+def _decision_answer(host: HostState, request: AnswerDecision, prepared: None, after: After) -> HostResponse:
+    payload = request.payload
+    receipt = interactions.answer_decision(
+        host.db, request_id=payload.requestId, choice=payload.choice, text=payload.input,
+        answered_by=request.clientId, expected_revision=payload.expectedRevision, now=host.now())
+    after.append(host.wake)
+    return HostResponse(request.requestId, Outcome.ACCEPTED, receipt=receipt)
+
+
 # --- helpers -------------------------------------------------------------------------------
 
 
@@ -248,6 +288,7 @@ READS: dict[type[Request], Read] = {
     ListRuns: _run_list,
     GetRunEvents: _run_events,
     WaitRun: _run_wait,
+    ListInteractions: _interaction_list,
 }
 WRITES: dict[type[Request], tuple[Prepare, Apply]] = {
     StopHost: (None, _host_stop),
@@ -256,6 +297,9 @@ WRITES: dict[type[Request], tuple[Prepare, Apply]] = {
     PauseRun: (None, _run_pause),
     ResumeRun: (_prepare_resume, _run_resume),
     ResolveEffect: (None, _effect_resolve),
+    UpdateInteraction: (None, _interaction_update),
+    SubmitInteraction: (None, _interaction_submit),
+    AnswerDecision: (None, _decision_answer),
 }
 READS.update(controller_operations.READS)
 WRITES.update(controller_operations.WRITES)

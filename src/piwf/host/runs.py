@@ -180,6 +180,7 @@ def _write_end(host: HostState, end: WorkerEnd) -> bool:
                   end.status, exc)
         return False
     _back_off(host, active.run_id, crashes, end.status)
+    host.interactions_changed()  # its run may wait again (a validation ended): deadlines apply again
     return True
 
 

@@ -32,6 +32,7 @@ class HostConfig:
     durability: str = "full"
     host_lease_ms: int = 30_000
     run_lease_ms: int = 30_000
+    presentation_lease_ms: int = 10_000  # a client presenting an interaction request holds it this long
     poll_s: float = 2.0
     worker_startup_s: float = 15.0
     kill_grace_s: float = 2.0
@@ -138,6 +139,7 @@ class HostState:
     wake_dispatcher: trio.Event = field(default_factory=trio.Event)
     run_changed: trio_util.RepeatedEvent = field(default_factory=trio_util.RepeatedEvent)
     stop_requested: trio.Event = field(default_factory=trio.Event)
+    wake_deadlines: trio.Event = field(default_factory=trio.Event)  # a request opened or went back to waiting
     controllers: ControllerState = field(default_factory=ControllerState)
 
     @property
@@ -153,3 +155,6 @@ class HostState:
 
     def changed(self) -> None:
         self.run_changed.set()
+
+    def interactions_changed(self) -> None:
+        self.wake_deadlines.set()

@@ -12,11 +12,11 @@ from typing import Any
 from .. import faults
 from ..errors import ClaimLost, PiwfError
 from ..status import Hold
-from ..store import effects, queue, runs, workers
+from ..store import effects, interactions, queue, runs, workers
 from ..worker_protocol import (
     AcceptedStep, AttemptAccept, AttemptFail, AttemptStart, AttemptStartResult, EffectApply, EffectReserve,
-    EffectSettle, EffectState, ProcessRegister, ProcessUnregister, Ready, ReadyResult, Result, RunComplete,
-    RunFail, StartedAttempt, StepsPage, StepsRead, WorkerMessage, WorkerResponse,
+    EffectSettle, EffectState, InteractionOpen, ProcessRegister, ProcessUnregister, Ready, ReadyResult, Result,
+    RunComplete, RunFail, StartedAttempt, StepsPage, StepsRead, SubmissionReject, WorkerMessage, WorkerResponse,
 )
 from .state import ActiveRun, Conclusion, HostState, log
 
@@ -41,7 +41,8 @@ def _ready(host: HostState, active: ActiveRun, message: Ready, now: int) -> Outc
         return ReadyResult(stop="source"), Conclusion.DONE
     steps, more = runs.accepted_steps(host.db, active.run_id, budget=runs.STEPS_PAGE_BYTES)
     result = ReadyResult(input=run_input, steps=[AcceptedStep(**step) for step in steps], more=more)
-    if not steps and start is not None and not paused:
+    if not steps and start is not None and not paused and interactions.waiting_attempt(
+            host.db, active.run_id, 0, start, now) is None:  # a first node that waits is started by the worker
         attempt_id, _ = runs.start_attempt(host.db, active.run_id, active.claim.token, seq=0, node=start,
                                            generation=active.claim.generation, now=now)
         result.attempt = StartedAttempt(seq=0, node=start, attemptId=attempt_id)
@@ -64,10 +65,21 @@ def _steps_read(host: HostState, active: ActiveRun, message: StepsRead, now: int
 
 
 def _attempt_start(host: HostState, active: ActiveRun, message: AttemptStart, now: int) -> Outcome:
+    """Start a node's attempt; at a node waiting for its request, hand over the waiting
+    attempt with the submission to validate, or (nothing to validate) park the run as
+    waiting again."""
     if runs.is_paused(host.db, active.run_id):
         return AttemptStartResult(stop="paused"), Conclusion.STOP
-    attempt_id, _ = runs.start_attempt(host.db, active.run_id, active.claim.token, seq=message.payload.seq,
-                                       node=message.payload.node, generation=active.claim.generation, now=now)
+    payload = message.payload
+    waiting = interactions.waiting_attempt(host.db, active.run_id, payload.seq, payload.node, now)
+    if waiting is not None:
+        attempt_id, submission = waiting
+        if submission is None:
+            interactions.park_again(host.db, active.run_id, active.claim.token, now)
+            return AttemptStartResult(stop="waiting"), Conclusion.DONE
+        return AttemptStartResult(attemptId=attempt_id, submission=submission), None
+    attempt_id, _ = runs.start_attempt(host.db, active.run_id, active.claim.token, seq=payload.seq,
+                                       node=payload.node, generation=active.claim.generation, now=now)
     return AttemptStartResult(attemptId=attempt_id), None
 
 
@@ -76,7 +88,10 @@ def _attempt_accept(host: HostState, active: ActiveRun, message: AttemptAccept, 
     in the same transaction."""
     payload = message.payload
     runs.accept_attempt(host.db, active.run_id, active.claim.token, attempt_id=payload.attemptId,
-                        output=payload.output, exit_name=payload.exit, now=now)
+                        output=payload.output, exit_name=payload.exit, now=now,
+                        waiting=payload.submissionId is not None)
+    if payload.submissionId is not None:
+        interactions.accept_submission(host.db, active.run_id, payload.submissionId, payload.output, now)
     if payload.final:
         return _complete(host, active, payload.output, now)
     return NOTHING, None
@@ -158,6 +173,24 @@ def _process_unregister(host: HostState, active: ActiveRun, message: ProcessUnre
     return NOTHING, None
 
 
+# --- people and agents in the loop ---------------------------------------------------------
+
+
+def _interaction_open(host: HostState, active: ActiveRun, message: InteractionOpen, now: int) -> Outcome:
+    """A decision or ask node waits: the run parks as waiting and the worker's part ends."""
+    interactions.open_request(host.db, active.run_id, active.claim.token, message.payload, now)
+    host.interactions_changed()
+    return NOTHING, Conclusion.DONE
+
+
+def _submission_reject(host: HostState, active: ActiveRun, message: SubmissionReject, now: int) -> Outcome:
+    payload = message.payload
+    interactions.reject_submission(host.db, active.run_id, active.claim.token, payload.submissionId,
+                                   payload.error, now)
+    host.interactions_changed()
+    return NOTHING, Conclusion.DONE
+
+
 HANDLERS: dict[type[WorkerMessage], Handler] = {
     Ready: _ready,
     StepsRead: _steps_read,
@@ -171,9 +204,12 @@ HANDLERS: dict[type[WorkerMessage], Handler] = {
     EffectSettle: _effect_settle,
     ProcessRegister: _process_register,
     ProcessUnregister: _process_unregister,
+    InteractionOpen: _interaction_open,
+    SubmissionReject: _submission_reject,
 }
 # Operations that may change the run revision; the others leave it as it was.
-REVISING = frozenset({Ready, AttemptStart, AttemptAccept, AttemptFail, RunComplete, RunFail})
+REVISING = frozenset({Ready, AttemptStart, AttemptAccept, AttemptFail, RunComplete, RunFail, InteractionOpen,
+                      SubmissionReject})
 
 
 def handle(host: HostState, active: ActiveRun, message: WorkerMessage) -> WorkerResponse:

@@ -12,6 +12,7 @@ from ..wire import canonical_json, decode_json, sha256_hex
 from ..status import ENDED, Hold, RunStatus
 from .db import Database
 from .effects import list_effects
+from .interactions import count_open, list_requests
 from .queue import add_event, require_claim, revision_of
 from .schema import lifecycle_contradicts
 from .timefmt import iso
@@ -82,7 +83,8 @@ def pause_run(db: Database, run_id: str, now: int) -> dict[str, Any]:
         db.execute("UPDATE run_queue SET hold = COALESCE(hold, 'paused'), updated_at = ? WHERE run_id = ?",
                    (now, run_id))
         db.execute(
-            "UPDATE runs SET paused = 1, status_detail = 'paused', updated_at = ? WHERE run_id = ?",
+            "UPDATE runs SET paused = 1, status_detail = CASE WHEN status = 'waiting' THEN status_detail "
+            "ELSE 'paused' END, updated_at = ? WHERE run_id = ?",
             (now, run_id),
         )
         add_event(db, run_id, "paused", {}, now)
@@ -108,9 +110,12 @@ def resume_run(db: Database, run_id: str, now: int, *,
             digest, source, start_node = definition
             db.execute("UPDATE runs SET definition_digest = ?, definition_hash = ?, start_node = ? WHERE run_id = ?",
                        (digest, db.put_blob(source, now), start_node, run_id))
-        db.execute("UPDATE run_queue SET hold = NULL, crash_count = 0, updated_at = ? WHERE run_id = ?", (now, run_id))
+        # a waiting run stays held for its answer
+        db.execute("UPDATE run_queue SET hold = NULL, crash_count = 0, updated_at = ? WHERE run_id = ? "
+                   "AND hold IS NOT 'waiting'", (now, run_id))
         db.execute(
-            "UPDATE runs SET paused = 0, status_detail = NULL, updated_at = ? WHERE run_id = ?",
+            "UPDATE runs SET paused = 0, status_detail = CASE WHEN status = 'waiting' THEN status_detail END, "
+            "updated_at = ? WHERE run_id = ?",
             (now, run_id),
         )
         add_event(db, run_id, "resumed", {}, now)
@@ -147,19 +152,22 @@ def start_attempt(
 
 
 def accept_attempt(
-    db: Database, run_id: str, token: str, *, attempt_id: str, output: Any, exit_name: str | None, now: int
+    db: Database, run_id: str, token: str, *, attempt_id: str, output: Any, exit_name: str | None, now: int,
+    waiting: bool = False,
 ) -> int:
+    """Accept a running attempt's output (``waiting``: a waiting attempt's, whose
+    request's submission was validated as ``output``)."""
     with db.write():
         require_claim(db, run_id, token, now)
         inline, digest = db.put_json(output, now)
         node = db.scalar(
             """UPDATE node_attempts SET status = 'accepted', output_json = ?, output_hash = ?,
                  exit_name = ?, finished_at = ?
-               WHERE attempt_id = ? AND run_id = ? AND status = 'running' RETURNING node_id""",
-            (inline, digest, exit_name, now, attempt_id, run_id),
+               WHERE attempt_id = ? AND run_id = ? AND status = ? RETURNING node_id""",
+            (inline, digest, exit_name, now, attempt_id, run_id, "waiting" if waiting else "running"),
         )
         if node is None:
-            raise Rejected(f"attempt {attempt_id} is not running")
+            raise Rejected(f"attempt {attempt_id} is not {'waiting' if waiting else 'running'}")
         add_event(db, run_id, "attempt.accepted", {"node": node, "attemptId": attempt_id, "exit": exit_name}, now)
         return _bump(db, run_id, now)
 
@@ -235,7 +243,7 @@ def run_summary(db: Database, run_id: str) -> RunSummary:
     return RunSummary(*_summary_fields(_read_one(db, run_id)[:13]))
 
 
-def get_run(db: Database, run_id: str) -> RunDetail:
+def get_run(db: Database, run_id: str, now: int = 0) -> RunDetail:
     """One run with its steps, workers and effects, read from one snapshot."""
     with db.read():
         row = _read_one(db, run_id, ", project_path, definition_digest, input_json, input_hash, output_json, "
@@ -247,6 +255,7 @@ def get_run(db: Database, run_id: str) -> RunDetail:
             output=db.get_json(output_json, output_hash),
             error=None if error_json is None else decode_json(error_json.encode()),
             steps=_step_summaries(db, run_id), workers=worker_summaries(db, run_id), effects=list_effects(db, run_id),
+            waitingFor=list_requests(db, run_id=run_id, now=now),
         )
 
 
@@ -333,6 +342,7 @@ def status_counts(db: Database, now: int) -> dict[str, int]:
         expired = db.scalar(
             """SELECT COUNT(*) FROM run_queue INDEXED BY run_queue_claimable
                WHERE status IN ('starting', 'running') AND claim_expires_at <= ?""", (now,))
+        counts[("interactions", "open")] = count_open(db)
     return _status_fields(counts.get, int(expired))
 
 
@@ -346,6 +356,7 @@ def recounted(db: Database, now: int) -> dict[str, int]:
         counts[("lifecycle", "contradictions")] = db.scalar(LIFECYCLE_CONTRADICTIONS)
         expired = db.scalar("""SELECT COUNT(*) FROM run_queue WHERE status IN ('starting', 'running')
                                AND claim_expires_at <= ?""", (now,))
+        counts[("interactions", "open")] = count_open(db)
     return _status_fields(counts.get, int(expired))
 
 
@@ -363,5 +374,6 @@ def _status_fields(count: Callable[[tuple[str, str]], int | None], expired: int)
         "failedRuns": total("runs.status", "failed", "timed_out"),
         "cancelledRuns": total("runs.status", "cancelled"),
         "expiredClaims": expired,
+        "pendingInteractions": total("interactions", "open"),
         "lifecycleContradictions": total("lifecycle", "contradictions"),
     }

@@ -2,10 +2,10 @@
 
 from collections.abc import Iterable
 
-from ..status import QueueStatus, RunStatus, WorkerStatus
+from ..status import AttemptStatus, Hold, QueueStatus, RequestStatus, RunStatus, SubmissionStatus, WorkerStatus
 
 APPLICATION_ID = 0x70697766  # "piwf"
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 
 def one_of(values: Iterable[str]) -> str:
@@ -34,12 +34,13 @@ CREATE INDEX run_workers_run ON run_workers(run_id, started_at);
 """
 
 # Tables whose text both the full layout and a migration use.
-RUN_QUEUE_SQL = """
+def _run_queue_sql(holds: str, extra: str = "") -> str:
+    return f"""
 CREATE TABLE run_queue (
   run_id TEXT PRIMARY KEY REFERENCES runs(run_id),
   status TEXT NOT NULL CHECK (status IN
     ('queued', 'starting', 'running', 'parked', 'done', 'failed', 'cancelled')),
-  hold TEXT CHECK (hold IN ('paused', 'source', 'crashed', 'effect')),
+  hold TEXT CHECK (hold IN ({holds})),
   runner_id TEXT,
   claim_token TEXT,
   claim_expires_at INTEGER,
@@ -51,7 +52,7 @@ CREATE TABLE run_queue (
   created_at INTEGER NOT NULL,
   updated_at INTEGER NOT NULL,
   started_at INTEGER,
-  finished_at INTEGER
+  finished_at INTEGER{extra}
 );
 CREATE INDEX run_queue_claimable ON run_queue(status, claim_expires_at);
 -- Claims take the oldest ready run: this index hands it over without sorting the queue.
@@ -61,6 +62,36 @@ CREATE INDEX run_queue_ready ON run_queue(created_at, run_id)
 CREATE UNIQUE INDEX run_queue_session_reservation ON run_queue(origin_session_id)
   WHERE origin_session_id IS NOT NULL AND status IN ('queued', 'starting', 'running');
 """
+
+
+# Layout 2's run queue (its migration copies layout-1 rows into it); layout 6 rebuilds it
+# with the 'waiting' hold, keeping layout 5's crash_count as its last column.
+RUN_QUEUE_SQL = _run_queue_sql("'paused', 'source', 'crashed', 'effect'")
+RUN_QUEUE_V6_SQL = _run_queue_sql(one_of(Hold), ",\n  crash_count INTEGER NOT NULL DEFAULT 0")
+
+def _node_attempts_sql(statuses: str) -> str:
+    return f"""
+CREATE TABLE node_attempts (
+  attempt_id TEXT PRIMARY KEY,
+  run_id TEXT NOT NULL REFERENCES runs(run_id),
+  seq INTEGER NOT NULL,
+  node_id TEXT NOT NULL,
+  generation INTEGER NOT NULL,
+  status TEXT NOT NULL CHECK (status IN ({statuses})),
+  exit_name TEXT,
+  output_json TEXT,
+  output_hash TEXT,
+  error_json TEXT,
+  started_at INTEGER NOT NULL,
+  finished_at INTEGER
+);
+CREATE INDEX node_attempts_run ON node_attempts(run_id, seq);
+-- An accepted step is accepted once.
+CREATE UNIQUE INDEX node_attempts_accepted ON node_attempts(run_id, seq) WHERE status = 'accepted';
+"""
+
+
+NODE_ATTEMPTS_V6_SQL = _node_attempts_sql(one_of(AttemptStatus))  # layout 6: 'waiting' attempts
 
 EFFECTS_AND_PROCESSES_SQL = """
 CREATE TABLE effects (
@@ -189,7 +220,78 @@ CRASH_COUNT_SQL = """
 ALTER TABLE run_queue ADD COLUMN crash_count INTEGER NOT NULL DEFAULT 0;
 """
 
-# Layout 6: controllers (DESIGN.md §9). A resource per (project, controller, key); its
+# Layout 6: people and agents in the loop (DESIGN.md §7). A request is opened by the node
+# attempt that waits for it (its id is derived from that attempt); its resolution is
+# written once, in the transaction that closes it. At most one submission of a request is
+# being validated at a time (the partial unique index).
+INTERACTIONS_SQL = f"""
+CREATE TABLE interaction_requests (
+  request_id TEXT PRIMARY KEY,
+  run_id TEXT NOT NULL REFERENCES runs(run_id),
+  attempt_id TEXT NOT NULL UNIQUE,
+  seq INTEGER NOT NULL,
+  node_id TEXT NOT NULL,
+  kind TEXT NOT NULL CHECK (kind IN ('decision', 'ask')),
+  workflow TEXT NOT NULL,
+  origin_session_id TEXT,
+  spec_json TEXT NOT NULL,
+  deadline_at INTEGER,
+  status TEXT NOT NULL CHECK (status IN ({one_of(RequestStatus)})),
+  revision INTEGER NOT NULL DEFAULT 1,
+  presenter TEXT,
+  presenter_expires_at INTEGER,
+  entry_id TEXT,
+  progress TEXT,
+  resolution_json TEXT,
+  created_at INTEGER NOT NULL,
+  updated_at INTEGER NOT NULL,
+  closed_at INTEGER
+);
+CREATE INDEX interaction_requests_open ON interaction_requests(deadline_at)
+  WHERE status IN ('pending', 'presenting');
+CREATE INDEX interaction_requests_run ON interaction_requests(run_id);
+CREATE INDEX interaction_requests_session ON interaction_requests(origin_session_id, status);
+
+CREATE TABLE interaction_submissions (
+  submission_id TEXT PRIMARY KEY,
+  request_id TEXT NOT NULL REFERENCES interaction_requests(request_id),
+  status TEXT NOT NULL CHECK (status IN ({one_of(SubmissionStatus)})),
+  value_json TEXT NOT NULL,
+  submitted_by TEXT NOT NULL,
+  session_id TEXT,
+  error TEXT,
+  created_at INTEGER NOT NULL,
+  settled_at INTEGER
+);
+CREATE INDEX interaction_submissions_request ON interaction_submissions(request_id, created_at);
+CREATE UNIQUE INDEX interaction_submissions_validating ON interaction_submissions(request_id)
+  WHERE status = 'validating';
+"""
+
+COUNTED_TRIGGERS = [f"{table}_counted_{event}" for table in ("runs", "run_queue")
+                    for event in ("insert", "status", "moved", "delete")] + ["runs_counted_paused"]
+
+# 6: the 'waiting' hold and attempt status (CHECK lists: run_queue and node_attempts are
+# rebuilt; the run-count triggers, which name both tables, are dropped first and made again
+# after), and the interaction tables.
+REBUILD_FOR_WAITING_SQL = "".join(f"DROP TRIGGER {name};\n" for name in COUNTED_TRIGGERS) + """
+ALTER TABLE run_queue RENAME TO run_queue_v5;
+DROP INDEX run_queue_claimable;
+DROP INDEX run_queue_ready;
+DROP INDEX run_queue_session_reservation;
+""" + RUN_QUEUE_V6_SQL + """
+INSERT INTO run_queue SELECT * FROM run_queue_v5;
+DROP TABLE run_queue_v5;
+ALTER TABLE node_attempts RENAME TO node_attempts_v5;
+DROP INDEX node_attempts_run;
+DROP INDEX node_attempts_accepted;
+""" + NODE_ATTEMPTS_V6_SQL + """
+INSERT INTO node_attempts SELECT * FROM node_attempts_v5;
+DROP TABLE node_attempts_v5;
+""" + _count_triggers("runs") + _count_triggers("run_queue") + INTERACTIONS_SQL
+
+
+# Layout 7: controllers (DESIGN.md §9). A resource per (project, controller, key); its
 # queue row (one per resource: dedupe, back-off, the claim); its events; its effects (the
 # same states and rules as a run's, keyed per spec generation); its child workflow runs.
 CONTROLLERS_SQL = """
@@ -330,25 +432,8 @@ CREATE TABLE runs (
 );
 CREATE INDEX runs_created ON runs(created_at);
 
-""" + RUN_QUEUE_SQL + """
-CREATE TABLE node_attempts (
-  attempt_id TEXT PRIMARY KEY,
-  run_id TEXT NOT NULL REFERENCES runs(run_id),
-  seq INTEGER NOT NULL,
-  node_id TEXT NOT NULL,
-  generation INTEGER NOT NULL,
-  status TEXT NOT NULL CHECK (status IN ('running', 'accepted', 'failed', 'interrupted')),
-  exit_name TEXT,
-  output_json TEXT,
-  output_hash TEXT,
-  error_json TEXT,
-  started_at INTEGER NOT NULL,
-  finished_at INTEGER
-);
-CREATE INDEX node_attempts_run ON node_attempts(run_id, seq);
--- An accepted step is accepted once.
-CREATE UNIQUE INDEX node_attempts_accepted ON node_attempts(run_id, seq) WHERE status = 'accepted';
-
+""" + RUN_QUEUE_V6_SQL + """
+""" + NODE_ATTEMPTS_V6_SQL + """
 CREATE TABLE run_events (
   event_id INTEGER PRIMARY KEY AUTOINCREMENT,
   run_id TEXT NOT NULL,
@@ -367,7 +452,7 @@ CREATE TABLE worker_messages (
   completed_at INTEGER NOT NULL,
   PRIMARY KEY (worker_epoch, message_id)
 );
-""" + EFFECTS_AND_PROCESSES_SQL + RUN_COUNTS_SQL + CRASH_COUNT_SQL + CONTROLLERS_SQL
+""" + EFFECTS_AND_PROCESSES_SQL + RUN_COUNTS_SQL + INTERACTIONS_SQL + CONTROLLERS_SQL
 
 
 
@@ -406,8 +491,7 @@ DROP TABLE run_workers_v2;
     # 5: crashes in a row are counted in the run's queue row, so a run that keeps killing
     # what runs it is held however often the host restarts.
     4: CRASH_COUNT_SQL,
-    # 6: controllers: resources, their queue, events, effects and child runs.
-    # (Written on the `controllers` branch as layout 6; at merge after the interactions
-    # layout it becomes layout 7, MIGRATIONS[6].)
-    5: CONTROLLERS_SQL,
+    5: REBUILD_FOR_WAITING_SQL,
+    # 7: controllers: resources, their queue, events, effects and child runs.
+    6: CONTROLLERS_SQL,
 }

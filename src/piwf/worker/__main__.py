@@ -23,7 +23,8 @@ from .. import processes
 from ..worker_protocol import (
     AttemptAccept, AttemptAcceptPayload, AttemptFail, AttemptFailPayload, AttemptStart, AttemptStartPayload,
     AttemptStartResult, EffectApply, EffectKeyPayload, EffectReserve, EffectReservePayload, EffectSettle,
-    EffectSettlePayload, EffectState, LaunchEnvelope, ProcessPayload, ProcessRegister, ProcessRegisterPayload,
+    EffectSettlePayload, EffectState, InteractionOpen, InteractionOpenPayload, LaunchEnvelope, PendingSubmission,
+    ProcessPayload, ProcessRegister, ProcessRegisterPayload, SubmissionReject, SubmissionRejectPayload,
     ProcessUnregister, Ready, ReadyPayload, ReadyResult, RunComplete, RunCompletePayload, RunFail,
     RunFailPayload, StartedAttempt, StepsPage, StepsRead, StepsReadPayload,
 )
@@ -41,6 +42,7 @@ class HostJournal:
         self.channel = channel
         self.started = started  # the first attempt, started by the host with worker.ready
         self.finished = False  # the run was completed with its last node's output
+        self.submissions: dict[str, PendingSubmission] = {}  # waiting attempt -> submission to validate
 
     def start(self, seq: int, node: str) -> str:
         started, self.started = self.started, None
@@ -50,12 +52,16 @@ class HostJournal:
         if result.stop is not None:
             raise Stop(result.stop)
         assert result.attemptId is not None
+        if result.submission is not None:
+            self.submissions[result.attemptId] = result.submission
         return result.attemptId
 
     def accept(self, attempt_id: str, output: Any, exit_name: str, *, final: bool = False) -> None:
         # final: the last node, accepted and the run completed in one step
-        self.channel.request(AttemptAccept, AttemptAcceptPayload(attemptId=attempt_id, exit=exit_name,
-                                                                 output=output, final=final))
+        submission = self.submissions.pop(attempt_id, None)
+        self.channel.request(AttemptAccept, AttemptAcceptPayload(
+            attemptId=attempt_id, exit=exit_name, output=output, final=final,
+            submissionId=None if submission is None else submission.submissionId))
         self.finished = final
 
     def fail(self, attempt_id: str, error: dict[str, Any]) -> None:
@@ -87,6 +93,20 @@ class HostJournal:
         faults.point("worker.effect.applied")
         self.channel.request(EffectSettle, EffectSettlePayload(key=key, result=result))
         return result
+
+    def wait_for(self, attempt_id: str, request: dict[str, Any]) -> None:
+        payload = msgspec.convert({"attemptId": attempt_id, **request}, InteractionOpenPayload)
+        self.channel.request(InteractionOpen, payload)
+        raise Stop("waiting")
+
+    def submission(self, attempt_id: str) -> tuple[str, Any] | None:
+        pending = self.submissions.get(attempt_id)
+        return None if pending is None else (pending.submissionId, pending.value)
+
+    def reject(self, submission_id: str, reason: str) -> None:
+        self.channel.request(SubmissionReject, SubmissionRejectPayload(submissionId=submission_id,
+                                                                       error=reason[:8192]))
+        raise Stop("waiting")
 
     def process_started(self, node: str, pid: int) -> None:
         faults.point("worker.shell.spawned")

@@ -1,0 +1,157 @@
+"""``piwf inbox``, ``piwf decide``, ``piwf answer``: people in the loop from a terminal."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .errors import ExitCode, HostTimeout
+
+ANSWER_POLL_S = 0.1  # how often `piwf answer --wait` asks whether its submission was validated
+
+
+def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
+    inbox = commands.add_parser("inbox", parents=[common], help="decisions and asks waiting for an answer")
+    inbox.add_argument("--session", metavar="ID", help="only requests of runs started by this session")
+    inbox.add_argument("--run", metavar="RUN_ID", help="only this run's requests")
+    inbox.add_argument("--all", action="store_true", help="closed requests too (settled, expired, cancelled)")
+    inbox.set_defaults(handler=cmd_inbox)
+    decide = commands.add_parser("decide", parents=[common], help="answer a decision; the first answer wins")
+    decide.add_argument("request_id", metavar="REQUEST_ID")
+    decide.add_argument("choice", metavar="CHOICE", help="one of the decision's choice ids")
+    decide.add_argument("--input", metavar="TEXT", help="the text a choice with input takes (kept exactly)")
+    decide.add_argument("--request-id", dest="command_id", metavar="ID",
+                        help="this command's request id: the same id again is a safe retry")
+    decide.set_defaults(handler=cmd_decide)
+    answer = commands.add_parser("answer", parents=[common], help="submit a value to an ask; the workflow "
+                                 "validates it")
+    answer.add_argument("request_id", metavar="REQUEST_ID")
+    answer.add_argument("--value", required=True, metavar="JSON", help="the value, as JSON; `-` reads it from "
+                        "stdin, `@FILE` from FILE (a JSON string needs its quotes: '\"text\"')")
+    answer.add_argument("--session", metavar="ID", help="the submitting session (the run's origin session, if any)")
+    answer.add_argument("--wait", action="store_true", help="wait until it is validated; exit 1 with the reason "
+                        "when it is rejected")
+    answer.add_argument("--request-id", dest="command_id", metavar="ID",
+                        help="this command's request id: the same id again is a safe retry")
+    answer.set_defaults(handler=cmd_answer)
+
+
+def cmd_inbox(args: argparse.Namespace) -> int:
+    from .cli import _client, _ok, _print
+
+    payload: dict[str, Any] = {"open": not args.all}
+    if args.session:
+        payload["sessionId"] = args.session
+    if args.run:
+        payload["runId"] = args.run
+    with _client(args) as client:
+        page = _ok(client.call("interaction.list", payload=payload))
+    _print(args, page, lambda p: "\n".join(format_request(r) for r in p["requests"]) or "nothing waits for you")
+    return 0
+
+
+SHOWN = 200  # characters of a value or an error shown in a listing (--json has it all)
+
+
+def shown(text: Any, limit: int = SHOWN) -> str:
+    """Text from a workflow or a client, safe on a terminal: control and format characters
+    escaped (no escape sequences, no line breaks), cut to ``limit`` with a mark."""
+    text = str(text)
+    safe = "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+    return safe if len(safe) <= limit else safe[:limit] + "…"
+
+
+def format_request(r: dict[str, Any]) -> str:
+    """A request in a few lines: what is asked, how to answer it (while it is open), and
+    its state."""
+    head = f"{r['requestId']}  {r['kind']:8} {r['status']:10} run {r['runId']} ({r['workflow']}/{r['nodeId']})"
+    lines = [head, f"    {shown(r['title'], 2000)}"]
+    is_open = r["status"] in ("pending", "presenting")
+    if r["choices"]:
+        choices = ", ".join(f"{key} = {shown(c['label'])}" + (" (+text)" if c.get("input") else "")
+                            for key, c in r["choices"].items())
+        lines.append(f"    choices: {choices}")
+        if is_open:
+            lines.append(f"    answer:  piwf decide {r['requestId']} CHOICE")
+    else:
+        lines.append(f"    expects: {shown(json.dumps(r['schema']))}")
+        if is_open:
+            lines.append(f"    answer:  piwf answer {r['requestId']} --value JSON"
+                         + (f" --session {r['originSessionId']}" if r["originSessionId"] else ""))
+    if r["deadline"]:
+        default = r.get("default")
+        lines.append(f"    deadline {r['deadline']}" + (f", then {default['choice']}" if default else ""))
+    last = r.get("lastSubmission")
+    if last:
+        lines.append(f"    last submission: {last['status']}" + (f" ({shown(last['error'])})" if last["error"] else ""))
+    if r.get("resolution"):
+        res = r["resolution"]
+        got = res.get("choice") or shown(json.dumps(res.get("value")))
+        lines.append(f"    resolved: {got} ({res['provenance']}, by {res['answeredBy'] or 'its deadline'})")
+    return "\n".join(lines)
+
+
+def cmd_decide(args: argparse.Namespace) -> int:
+    from .cli import _client, _ok, _print
+
+    payload: dict[str, Any] = {"requestId": args.request_id, "choice": args.choice}
+    if args.input is not None:
+        payload["input"] = args.input
+    with _client(args) as client:
+        receipt = _ok(client.call("decision.answer", payload=payload, request_id=args.command_id))
+    _print(args, receipt, lambda r: f"{r['requestId']}: answered {r['choice']} (run {r['runId']})")
+    return 0
+
+
+def cmd_answer(args: argparse.Namespace) -> int:
+    from .cli import _client, _json_arg, _ok, _print
+
+    value = _json_arg(_read_value(args.value), "--value")
+    payload: dict[str, Any] = {"requestId": args.request_id, "value": value}
+    if args.session:
+        payload["sessionId"] = args.session
+    with _client(args) as client:
+        receipt = _ok(client.call("interaction.submit", payload=payload, request_id=args.command_id))
+        if not args.wait:
+            _print(args, receipt, lambda r: f"{r['submissionId']}: submitted; the workflow validates it")
+            return 0
+        submission = _wait_validated(client, receipt, args.timeout)
+    _print(args, submission, lambda s: f"{s['submissionId']}: {s['status']}"
+           + (f": {s['error']}" if s.get("error") else ""))
+    return 0 if submission["status"] == "accepted" else ExitCode.ERROR
+
+
+def _read_value(text: str) -> str:
+    from .errors import UsageError
+
+    if text != "-" and not text.startswith("@"):
+        return text
+    try:
+        if text == "-":
+            return sys.stdin.read()
+        return Path(text[1:]).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--value {text}: cannot read it: {exc}") from None
+
+
+def _wait_validated(client: Any, receipt: dict[str, Any], timeout: float | None) -> dict[str, Any]:
+    """Ask until the submission is no longer being validated (or ``timeout`` passes)."""
+    from .cli import DEFAULT_TIMEOUT_S, _ok
+
+    deadline = time.monotonic() + (timeout or DEFAULT_TIMEOUT_S)
+    while True:
+        page = _ok(client.call("interaction.list", payload={"runId": receipt["runId"], "open": False,
+                                                            "limit": 1000}))
+        for request in page["requests"]:
+            last = request["lastSubmission"]
+            if request["requestId"] == receipt["requestId"] and last and last["submissionId"] == \
+                    receipt["submissionId"] and last["status"] != "validating":
+                return last
+        if time.monotonic() > deadline:
+            raise HostTimeout(f"submission {receipt['submissionId']} is still being validated; "
+                              f"see piwf inbox --run {receipt['runId']}")
+        time.sleep(ANSWER_POLL_S)
