@@ -9,6 +9,7 @@ held) and no ledger line may appear twice.
 
 from __future__ import annotations
 
+import random
 import textwrap
 import time
 from collections import Counter
@@ -57,6 +58,7 @@ class ControllerChaos:
         self.count = chaos.args.resources
         self.ledger = chaos.root / "ctl-ledger.txt"
         self.ambiguous = 0
+        self.rng = random.Random(chaos.args.seed + 2)  # its own: the other threads' draws stay the seed's
 
     def install(self) -> None:
         path = self.chaos.project / ".piwf" / "controllers" / "chaosctl.py"
@@ -71,7 +73,7 @@ class ControllerChaos:
 
     def apply_all(self) -> None:
         """Apply every resource, then change the spec of every other one (a new generation)."""
-        rng = self.chaos.rng
+        rng = self.rng
         for round_ in (1, 2):
             for index in range(self.count):
                 if round_ == 2 and index % 2:
