@@ -13,7 +13,7 @@ from piwf.client import AsyncClient
 from piwf.errors import RequestTooLarge
 from piwf.paths import StatePaths
 
-from .conftest import wait_for
+from .conftest import wait_for, write_workflow
 
 ROOT = Path(__file__).resolve().parents[1]
 # The worked example of docs/controllers.md, as the page shows it: keep out/<key>.txt in
@@ -212,3 +212,39 @@ async def test_the_cli_applies_shows_lists_reconciles_and_deletes(host: Any, pat
     assert missing.returncode != 0 and missing.stderr.decode().count("\n") == 1
     bad = await piwf(paths, "controller", "apply", "mirror", "cli", "--spec", "{nope", *where, check=False)
     assert bad.returncode == 2 and "--spec is not valid JSON" in bad.stderr.decode()
+
+
+# Its child run waits for a person's decision (docs/people-in-the-loop.md).
+APPROVER = """
+    from piwf import Controller, Result
+
+    def reconcile(ctx):
+        child = ctx.workflows.ensure("approval", "deploy", {})
+        ready = "True" if child["state"] == "succeeded" else "False"
+        return Result.settled(status={"child": child["state"]},
+                              conditions=[{"type": "Ready", "status": ready, "reason": child["state"]}])
+
+    controller = Controller(name="approver", reconcile=reconcile)
+"""
+
+
+async def test_a_child_run_waiting_for_a_decision_shows_waiting_then_succeeded(host: Any, paths: StatePaths,
+                                                                              project: Path) -> None:
+    from .test_interactions import deploy_source, open_request
+
+    write_workflow(project, "deploy", deploy_source())
+    write_controller(project, "approver", APPROVER)
+    await ctl(paths, "apply", project, "approver", "a", spec={})
+
+    async def child_in(state: str) -> dict[str, Any] | None:
+        got = await get(paths, project, "approver", "a")
+        ok = got and got["status"].get("workflowRun", {}).get("state") == state and not got["reconciling"]
+        return got if ok and got["status"]["controllerStatus"] == {"child": state} else None
+
+    waiting = await wait_for(lambda: child_in("waiting"))
+    request = await open_request(paths, waiting["status"]["workflowRun"]["runId"])
+    async with AsyncClient(paths) as client:
+        assert (await client.call("decision.answer", payload={"requestId": request["requestId"],
+                                                              "choice": "yes"})).outcome == "accepted"
+    done = await wait_for(lambda: child_in("succeeded"))
+    assert done["ready"] == "True"
