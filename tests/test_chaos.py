@@ -36,10 +36,14 @@ def check(summary: dict) -> None:
     assert summary["lifecycle_contradictions"] == 0, seed
     assert summary["integrity_check"] == "ok", seed
     assert summary["host_kills"] + summary["worker_kills"] >= summary["kills"], seed
+    # controllers under the same kills: every resource converges, no reconcile effect twice
+    assert summary["resources_converged"] == summary["resources"], seed
+    assert summary["resource_effects_applied_twice"] == 0, seed
+    assert summary["resources_missing_effect"] == 0, seed
 
 
 def test_a_small_chaos_run_loses_nothing_and_repeats_no_effect() -> None:
-    summary = chaos("--runs", "10", "--kills", "5", "--hostile-every", "2", "--loop-every", "3")
+    summary = chaos("--runs", "10", "--kills", "5", "--hostile-every", "2", "--loop-every", "3", "--resources", "6")
     check(summary)
     assert sorted(summary["hostile_runs"]) == ["exit0", "exit3", "oversized", "parricide"]
     assert summary["takeover_ms"]["count"] >= 1

@@ -15,6 +15,7 @@ from piwf import faults
 from piwf.paths import StatePaths
 
 from .conftest import HostProcess, config, piwf, wait_for, write_workflow
+from .test_controllers import write_controller
 from .test_lifecycle import call
 
 SRC = Path(__file__).parent.parent / "src" / "piwf"
@@ -69,6 +70,13 @@ def test_every_point_used_in_the_source_is_declared_and_every_declared_point_is_
     assert used == set(faults.POINTS)
 
 
+SETTLE = """
+from piwf import Controller, Result
+
+controller = Controller(name="settle", reconcile=lambda ctx: Result.settled())
+"""
+
+
 async def test_every_declared_point_is_reached(paths: StatePaths, project: Path, tmp_path: Path,
                                                nursery: trio.Nursery) -> None:
     from piwf.host.host import Host
@@ -86,11 +94,14 @@ async def test_every_declared_point_is_reached(paths: StatePaths, project: Path,
         return done["status"] == "completed"
 
     await wait_for(completed)
+    write_controller(project, "settle", SETTLE)  # and a controller's reconcile
+    await call(paths, "controller.apply", payload={"projectPath": str(project), "controller": "settle", "key": "k",
+                                                   "spec": {}})
 
     def reached() -> set[str]:
         return set(trace.read_text().split()) if trace.exists() else set()
 
-    await wait_for(lambda: {"host.lease.renewed", "host.worker.recorded"} <= reached())
+    await wait_for(lambda: {"host.lease.renewed", "host.worker.recorded", "host.reconcile.recorded"} <= reached())
     host.stop_requested.set()
     assert reached() == set(faults.POINTS), f"never reached: {sorted(set(faults.POINTS) - reached())}"
 

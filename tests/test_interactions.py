@@ -465,7 +465,7 @@ def test_exits_no_run_could_take_are_refused() -> None:
     x = compute(lambda ctx: 1)
     with pytest.raises(PiwfError, match="ask 'q' has no exit 'a'"):
         Workflow("w", "q", {"q": ask("Why?"), "x": x}, [("q.a", "x")])
-    with pytest.raises(PiwfError, match="q.timeout can never be taken: 'q' has no deadline"):
+    with pytest.raises(PiwfError, match=r"q\.timeout can never be taken: 'q' has no deadline"):
         Workflow("w", "q", {"q": ask("Why?"), "x": x}, [("q.timeout", "x")])
     with pytest.raises(PiwfError, match="resolves to its default"):
         Workflow("w", "d", {"d": decision("Go?", {"a": "A"}, deadline=5, default="a"), "x": x},

@@ -179,3 +179,26 @@ def test_a_layout_5_database_is_migrated_keeping_runs_steps_and_counts(tmp_path:
         name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
     assert db.scalar("PRAGMA integrity_check") == "ok"
     db.close()
+
+
+def test_a_layout_6_database_gains_the_controller_tables_as_a_fresh_one_has_them(tmp_path: Path) -> None:
+    def controller_schema(db: Database) -> set[tuple[str, str]]:
+        return set(db.execute("SELECT name, sql FROM sqlite_master WHERE name LIKE 'controller%'"))
+
+    fresh = Database.open(tmp_path / "fresh.db")
+    expected = controller_schema(fresh)
+    fresh.close()
+    assert {name for name, _ in expected} >= {"controller_resources", "controller_queue", "controller_events",
+                                              "controller_effects", "controller_workflows"}
+    path = tmp_path / "v6.db"
+    db = Database.open(path)
+    for table in ("controller_workflows", "controller_effects", "controller_events", "controller_queue",
+                  "controller_resources"):
+        db.execute(f"DROP TABLE {table}")
+    db.execute("PRAGMA user_version = 6")
+    db.close()
+    db = Database.open(path)
+    assert db.scalar("PRAGMA user_version") == SCHEMA_VERSION
+    assert controller_schema(db) == expected
+    assert db.scalar("PRAGMA integrity_check") == "ok"
+    db.close()

@@ -5,11 +5,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from piwf.controller_protocol import RECONCILE_OPERATIONS
 from piwf.worker_protocol import WORKER_OPERATIONS
 
 ROOT = Path(__file__).resolve().parents[1]
 HOST = sorted((ROOT / "src" / "piwf" / "host").glob("*.py"))
-STORE_MODULES = ("queue", "runs", "workers", "effects", "commands", "supervision")
+STORE_MODULES = ("queue", "runs", "workers", "effects", "commands", "supervision", "controllers", "controller_queue",
+                 "controller_effects")
 
 
 def _host_source() -> str:
@@ -27,7 +29,7 @@ def test_the_host_opens_no_transaction_and_runs_no_sql() -> None:
 def test_every_store_operation_the_host_calls_is_listed_on_the_architecture_page() -> None:
     source = _host_source()
     called = {f"{module}.{name}" for module, name in
-              re.findall(rf"\b({'|'.join(STORE_MODULES)})\.([a-z_]+)\(", source)}
+              re.findall(rf"(?<![\w.])({'|'.join(STORE_MODULES)})\.([a-z_]+)\(", source)}
     called |= {f"hosts.{name}" for name in re.findall(r"from \.\.store\.hosts import ([\w, ]+)", source)[0].split(", ")}
     page = (ROOT / "docs" / "architecture.md").read_text()
     missing = sorted(name for name in called if f"`{name}`" not in page)
@@ -36,5 +38,5 @@ def test_every_store_operation_the_host_calls_is_listed_on_the_architecture_page
 
 def test_every_worker_operation_is_in_the_protocol_reference() -> None:
     page = (ROOT / "docs" / "protocol.md").read_text()
-    missing = sorted(op for op in WORKER_OPERATIONS if f"`{op}`" not in page)
+    missing = sorted(op for op in {**WORKER_OPERATIONS, **RECONCILE_OPERATIONS} if f"`{op}`" not in page)
     assert not missing, missing

@@ -1,4 +1,4 @@
-"""``python -m piwf.chaos``: run workflows while killing the host and its workers.
+"""``python -m piwf.chaos``: run workflows and controllers while killing the host and its workers.
 
 Starts a host on a temporary state directory, submits ``--runs`` runs of a workflow with
 shell nodes and effects (the outside world is a ledger file), and meanwhile kills
@@ -10,8 +10,9 @@ run in ``--hostile-every`` is a hostile workflow instead: its node exits early w
 0 or 3, kills its parent, or returns an output over the limit. Afterwards it plays the
 operator for effects held as ambiguous (the ledger says what happened), waits for every
 run, and prints one JSON summary on stdout: no run lost or done twice, every hostile run
-held or failed with its reason, and the host never exiting but when killed. Progress goes
-to stderr.
+held or failed with its reason, and the host never exiting but when killed; with
+``--resources`` (``chaos_controllers``) every controller resource converged and no effect
+of a reconcile applied twice. Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from typing import Any
 
 import psutil
 
+from .chaos_controllers import ControllerChaos, bad as controllers_bad
 from .client import Client, make_request
 from .errors import HostUnavailable
 from .faults import POINTS
@@ -162,11 +164,12 @@ class Chaos:
         self.lock = threading.Lock()
         self.settled = threading.Event()  # every run settled: the person stops
         self.person_rng = random.Random(args.seed + 1)  # its own: the other threads' draws stay the seed's
+        self.controllers = ControllerChaos(self)
 
     # --- the host ---
 
     def _serve(self, fault: str | None, *extra: str) -> subprocess.Popen[bytes]:
-        env = {**os.environ, "PIWF_CHAOS_LEDGER": str(self.ledger)}
+        env = {**os.environ, "PIWF_CHAOS_LEDGER": str(self.ledger), **self.controllers.env()}
         env.pop("PIWF_FAULT", None)
         if fault:
             env["PIWF_FAULT"] = fault
@@ -381,6 +384,7 @@ class Chaos:
         self.project.joinpath(".piwf", "workflows", "chaos.py").write_text(textwrap.dedent(WORKFLOW))
         self.project.joinpath(".piwf", "workflows", "hostile.py").write_text(textwrap.dedent(HOSTILE))
         self.project.joinpath(".piwf", "workflows", "loop.py").write_text(textwrap.dedent(LOOP))
+        self.controllers.install()
         self.start_host()
         self.tally.takeover_ms.clear()  # the first start is not a takeover
         if self.args.standby:
@@ -388,6 +392,8 @@ class Chaos:
         submitter = threading.Thread(target=self.submit_all, name="submitter", daemon=True)
         submitter.start()
         threading.Thread(target=self.person, name="person", daemon=True).start()
+        applier = threading.Thread(target=self.controllers.apply_all, name="applier", daemon=True)
+        applier.start()
         for _ in range(self.args.kills):
             time.sleep(self.rng.uniform(0.05, 0.5))
             self.ensure_host()
@@ -396,6 +402,9 @@ class Chaos:
         while submitter.is_alive():  # a fault armed by the last kill may still stop the host
             self.ensure_host()
             submitter.join(0.05)
+        while applier.is_alive():
+            self.ensure_host()
+            applier.join(0.05)
         self.ensure_host()
         self.restart_clean()
         return self.settle_and_summarize()
@@ -416,6 +425,7 @@ class Chaos:
             final[run_id] = self.wait_run(run_id, deadline)
         self.settled.set()
         summary = self.summarize(final) | self.loop_summary(final)
+        summary.update(self.controllers.settle(deadline))
         self.stop_host()
         summary["integrity_check"] = self.integrity()
         return summary
@@ -536,6 +546,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: random, printed)")
     parser.add_argument("--max-workers", type=int, default=4)
     parser.add_argument("--durability", choices=("full", "normal"), default="full")
+    parser.add_argument("--resources", type=int, default=10,
+                        help="controller resources to apply, half of them changed once (default 10; 0: none)")
     parser.add_argument("--hostile-every", type=int, default=5, metavar="K",
                         help="one run in K is a hostile workflow (default 5; 0: none)")
     parser.add_argument("--loop-every", type=int, default=4, metavar="K",
@@ -546,9 +558,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="keep a `piwf serve --standby` waiting: it replaces each killed host")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (path on stderr)")
     args = parser.parse_args(argv)
-    if args.runs < 1 or args.kills < 0 or args.max_workers < 1 or args.hostile_every < 0 or args.loop_every < 0:
-        parser.error("--runs and --max-workers must be at least 1, --kills, --hostile-every and --loop-every "
-                     "at least 0")
+    if (args.runs < 1 or args.kills < 0 or args.max_workers < 1 or args.hostile_every < 0 or args.loop_every < 0
+            or args.resources < 0):
+        parser.error("--runs and --max-workers must be at least 1, --kills, --hostile-every, --loop-every and "
+                     "--resources at least 0")
     if args.seed is None:
         args.seed = random.randrange(2**32)
     return args
@@ -569,7 +582,8 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(summary, sort_keys=True))
     bad = summary["runs_lost"] or summary["effects_applied_twice"] or summary["runs_stuck"] \
         or summary["runs_duplicated"] or summary["unexpected_host_exits"] or summary["integrity_check"] != "ok" \
-        or summary["answers_lost"] or summary["answered_twice"] or summary["answers_refused"]
+        or summary["answers_lost"] or summary["answered_twice"] or summary["answers_refused"] \
+        or controllers_bad(summary)
     return 1 if bad else 0
 
 

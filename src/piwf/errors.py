@@ -180,6 +180,38 @@ class NodeFailed(WorkflowError):
         self.error = error or {"type": "NodeFailed", "message": message}
 
 
+# --- controllers (raised by reconcile functions; see piwf.controllers) -----------------
+
+
+class ControllerError(PiwfError):
+    code = "controller"
+
+
+class ControllerLoadError(ControllerError):
+    """A controller file that cannot be found or imported, or defines no ``controller``."""
+
+    code = "controllerLoad"
+
+
+class TemporaryError(ControllerError):
+    """Raised by a reconcile: try again after ``delay`` seconds (kopf's TemporaryError)."""
+
+    code = "temporary"
+
+    def __init__(self, message: str = "", delay: float = 60.0) -> None:
+        super().__init__(message or f"temporary error; retry in {delay:g} s")
+        if not 0 <= delay <= 86_400:
+            raise ValueError("TemporaryError delay must be between 0 and 86400 seconds")
+        self.delay = delay
+
+
+class PermanentError(ControllerError):
+    """Raised by a reconcile: do not retry until the resource's spec changes; its
+    ``Ready`` condition says why (kopf's PermanentError)."""
+
+    code = "permanent"
+
+
 # --- host ------------------------------------------------------------------------------
 
 

@@ -17,6 +17,10 @@ from typing import Annotated, Any, ClassVar
 
 from msgspec import UNSET, Meta, Struct, UnsetType
 
+from .controller_wire import (
+    ApplyReceipt, ApplyResourcePayload, ListResourcesPayload, ResolveResourceEffectPayload,
+    ResolveResourceEffectReceipt, ResourceDetail, ResourcePayload, ResourceRef, ResourceSummary,
+)
 from .status import (
     EffectStatus, Hold, Provenance, QueueStatus, RequestStatus, RunStatus, SubmissionStatus, WorkerStatus,
 )
@@ -242,6 +246,11 @@ class HostStatus(Struct):
     expiredClaims: int
     pendingInteractions: Annotated[int, Meta(description="open decisions and asks")]
     lifecycleContradictions: Annotated[int, Meta(description="0 unless the database was edited by hand")]
+    pendingControllers: Annotated[int, Meta(description="resources with a reconcile queued (due now or later)")] = 0
+    heldControllers: Annotated[int, Meta(description="resources held after a permanent error or an ambiguous "
+                                                     "effect")] = 0
+    activeControllerWorkers: Annotated[int, Meta(description="reconciles running now")] = 0
+    maxControllerWorkers: int = 4
 
 
 class StopReceipt(Struct):
@@ -507,9 +516,61 @@ class AnswerDecision(Request, tag="decision.answer"):
     receipt_type = AnswerReceipt
 
 
+
+# --- controllers (DESIGN.md §9; payloads and receipts in piwf.controller_wire) -----------------
+
+
+class ApplyResource(Request, tag="controller.apply"):
+    """Create a resource or change its spec (a new spec queues a reconcile; the same spec
+    again changes nothing). The controller file must load."""
+
+    payload: ApplyResourcePayload
+    receipt_type = ApplyReceipt
+
+
+class GetResource(Request, tag="controller.get"):
+    """One resource: spec, status, conditions, finalizers, its queue row and recent events."""
+
+    payload: ResourcePayload
+    is_read = True
+    receipt_type = ResourceDetail
+
+
+class ListResources(Request, tag="controller.list"):
+    """Resource summaries, by project, controller and key."""
+
+    payload: ListResourcesPayload = ListResourcesPayload()
+    is_read = True
+    receipt_type = list[ResourceSummary]
+
+
+class DeleteResource(Request, tag="controller.delete"):
+    """Request deletion: the next reconcile sees `deletionTimestamp` and must clear the
+    finalizers; a resource without finalizers is removed at once."""
+
+    payload: ResourcePayload
+    receipt_type = ResourceRef
+
+
+class ReconcileResource(Request, tag="controller.reconcile"):
+    """Queue a reconcile (deduplicated; lifts a permanent-error hold)."""
+
+    payload: ResourcePayload
+    receipt_type = ResourceRef
+
+
+class ResolveResourceEffect(Request, tag="controller.resolve"):
+    """Say whether a reconcile's ambiguous effect was applied; the resource is reconciled again."""
+
+    payload: ResolveResourceEffectPayload
+    receipt_type = ResolveResourceEffectReceipt
+
+
 AnyRequest = (GetHostStatus | StopHost | StartRun | ListRuns | GetRun | GetRunEvents | WaitRun | CancelRun
               | PauseRun | ResumeRun | ResolveEffect | ListInteractions | UpdateInteraction | SubmitInteraction
-              | AnswerDecision)
+              | AnswerDecision
+              | ApplyResource | GetResource | ListResources | DeleteResource | ReconcileResource
+              | ResolveResourceEffect)
 REQUEST_TYPES: tuple[type[Request], ...] = AnyRequest.__args__
 OPERATIONS: dict[str, type[Request]] = {kind.__struct_config__.tag: kind for kind in REQUEST_TYPES}  # type: ignore[misc]
 

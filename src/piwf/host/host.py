@@ -13,9 +13,12 @@
     │                    with reason hostStopping and a deadline for all cleanup
     ├── socket server    one task per connection (on the socket systemd passed, if it did)
     ├── deadline timer   closes interaction requests at their deadline (sleeps until the nearest)
-    └── run dispatcher   claims runs in batches
-        ├── claim renewer    every active claim, one transaction; a lost one cancels its run
-        └── run supervisor   one per active run, in its own scope: the worker process
+    ├── run dispatcher   claims runs in batches
+    │   ├── claim renewer    every active claim, one transaction; a lost one cancels its run
+    │   └── run supervisor   one per active run, in its own scope: the worker process
+    └── controller dispatcher  claims due resources (host/reconciles.py)
+        ├── claim renewer, child watcher
+        └── reconcile supervisor   one per reconcile, in its own scope: the worker process
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from .launcher import fork_available
 from .lock import HostLock
 from .notify import Notifier, open_notifier
 from .deadlines import serve_deadlines
+from .reconciles import serve_controllers
 from .runs import serve_dispatcher
 from .server import adopt_listener, check_socket_path, open_listener, serve_socket
 from .state import HostConfig, HostState, log
@@ -152,6 +156,7 @@ class Host:
                     nursery.start_soon(_prune_commands, host)
                     await nursery.start(serve_dispatcher, host)
                     await nursery.start(serve_deadlines, host)
+                    await nursery.start(serve_controllers, host)
                     await nursery.start(serve_socket, host, listener)
                     log.info("serving %s at epoch %d (max %d workers)%s", config.state_dir.socket, host.epoch,
                              config.max_workers, "" if inherited is None else " on the inherited socket")

@@ -35,6 +35,7 @@ from ..status import AT_REST, QueueStatus, StopReason
 from ..store import commands, effects, interactions, queue, runs
 from ..store.hosts import read_lease
 from ..wire import HostResponse, check_id, request_fingerprint
+from . import controller_operations
 from .catalog import WorkflowInfo
 from .state import HostState, log
 
@@ -100,6 +101,7 @@ def status_receipt(host: HostState) -> HostStatus:
         "connectedClients": host.connections,
         "hostRssBytes": _HOST_PROCESS.memory_info().rss,
         **runs.status_counts(host.db, now),
+        **controller_operations.status_counts(host),
     }, HostStatus)
 
 
@@ -302,3 +304,5 @@ WRITES: dict[type[Request], tuple[Prepare, Apply]] = {
     SubmitInteraction: (None, _interaction_submit),
     AnswerDecision: (None, _decision_answer),
 }
+READS.update(controller_operations.READS)
+WRITES.update(controller_operations.WRITES)

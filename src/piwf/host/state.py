@@ -20,6 +20,7 @@ from ..store.group import GroupCommit
 from ..store.hosts import HostClaim
 from ..store.queue import Claim
 from .catalog import Catalog
+from .controller_state import ControllerState
 from .launcher import Launcher, SpawnLauncher
 
 log = logging.getLogger("piwf.host")
@@ -49,6 +50,8 @@ class HostConfig:
     notify_socket: str | None = None  # sd_notify's $NOTIFY_SOCKET: a path, or @name (abstract)
     watchdog_s: float | None = None  # the service's watchdog period ($WATCHDOG_USEC), pinged twice per period
     standby: bool = False  # wait for the host lock instead of refusing to start (piwf serve --standby)
+    max_controller_workers: int = 4  # reconciles at once (DESIGN.md §9)
+    controller_lease_ms: int = 120_000  # a reconcile's claim; renewed every quarter and on each worker message
 
 
 class Conclusion(Enum):
@@ -140,6 +143,7 @@ class HostState:
     run_changed: trio_util.RepeatedEvent = field(default_factory=trio_util.RepeatedEvent)
     stop_requested: trio.Event = field(default_factory=trio.Event)
     wake_deadlines: trio.Event = field(default_factory=trio.Event)  # a request opened or went back to waiting
+    controllers: ControllerState = field(default_factory=ControllerState)
 
     @property
     def epoch(self) -> int:

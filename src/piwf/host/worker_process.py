@@ -14,6 +14,8 @@ import os
 import signal
 import weakref
 from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import trio
 
@@ -96,11 +98,16 @@ def cleanup_scope(host: HostState, budget_s: float) -> trio.CancelScope:
     return trio.CancelScope(shield=True, deadline=min(trio.current_time() + budget_s, host.drain_deadline))
 
 
-async def run_worker(host: HostState, active: ActiveRun, envelope: LaunchEnvelope, project: str) -> None:
+Pump = Callable[[HostState, Any, trio.lowlevel.FdStream, trio.lowlevel.FdStream], Awaitable[None]]
+
+
+async def run_worker(host: HostState, active: ActiveRun, envelope: LaunchEnvelope, project: str, *,
+                     launch_var: str = "PIWF_WORKER_LAUNCH", pump: Pump | None = None) -> None:
     """Run the worker to its exit; on cancellation stop it. ``active.process_end`` says
-    how the process ended, whichever way this returns."""
+    how the process ended, whichever way this returns. A controller's reconcile worker
+    (``host/reconciles.py``) comes through here too, with its own launch variable and pump."""
     env = {**_base_env(host),
-           "PIWF_WORKER_LAUNCH": base64.urlsafe_b64encode(canonical_json(envelope)).decode().rstrip("=")}
+           launch_var: base64.urlsafe_b64encode(canonical_json(envelope)).decode().rstrip("=")}
     with Pipes() as pipes:
         try:
             proc = await host.launcher.start(Launch(project, env, pipes.to_worker_r, pipes.from_worker_w))
@@ -112,18 +119,18 @@ async def run_worker(host: HostState, active: ActiveRun, envelope: LaunchEnvelop
             return
         pipes.close_child_ends()
         send, receive = pipes.streams()
-    await _supervise_process(host, active, envelope, proc, send, receive)
+    await _supervise_process(host, active, envelope, proc, send, receive, pump or _pump)
 
 
 async def _supervise_process(host: HostState, active: ActiveRun, envelope: LaunchEnvelope, proc: WorkerHandle,
-                             send: trio.lowlevel.FdStream, receive: trio.lowlevel.FdStream) -> None:
+                             send: trio.lowlevel.FdStream, receive: trio.lowlevel.FdStream, pump: Pump) -> None:
     diagnostics = Diagnostics()
     exited = False
     try:
         workers.attach_process(host.db, envelope.workerEpoch, proc.pid, proc.identity or "")
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_read_output, proc.stdout, diagnostics)
-            nursery.start_soon(_pump, host, active, receive, send)
+            nursery.start_soon(pump, host, active, receive, send)
             await proc.wait_exited()
             exited = True
             nursery.cancel_scope.cancel()
@@ -185,7 +192,7 @@ async def _read_output(stream: trio.abc.ReceiveStream | None, diagnostics: Diagn
     diagnostics.complete = True
 
 
-async def _receive(stream: trio.lowlevel.FdStream, deadline: float | None) -> bytes | None:
+async def receive_before(stream: trio.lowlevel.FdStream, deadline: float | None) -> bytes | None:
     """The next chunk (b"" at the end), or None if the deadline passed first."""
     if deadline is None:
         return await stream.receive_some(65536)
@@ -200,7 +207,7 @@ async def _pump(host: HostState, active: ActiveRun, receive: trio.lowlevel.FdStr
     startup_deadline = trio.current_time() + host.config.worker_startup_s
     while True:
         # Until the worker reports ready, a read waits no longer than the startup timeout.
-        chunk = await _receive(receive, None if active.ready.is_set() else startup_deadline)
+        chunk = await receive_before(receive, None if active.ready.is_set() else startup_deadline)
         if chunk is None:
             note = f"not ready after {host.config.worker_startup_s:g} s (loading its workflow included)"
             log.warning("run %s: worker %s; stopping it", active.run_id, note)

@@ -45,7 +45,8 @@ class GroupCommit:
     async def durable(self) -> None:
         """Return once everything this connection committed so far is durable (raises
         StorageUnavailable if an fsync failed: then nothing more is ever answered as
-        durable). Call it with no checkpoint between the commit and this call."""
+        durable). Call it after the commit, before the answer: it covers every commit made
+        before the call (checkpoints in between only make it wait for more)."""
         if not self.enabled:
             return
         target = self.db.written()

@@ -5,7 +5,7 @@ from collections.abc import Iterable
 from ..status import AttemptStatus, Hold, QueueStatus, RequestStatus, RunStatus, SubmissionStatus, WorkerStatus
 
 APPLICATION_ID = 0x70697766  # "piwf"
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 
 def one_of(values: Iterable[str]) -> str:
@@ -290,6 +290,86 @@ INSERT INTO node_attempts SELECT * FROM node_attempts_v5;
 DROP TABLE node_attempts_v5;
 """ + _count_triggers("runs") + _count_triggers("run_queue") + INTERACTIONS_SQL
 
+
+# Layout 7: controllers (DESIGN.md §9). A resource per (project, controller, key); its
+# queue row (one per resource: dedupe, back-off, the claim); its events; its effects (the
+# same states and rules as a run's, keyed per spec generation); its child workflow runs.
+CONTROLLERS_SQL = """
+CREATE TABLE controller_resources (
+  uid TEXT PRIMARY KEY,
+  project_path TEXT NOT NULL,
+  controller TEXT NOT NULL,
+  resource_key TEXT NOT NULL,
+  resource_version INTEGER NOT NULL,
+  generation INTEGER NOT NULL,
+  spec_json TEXT,
+  spec_hash TEXT,
+  spec_digest TEXT NOT NULL,
+  status_json TEXT,
+  status_hash TEXT,
+  finalizers_json TEXT NOT NULL DEFAULT '[]',
+  deletion_requested_at INTEGER,
+  created_at INTEGER NOT NULL,
+  updated_at INTEGER NOT NULL,
+  UNIQUE (project_path, controller, resource_key)
+);
+
+CREATE TABLE controller_queue (
+  uid TEXT PRIMARY KEY REFERENCES controller_resources(uid) ON DELETE CASCADE,
+  available_at INTEGER,
+  version INTEGER NOT NULL DEFAULT 0,
+  hold TEXT CHECK (hold IN ('permanent', 'effect')),
+  claim_token TEXT,
+  claim_expires_at INTEGER,
+  claim_version INTEGER,
+  claim_resource_version INTEGER,
+  claim_generation INTEGER NOT NULL DEFAULT 0,
+  claim_epoch INTEGER,
+  consecutive_errors INTEGER NOT NULL DEFAULT 0,
+  last_error TEXT,
+  updated_at INTEGER NOT NULL
+);
+CREATE INDEX controller_queue_due ON controller_queue(available_at) WHERE available_at IS NOT NULL AND hold IS NULL;
+
+CREATE TABLE controller_events (
+  event_id INTEGER PRIMARY KEY AUTOINCREMENT,
+  uid TEXT NOT NULL,
+  at INTEGER NOT NULL,
+  type TEXT NOT NULL,
+  payload_json TEXT NOT NULL
+);
+CREATE INDEX controller_events_uid ON controller_events(uid, event_id);
+
+CREATE TABLE controller_effects (
+  uid TEXT NOT NULL REFERENCES controller_resources(uid) ON DELETE CASCADE,
+  spec_generation INTEGER NOT NULL,
+  effect_key TEXT NOT NULL,
+  status TEXT NOT NULL CHECK (status IN ('pending', 'applying', 'applied', 'rejected', 'ambiguous')),
+  generation INTEGER NOT NULL,
+  result_json TEXT,
+  result_hash TEXT,
+  error_json TEXT,
+  created_at INTEGER NOT NULL,
+  updated_at INTEGER NOT NULL,
+  settled_at INTEGER,
+  PRIMARY KEY (uid, spec_generation, effect_key)
+);
+
+CREATE TABLE controller_workflows (
+  uid TEXT NOT NULL REFERENCES controller_resources(uid) ON DELETE CASCADE,
+  request_key TEXT NOT NULL,
+  input_hash TEXT NOT NULL,
+  workflow TEXT NOT NULL,
+  run_id TEXT NOT NULL REFERENCES runs(run_id),
+  state TEXT NOT NULL CHECK (state IN ('running', 'waiting', 'succeeded', 'failed')),
+  attempt INTEGER NOT NULL DEFAULT 1,
+  created_at INTEGER NOT NULL,
+  updated_at INTEGER NOT NULL,
+  PRIMARY KEY (uid, request_key)
+);
+CREATE INDEX controller_workflows_live ON controller_workflows(state) WHERE state IN ('running', 'waiting');
+"""
+
 SCHEMA_SQL = """
 CREATE TABLE blobs (
   hash TEXT PRIMARY KEY,
@@ -372,7 +452,7 @@ CREATE TABLE worker_messages (
   completed_at INTEGER NOT NULL,
   PRIMARY KEY (worker_epoch, message_id)
 );
-""" + EFFECTS_AND_PROCESSES_SQL + RUN_COUNTS_SQL + INTERACTIONS_SQL
+""" + EFFECTS_AND_PROCESSES_SQL + RUN_COUNTS_SQL + INTERACTIONS_SQL + CONTROLLERS_SQL
 
 
 
@@ -412,4 +492,6 @@ DROP TABLE run_workers_v2;
     # what runs it is held however often the host restarts.
     4: CRASH_COUNT_SQL,
     5: REBUILD_FOR_WAITING_SQL,
+    # 7: controllers: resources, their queue, events, effects and child runs.
+    6: CONTROLLERS_SQL,
 }

@@ -182,6 +182,10 @@ def _load(envelope: LaunchEnvelope) -> tuple[Workflow | None, ReadyPayload]:
 def main() -> int:
     faults.configure()
     faults.point("worker.started")
+    if "PIWF_RECONCILE_LAUNCH" in os.environ:  # a controller's reconcile, not a run
+        from .reconcile import main as reconcile_main
+
+        return reconcile_main()
     envelope = read_envelope()
     read_fd, write_fd = (int(fd) for fd in os.environ["PIWF_WORKER_FDS"].split(","))
     channel = Channel(read_fd, write_fd, worker_epoch=envelope.workerEpoch, generation=envelope.generation)

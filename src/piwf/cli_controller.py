@@ -1,0 +1,141 @@
+"""``piwf controller apply|get|list|delete|reconcile|resolve-effect`` (DESIGN.md §9).
+
+The project defaults to the current directory, as for runs; every command takes
+``--json`` (one document on stdout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from .errors import UsageError
+
+
+def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
+    group = commands.add_parser("controller", parents=[common], help="controller resources").add_subparsers(
+        dest="sub", required=True, metavar="SUBCOMMAND")
+    apply = _keyed(group, common, "apply", "create a resource or change its spec", cmd_apply)
+    apply.add_argument("--spec", required=True, metavar="JSON", help="the resource's spec as JSON")
+    apply.add_argument("--resource-version", type=int, metavar="N",
+                       help="refuse (conflict) unless the resource is at this resourceVersion")
+    _keyed(group, common, "get", "a resource: spec, status, conditions, errors, next attempt, events", cmd_get)
+    _keyed(group, common, "delete", "request deletion (finalizers run first)", cmd_delete)
+    _keyed(group, common, "reconcile", "queue a reconcile now", cmd_reconcile)
+    listing = group.add_parser("list", parents=[common], help="resources, of one controller or all")
+    listing.add_argument("name", nargs="?", metavar="NAME")
+    listing.add_argument("--project", metavar="DIR", help="only this project's (default: every project)")
+    listing.set_defaults(handler=cmd_list)
+    resolve = _keyed(group, common, "resolve-effect", "say whether an ambiguous effect was applied", cmd_resolve)
+    resolve.add_argument("effect_key", metavar="EFFECT_KEY")
+    outcome = resolve.add_mutually_exclusive_group(required=True)
+    outcome.add_argument("--applied", action="store_true", help="it was applied (its result: --result)")
+    outcome.add_argument("--not-applied", action="store_true", help="it was not: the next pass applies it")
+    resolve.add_argument("--result", metavar="JSON", help="the effect's result as JSON, with --applied")
+
+
+def _keyed(group: Any, common: argparse.ArgumentParser, name: str, text: str, handler: Any) -> Any:
+    sub = group.add_parser(name, parents=[common], help=text)
+    sub.add_argument("name", metavar="NAME", help="the controller (.piwf/controllers/NAME.py)")
+    sub.add_argument("key", metavar="KEY", help="the resource's key")
+    sub.add_argument("--project", default=".", metavar="DIR", help="project directory (default .)")
+    sub.set_defaults(handler=handler)
+    return sub
+
+
+def _target(args: argparse.Namespace) -> dict[str, Any]:
+    return {"projectPath": str(Path(args.project).absolute()), "controller": args.name, "key": args.key}
+
+
+def _call(args: argparse.Namespace, operation: str, payload: dict[str, Any]) -> Any:
+    from .cli import _client, _ok
+
+    with _client(args) as client:
+        return _ok(client.call(operation, payload=payload))
+
+
+def _show(args: argparse.Namespace, value: Any, human: Any) -> int:
+    from .cli import _print
+
+    _print(args, value, human)
+    return 0
+
+
+def cmd_apply(args: argparse.Namespace) -> int:
+    from .cli import _json_arg
+
+    payload = {**_target(args), "spec": _json_arg(args.spec, "--spec")}
+    if args.resource_version is not None:
+        payload["expectedResourceVersion"] = args.resource_version
+    receipt = _call(args, "controller.apply", payload)
+    return _show(args, receipt, lambda r: f"{args.name}/{args.key}: generation {r['generation']}, resourceVersion "
+                 f"{r['resourceVersion']}" + ("" if r["changed"] else " (unchanged)"))
+
+
+def cmd_get(args: argparse.Namespace) -> int:
+    return _show(args, _call(args, "controller.get", _target(args)), format_resource)
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    receipt = _call(args, "controller.delete", _target(args))
+    return _show(args, receipt, lambda r: f"{args.name}/{args.key}: "
+                 + ("deleted" if r["deleted"] else "deletion requested; its finalizers run next"))
+
+
+def cmd_reconcile(args: argparse.Namespace) -> int:
+    receipt = _call(args, "controller.reconcile", _target(args))
+    return _show(args, receipt, lambda r: f"{args.name}/{args.key}: reconcile queued")
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    payload: dict[str, Any] = {}
+    if args.name:
+        payload["controller"] = args.name
+    if args.project:
+        payload["projectPath"] = str(Path(args.project).absolute())
+    rows = _call(args, "controller.list", payload)
+    return _show(args, rows, lambda rs: "\n".join(
+        f"{r['controller']:16} {r['key']:24} gen {r['generation']:<4} observed {r['observedGeneration']:<4} "
+        f"ready {r['ready'] or '-':7} errors {r['consecutiveErrors']}" + (f" held ({r['hold']})" if r["hold"] else "")
+        for r in rs) or "no resources")
+
+
+def cmd_resolve(args: argparse.Namespace) -> int:
+    from .cli import _json_arg
+
+    if args.result is not None and not args.applied:
+        raise UsageError("--result goes with --applied")
+    result = None if args.result is None else _json_arg(args.result, "--result")
+    payload = {**_target(args), "effectKey": args.effect_key, "applied": bool(args.applied), "result": result}
+    receipt = _call(args, "controller.resolve", payload)
+    return _show(args, receipt, lambda r: f"{args.name}/{args.key}: effect {args.effect_key} resolved as "
+                 f"{r['status']}" + (f"; still ambiguous: {', '.join(r['ambiguous'])}" if r["ambiguous"] else ""))
+
+
+def format_resource(r: dict[str, Any]) -> str:
+    status = r["status"]
+    lines = [f"resource:   {r['controller']}/{r['key']} ({r['uid']}) in {r['projectPath']}",
+             f"version:    resourceVersion {r['resourceVersion']}, generation {r['generation']}, "
+             f"observed {status.get('observedGeneration', 0)}",
+             "spec:       " + json.dumps(r["spec"]),
+             "status:     " + json.dumps(status.get("controllerStatus"))]
+    for c in status.get("conditions", []):
+        lines.append(f"  {c['type']}={c['status']} {c.get('reason') or ''} {c.get('message') or ''}".rstrip()
+                     + f" (since {c.get('lastTransitionTime')})")
+    if status.get("workflowRun"):
+        lines.append("child run:  " + json.dumps(status["workflowRun"]))
+    if r["finalizers"]:
+        lines.append("finalizers: " + ", ".join(r["finalizers"]))
+    if r["deletionTimestamp"]:
+        lines.append(f"deleting:   since {r['deletionTimestamp']}")
+    queue = "reconciling now" if r["reconciling"] else (f"next attempt {r['availableAt']}" if r["availableAt"]
+                                                        else "nothing queued")
+    lines.append(f"queue:      {queue}; {r['consecutiveErrors']} error(s) in a row"
+                 + (f"; held ({r['hold']})" if r["hold"] else ""))
+    if r["lastError"]:
+        lines.append("last error: " + r["lastError"].splitlines()[0])
+    for e in r["events"]:
+        lines.append(f"  {e['at']} {e['type']:20} " + " ".join(f"{k}={v}" for k, v in e.get("detail", {}).items()))
+    return "\n".join(lines)

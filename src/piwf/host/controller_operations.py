@@ -1,0 +1,159 @@
+"""The ``controller.*`` operations of the host protocol (DESIGN.md §9).
+
+``controller.apply`` first loads the controller file in a throwaway process (user code
+never runs in the host): a file that fails to import or defines no ``controller`` is
+refused with one line and nothing is written. The rest are store operations; writes wake
+the controller dispatcher after they commit.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import trio
+
+from ..controllers.loader import controller_path
+from ..errors import PiwfError, Rejected
+from ..protocol import (
+    ApplyResource, DeleteResource, GetResource, ListResources, Outcome, ReconcileResource, ResolveResourceEffect,
+)
+from ..controller_wire import ResolveResourceEffectReceipt, ResourceDetail, ResourceSummary
+from ..store import controller_effects, controllers
+from ..wire import HostResponse, decode_json, sha256_hex
+from .state import HostState
+
+INSPECT_TIMEOUT_S = 30
+
+
+@dataclass(frozen=True)
+class ControllerInfo:
+    name: str
+    timeout_s: float
+    initial_status: Any
+
+
+class ControllerCatalog:
+    """Controller files checked in a throwaway process, cached by their content hash."""
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[str, str], ControllerInfo] = {}
+
+    async def inspect(self, project: str, name: str) -> ControllerInfo:
+        try:
+            path = controller_path(project, name)
+            source = await trio.Path(path).read_bytes()
+        except PiwfError as exc:
+            raise Rejected(str(exc)) from exc
+        except OSError as exc:
+            raise Rejected(f"no controller {name!r} in {project}: {exc.strerror.lower()}") from exc
+        key = (str(path), sha256_hex(source))
+        if key not in self._cache:
+            self._cache[key] = await _load_isolated(project, name)
+        return self._cache[key]
+
+
+async def _load_isolated(project: str, name: str) -> ControllerInfo:
+    with trio.move_on_after(INSPECT_TIMEOUT_S) as timeout:
+        done = await trio.run_process([sys.executable, "-m", "piwf.controllers.loader", project, name],
+                                      capture_stdout=True, capture_stderr=True, check=False, cwd=Path(project))
+    if timeout.cancelled_caught:
+        raise Rejected(f"controller {name!r} took over {INSPECT_TIMEOUT_S} s to load")
+    try:
+        result = decode_json(done.stdout.strip().splitlines()[-1])
+    except (PiwfError, IndexError):
+        tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        raise Rejected(f"controller {name!r} could not be loaded: {tail[0]}") from None
+    if "error" in result:
+        raise Rejected(result["error"])
+    return ControllerInfo(result["name"], result["timeoutS"], result["initialStatus"])
+
+
+CATALOG = ControllerCatalog()  # one per process: keyed by path and content, so hosts may share it
+
+
+def _project(path: str) -> str:
+    if not PurePosixPath(path).is_absolute():
+        raise Rejected("payload.projectPath must be an absolute path")
+    normal = os.path.normpath(path)
+    if not os.path.isdir(normal):
+        raise Rejected(f"project {normal} is not a directory")
+    return normal
+
+
+# --- reads ------------------------------------------------------------------------------------
+
+
+async def _get(host: HostState, request: GetResource) -> ResourceDetail:
+    p = request.payload
+    return controllers.get_resource(host.db, os.path.normpath(p.projectPath), p.controller, p.key, host.now())
+
+
+async def _list(host: HostState, request: ListResources) -> list[ResourceSummary]:
+    p = request.payload
+    project = None if p.projectPath is None else os.path.normpath(p.projectPath)
+    return controllers.list_resources(host.db, project, p.controller)
+
+
+# --- writes -----------------------------------------------------------------------------------
+
+After = list[Any]
+
+
+async def _prepare_apply(host: HostState, request: ApplyResource) -> ControllerInfo:
+    p = request.payload
+    controllers.check_key(p.key)
+    controllers.check_json_size(p.spec, "spec")
+    return await CATALOG.inspect(_project(p.projectPath), p.controller)
+
+
+def _apply(host: HostState, request: ApplyResource, info: ControllerInfo, after: After) -> HostResponse:
+    p = request.payload
+    receipt = controllers.apply_resource(host.db, project=_project(p.projectPath), controller=p.controller, key=p.key,
+                                         spec=p.spec, initial=info.initial_status,
+                                         expected_version=p.expectedResourceVersion, now=host.now())
+    after.append(host.controllers.wake)
+    return HostResponse(request.requestId, Outcome.ACCEPTED, revision=receipt.resourceVersion, receipt=receipt)
+
+
+def _delete(host: HostState, request: DeleteResource, prepared: None, after: After) -> HostResponse:
+    p = request.payload
+    ref = controllers.request_delete(host.db, os.path.normpath(p.projectPath), p.controller, p.key, host.now())
+    after.append(host.controllers.wake)
+    return HostResponse(request.requestId, Outcome.ACCEPTED, revision=ref.resourceVersion, receipt=ref)
+
+
+def _reconcile(host: HostState, request: ReconcileResource, prepared: None, after: After) -> HostResponse:
+    p = request.payload
+    ref = controllers.request_reconcile(host.db, os.path.normpath(p.projectPath), p.controller, p.key, host.now())
+    after.append(host.controllers.wake)
+    return HostResponse(request.requestId, Outcome.ACCEPTED, revision=ref.resourceVersion, receipt=ref)
+
+
+def _resolve_effect(host: HostState, request: ResolveResourceEffect, prepared: None, after: After) -> HostResponse:
+    p = request.payload
+    if not p.applied and p.result is not None:
+        raise Rejected("payload.result goes only with applied: true")
+    uid = controllers.locate_uid(host.db, os.path.normpath(p.projectPath), p.controller, p.key)
+    receipt = controller_effects.resolve(host.db, uid, p.effectKey, applied=p.applied, result=p.result,
+                                         now=host.now())
+    after.append(host.controllers.wake)
+    return HostResponse(request.requestId, Outcome.ACCEPTED, receipt=ResolveResourceEffectReceipt(**receipt))
+
+
+def status_counts(host: HostState) -> dict[str, int]:
+    return {**controllers.status_counts(host.db, host.now()),
+            "activeControllerWorkers": len(host.controllers.active),
+            "maxControllerWorkers": host.config.max_controller_workers}
+
+
+READS = {GetResource: _get, ListResources: _list}
+WRITES = {
+    ApplyResource: (_prepare_apply, _apply),
+    DeleteResource: (None, _delete),
+    ReconcileResource: (None, _reconcile),
+    ResolveResourceEffect: (None, _resolve_effect),
+}

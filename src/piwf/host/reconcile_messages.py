@@ -1,0 +1,222 @@
+"""Answering a reconcile worker: each message is one store operation in one transaction,
+fenced by the resource's claim (and renewing it, as the seed does on every worker message).
+
+The pump is ``worker_process``'s for runs with two differences: a reconcile has a
+deadline once it is ready (its controller's ``timeout``), and ``workflow.ensure`` may first
+inspect a workflow file (in a throwaway process, outside the transaction).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from .. import faults
+from ..controller_protocol import (
+    ChildRun, ReconcileFail, ReconcileFinish, ReconcileLog, ReconcileReady, ReconcileStart, WorkflowEnsure,
+    parse_reconcile_message,
+)
+from ..errors import ClaimLost, PiwfError, ProtocolError, Rejected
+from ..store import controller_effects, controller_queue, controllers, runs
+from ..wire import LineBuffer, encode_line
+from ..worker_protocol import (
+    MAX_WORKER_LINE, EffectApply, EffectReserve, EffectSettle, EffectState, Result, WorkerMessage, WorkerResponse,
+)
+from .catalog import WorkflowInfo
+from .controller_state import ActiveReconcile, ReconcileStop
+from .state import Conclusion, HostState, log
+from .worker_process import receive_before
+
+NOTHING = Result()
+Outcome = tuple[Result, Conclusion | None]
+
+
+async def pump(host: HostState, active: ActiveReconcile, receive: trio.lowlevel.FdStream,
+               send: trio.lowlevel.FdStream) -> None:
+    buffer = LineBuffer(MAX_WORKER_LINE)
+    deadline = trio.current_time() + host.config.worker_startup_s
+    while True:
+        chunk = await receive_before(receive, deadline)
+        if chunk is None:
+            _timed_out(host, active)
+            return
+        if not chunk:
+            return
+        try:
+            messages = [parse_reconcile_message(line) for line in buffer.feed(chunk)]
+        except ProtocolError as exc:
+            log.warning("%s: reconcile worker broke the protocol (%s); stopping it", active.run_id, exc)
+            active.stop(ReconcileStop.PROTOCOL, f"broke the worker protocol: {exc}")
+            return
+        for message in messages:
+            response = await handle(host, active, message)
+            await host.durable()  # group commit: no answer before its commit's fsync
+            if isinstance(message, ReconcileReady) and active.ready.is_set():
+                deadline = trio.current_time() + active.timeout_s
+            try:
+                await send.send_all(encode_line(response))
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+            faults.point("host.reconcile.answered")
+            if active.conclusion is not None:
+                await _let_it_end(host, active)
+                return
+
+
+def _timed_out(host: HostState, active: ActiveReconcile) -> None:
+    if active.ready.is_set():
+        note = f"reconcile did not finish within its timeout of {active.timeout_s:g} s"
+        active.stop(ReconcileStop.TIMEOUT, note)
+    else:
+        note = f"not ready after {host.config.worker_startup_s:g} s (loading its controller included)"
+        active.stop(ReconcileStop.STARTUP_TIMEOUT, note)
+    log.warning("%s: %s; stopping its worker", active.run_id, note)
+
+
+async def _let_it_end(host: HostState, active: ActiveReconcile) -> None:
+    await trio.sleep(host.config.kill_grace_s)
+    note = f"did not end within {host.config.kill_grace_s:g} s of its result being recorded"
+    active.stop(ReconcileStop.CLAIM_LOST if active.conclusion is Conclusion.CLAIM_LOST else ReconcileStop.LINGERING,
+                note)
+
+
+async def handle(host: HostState, active: ActiveReconcile, message: WorkerMessage) -> WorkerResponse:
+    if message.workerEpoch != active.worker_epoch or message.generation != active.claim.generation:
+        active.conclusion = Conclusion.CLAIM_LOST
+        return WorkerResponse(message.messageId, "claimLost", error="worker epoch or claim generation is stale")
+    try:
+        prepared = await _prepare(host, active, message)
+        now = host.now()
+        response, conclusion = controller_queue.answer(
+            host.db, active.uid, active.claim.token, lease_ms=host.config.controller_lease_ms, now=now,
+            apply=lambda: HANDLERS[type(message)](host, active, message, prepared, now))
+    except ClaimLost as exc:
+        active.conclusion = Conclusion.CLAIM_LOST
+        return WorkerResponse(message.messageId, "claimLost", error=str(exc))
+    except PiwfError as exc:
+        log.warning("%s: reconcile worker %s refused: %s", active.run_id, message.operation, exc)
+        return WorkerResponse(message.messageId, "rejected", error=str(exc))
+    if isinstance(message, ReconcileReady) and conclusion is None:
+        active.ready.set()
+    if isinstance(message, WorkflowEnsure):
+        host.wake()  # a child run may have been queued
+    if conclusion is not None:
+        active.conclusion = conclusion
+        host.controllers.wake()
+    return WorkerResponse(message.messageId, "accepted", result=response)
+
+
+async def _prepare(host: HostState, active: ActiveReconcile, message: WorkerMessage) -> WorkflowInfo | None:
+    """``workflow.ensure`` for a child not started yet: the workflow, checked outside the
+    transaction (it may take a moment)."""
+    if not isinstance(message, WorkflowEnsure):
+        return None
+    payload = message.payload
+    if controller_effects.find_child(host.db, active.uid, payload.requestKey, payload.workflow,
+                                     payload.input) is not None:
+        return None
+    return await host.catalog.inspect(active.claim.project, payload.workflow)
+
+
+# --- handlers: store calls only, inside the message's transaction ------------------------------
+
+
+def _ready(host: HostState, active: ActiveReconcile, message: ReconcileReady, prepared: None, now: int) -> Outcome:
+    loaded = message.payload
+    if loaded.loadError is not None:
+        controller_queue.finish_failure(host.db, active.uid, active.claim.token, permanent=False, now=now,
+                                        error=f"controller cannot load: {loaded.loadError}",
+                                        delay_ms=host.controllers.backoff_ms)
+        return ReconcileStart(stop=True), Conclusion.DONE
+    view = controller_queue.reconcile_view(host.db, active.uid)
+    active.spec_generation = view["generation"]
+    active.timeout_s = loaded.timeoutS or active.timeout_s
+    return ReconcileStart(resource=view), None
+
+
+def _finish(host: HostState, active: ActiveReconcile, message: ReconcileFinish, prepared: None, now: int) -> Outcome:
+    p = message.payload
+    try:
+        outcome = controller_queue.finish_success(
+            host.db, active.uid, active.claim.token, requeue_after_ms=p.requeueAfterMs, settled=p.settled,
+            controller_status=p.status, keep_status=p.keepStatus, conditions=p.conditions, finalizers=p.finalizers,
+            now=now)
+    except Rejected as exc:  # a status over the limit, a malformed condition: the pass failed
+        _fail_with(host, active, f"the reconcile's result was refused: {exc}", now)
+        return NOTHING, Conclusion.DONE
+    log.info("%s: reconcile %s", active.run_id, outcome)
+    return NOTHING, Conclusion.DONE
+
+
+def _fail(host: HostState, active: ActiveReconcile, message: ReconcileFail, prepared: None, now: int) -> Outcome:
+    p = message.payload
+    delay = p.delayMs if p.delayMs is not None else host.controllers.backoff_ms
+    errors = controller_queue.finish_failure(host.db, active.uid, active.claim.token, error=p.error, delay_ms=delay,
+                                             permanent=p.permanent, now=now)
+    log.info("%s: reconcile failed (%d in a row)%s", active.run_id, errors, " permanently" if p.permanent else "")
+    return NOTHING, Conclusion.DONE
+
+
+def _fail_with(host: HostState, active: ActiveReconcile, error: str, now: int) -> None:
+    controller_queue.finish_failure(host.db, active.uid, active.claim.token, error=error,
+                                    delay_ms=host.controllers.backoff_ms, permanent=False, now=now)
+
+
+def _log(host: HostState, active: ActiveReconcile, message: ReconcileLog, prepared: None, now: int) -> Outcome:
+    controllers.add_resource_event(host.db, active.uid, "log", {"message": message.payload.message}, now)
+    return NOTHING, None
+
+
+def _effect_reserve(host: HostState, active: ActiveReconcile, message: EffectReserve, prepared: None,
+                    now: int) -> Outcome:
+    p = message.payload
+    state = EffectState(**controller_effects.reserve(host.db, active.uid, active.spec_generation, p.key,
+                                                     generation=active.claim.generation, observable=p.observable,
+                                                     now=now))
+    return state, Conclusion.DONE if state.state == "ambiguous" else None
+
+
+def _effect_apply(host: HostState, active: ActiveReconcile, message: EffectApply, prepared: None,
+                  now: int) -> Outcome:
+    controller_effects.begin_apply(host.db, active.uid, active.spec_generation, message.payload.key,
+                                   generation=active.claim.generation, now=now)
+    return NOTHING, None
+
+
+def _effect_settle(host: HostState, active: ActiveReconcile, message: EffectSettle, prepared: None,
+                   now: int) -> Outcome:
+    p = message.payload
+    controller_effects.settle(host.db, active.uid, active.spec_generation, p.key, generation=active.claim.generation,
+                              result=p.result, error=p.error, now=now)
+    return NOTHING, None
+
+
+def _workflow_ensure(host: HostState, active: ActiveReconcile, message: WorkflowEnsure,
+                     info: WorkflowInfo | None, now: int) -> Outcome:
+    p = message.payload
+    child = controller_effects.find_child(host.db, active.uid, p.requestKey, p.workflow, p.input)
+    if child is None:
+        if info is None:  # recorded by another pass meanwhile and gone again: cannot happen under one claim
+            raise Rejected(f"workflow request {p.requestKey!r} changed under the reconcile")
+        run_id = "run-" + secrets.token_hex(8)
+        runs.create_run(host.db, run_id=run_id, workflow=info.name, project_path=active.claim.project,
+                        source=info.source, digest=info.digest, input=p.input, origin_session_id=None, now=now,
+                        start_node=info.start_at)
+        child = controller_effects.record_child(host.db, active.uid, p.requestKey, info.name, p.input, run_id, now)
+    return ChildRun(**child), None
+
+
+Handler = Callable[[HostState, ActiveReconcile, Any, Any, int], Outcome]
+HANDLERS: dict[type[WorkerMessage], Handler] = {
+    ReconcileReady: _ready,
+    ReconcileFinish: _finish,
+    ReconcileFail: _fail,
+    ReconcileLog: _log,
+    EffectReserve: _effect_reserve,
+    EffectApply: _effect_apply,
+    EffectSettle: _effect_settle,
+    WorkflowEnsure: _workflow_ensure,
+}

@@ -1,0 +1,184 @@
+"""A reconcile's effects and child workflow runs.
+
+Effects follow the rules of a run's (``store/effects.py``): reserve → apply → settle;
+``applying`` found by a later claim is observed (when the caller can observe) or becomes
+ambiguous and holds the resource for an operator; an applied or rejected effect is final.
+They are keyed by (resource, spec generation, key): an effect is applied at most once per
+generation of the spec, so a changed spec applies its effects again and a retried
+reconcile of the same spec never does. Every write here is made fenced by the caller.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import NotFound, Rejected
+from ..status import EffectStatus as E
+from ..wire import canonical_json, decode_json, sha256_hex
+from .controller_queue import hold_for_effect, release_effect_hold, set_workflow_run
+from .controllers import add_resource_event, enqueue
+from .db import Database
+
+WHERE = "uid = ? AND spec_generation = ? AND effect_key = ?"
+
+
+def reserve(db: Database, uid: str, spec_generation: int, key: str, *, generation: int, observable: bool,
+            now: int) -> dict[str, Any]:
+    """What ``ctx.effects.ensure(key, ...)`` must do next: ``new`` (apply it), ``applied`` /
+    ``rejected`` (return or raise what is stored), ``observe``, or ``ambiguous`` (the
+    resource is now held)."""
+    ident = (uid, spec_generation, key)
+    row = db.one(f"SELECT status, generation, result_json, result_hash, error_json FROM controller_effects "
+                 f"WHERE {WHERE}", ident)
+    if row is None:
+        db.execute("""INSERT INTO controller_effects (uid, spec_generation, effect_key, status, generation,
+                        created_at, updated_at) VALUES (?, ?, ?, 'pending', ?, ?, ?)""", (*ident, generation, now, now))
+        return {"state": "new"}
+    status, owner, result_json, result_hash, error_json = row
+    if status == E.APPLIED:
+        return {"state": E.APPLIED, "result": db.get_json(result_json, result_hash)}
+    if status == E.REJECTED:
+        return {"state": E.REJECTED, "error": decode_json(error_json.encode())}
+    if status in (E.PENDING, E.APPLYING) and owner == generation:
+        raise Rejected(f"effect {key!r} is already in progress in this reconcile")
+    if status == E.PENDING:
+        _set(db, ident, E.PENDING, generation, now)
+        return {"state": "new"}
+    if status == E.APPLYING and observable:
+        _set(db, ident, E.APPLYING, generation, now)
+        return {"state": "observe"}
+    _set(db, ident, E.AMBIGUOUS, None, now)
+    hold_for_effect(db, uid, key, now)
+    return {"state": E.AMBIGUOUS}
+
+
+def begin_apply(db: Database, uid: str, spec_generation: int, key: str, *, generation: int, now: int) -> None:
+    ident = (uid, spec_generation, key)
+    status = _status(db, ident, generation)
+    if status not in (E.PENDING, E.APPLYING):
+        raise Rejected(f"effect {key!r} is {status}; it cannot be applied")
+    _set(db, ident, E.APPLYING, generation, now)
+    add_resource_event(db, uid, "effect_applying", {"key": key}, now)
+
+
+def settle(db: Database, uid: str, spec_generation: int, key: str, *, generation: int, result: Any = None,
+           error: dict[str, Any] | None = None, now: int) -> None:
+    ident = (uid, spec_generation, key)
+    status = _status(db, ident, generation)
+    if status != E.APPLYING:
+        raise Rejected(f"effect {key!r} is {status}, not applying; it cannot be settled")
+    _finish(db, ident, result=result, error=error, now=now)
+
+
+def resolve(db: Database, uid: str, key: str, *, applied: bool, result: Any, now: int) -> dict[str, Any]:
+    """An operator says whether an ambiguous effect was applied; the resource's hold is
+    lifted (and a reconcile queued) once none is left."""
+    with db.write():
+        spec_generation = db.scalar("""SELECT spec_generation FROM controller_effects WHERE uid = ? AND effect_key = ?
+                                       AND status = 'ambiguous'""", (uid, key))
+        if spec_generation is None:
+            raise NotFound(f"resource {uid} has no ambiguous effect {key!r}")
+        ident = (uid, spec_generation, key)
+        if applied:
+            _finish(db, ident, result=result, error=None, now=now)
+        else:
+            _set(db, ident, E.PENDING, None, now)
+        add_resource_event(db, uid, "effect_resolved", {"key": key, "applied": applied}, now)
+        remaining = [k for (k,) in db.execute("SELECT effect_key FROM controller_effects WHERE uid = ? "
+                                              "AND status = 'ambiguous' ORDER BY effect_key", (uid,))]
+        if not remaining:
+            release_effect_hold(db, uid, now)
+        return {"uid": uid, "effectKey": key, "status": E.APPLIED if applied else E.PENDING, "ambiguous": remaining}
+
+
+def _status(db: Database, ident: tuple[str, int, str], generation: int) -> str:
+    row = db.one(f"SELECT status, generation FROM controller_effects WHERE {WHERE}", ident)
+    if row is None:
+        raise Rejected(f"effect {ident[2]!r} was never reserved")
+    if row[1] != generation:
+        raise Rejected(f"effect {ident[2]!r} belongs to claim {row[1]}, not {generation}")
+    return row[0]
+
+
+def _set(db: Database, ident: tuple[str, int, str], status: str, generation: int | None, now: int) -> None:
+    db.execute(f"""UPDATE controller_effects SET status = ?, generation = COALESCE(?, generation), updated_at = ?
+                   WHERE {WHERE}""", (status, generation, now, *ident))
+    if status == E.AMBIGUOUS:
+        add_resource_event(db, ident[0], "effect_ambiguous", {"key": ident[2]}, now)
+
+
+def _finish(db: Database, ident: tuple[str, int, str], *, result: Any, error: dict[str, Any] | None,
+            now: int) -> None:
+    inline, digest = (None, None) if error is not None else db.put_json(result, now)
+    db.execute(f"""UPDATE controller_effects SET status = ?, result_json = ?, result_hash = ?, error_json = ?,
+                     updated_at = ?, settled_at = ? WHERE {WHERE}""",
+               (E.REJECTED if error is not None else E.APPLIED, inline, digest,
+                None if error is None else canonical_json(error).decode(), now, now, *ident))
+    kind = "effect_rejected" if error is not None else "effect_applied"
+    add_resource_event(db, ident[0], kind, {"key": ident[2]}, now)
+
+
+# --- child workflow runs --------------------------------------------------------------------
+
+# A child run's state, from its queue status (seed: ensureControllerWorkflow).
+CHILD_STATE = """CASE q.status WHEN 'done' THEN 'succeeded' WHEN 'failed' THEN 'failed'
+  WHEN 'cancelled' THEN 'failed' ELSE CASE r.status WHEN 'waiting' THEN 'waiting' ELSE 'running' END END"""
+
+
+def input_hash(value: Any) -> str:
+    return sha256_hex(canonical_json(value))
+
+
+def find_child(db: Database, uid: str, request_key: str, workflow: str, run_input: Any) -> dict[str, Any] | None:
+    """The child run recorded for ``request_key``, or None (start one). The same key with
+    another workflow or input is refused."""
+    row = db.one(f"""SELECT c.workflow, c.input_hash, c.run_id, {CHILD_STATE}, c.attempt,
+                       r.output_json, r.output_hash
+                     FROM controller_workflows c JOIN runs r ON r.run_id = c.run_id
+                     JOIN run_queue q ON q.run_id = c.run_id WHERE c.uid = ? AND c.request_key = ?""",
+                 (uid, request_key))
+    if row is None:
+        return None
+    recorded, recorded_hash, run_id, state, attempt, output_json, output_hash = row
+    if recorded != workflow or recorded_hash != input_hash(run_input):
+        raise Rejected(f"workflow request {request_key!r} was made with another workflow or input")
+    return {"requestKey": request_key, "runId": run_id, "state": state, "attempt": attempt,
+            "output": db.get_json(output_json, output_hash) if state == "succeeded" else None}
+
+
+def record_child(db: Database, uid: str, request_key: str, workflow: str, run_input: Any, run_id: str,
+                 now: int) -> dict[str, Any]:
+    db.execute("""INSERT INTO controller_workflows (uid, request_key, input_hash, workflow, run_id, state, attempt,
+                    created_at, updated_at) VALUES (?, ?, ?, ?, ?, 'running', 1, ?, ?)""",
+               (uid, request_key, input_hash(run_input), workflow, run_id, now, now))
+    add_resource_event(db, uid, "workflow_started", {"requestKey": request_key, "runId": run_id}, now)
+    child = {"requestKey": request_key, "runId": run_id, "state": "running", "attempt": 1}
+    seen = db.scalar("SELECT resource_version FROM controller_resources WHERE uid = ?", (uid,))
+    set_workflow_run(db, uid, child, now)
+    # The reconcile's own write: its result still compares against what it was shown.
+    db.execute("""UPDATE controller_queue SET claim_resource_version = claim_resource_version + 1
+                  WHERE uid = ? AND claim_resource_version = ?""", (uid, seen))
+    return {**child, "output": None}
+
+
+def sync_children(db: Database, now: int) -> list[str]:
+    """Child runs whose state moved on (running → waiting or ended): recorded, shown in
+    their resource's ``status.workflowRun``, and the resource queued. Returns their uids."""
+    if not _moved_children(db):  # the common case, read without taking the write lock
+        return []
+    with db.write():
+        rows = _moved_children(db)
+        for uid, request_key, run_id, attempt, state in rows:
+            db.execute("UPDATE controller_workflows SET state = ?, updated_at = ? WHERE uid = ? AND request_key = ?",
+                       (state, now, uid, request_key))
+            set_workflow_run(db, uid, {"requestKey": request_key, "runId": run_id, "state": state,
+                                       "attempt": attempt}, now)
+            add_resource_event(db, uid, "workflow_changed", {"requestKey": request_key, "state": state}, now)
+            enqueue(db, uid, now)
+        return [row[0] for row in rows]
+
+
+def _moved_children(db: Database) -> list[tuple[str, str, str, int, str]]:
+    return db.execute(f"""SELECT c.uid, c.request_key, c.run_id, c.attempt, {CHILD_STATE} FROM controller_workflows c
+                          JOIN runs r ON r.run_id = c.run_id JOIN run_queue q ON q.run_id = c.run_id
+                          WHERE c.state IN ('running', 'waiting') AND c.state != {CHILD_STATE}""").fetchall()

@@ -1,0 +1,289 @@
+"""The controller queue (DESIGN.md §9): one row per resource, claims, and reconcile results.
+
+    idle (available_at NULL) ──enqueue──▶ due ──claim──▶ claimed ──finish──▶ idle | due later
+                                                           │  an enqueue meanwhile bumps
+                                                           │  ``version``: due again at once
+                                                           └─ lease expired ─▶ claimable again
+
+A claim records the queue ``version`` it saw (``claim_version``), a random token, an
+expiry and a claim ``generation`` (+1 per claim; a reconcile worker speaks for one). The
+``resourceVersion`` its worker was shown is the compare-and-set token of its result.
+Holds (``permanent``, ``effect``) keep a row from being claimed until someone acts.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..controller_wire import MAX_ERROR_CHARS
+from ..errors import ClaimLost, Rejected
+from ..wire import canonical_json, decode_json
+from .controllers import add_resource_event, check_json_size, delete_resource
+from .db import Database
+from .timefmt import iso
+
+FREE_CLAIM = "(claim_token IS NULL OR claim_expires_at <= ?)"
+
+
+@dataclass(frozen=True)
+class ControllerClaim:
+    uid: str
+    token: str
+    generation: int  # this claim's number: the worker's messages carry it
+    project: str
+    controller: str
+    key: str
+
+
+def claim_due(db: Database, *, room: int, exclude: frozenset[str], lease_ms: int, now: int,
+              epoch: int) -> list[ControllerClaim]:
+    """Claim up to ``room`` due resources (oldest due first) that this host is not already
+    reconciling; a row whose claim expired is due again."""
+    if room <= 0:
+        return []
+    with db.write():
+        rows = db.execute(
+            """SELECT q.uid, r.project_path, r.controller, r.resource_key FROM controller_queue q
+               JOIN controller_resources r ON r.uid = q.uid
+               WHERE q.hold IS NULL AND ((q.claim_token IS NULL AND q.available_at <= ?1)
+                                         OR (q.claim_token IS NOT NULL AND q.claim_expires_at <= ?1))
+               ORDER BY q.available_at LIMIT ?2""", (now, room + len(exclude))).fetchall()
+        claims = []
+        for uid, project, controller, key in rows:
+            if uid in exclude or len(claims) >= room:
+                continue
+            token = secrets.token_hex(16)
+            generation = db.scalar(
+                """UPDATE controller_queue SET claim_token = ?, claim_expires_at = ?, claim_version = version,
+                     claim_generation = claim_generation + 1, claim_epoch = ?, claim_resource_version = NULL,
+                     available_at = NULL, updated_at = ? WHERE uid = ? RETURNING claim_generation""",
+                (token, now + lease_ms, epoch, now, uid))
+            add_resource_event(db, uid, "reconcile_started", {"claim": generation}, now)
+            claims.append(ControllerClaim(uid, token, generation, project, controller, key))
+        return claims
+
+
+def answer(db: Database, uid: str, token: str, *, lease_ms: int, now: int, apply: Any) -> Any:
+    """Carry out one reconcile worker message in one transaction, fenced by the claim
+    (which it renews); ``apply`` makes store calls only. Raises ClaimLost, or the store
+    errors; then nothing was changed."""
+    with db.write():
+        fence(db, uid, token, lease_ms, now)
+        return apply()
+
+
+def next_due(db: Database) -> int | None:
+    """When the next row becomes claimable (ms), or None when none will by itself."""
+    due = db.scalar("""SELECT MIN(CASE WHEN claim_token IS NULL THEN available_at ELSE claim_expires_at END)
+                       FROM controller_queue WHERE hold IS NULL
+                         AND (available_at IS NOT NULL OR claim_token IS NOT NULL)""")
+    return due
+
+
+def renew_claims(db: Database, claims: list[tuple[str, str]], lease_ms: int, now: int) -> set[str]:
+    """Renew live claims; returns the uids whose claim was lost (expired, or taken)."""
+    lost = set()
+    with db.write():
+        for uid, token in claims:
+            db.execute("""UPDATE controller_queue SET claim_expires_at = ? WHERE uid = ? AND claim_token = ?
+                            AND claim_expires_at > ?""", (now + lease_ms, uid, token, now))
+            if db.changes() != 1:
+                lost.add(uid)
+    return lost
+
+
+def fence(db: Database, uid: str, token: str, lease_ms: int, now: int) -> None:
+    """Inside a worker message's transaction: the claim is live (else ClaimLost), and the
+    message renews it."""
+    db.execute("""UPDATE controller_queue SET claim_expires_at = ? WHERE uid = ? AND claim_token = ?
+                    AND claim_expires_at > ?""", (now + lease_ms, uid, token, now))
+    if db.changes() != 1:
+        raise ClaimLost(f"the claim on resource {uid} is no longer held")
+
+
+def reconcile_view(db: Database, uid: str) -> dict[str, Any]:
+    """What a reconcile starts from; the ``resourceVersion`` shown becomes the claim's
+    compare-and-set token. Call fenced."""
+    row = db.one("""SELECT resource_key, controller, spec_json, spec_hash, status_json, status_hash, generation,
+                      resource_version, finalizers_json, deletion_requested_at
+                    FROM controller_resources WHERE uid = ?""",
+                 (uid,))
+    if row is None:
+        raise ClaimLost(f"resource {uid} is gone")
+    key, controller, spec_json, spec_hash, status_json, status_hash, generation, version, finalizers, deleting = row
+    db.execute("UPDATE controller_queue SET claim_resource_version = ? WHERE uid = ?", (version, uid))
+    return {"uid": uid, "key": key, "controller": controller, "spec": db.get_json(spec_json, spec_hash),
+            "status": db.get_json(status_json, status_hash), "generation": generation, "resourceVersion": version,
+            "finalizers": decode_json(finalizers.encode()), "deletionTimestamp": iso(deleting)}
+
+
+# --- results --------------------------------------------------------------------------------
+
+
+def finish_success(db: Database, uid: str, token: str, *, requeue_after_ms: int | None, settled: bool,
+                   controller_status: Any, conditions: list[dict[str, Any]], finalizers: list[str] | None,
+                   keep_status: bool, now: int) -> str:
+    """Record a reconcile's result: 'settled', 'requeued', 'deleted', or 'conflict' (the
+    resource changed after its worker read it: nothing written but the requeue). Call fenced."""
+    claim_version, seen_version, version = _claim(db, uid)
+    row = db.one("""SELECT resource_version, generation, status_json, status_hash, finalizers_json,
+                      deletion_requested_at FROM controller_resources WHERE uid = ?""", (uid,))
+    assert row is not None
+    current, generation, status_json, status_hash, old_finalizers, deleting = row
+    if current != seen_version:
+        add_resource_event(db, uid, "reconcile_conflict", {"resourceVersion": current, "seen": seen_version}, now)
+        _release(db, uid, now, now)
+        return "conflict"
+    status = dict(db.get_json(status_json, status_hash) or {})
+    if not keep_status:
+        status["controllerStatus"] = controller_status
+    status["observedGeneration"] = generation
+    status["conditions"] = merge_conditions(status.get("conditions", []), conditions, generation, now)
+    kept = decode_json(old_finalizers.encode()) if finalizers is None else finalizers
+    _write_status(db, uid, status, kept, now)
+    if deleting is not None and not kept and settled:
+        delete_resource(db, uid, now)
+        return "deleted"
+    due = None if settled else now + (requeue_after_ms or 0)
+    if version > claim_version:  # an event arrived during the reconcile: once more, now
+        due = now
+    _release(db, uid, now, due, errors=0, last_error=None)
+    add_resource_event(db, uid, "reconcile_finished", {"result": "settled" if settled else "requeue",
+                                              "generation": generation}, now)
+    return "settled" if settled else "requeued"
+
+
+Delay = int | Callable[[int], int]  # ms, or ms as a function of the failures in a row before this one
+
+
+def finish_failure(db: Database, uid: str, token: str, *, error: str, delay_ms: Delay, permanent: bool,
+                   now: int, counted: bool = True) -> int:
+    """Record a failed reconcile: the error, the count in a row, and the next attempt
+    after ``delay_ms`` (at once if an event arrived meanwhile). A permanent error sets
+    ``Ready=False`` and holds the resource until its spec changes. Returns the count."""
+    claim_version, seen_version, version = _claim(db, uid)
+    current = db.scalar("SELECT resource_version FROM controller_resources WHERE uid = ?", (uid,))
+    error = error[:MAX_ERROR_CHARS]
+    errors = db.scalar("SELECT consecutive_errors + ? FROM controller_queue WHERE uid = ?", (int(counted), uid))
+    if callable(delay_ms):
+        delay_ms = delay_ms(errors - int(counted))
+    if permanent and seen_version == current:
+        _set_condition(db, uid, {"type": "Ready", "status": "False", "reason": "PermanentError",
+                                 "message": error[:1024]}, now)
+        _release(db, uid, now, None, errors=errors, last_error=error, hold="permanent")
+    else:
+        due = now if version > claim_version or (permanent and seen_version != current) else now + delay_ms
+        _release(db, uid, now, due, errors=errors, last_error=error)
+    add_resource_event(db, uid, "reconcile_failed", {"error": error[:500], "delayMs": None if permanent else delay_ms,
+                                            "permanent": permanent, "consecutiveErrors": errors}, now)
+    return errors
+
+
+def record_failure(db: Database, uid: str, token: str, *, error: str, delay_ms: Delay, now: int,
+                   counted: bool = True) -> int | None:
+    """A reconcile that ended without reporting (crash, timeout, host stop), recorded by
+    the host after its worker is gone; None when the claim was lost meanwhile. Not
+    ``counted``: its worker could not even start (not the resource's fault)."""
+    with db.write():
+        live = db.scalar("SELECT 1 FROM controller_queue WHERE uid = ? AND claim_token = ?", (uid, token))
+        if live is None:
+            return None
+        return finish_failure(db, uid, token, error=error, delay_ms=delay_ms, permanent=False, now=now,
+                              counted=counted)
+
+
+def hold_for_effect(db: Database, uid: str, key: str, now: int) -> None:
+    """An effect's outcome is unknown: the resource waits for an operator."""
+    _set_condition(db, uid, {"type": "Ready", "status": "False", "reason": "EffectAmbiguous",
+                             "message": f"effect {key!r} may or may not have been applied; "
+                                        "resolve it with `piwf controller resolve-effect`"}, now)
+    _release(db, uid, now, None, hold="effect", last_error=f"ambiguous effect {key}")
+    add_resource_event(db, uid, "effect_ambiguous", {"key": key}, now)
+
+
+def release_effect_hold(db: Database, uid: str, now: int) -> None:
+    db.execute("UPDATE controller_queue SET hold = NULL WHERE uid = ? AND hold = 'effect'", (uid,))
+    if db.changes():
+        db.execute("UPDATE controller_queue SET available_at = ?, version = version + 1 WHERE uid = ?", (now, uid))
+
+
+def expire_claims_before(db: Database, epoch: int, now: int) -> int:
+    """On takeover: reconciles an earlier host was running are due again at once, each
+    counted as an error (their workers died with that host)."""
+    with db.write():
+        db.execute("""UPDATE controller_queue SET claim_token = NULL, claim_expires_at = NULL, available_at = ?,
+                        consecutive_errors = consecutive_errors + 1, updated_at = ?,
+                        last_error = 'interrupted: the host running the reconcile ended'
+                      WHERE claim_token IS NOT NULL AND claim_epoch < ?""", (now, now, epoch))
+        return db.changes()
+
+
+# --- helpers --------------------------------------------------------------------------------
+
+
+def _claim(db: Database, uid: str) -> tuple[int, int | None, int]:
+    row = db.one("SELECT claim_version, claim_resource_version, version FROM controller_queue WHERE uid = ?", (uid,))
+    assert row is not None
+    return row
+
+
+def _release(db: Database, uid: str, now: int, due: int | None, *, errors: int | None = None,
+             last_error: str | bool | None = False, hold: str | None = None) -> None:
+    db.execute("""UPDATE controller_queue SET claim_token = NULL, claim_expires_at = NULL, available_at = ?,
+                    consecutive_errors = COALESCE(?, consecutive_errors),
+                    last_error = CASE WHEN ? THEN ? ELSE last_error END, hold = COALESCE(?, hold), updated_at = ?
+                  WHERE uid = ?""", (due, errors, last_error is not False, last_error or None, hold, now, uid))
+
+
+def _write_status(db: Database, uid: str, status: dict[str, Any], finalizers: list[str], now: int) -> None:
+    check_json_size(status, "status")
+    status_json, status_hash = db.put_json(status, now)
+    db.execute("""UPDATE controller_resources SET status_json = ?, status_hash = ?, finalizers_json = ?,
+                    resource_version = resource_version + 1, updated_at = ? WHERE uid = ?""",
+               (status_json, status_hash, canonical_json(finalizers).decode(), now, uid))
+
+
+def _set_condition(db: Database, uid: str, condition: dict[str, Any], now: int) -> None:
+    row = db.one("""SELECT status_json, status_hash, generation, finalizers_json FROM controller_resources
+                    WHERE uid = ?""", (uid,))
+    assert row is not None
+    status = dict(db.get_json(row[0], row[1]) or {})
+    status["conditions"] = merge_conditions(status.get("conditions", []), [condition], row[2], now)
+    _write_status(db, uid, status, decode_json(row[3].encode()), now)
+
+
+def set_workflow_run(db: Database, uid: str, workflow_run: dict[str, Any], now: int) -> None:
+    row = db.one("SELECT status_json, status_hash, finalizers_json FROM controller_resources WHERE uid = ?", (uid,))
+    if row is None:
+        return
+    status = dict(db.get_json(row[0], row[1]) or {})
+    if status.get("workflowRun") == workflow_run:
+        return
+    status["workflowRun"] = workflow_run
+    _write_status(db, uid, status, decode_json(row[2].encode()), now)
+
+
+def merge_conditions(old: list[dict[str, Any]], new: list[dict[str, Any]], generation: int,
+                     now: int) -> list[dict[str, Any]]:
+    """Conditions by type: a returned one replaces the stored one of its type, keeping its
+    ``lastTransitionTime`` when its status did not change; the others are kept."""
+    merged = {c["type"]: c for c in old}
+    seen: set[str] = set()
+    for condition in new:
+        kind = condition.get("type")
+        if not isinstance(kind, str) or not kind:
+            raise Rejected(f"a condition needs a `type` (text): {condition!r}"[:300])
+        if kind in seen:
+            raise Rejected(f"condition type {kind!r} was returned twice")
+        seen.add(kind)
+        status = condition.get("status")
+        if status not in ("True", "False", "Unknown"):
+            raise Rejected(f"condition {kind!r}: status must be 'True', 'False' or 'Unknown', not {status!r}")
+        before = merged.get(kind)
+        changed = before is None or before.get("status") != status
+        merged[kind] = {**condition, "observedGeneration": generation,
+                        "lastTransitionTime": iso(now) if changed else before.get("lastTransitionTime")}
+    return sorted(merged.values(), key=lambda c: c["type"])

@@ -1,0 +1,153 @@
+"""A reconcile worker: one pass of one controller over one resource, for one claim.
+
+Started like a run's worker (by the fork server, or ``python -m piwf.worker``) with
+``$PIWF_RECONCILE_LAUNCH`` instead of ``$PIWF_WORKER_LAUNCH``. It loads the controller,
+says ready (the host answers with the resource), calls ``reconcile(ctx)`` and reports the
+``Result``, or the error: ``TemporaryError(delay=)`` retries after its delay,
+``PermanentError`` holds the resource until its spec changes, anything else backs off.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from ..controller_protocol import (
+    EFFECT_NODE, LAUNCH_VAR, ChildRun, ReconcileFail, ReconcileFailPayload, ReconcileFinish, ReconcileFinishPayload,
+    ReconcileLaunch, ReconcileLog, ReconcileLogPayload, ReconcileReady, ReconcileReadyPayload, ReconcileStart,
+    WorkflowEnsure, WorkflowEnsurePayload,
+)
+from ..controllers import Controller, Resource, Result
+from ..controllers.loader import load_controller
+from ..engine.executor import Stop
+from ..errors import ClaimLost, PermanentError, PiwfError, TemporaryError
+from ..wire import canonical_json
+from .__main__ import HostJournal
+from .channel import Channel
+
+TRACEBACK_TAIL = 4000
+
+
+class Effects:
+    """``ctx.effects``: keyed side effects on the resource's ledger (once per spec generation)."""
+
+    def __init__(self, channel: Channel) -> None:
+        self._journal = HostJournal(channel)  # the run worker's effect steps, reused as they are
+
+    def ensure(self, key: str, apply: Callable[[], Any], observe: Callable[[], Any] | None = None) -> Any:
+        """Apply ``apply()`` once for this key and spec generation and return its result; a
+        later pass gets the stored result. ``observe()`` (result, or None when not applied)
+        lets a pass after a crash mid-apply find out instead of holding the resource."""
+        return self._journal.effect(EFFECT_NODE, key, apply, observe)
+
+
+class Workflows:
+    """``ctx.workflows``: child workflow runs, one per request key."""
+
+    def __init__(self, channel: Channel) -> None:
+        self._channel = channel
+
+    def ensure(self, request_key: str, workflow: str, input: Any = None) -> dict[str, Any]:
+        """Start the run, or find the one started for ``request_key``: ``{runId, state,
+        attempt, output}`` (state: running, waiting, succeeded, failed). Its end queues
+        this resource again."""
+        child = self._channel.request(WorkflowEnsure, WorkflowEnsurePayload(requestKey=request_key, workflow=workflow,
+                                                                            input=input), ChildRun)
+        return msgspec.structs.asdict(child)
+
+
+class ReconcileContext:
+    def __init__(self, channel: Channel, resource: Resource, project_path: str) -> None:
+        self.resource = resource
+        self.generation = resource.generation
+        self.project_path = project_path
+        self.effects = Effects(channel)
+        self.workflows = Workflows(channel)
+        self._channel = channel
+
+    def log(self, message: str) -> None:
+        """A line in the resource's events (``piwf controller get``)."""
+        self._channel.request(ReconcileLog, ReconcileLogPayload(message=str(message)[:2000]))
+
+
+def read_launch() -> ReconcileLaunch:
+    raw = os.environ[LAUNCH_VAR]
+    return msgspec.json.decode(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)), type=ReconcileLaunch)
+
+
+def run(launch: ReconcileLaunch, channel: Channel) -> None:
+    controller, loaded = _load(launch)
+    start = channel.request(ReconcileReady, loaded, ReconcileStart)
+    if start.stop or controller is None or start.resource is None:
+        return
+    view = start.resource
+    resource = Resource(uid=view["uid"], key=view["key"], controller=view["controller"], spec=view["spec"],
+                        status=view["status"], generation=view["generation"], resource_version=view["resourceVersion"],
+                        finalizers=view["finalizers"], deletion_timestamp=view["deletionTimestamp"])
+    ctx = ReconcileContext(channel, resource, launch.projectPath)
+    try:
+        result = controller.reconcile(ctx)
+    except Stop:  # an ambiguous effect: the host holds the resource
+        return
+    except ClaimLost:
+        raise
+    except TemporaryError as exc:
+        _fail(channel, exc, delay_ms=int(exc.delay * 1000))
+        return
+    except PermanentError as exc:
+        _fail(channel, exc, permanent=True)
+        return
+    except Exception as exc:
+        _fail(channel, exc)
+        return
+    _finish(channel, result)
+
+
+def _finish(channel: Channel, result: Any) -> None:
+    if not isinstance(result, Result):
+        _fail(channel, TypeError(f"reconcile returned {type(result).__name__}, not a Result "
+                                 "(Result.settled(), Result.requeue() or Result.requeue_after(ms))"))
+        return
+    try:
+        canonical_json([result.status, list(result.conditions)])
+    except TypeError as exc:
+        _fail(channel, TypeError(f"the Result's status or conditions are not JSON: {exc}"))
+        return
+    channel.request(ReconcileFinish, ReconcileFinishPayload(
+        settled=result.kind == "settled", requeueAfterMs=result.requeue_after_ms, keepStatus=result.keep_status,
+        status=result.status, conditions=list(result.conditions), finalizers=result.finalizers))
+
+
+def _fail(channel: Channel, exc: BaseException, *, permanent: bool = False, delay_ms: int | None = None) -> None:
+    text = f"{type(exc).__name__}: {exc}"
+    if not isinstance(exc, (TemporaryError, PermanentError)):
+        text += "\n" + "".join(traceback.format_exception(exc))[-TRACEBACK_TAIL:]
+    channel.request(ReconcileFail, ReconcileFailPayload(error=text[:8192], permanent=permanent, delayMs=delay_ms))
+
+
+def _load(launch: ReconcileLaunch) -> tuple[Controller | None, ReconcileReadyPayload]:
+    try:
+        controller = load_controller(launch.projectPath, launch.controller)
+    except PiwfError as exc:
+        return None, ReconcileReadyPayload(loadError=str(exc)[:1500])
+    return controller, ReconcileReadyPayload(timeoutS=float(controller.timeout))
+
+
+def main() -> int:
+    launch = read_launch()
+    read_fd, write_fd = (int(fd) for fd in os.environ["PIWF_WORKER_FDS"].split(","))
+    channel = Channel(read_fd, write_fd, worker_epoch=launch.workerEpoch, generation=launch.generation)
+    try:
+        run(launch, channel)
+    except ClaimLost:
+        return 0
+    except PiwfError as exc:
+        print(f"piwf reconcile worker: {exc}", file=sys.stderr)
+        return 4
+    return 0
