@@ -9,7 +9,7 @@ from piwf.worker_protocol import WORKER_OPERATIONS
 
 ROOT = Path(__file__).resolve().parents[1]
 HOST = sorted((ROOT / "src" / "piwf" / "host").glob("*.py"))
-STORE_MODULES = ("queue", "runs", "workers", "effects", "commands", "supervision")
+STORE_MODULES = ("queue", "runs", "workers", "effects", "commands", "supervision", "delivery", "updates")
 
 
 def _host_source() -> str:

@@ -94,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds a client has to take a reply before it is disconnected (default 10)")
     serve.add_argument("--presentation-lease", type=_seconds, default=10.0, metavar="S",
                        help="seconds a client presenting a decision or ask holds it (default 10)")
+    serve.add_argument("--delivery-lease", type=_seconds, default=10.0, metavar="S",
+                       help="seconds a client delivering a notification or turn holds it (default 10)")
     serve.add_argument("--worker-start", choices=("fork", "spawn"), default="fork",
                        help="fork workers from a preloaded template process (default; Linux) "
                             "or spawn a new interpreter for each")
@@ -211,6 +213,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         drain_timeout_s=args.drain_timeout, request_timeout_s=args.request_timeout,
                         reply_timeout_s=args.reply_timeout,
                         presentation_lease_ms=max(1, int(args.presentation_lease * 1000)),
+                        delivery_lease_ms=max(1, int(args.delivery_lease * 1000)),
                         **service_manager_settings())
     try:
         trio.run(Host(config).serve)

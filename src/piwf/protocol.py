@@ -241,6 +241,8 @@ class HostStatus(Struct):
     cancelledRuns: int
     expiredClaims: int
     pendingInteractions: Annotated[int, Meta(description="open decisions and asks")]
+    undeliveredNotifications: Annotated[int, Meta(description="notifications not yet delivered to their session")]
+    unresolvedTurns: Annotated[int, Meta(description="turns (eligible or not) not yet resolved by their session")]
     lifecycleContradictions: Annotated[int, Meta(description="0 unless the database was edited by hand")]
 
 
@@ -300,6 +302,17 @@ class EffectSummary(Struct):
     error: dict[str, Any] | None
 
 
+class RunUpdate(Struct):
+    """The current value of one (type, key) a run published (`ctx.publish`)."""
+
+    runId: str
+    type: str
+    key: str
+    data: Any
+    seq: Annotated[int, Meta(description="the `eventId` of the run event that published it")]
+    updatedAt: str
+
+
 class RunDetail(RunSummary):
     projectPath: str
     definitionDigest: str
@@ -310,6 +323,8 @@ class RunDetail(RunSummary):
     workers: list[WorkerSummary]
     effects: list[EffectSummary]
     waitingFor: Annotated[list[InteractionRequest], Meta(description="the run's open requests")]
+    updates: Annotated[list[RunUpdate], Meta(description="the current value of each (type, key) the run "
+                                                         "published, by type and key")]
 
 
 class WaitReceipt(RunDetail):
@@ -347,6 +362,12 @@ class RunEvent(Struct):
     choice: str | UnsetType | None = UNSET
     provenance: str | UnsetType | None = UNSET
     submissionId: str | UnsetType = UNSET
+    notificationId: str | UnsetType = UNSET
+    index: int | UnsetType = UNSET
+    turnId: str | UnsetType = UNSET
+    cause: str | UnsetType = UNSET
+    updateType: str | UnsetType = UNSET
+    followUpId: str | UnsetType = UNSET
 
 
 class RunEventsPage(Struct):
@@ -390,6 +411,7 @@ class Request(Struct, tag_field="operation", forbid_unknown_fields=True, omit_de
     payload: NoPayload = NoPayload()
 
     is_read: ClassVar[bool] = False  # answered from the store, never logged
+    long_poll: ClassVar[bool] = False  # may wait long for a change: given up when its client goes away
     receipt_type: ClassVar[Any] = None
 
     @property
@@ -507,9 +529,17 @@ class AnswerDecision(Request, tag="decision.answer"):
     receipt_type = AnswerReceipt
 
 
+# Delivery to sessions (DESIGN.md §8) lives in its own module, which builds on the classes above.
+from .protocol_delivery import *  # noqa: E402, F403
+from .protocol_delivery import (  # noqa: E402
+    ClaimNotification, ClaimTurn, DeliverNotification, ListDelivery, QueueFollowUp, RemoveFollowUp, ResolveTurn,
+    WatchRuns,
+)
+
 AnyRequest = (GetHostStatus | StopHost | StartRun | ListRuns | GetRun | GetRunEvents | WaitRun | CancelRun
               | PauseRun | ResumeRun | ResolveEffect | ListInteractions | UpdateInteraction | SubmitInteraction
-              | AnswerDecision)
+              | AnswerDecision | ClaimNotification | DeliverNotification | ClaimTurn | ResolveTurn | QueueFollowUp
+              | RemoveFollowUp | ListDelivery | WatchRuns)
 REQUEST_TYPES: tuple[type[Request], ...] = AnyRequest.__args__
 OPERATIONS: dict[str, type[Request]] = {kind.__struct_config__.tag: kind for kind in REQUEST_TYPES}  # type: ignore[misc]
 

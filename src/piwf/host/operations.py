@@ -35,6 +35,7 @@ from ..status import AT_REST, QueueStatus, StopReason
 from ..store import commands, effects, interactions, runs
 from ..store.hosts import read_lease
 from ..wire import HostResponse, check_id, request_fingerprint
+from . import delivery
 from .catalog import WorkflowInfo
 from .state import HostState, log
 
@@ -287,6 +288,7 @@ READS: dict[type[Request], Read] = {
     GetRunEvents: _run_events,
     WaitRun: _run_wait,
     ListInteractions: _interaction_list,
+    **delivery.READS,
 }
 WRITES: dict[type[Request], tuple[Prepare, Apply]] = {
     StopHost: (None, _host_stop),
@@ -298,4 +300,5 @@ WRITES: dict[type[Request], tuple[Prepare, Apply]] = {
     UpdateInteraction: (None, _interaction_update),
     SubmitInteraction: (None, _interaction_submit),
     AnswerDecision: (None, _decision_answer),
+    **delivery.WRITES,
 }
