@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from . import cli_interact, cli_service
+from . import cli_interact, cli_service, cli_watch
 from .client import Client
 from .errors import (ProtocolError, ExitCode, HostReplied, HostTimeout, HostUnavailable, InternalError, PiwfError,
                      UsageError)
@@ -152,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     resolve.set_defaults(handler=cmd_run_resolve_effect)
     cli_interact.add_parsers(commands, common)
     cli_service.add_parsers(commands, common)
+    cli_watch.add_parsers(commands, common)
     return parser
 
 
