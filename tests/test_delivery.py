@@ -271,3 +271,57 @@ async def test_inbox_lists_a_sessions_notifications_and_turns(host: Any, paths: 
     assert "[final]" in text and "[turn]" in text
     usage = await piwf(paths, "inbox", "--follow", check=False)
     assert usage.returncode == 2 and b"--follow needs --session" in usage.stderr
+
+
+async def test_follow_ups_are_delivered_in_order_with_the_runs_turn(host: Any, paths: StatePaths,
+                                                                     project: Path) -> None:
+    write_workflow(project, "ends", ends_source("approve"))
+    run_id = await start(paths, project, "ends", originSessionId="agent-4")
+    request = await open_request(paths, run_id)
+    async with AsyncClient(paths, client_id="agent") as agent:
+        first = await agent.queue_followup(run_id, "k1", "Then open a pull request")
+        second = await agent.queue_followup(run_id, "k2", "And tell the team")
+        gone = await agent.queue_followup(run_id, "k3", "Never mind")
+        assert [r.receipt["order"] for r in (first, second, gone)] == [1, 2, 3]
+        again = await agent.queue_followup(run_id, "k1", "Then open a pull request")
+        assert again.receipt["adopted"] and again.receipt["followUpId"] == first.receipt["followUpId"]
+        other = await agent.queue_followup(run_id, "k1", "Something else")
+        assert other.outcome == "conflict"
+        removed = await agent.remove_followup(run_id, gone.receipt["followUpId"])
+        assert removed.receipt["state"] == "removed"
+        await agent.answer_decision(request["requestId"], "yes")
+        await wait_run(paths, run_id)
+        claim = (await agent.claim_turn("agent-4")).receipt
+        assert [f["prompt"] for f in claim["turn"]["followUps"]] == ["Then open a pull request", "And tell the team"]
+        resolved = await agent.resolve_turn(claim["turn"]["turnId"], claim["claimId"], "prompted")
+        assert resolved.receipt["followUpsDelivered"] == 2
+        late = await agent.queue_followup(run_id, "k4", "Too late")
+        assert late.outcome == "rejected" and "no turn is left" in late.error
+
+
+async def test_a_blank_notification_fails_its_node_with_a_clear_error(host: Any, paths: StatePaths,
+                                                                       project: Path) -> None:
+    write_workflow(project, "mute", """
+        from piwf import Workflow, compute
+        workflow = Workflow(name="mute", start_at="say", nodes={"say": compute(lambda ctx: ctx.notify("   "))})
+    """)
+    run_id = await start(paths, project, "mute", originSessionId="agent-5")
+    done = await wait_run(paths, run_id)
+    assert done["status"] == "failed" and "notification is blank" in done["error"]["message"]
+    turns = (await call(paths, "delivery.list", payload={"sessionId": "agent-5"}))["turns"]
+    assert [t["cause"] for t in turns] == ["failed"] and "blank" in turns[0]["facts"]["error"]
+
+
+async def test_the_sessions_page_workflow_says_what_the_page_says(host: Any, paths: StatePaths,
+                                                                   project: Path) -> None:
+    page = (Path(__file__).resolve().parents[1] / "docs" / "sessions.md").read_text()
+    source = page.split("```python\n")[1].split("```")[0]
+    write_workflow(project, "build", source)
+    run_id = await start(paths, project, "build", originSessionId="agent-7")
+    assert (await wait_run(paths, run_id))["updates"][0]["data"] == {"done": 10, "of": 10}
+    listed = json.loads((await piwf(paths, "inbox", "--session", "agent-7", "--json")).stdout)
+    assert [(n["kind"], n["content"]) for n in listed["notifications"]] == [
+        ("progress", "compiling"), ("final", "build 42 is ready")]
+    [turn] = listed["turns"]
+    assert turn["instructions"] == "Show the test results as a table, failures first"
+    assert json.loads(turn["facts"]["output"]) == {"passed": 118, "failed": 2}

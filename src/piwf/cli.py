@@ -551,6 +551,9 @@ def _format_status(s: dict[str, Any]) -> str:
                      f"{s['cancelledRuns']} cancelled")
         if s.get("pendingInteractions"):
             lines.append(f"inbox:     {s['pendingInteractions']} open request(s): piwf inbox")
+        if s.get("undeliveredNotifications") or s.get("unresolvedTurns"):
+            lines.append(f"sessions:  {s['undeliveredNotifications']} undelivered notification(s), "
+                         f"{s['unresolvedTurns']} unresolved turn(s): piwf inbox --session ID")
         lines.append(f"workers:   {s.get('activeWorkers', 0)} active")
         if s["lifecycleContradictions"]:
             lines.append(f"WARNING:   {s['lifecycleContradictions']} lifecycle contradictions")
