@@ -76,7 +76,12 @@ def test_a_claim_that_expires_is_claimed_again_and_a_stale_claim_is_a_conflict(
         db: Database, clock: ManualClock) -> None:
     token, attempt = running(db, clock)
     notification_id = notify(db, clock, token, attempt, 1, "hello")
-    crashed, _ = claim(db, clock, "crashy")
+    lost, _ = claim(db, clock, "crashy")
+    crashed, _ = claim(db, clock, "crashy")  # the same client again: a new claim supersedes its old one
+    assert crashed != lost
+    with pytest.raises(Conflict, match="stale"):
+        delivery.deliver_notification(db, notification_id=notification_id, claim_id=lost, client_id="crashy",
+                                      now=clock.now_ms())
     assert claim(db, clock, "other") == (None, None)  # the oldest is claimed: nothing jumps the queue
     clock.advance(DELIVERY)
     fresh, text = claim(db, clock, "steady")
@@ -241,4 +246,17 @@ def test_a_layout_6_database_is_migrated_with_the_delivery_tables(tmp_path: Path
         name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
     assert runs.get_run(db, "a").updates == []
     assert db.scalar("PRAGMA integrity_check") == "ok"
+    db.close()
+
+
+def test_status_counts_of_a_layout_6_database_read_as_it_is(tmp_path: Path) -> None:
+    """`piwf status` with no host reads the database read-only, before any migration."""
+    path = tmp_path / "v6.db"
+    conn = apsw.Connection(str(path))
+    conn.execute((Path(__file__).parent / "data" / "schema_v6.sql").read_text())
+    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = 6")
+    conn.close()
+    db = Database.open_readonly(path)
+    counts = runs.status_counts(db, 1)
+    assert (counts["undeliveredNotifications"], counts["unresolvedTurns"]) == (0, 0)
     db.close()

@@ -48,6 +48,12 @@ def check_content(text: str, what: str) -> str:
     return text
 
 
+def _held_by_another(expires: int | None, holder: str | None, client_id: str, now: int) -> bool:
+    """A live claim of another client. A client claiming again what it holds (it lost the
+    answer, or restarted) gets a new claim, which supersedes its old one."""
+    return expires is not None and expires > now and holder != client_id
+
+
 def _new_claim_id() -> str:
     return "claim-" + secrets.token_hex(12)
 
@@ -106,11 +112,11 @@ def claim_notification(db: Database, *, session_id: str, client_id: str, lease_m
     """The session's oldest undelivered notification, claimed for ``lease_ms``; nothing
     while it is claimed by someone else."""
     with db.write():
-        row = db.one(f"""SELECT {NOTIFICATION_COLUMNS} FROM notifications n INDEXED BY notifications_undelivered
-                         JOIN runs r ON r.run_id = n.run_id
+        row = db.one(f"""SELECT {NOTIFICATION_COLUMNS}, n.claim_client FROM notifications n
+                         INDEXED BY notifications_undelivered JOIN runs r ON r.run_id = n.run_id
                          WHERE n.session_id = ? AND n.delivered_at IS NULL ORDER BY n.rowid LIMIT 1""",
                      (session_id,))
-        if row is None or (row[9] is not None and row[9] > now):
+        if row is None or _held_by_another(row[9], row[11], client_id, now):
             return NotificationClaim(claimId=None, notification=None)
         claim_id = _new_claim_id()
         db.execute("""UPDATE notifications SET claim_token = ?, claim_client = ?, claim_expires_at = ?
@@ -246,10 +252,10 @@ def claim_turn(db: Database, *, session_id: str, client_id: str, lease_ms: int, 
     run's queued follow-ups (those it is resolved with); nothing while it is claimed by
     someone else or its run has notifications not yet delivered."""
     with db.write():
-        row = db.one(f"""SELECT {TURN_COLUMNS} FROM turns t INDEXED BY turns_eligible
+        row = db.one(f"""SELECT {TURN_COLUMNS}, t.claim_client FROM turns t INDEXED BY turns_eligible
                          WHERE t.session_id = ? AND t.resolved_at IS NULL AND t.eligible_at IS NOT NULL
                          ORDER BY t.eligible_at, t.rowid LIMIT 1""", (session_id,))
-        if row is None or (row[8] is not None and row[8] > now) or _undelivered(db, row[1], session_id):
+        if row is None or _held_by_another(row[8], row[13], client_id, now) or _undelivered(db, row[1], session_id):
             return TurnClaim(claimId=None, turn=None)
         claim_id = _new_claim_id()
         through = db.scalar("SELECT COALESCE(MAX(position), 0) FROM followups WHERE run_id = ? AND state = 'queued'",

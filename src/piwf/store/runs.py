@@ -374,8 +374,15 @@ def recounted(db: Database, now: int) -> dict[str, int]:
 
 
 def _delivery_counts(db: Database, counts: dict[tuple[str, str], int]) -> None:
+    """Notifications and turns (layout 7), but 0 for an older layout read as it is
+    (``piwf status`` with no host, before a newer piwf has migrated the database)."""
+    if db.scalar("PRAGMA user_version") < DELIVERY_LAYOUT:
+        return
     counts[("notifications", "undelivered")] = delivery.count_undelivered(db)
     counts[("turns", "unresolved")] = delivery.count_unresolved(db)
+
+
+DELIVERY_LAYOUT = 7
 
 
 def _status_fields(count: Callable[[tuple[str, str]], int | None], expired: int) -> dict[str, int]:
