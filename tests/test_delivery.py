@@ -150,10 +150,15 @@ async def test_bad_delivery_requests_get_one_clear_line_and_change_nothing(
         bad = await client.call("turn.resolve", payload={"turnId": "t", "claimId": "c", "resolution": "ignored"})
         assert bad.outcome == "rejected" and "resolution" in bad.error
         assert (await client.queue_followup("run-nope", "k", "p")).outcome == "notFound"
-        big = await client.queue_followup("run-nope", "k", "x" * 70_000)
-        assert big.outcome in ("rejected", "notFound")
+        run_id = await start(paths, project, "greet", originSessionId="agent-9")
+        big = await client.queue_followup(run_id, "k", "x" * 70_000)
+        assert big.outcome == "rejected" and "the limit is 65536" in big.error and "\n" not in big.error
+        control = await client.claim_notification("agent\x1b[31m")
+        assert control.outcome == "rejected" and "printable" in control.error
+        await wait_run(paths, run_id)
+        assert (await call(paths, "delivery.list", payload={"runId": run_id}))["turns"][0]["followUps"] == []
     status = await call(paths, "host.status")
-    assert (status["undeliveredNotifications"], status["unresolvedTurns"]) == (0, 0)
+    assert (status["undeliveredNotifications"], status["unresolvedTurns"]) == (0, 1)
 
 
 # --- turns: exactly one per end, across a host SIGKILL right after it -----------------------
