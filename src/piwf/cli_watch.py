@@ -25,7 +25,8 @@ def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
     watch = commands.add_parser("watch", parents=[common], help="a live view of runs: current nodes, latest "
                                 "updates, waiting requests, recent events")
     watch.add_argument("run_id", nargs="?", metavar="RUN", help="only this run")
-    watch.add_argument("--once", action="store_true", help="print one snapshot and exit")
+    watch.add_argument("--once", action="store_true", help="print one snapshot and exit (with --json: the "
+                       "run.watch receipt; without --once, --json prints one receipt per line as changes come)")
     watch.set_defaults(handler=cmd_watch)
 
 
@@ -114,8 +115,10 @@ def cmd_watch(args: argparse.Namespace) -> int:
         view.apply(page)
         console = Console(highlight=False)
         live = console.is_terminal and not args.json and not args.once
-        if args.json:
+        if args.json and args.once:
             _emit(page)
+        elif args.json:  # one JSON document per line, this one and each change's
+            print(json.dumps(page, sort_keys=True), flush=True)
         elif not live:
             console.print(render(view))
         if args.once:
