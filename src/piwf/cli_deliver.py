@@ -20,6 +20,7 @@ from typing import Any
 from .errors import UsageError
 
 IDLE_WAIT_MS = 60_000  # one run.watch while nothing is claimable and no claim is due to expire
+RACED_WAIT_MS = 1_000  # look again this soon when what looked free could not be claimed
 
 
 def add_delivery(client: Any, args: argparse.Namespace, page: dict[str, Any]) -> None:
@@ -83,6 +84,7 @@ def deliver_available(client: Any, session: str, as_json: bool) -> int | None:
             continue
         if _deliver_one(client, kind, session, as_json):
             return 0
+        waits.append(RACED_WAIT_MS)  # another client claimed it first (or its run's notifications go first)
     return min(waits) if waits else None
 
 

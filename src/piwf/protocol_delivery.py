@@ -16,6 +16,14 @@ from .protocol import (
 )
 from .status import FollowUpState, NotificationKind, TurnCause, TurnResolution
 
+__all__ = [
+    "CONTENT_LIMIT", "DELIVERY_REQUESTS", "ClaimNotification", "ClaimPayload", "ClaimTurn", "DeliverNotification",
+    "DeliverPayload", "DeliverReceipt", "DeliveryPage", "FollowUp", "FollowUpReceipt", "ListDelivery",
+    "ListDeliveryPayload", "Notification", "NotificationClaim", "QueueFollowUp", "QueueFollowUpPayload",
+    "RemoveFollowUp", "RemoveFollowUpPayload", "ResolveTurn", "ResolveTurnPayload", "ResolveTurnReceipt", "Turn",
+    "TurnClaim", "TurnFacts", "WatchEvent", "WatchPage", "WatchPayload", "WatchRuns", "WatchedRun",
+]
+
 CONTENT_LIMIT = 64 * 1024  # a notification's content, a turn's facts, an update's data (bytes of UTF-8 / JSON)
 SessionId = Annotated[str, Meta(min_length=1, description="the origin session (an id, see Ids)")]
 

@@ -12,15 +12,15 @@ import trio
 
 from ..protocol import (
     ClaimNotification, ClaimTurn, DeliverNotification, DeliveryPage, ListDelivery, Outcome, QueueFollowUp,
-    RemoveFollowUp, ResolveTurn, WatchPage, WatchRuns,
+    RemoveFollowUp, Request, ResolveTurn, WatchPage, WatchRuns,
 )
 from ..store import delivery, runs, updates
 from ..wire import HostResponse, check_id
 from .state import HostState
 
 
-def _accepted(request: object, receipt: object) -> HostResponse:
-    return HostResponse(request.requestId, Outcome.ACCEPTED, receipt=receipt)  # type: ignore[attr-defined]
+def _accepted(request: Request, receipt: object) -> HostResponse:
+    return HostResponse(request.requestId, Outcome.ACCEPTED, receipt=receipt)
 
 
 def _notification_claim(host: HostState, request: ClaimNotification, prepared: None, after: list) -> HostResponse:
