@@ -260,3 +260,28 @@ def test_status_counts_of_a_layout_6_database_read_as_it_is(tmp_path: Path) -> N
     counts = runs.status_counts(db, 1)
     assert (counts["undeliveredNotifications"], counts["unresolvedTurns"]) == (0, 0)
     db.close()
+
+
+def test_pruning_forgets_what_was_delivered_to_the_sessions_of_ended_runs_only(
+        db: Database, clock: ManualClock) -> None:
+    token, attempt = running(db, clock)
+    notification_id = notify(db, clock, token, attempt, 1, "still going")
+    claim_id, _ = claim(db, clock)
+    delivery.deliver_notification(db, notification_id=notification_id, claim_id=claim_id, client_id="c1",
+                                  now=clock.now_ms())
+    clock.advance(10 * DAY)
+    assert delivery.prune(db, clock.now_ms(), 7 * DAY) == 0  # its run goes on: a retried node must find it
+    again = queue.claim_run(db, "r1", runner_id="h", token="t2", lease_ms=LEASE, now=clock.now_ms(), epoch=1)
+    assert again is not None
+    queue.complete_run(db, "r1", "t2", None, clock.now_ms())
+    got = delivery.claim_turn(db, session_id="s1", client_id="c1", lease_ms=DELIVERY, now=clock.now_ms())
+    assert got.turn is not None and got.claimId is not None
+    delivery.resolve_turn(db, turn_id=got.turn.turnId, claim_id=got.claimId, client_id="c1",
+                          resolution=TurnResolution.DISMISSED, now=clock.now_ms())
+    assert delivery.prune(db, clock.now_ms(), 7 * DAY) == 1  # the notification; the turn is recent
+    clock.advance(8 * DAY)
+    assert delivery.prune(db, clock.now_ms(), 7 * DAY) == 1
+    assert db.scalar("SELECT COUNT(*) FROM notifications") == db.scalar("SELECT COUNT(*) FROM turns") == 0
+
+
+DAY = 24 * 3600 * 1000

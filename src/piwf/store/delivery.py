@@ -368,3 +368,22 @@ def _followups(db: Database, run_id: str, through: int) -> list[FollowUp]:
                          WHERE run_id = ? AND state = 'queued' AND position <= ? ORDER BY position""",
                       (run_id, through)).fetchall()
     return [FollowUp(followUpId=f, runId=run_id, requestKey=k, prompt=p, order=o, state=s) for f, k, p, o, s in rows]
+
+
+# --- pruning ----------------------------------------------------------------------------------
+
+
+def prune(db: Database, now: int, retention_ms: int) -> int:
+    """Forget what was delivered (notifications), resolved (turns) or delivered or removed
+    (follow-ups) longer than ``retention_ms`` ago, of runs that have ended: nothing of a
+    run still going is forgotten, so a node retried later still finds the notification it
+    stored. Returns the rows deleted."""
+    before = now - retention_ms
+    ended = "run_id IN (SELECT run_id FROM run_queue WHERE status IN ('done', 'failed', 'cancelled'))"
+    with db.write():
+        db.execute(f"DELETE FROM notifications WHERE delivered_at < ? AND {ended}", (before,))
+        deleted = db.changes()
+        db.execute(f"DELETE FROM turns WHERE resolved_at < ? AND {ended}", (before,))
+        deleted += db.changes()
+        db.execute(f"DELETE FROM followups WHERE state != 'queued' AND updated_at < ? AND {ended}", (before,))
+        return deleted + db.changes()
