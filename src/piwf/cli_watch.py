@@ -81,7 +81,7 @@ def render(view: View) -> Any:
             table.add_row(request["requestId"], request["kind"], request["runId"], request["title"])
         parts.append(table)
     parts.append(Text("recent events", style="bold"))
-    parts += [Text(_event_line(e)) for e in view.events] or [Text("  (none)")]
+    parts += [Text(_event_line(e), no_wrap=True, overflow="ellipsis") for e in view.events] or [Text("  (none)")]
     return Group(*parts)
 
 

@@ -116,7 +116,6 @@ class Context:
             raise ValueError("an effect key must be non-empty text of at most 256 bytes")
         return self.journal.effect(self.node, key, apply, observe)
 
-
     def notify(self, text: str, kind: str = "progress") -> None:
         """Tell the run's origin session ``text`` (``kind`` ``progress`` or ``final``); stored
         once per (run, step, call number), so a retried node does not say it twice. A
