@@ -151,13 +151,15 @@ class HostProcess:
         self.env = {**os.environ, **(env or {})}
         self.proc: trio.Process | None = None
 
-    async def start(self) -> HostProcess:
+    async def start(self, *, wait: bool = True) -> HostProcess:
+        """Start ``piwf serve``; with ``wait``, return once it answers."""
         with open(self.log, "ab") as log:
             self.proc = await trio.lowlevel.open_process(
                 [sys.executable, "-m", "piwf", "serve", "--state-dir", str(self.paths.root), *self.extra],
                 stdout=log, stderr=log, start_new_session=True, env=self.env,
             )
-        await wait_for(self.answers, timeout=20)
+        if wait:
+            await wait_for(self.answers, timeout=20)
         return self
 
     async def answers(self) -> bool:

@@ -56,6 +56,20 @@ COUNT = """
                         nodes={"how_many": ask("How many?", expect=int, validate=check)})
 """
 
+SLOW_CHECK = """
+    import time
+    from pathlib import Path
+    from piwf import Workflow, ask
+
+    def check(value):
+        Path(PROJECT, "validating").write_text(str(value))
+        while not Path(PROJECT, "release").exists():
+            time.sleep(0.02)
+
+    workflow = Workflow(name="slow_check", start_at="how_many",
+                        nodes={"how_many": ask("How many?", expect=int, validate=check)})
+"""
+
 EXPIRING = """
     from piwf import Workflow, ask, compute, decision
 
@@ -132,7 +146,15 @@ async def test_a_decision_answered_by_piwf_decide_goes_on_along_the_chosen_exit(
     assert lines(project / "deployed.log") == [run_id]
 
     retried = await piwf(paths, "decide", request["requestId"], "yes", "--request-id", "answer-1", "--json")
-    assert json.loads(retried.stdout) == json.loads(decided.stdout)  # adopted: the stored receipt
+    assert json.loads(retried.stdout) == json.loads(decided.stdout)  # the stored receipt
+    async with AsyncClient(paths, client_id="cli:x") as client:
+        first = await client.answer_decision(request["requestId"], "yes", request_id="py-1")
+        assert first.outcome == "conflict"  # another client's answer won
+        again = await client.answer_decision(request["requestId"], "yes", request_id="py-1")
+        assert again.outcome == "conflict"  # refused requests are not logged: refused again
+    async with AsyncClient(paths, client_id=answer["answeredBy"]) as client:
+        adopted = await client.answer_decision(request["requestId"], "yes", request_id="answer-1")
+        assert adopted.outcome == "adopted" and adopted.receipt == json.loads(decided.stdout)
     other = await piwf(paths, "decide", request["requestId"], "no", check=False)
     assert other.returncode == 7 and b"already answered" in other.stderr
     same_choice_other_client = await piwf(paths, "decide", request["requestId"], "yes", check=False)
@@ -169,29 +191,41 @@ async def test_bad_answers_are_refused_with_one_line_and_change_nothing(
 
 async def test_a_deadline_with_a_default_resolves_once_across_host_kills(
         host_process: Callable[..., HostProcess], paths: StatePaths, project: Path) -> None:
-    """Killed before the deadline (the next host fires it), and killed right after the
-    expiry commits (the next host must not fire it again)."""
-    write_workflow(project, "deploy", deploy_source(deadline=2, default="yes"))
-    first = await host_process().start()
+    """The host dies at the deadline just before the expiry commits (the next host fires
+    it), and the next one just after it commits (the one after must not fire it again)."""
+    write_workflow(project, "deploy", deploy_source(deadline=2, default="no"))
+    first = await host_process(env={"PIWF_FAULT": "host.deadline.due:exit"}).start()
     run_id = await start(paths, project, "deploy")
     request = await open_request(paths, run_id)
-    first.kill_group()  # before the deadline
-    await first.wait()
-    # The next host dies the moment its deadline timer commits the expiry.
+    assert await first.wait() == 86  # at the deadline, nothing committed
+    assert (await _offline_request(paths, request["requestId"]))["status"] == "pending"
     second = host_process(env={"PIWF_FAULT": "host.deadline.committed:exit"})
-    await second.start()
-    assert await second.wait() == 86
+    await second.start(wait=False)  # the deadline has passed: it expires the request as it starts
+    assert await second.wait() == 86  # right after the expiry committed
     third = await host_process().start()
     done = await wait_run(paths, run_id)
     assert done["status"] == "completed", done
-    answer = done["output"]["answer"]
-    assert (answer["choice"], answer["provenance"], answer["answeredBy"]) == ("yes", "timeout", None)
+    answer = done["output"]["held"]
+    assert (answer["choice"], answer["provenance"], answer["answeredBy"]) == ("no", "timeout", None)
     assert len(await events(paths, run_id, "decision.answered")) == 1
-    assert lines(project / "deployed.log") == [run_id]
-    late = await piwf(paths, "decide", request["requestId"], "no", check=False)
-    assert late.returncode == 7  # settled by the timeout: a later answer loses
+    assert [s["node"] for s in done["steps"] if s["status"] == "accepted"] == ["approve", "hold"]
+    late = await piwf(paths, "decide", request["requestId"], "yes", check=False)
+    assert late.returncode == 1 and b"resolved as no by its default" in late.stderr
     third.signal(signal.SIGTERM)
     assert await third.wait() == 0
+
+
+async def _offline_request(paths: StatePaths, request_id: str) -> dict[str, Any]:
+    """A request as stored, read with no host running."""
+    from piwf.store import Database, interactions
+
+    db = Database.open_readonly(paths.db)
+    try:
+        import msgspec
+
+        return msgspec.to_builtins(interactions.get_request(db, request_id, 0))
+    finally:
+        db.close()
 
 
 async def test_an_answer_at_the_deadline_is_refused_and_no_default_routes_timeout(
@@ -293,6 +327,24 @@ async def test_a_worker_killed_while_validating_rejects_that_submission(
     assert (await wait_run(paths, run_id))["output"] == 5
 
 
+async def test_a_value_being_validated_when_the_host_stops_is_validated_by_the_next_host(
+        host_process: Callable[..., HostProcess], paths: StatePaths, project: Path) -> None:
+    write_workflow(project, "slow_check", SLOW_CHECK.replace("PROJECT", repr(str(project))))
+    first = await host_process().start()
+    run_id = await start(paths, project, "slow_check")
+    request_id = (await open_request(paths, run_id))["requestId"]
+    await call(paths, "interaction.submit", payload={"requestId": request_id, "value": 7})
+    await wait_for(lambda: (project / "validating").exists())
+    first.signal(signal.SIGTERM)  # a planned stop (piwf stop, systemctl restart)
+    assert await first.wait() == 0
+    (project / "release").touch()
+    await host_process().start()
+    done = await wait_run(paths, run_id)
+    assert (done["status"], done["output"]) == ("completed", 7)
+    settled = (await call(paths, "interaction.list", payload={"runId": run_id, "open": False}))["requests"][0]
+    assert settled["lastSubmission"]["status"] == "accepted"
+
+
 async def test_only_the_origin_session_may_answer_its_runs_ask(host: Any, paths: StatePaths, project: Path) -> None:
     write_workflow(project, "count", COUNT.replace("PROJECT", repr(str(project))))
     run_id = await start(paths, project, "count", originSessionId="agent-7")
@@ -376,13 +428,17 @@ async def test_presentation_claims_are_leases_held_by_one_client(
 
 
 @pytest.mark.parametrize("source, message", [
-    ('decision("Go?", choices={"a": "A"}, deadline=0)', "deadline must be a positive"),
+    ('decision("Go?", choices={"a": "A"}, deadline=0)', "deadline must be a number of seconds above 0"),
+    ('decision("Go?", choices={"a": "A"}, deadline=float("inf"))', "at most 31622400"),
+    ('decision("Go?", choices=["a", "b"])', "must be a mapping of choice id to label"),
+    ('decision("x" * 2001, choices={"a": "A"})', "2001 characters; at most 2000"),
     ('decision("Go?", choices={"a": "A"}, deadline=5, default="b")', "default 'b' is not one of the choices"),
     ('decision("Go?", choices={"a": "A"}, default="a")', "default needs a deadline"),
     ('decision("Go?", choices={})', "at least one choice"),
     ('decision("Go?", choices={"a": "Same", "b": "Same"})', "different labels"),
     ('decision("Go?", choices={"timeout": "T"})', "must be non-empty text"),
-    ('ask("Why?", deadline=-1)', "deadline must be a positive"),
+    ('ask("Why?", deadline=-1)', "deadline must be a number of seconds above 0"),
+    ('ask("Why?", deadline=1e300)', "at most 31622400"),
 ])
 def test_a_bad_interactive_node_is_refused_when_the_workflow_loads(source: str, message: str) -> None:
     import piwf
@@ -401,3 +457,17 @@ def test_a_decision_whose_choices_lead_somewhere_needs_an_edge_for_each() -> Non
         Workflow("w", "d", nodes, [("d.a", "x"), ("d.b", "x"), ("d.c", "x")])
     plain = Workflow("w", "d", nodes, [("d", "x")])  # one plain edge serves every choice
     assert plain.next_node("d", "b") == "x"
+
+
+def test_exits_no_run_could_take_are_refused() -> None:
+    from piwf import PiwfError, Workflow, ask, compute, decision
+
+    x = compute(lambda ctx: 1)
+    with pytest.raises(PiwfError, match="ask 'q' has no exit 'a'"):
+        Workflow("w", "q", {"q": ask("Why?"), "x": x}, [("q.a", "x")])
+    with pytest.raises(PiwfError, match=r"q.timeout can never be taken: 'q' has no deadline"):
+        Workflow("w", "q", {"q": ask("Why?"), "x": x}, [("q.timeout", "x")])
+    with pytest.raises(PiwfError, match="resolves to its default"):
+        Workflow("w", "d", {"d": decision("Go?", {"a": "A"}, deadline=5, default="a"), "x": x},
+                 [("d.a", "x"), ("d.timeout", "x")])
+    Workflow("w", "q", {"q": ask("Why?", deadline=5), "x": x}, [("q", "x"), ("q.timeout", "x")])

@@ -126,7 +126,7 @@ def turns(db: Database) -> list[tuple[str, str, str | None]]:
 @pytest.mark.parametrize("end, cause", [
     (lambda db, t, now: queue.complete_run(db, "r1", t, {"ok": 1}, now), TurnCause.COMPLETED),
     (lambda db, t, now: queue.fail_run(db, "r1", t, {"type": "E", "message": "boom"}, now), TurnCause.FAILED),
-    (lambda db, t, now: runs.cancel_run(db, "r1", now, token=t), TurnCause.CANCELLED),
+    (lambda db, t, now: queue.cancel_run(db, "r1", now, token=t), TurnCause.CANCELLED),
     (lambda db, t, now: queue.park_run(db, "r1", t, now, hold=Hold.CRASHED, detail="crashed 5 times"),
      TurnCause.HELD),
 ])
@@ -172,7 +172,7 @@ def test_a_timed_out_run_gets_its_turn_with_the_deadline_expiry(db: Database, cl
         interactions.open_request(db, "r1", token, InteractionOpenPayload(
             attemptId=attempt, kind="ask", title="Why?", deadlineMs=1000), clock.now_ms())
     clock.advance(1000)
-    assert len(interactions.expire_due(db, clock.now_ms())) == 1
+    assert len(interactions.expire_due(db, clock.now_ms())[0]) == 1
     assert turns(db) == [("timed_out", "timed_out", None)]
 
 

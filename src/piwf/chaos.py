@@ -159,6 +159,7 @@ class Chaos:
         self.tally = Tally()
         self.lock = threading.Lock()
         self.settled = threading.Event()  # every run settled: the person stops
+        self.person_rng = random.Random(args.seed + 1)  # its own: the other threads' draws stay the seed's
 
     # --- the host ---
 
@@ -289,14 +290,17 @@ class Chaos:
             except RuntimeError:
                 continue
             for request in page["requests"]:
-                if request["kind"] == "decision":
-                    self.decide(request)
-                elif (request["lastSubmission"] or {}).get("status") != "validating":
-                    self.submit(request)
+                try:
+                    if request["kind"] == "decision":
+                        self.decide(request)
+                    elif (request["lastSubmission"] or {}).get("status") != "validating":
+                        self.submit(request)
+                except RuntimeError:  # unanswered for long (the host is restarting): ask again
+                    continue
             self.settled.wait(0.02)
 
     def decide(self, request: dict[str, Any]) -> None:
-        choice = self.tally.decided.get(request["runId"]) or self.rng.choice(["yes", "no"])
+        choice = self.tally.decided.get(request["runId"]) or self.person_rng.choice(["yes", "no"])
         response = self.request(make_request(
             "decision.answer", client_id="person", request_id=f"person-{request['requestId']}",
             payload={"requestId": request["requestId"], "choice": choice}))
@@ -350,7 +354,9 @@ class Chaos:
             self.ensure_host()
             if self.rng.random() < 0.5 or not self.kill_worker():
                 self.kill_host()
-        submitter.join()
+        while submitter.is_alive():  # a fault armed by the last kill may still stop the host
+            self.ensure_host()
+            submitter.join(0.05)
         self.ensure_host()
         self.restart_clean()
         return self.settle_and_summarize()

@@ -9,6 +9,7 @@ and an exit code from ``errors.ExitCode``; with ``--json`` also one JSON documen
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -34,15 +35,33 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         as_json = args.json
+        _check_text(args)
         return args.handler(args) or 0
     except PiwfError as exc:
         return fail(exc, as_json)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `piwf ... | head`: the reader has what it wanted
+        with contextlib.suppress(OSError):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - flushed at exit without a second error
+        return 0
     except OSError as exc:  # a file or socket piwf did not expect to be refused
         return fail(PiwfError(str(exc)), as_json)
     except Exception as exc:  # a bug: one line all the same, and an exit code of its own
         return fail(InternalError(f"internal error: {type(exc).__name__}: {exc}"), as_json)
+
+
+def _check_text(args: argparse.Namespace) -> None:
+    """Arguments are text the host reads as UTF-8: bytes that are not (the shell passes
+    them through as surrogate escapes) are a usage error, not a crash later on."""
+    for name, value in vars(args).items():
+        if isinstance(value, str):
+            try:
+                value.encode()
+            except UnicodeEncodeError:
+                option = "--" + name.replace("_", "-") if name not in ("request_id", "choice", "name", "run_id",
+                                                                        "key") else name.upper()
+                raise UsageError(f"{option} is not valid UTF-8 text") from None
 
 
 def fail(exc: PiwfError, as_json: bool) -> int:
@@ -120,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("name", metavar="NAME")
     start.add_argument("--input", default="{}", metavar="JSON", help="run input as JSON (default {})")
     start.add_argument("--project", default=".", metavar="DIR", help="project directory (default .)")
-    start.add_argument("--session", metavar="ID", help="origin session id (one active run per session)")
+    start.add_argument("--session", metavar="ID", help="origin session id (one queued or running run per session)")
     start.add_argument("--run-id", metavar="ID", help="choose the run id (default: the host makes one)")
     start.add_argument("--wait", action="store_true", help="wait until the run ends or waits")
     start.set_defaults(handler=cmd_run_start)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from .errors import ExitCode, HostTimeout
@@ -30,7 +32,8 @@ def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
     answer = commands.add_parser("answer", parents=[common], help="submit a value to an ask; the workflow "
                                  "validates it")
     answer.add_argument("request_id", metavar="REQUEST_ID")
-    answer.add_argument("--value", required=True, metavar="JSON", help="the value, as JSON")
+    answer.add_argument("--value", required=True, metavar="JSON", help="the value, as JSON; `-` reads it from "
+                        "stdin, `@FILE` from FILE (a JSON string needs its quotes: '\"text\"')")
     answer.add_argument("--session", metavar="ID", help="the submitting session (the run's origin session, if any)")
     answer.add_argument("--wait", action="store_true", help="wait until it is validated; exit 1 with the reason "
                         "when it is rejected")
@@ -58,29 +61,44 @@ def cmd_inbox(args: argparse.Namespace) -> int:
     return 0
 
 
+SHOWN = 200  # characters of a value or an error shown in a listing (--json has it all)
+
+
+def shown(text: Any, limit: int = SHOWN) -> str:
+    """Text from a workflow or a client, safe on a terminal: control and format characters
+    escaped (no escape sequences, no line breaks), cut to ``limit`` with a mark."""
+    text = str(text)
+    safe = "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
+    return safe if len(safe) <= limit else safe[:limit] + "…"
+
+
 def format_request(r: dict[str, Any]) -> str:
-    """A request in a few lines: what is asked, how to answer it, and its state."""
+    """A request in a few lines: what is asked, how to answer it (while it is open), and
+    its state."""
     head = f"{r['requestId']}  {r['kind']:8} {r['status']:10} run {r['runId']} ({r['workflow']}/{r['nodeId']})"
-    lines = [head, f"    {r['title']}"]
+    lines = [head, f"    {shown(r['title'], 2000)}"]
+    is_open = r["status"] in ("pending", "presenting")
     if r["choices"]:
-        choices = ", ".join(f"{key} = {c['label']}" + (" (+text)" if c.get("input") else "")
+        choices = ", ".join(f"{key} = {shown(c['label'])}" + (" (+text)" if c.get("input") else "")
                             for key, c in r["choices"].items())
         lines.append(f"    choices: {choices}")
-        lines.append(f"    answer:  piwf decide {r['requestId']} CHOICE")
+        if is_open:
+            lines.append(f"    answer:  piwf decide {r['requestId']} CHOICE")
     else:
-        lines.append(f"    expects: {json.dumps(r['schema'])}")
-        lines.append(f"    answer:  piwf answer {r['requestId']} --value JSON"
-                     + (f" --session {r['originSessionId']}" if r["originSessionId"] else ""))
+        lines.append(f"    expects: {shown(json.dumps(r['schema']))}")
+        if is_open:
+            lines.append(f"    answer:  piwf answer {r['requestId']} --value JSON"
+                         + (f" --session {r['originSessionId']}" if r["originSessionId"] else ""))
     if r["deadline"]:
         default = r.get("default")
         lines.append(f"    deadline {r['deadline']}" + (f", then {default['choice']}" if default else ""))
     last = r.get("lastSubmission")
     if last:
-        lines.append(f"    last submission: {last['status']}" + (f" ({last['error']})" if last["error"] else ""))
+        lines.append(f"    last submission: {last['status']}" + (f" ({shown(last['error'])})" if last["error"] else ""))
     if r.get("resolution"):
         res = r["resolution"]
-        got = res.get("choice") or json.dumps(res.get("value"))
-        lines.append(f"    resolved: {got} ({res['provenance']}, by {res['answeredBy'] or 'nobody'})")
+        got = res.get("choice") or shown(json.dumps(res.get("value")))
+        lines.append(f"    resolved: {got} ({res['provenance']}, by {res['answeredBy'] or 'its deadline'})")
     return "\n".join(lines)
 
 
@@ -92,14 +110,14 @@ def cmd_decide(args: argparse.Namespace) -> int:
         payload["input"] = args.input
     with _client(args) as client:
         receipt = _ok(client.call("decision.answer", payload=payload, request_id=args.command_id))
-    _print(args, receipt, lambda r: f"{r['requestId']}: {r['choice']} — run {r['runId']} goes on")
+    _print(args, receipt, lambda r: f"{r['requestId']}: answered {r['choice']} (run {r['runId']})")
     return 0
 
 
 def cmd_answer(args: argparse.Namespace) -> int:
     from .cli import _client, _json_arg, _ok, _print
 
-    value = _json_arg(args.value, "--value")
+    value = _json_arg(_read_value(args.value), "--value")
     payload: dict[str, Any] = {"requestId": args.request_id, "value": value}
     if args.session:
         payload["sessionId"] = args.session
@@ -112,6 +130,19 @@ def cmd_answer(args: argparse.Namespace) -> int:
     _print(args, submission, lambda s: f"{s['submissionId']}: {s['status']}"
            + (f": {s['error']}" if s.get("error") else ""))
     return 0 if submission["status"] == "accepted" else ExitCode.ERROR
+
+
+def _read_value(text: str) -> str:
+    from .errors import UsageError
+
+    if text != "-" and not text.startswith("@"):
+        return text
+    try:
+        if text == "-":
+            return sys.stdin.read()
+        return Path(text[1:]).read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--value {text}: cannot read it: {exc}") from None
 
 
 def _wait_validated(client: Any, receipt: dict[str, Any], timeout: float | None) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from .errors import HostTimeout, HostUnavailable
+from .errors import HostTimeout, HostUnavailable, RequestTooLarge
 from .paths import StatePaths
 from .wire import HOST_REQUEST, MAX_LINE, HostRequest, HostResponse, LineBuffer, decode_with, encode_line
 
@@ -37,7 +37,8 @@ def _drop_none(**fields: Any) -> dict[str, Any]:
 class InteractionCalls:
     """The people-in-the-loop operations as methods (DESIGN.md §7); each returns what
     ``call`` returns (awaitable on ``AsyncClient``). ``request_id`` / ``idempotency_key``
-    make a retry safe, as with any write."""
+    make a retry safe, as with any write (the interaction's own id comes first, by
+    position: ``request_id=`` names the command)."""
 
     def call(self, operation: str, **kwargs: Any) -> Any:
         raise NotImplementedError
@@ -47,17 +48,17 @@ class InteractionCalls:
         return self.call("interaction.list", payload=_drop_none(sessionId=session_id, runId=run_id, open=open,
                                                                  limit=limit))
 
-    def answer_decision(self, request_id: str, choice: str, *, input: str | None = None,
+    def answer_decision(self, request_id: str, choice: str, /, *, input: str | None = None,
                         expected_revision: int | None = None, **ids: Any) -> Any:
         return self.call("decision.answer", payload=_drop_none(requestId=request_id, choice=choice, input=input,
                                                                 expectedRevision=expected_revision), **ids)
 
-    def submit_interaction(self, request_id: str, value: Any, *, session_id: str | None = None,
+    def submit_interaction(self, request_id: str, value: Any, /, *, session_id: str | None = None,
                            expected_revision: int | None = None, **ids: Any) -> Any:
         payload = _drop_none(requestId=request_id, sessionId=session_id, expectedRevision=expected_revision)
         return self.call("interaction.submit", payload={**payload, "value": value}, **ids)
 
-    def update_interaction(self, request_id: str, expected_revision: int, action: str, *,
+    def update_interaction(self, request_id: str, expected_revision: int, action: str, /, *,
                            entry_id: str | None = None, progress: str | None = None, **ids: Any) -> Any:
         return self.call("interaction.update", payload=_drop_none(
             requestId=request_id, expectedRevision=expected_revision, action=action, entryId=entry_id,
@@ -103,6 +104,16 @@ class DeliveryCalls:
 
 
 _response_decoder = msgspec.json.Decoder(HostResponse)
+
+
+def _line(request: HostRequest) -> bytes:
+    """The request as one line; refused here when the host would refuse it for its size
+    (a retry could never succeed)."""
+    line = encode_line(request)
+    if len(line) > MAX_LINE:
+        raise RequestTooLarge(f"the {request.operation} request is {len(line)} bytes; a request line is at most "
+                              f"{MAX_LINE} bytes (1 MiB): nothing was sent")
+    return line
 
 
 def _decode(line: bytes) -> HostResponse:
@@ -181,7 +192,7 @@ class Client(InteractionCalls, DeliveryCalls):
         return self._lines.pop(0)
 
     def send(self, request: HostRequest) -> HostResponse:
-        return _decode(self.send_line(encode_line(request)))
+        return _decode(self.send_line(_line(request)))
 
     def call(self, operation: str, **kwargs: Any) -> HostResponse:
         return self.send(make_request(operation, client_id=self.client_id, **kwargs))
@@ -234,7 +245,7 @@ class AsyncClient(InteractionCalls, DeliveryCalls):
         return self._lines.pop(0)
 
     async def send(self, request: HostRequest) -> HostResponse:
-        return _decode(await self.send_line(encode_line(request)))
+        return _decode(await self.send_line(_line(request)))
 
     async def call(self, operation: str, **kwargs: Any) -> HostResponse:  # type: ignore[override]
         return await self.send(make_request(operation, client_id=self.client_id, **kwargs))

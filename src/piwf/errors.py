@@ -112,6 +112,12 @@ class HostRefused(PiwfError):
     code = "hostRefused"
 
 
+class RequestTooLarge(PiwfError):
+    """A request over the host's line limit, refused by the client before sending it."""
+
+    code = "rejected"
+
+
 class ProtocolError(PiwfError):
     """A frame that cannot be read as a request; ``request_id`` when one could be read."""
 

@@ -31,6 +31,7 @@ POINTS: dict[str, str] = {
     "host.worker.answered": "an answer was written to a worker",
     "host.worker.recorded": "a worker ended: its end recorded and its run parked, unless the run had ended",
     "host.lease.renewed": "the heartbeat renewed the host lease",
+    "host.deadline.due": "the deadline timer woke with a request due, before it closes any",
     "host.deadline.committed": "the deadline timer closed requests whose deadline passed, before it logs",
     "worker.started": "a worker process started, before it reports ready",
     "worker.message.sent": "a worker wrote a message, before reading the answer",

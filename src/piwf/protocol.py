@@ -47,8 +47,8 @@ class StartRunPayload(NoPayload, frozen=True):
     workflow: Annotated[str, Meta(min_length=1, description="the workflow's name")]
     projectPath: Annotated[str, Meta(description="absolute path of the project holding `.piwf/workflows/`")]
     input: Annotated[Any, Meta(description="the run input, any JSON")] = {}
-    originSessionId: Annotated[str | None, Meta(description="an id (see Ids); at most one active run per session")] = (
-        None)
+    originSessionId: Annotated[str | None, Meta(description="an id (see Ids); at most one queued or running run "
+                                                            "per session (a waiting run does not count)")] = None
     definitionDigest: Annotated[str | None, Meta(description="refused unless the workflow has this digest")] = None
 
 

@@ -110,9 +110,10 @@ def decision(title: str, choices: Mapping[str, str | Choice], *, deadline: float
     """A node that waits for a person to choose; it leaves through the exit named by the
     chosen id (``timeout`` when its deadline passes with no default), with output
     ``{"choice", "input", "provenance", "answeredBy", "answeredAt"}``."""
-    if not isinstance(title, str) or not title.strip():
-        raise DefinitionError("decision() needs a title")
-    if not isinstance(choices, Mapping) or not choices:
+    _check_title("decision() title", title)
+    if not isinstance(choices, Mapping):
+        raise DefinitionError("decision() choices must be a mapping of choice id to label")
+    if not choices:
         raise DefinitionError("decision() needs at least one choice")
     made = {key: _choice(key, value) for key, value in choices.items()}
     labels = [c.label for c in made.values()]
@@ -135,8 +136,9 @@ def _choice(key: Any, value: str | Choice) -> Choice:
         raise DefinitionError(f"choice id {key!r} must be non-empty text without '.', and not "
                               f"{DEFAULT_EXIT!r} or {TIMEOUT_EXIT!r}")
     choice = Choice(value) if isinstance(value, str) else value
-    if not isinstance(choice, Choice) or not isinstance(choice.label, str) or not choice.label.strip():
+    if not isinstance(choice, Choice):
         raise DefinitionError(f"choice {key!r} needs a label (text, or Choice(label, input=TextInput(...)))")
+    _check_title(f"choice {key!r} label", choice.label)
     text = choice.input
     if text is not None and not (isinstance(text, TextInput) and 0 <= text.min_length <= text.max_length <= 4000):
         raise DefinitionError(f"choice {key!r}: TextInput bounds must satisfy 0 <= min_length <= max_length <= 4000")
@@ -154,10 +156,22 @@ def _check_default(choices: Mapping[str, Choice], key: str, text: str | None) ->
                               f"{wanted.max_length} characters")
 
 
+MAX_DEADLINE_S = 366 * 24 * 3600  # a year: a longer wait is a design, not a deadline
+MAX_TITLE = 2000  # characters of a title, prompt or label
+
+
 def _check_deadline(where: str, deadline: float | None) -> None:
     if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float))
-                                 or not deadline > 0):
-        raise DefinitionError(f"{where} deadline must be a positive number of seconds")
+                                 or not 0 < deadline <= MAX_DEADLINE_S):
+        raise DefinitionError(f"{where} deadline must be a number of seconds above 0 and at most "
+                              f"{MAX_DEADLINE_S} (a year)")
+
+
+def _check_title(where: str, text: Any) -> None:
+    if not isinstance(text, str) or not text.strip():
+        raise DefinitionError(f"{where} must be non-blank text")
+    if len(text) > MAX_TITLE:
+        raise DefinitionError(f"{where} is {len(text)} characters; at most {MAX_TITLE}")
 
 
 def ask(prompt: str, *, expect: Any = Any, validate: Callable[[Any], Any] | None = None,
@@ -165,8 +179,7 @@ def ask(prompt: str, *, expect: Any = Any, validate: Callable[[Any], Any] | None
     """A node that asks the run's origin session for a value of type ``expect``; the value
     is converted with msgspec and checked by ``validate`` (which may raise ``piwf.Invalid``)
     in a worker, and becomes the node's output."""
-    if not isinstance(prompt, str) or not prompt.strip():
-        raise DefinitionError("ask() needs a prompt")
+    _check_title("ask() prompt", prompt)
     if validate is not None and not callable(validate):
         raise DefinitionError("ask() validate must be callable")
     _check_deadline("ask()", deadline)
@@ -232,7 +245,25 @@ class Workflow:
             routes[key] = target
         self._check_reachable(routes)
         self._check_decision_exits(routes)
+        self._check_waiting_exits(routes)
         return routes
+
+    def _check_waiting_exits(self, routes: dict[tuple[str, str], str]) -> None:
+        """An exit no run could ever take is a mistake in the graph: an ask leaves only
+        through its plain edge or ``timeout``, and ``timeout`` only from a node with a
+        deadline and no default."""
+        for (node_id, exit_name) in routes:
+            node = self.nodes[node_id]
+            if isinstance(node, Ask) and exit_name not in (DEFAULT_EXIT, TIMEOUT_EXIT):
+                raise DefinitionError(f"ask {node_id!r} has no exit {exit_name!r}: it leaves through its plain "
+                                      f"edge, or {TIMEOUT_EXIT!r} at its deadline")
+            if exit_name != TIMEOUT_EXIT or not isinstance(node, (Ask, Decision)):
+                continue
+            if node.deadline is None:
+                raise DefinitionError(f"{node_id}.{TIMEOUT_EXIT} can never be taken: {node_id!r} has no deadline")
+            if isinstance(node, Decision) and node.default is not None:
+                raise DefinitionError(f"{node_id}.{TIMEOUT_EXIT} can never be taken: {node_id!r} resolves to its "
+                                      "default at the deadline")
 
     def _check_decision_exits(self, routes: dict[tuple[str, str], str]) -> None:
         """A decision whose choices lead somewhere must lead somewhere from each of them."""

@@ -235,12 +235,16 @@ def interact(workflow: Workflow, node_id: str, ctx: Context) -> tuple[Any, str]:
     assert isinstance(node, Ask)
     try:
         converted = msgspec.convert(value, node.expect)
-        if node.validate is not None:
-            node.validate(converted)
         output = msgspec.to_builtins(converted)
         check_output(output)
-    except (msgspec.ValidationError, Invalid) as exc:
+    except (msgspec.ValidationError, TypeError, ValueError) as exc:
         ctx.journal.reject(submission_id, str(exc) or type(exc).__name__)
+        raise Stop("waiting") from None
+    try:
+        if node.validate is not None:
+            node.validate(converted)
+    except Invalid as exc:
+        ctx.journal.reject(submission_id, str(exc) or "refused by validate()")
         raise Stop("waiting") from None
     except Exception as exc:  # the validator itself failed: the submission is refused, nothing is lost
         ctx.journal.reject(submission_id, f"validate() raised {type(exc).__name__}: {exc}")

@@ -15,35 +15,46 @@ import math
 import trio
 
 from .. import faults
-from ..errors import PiwfError
 from ..store import interactions
 from .state import HostState, log
 
-RETRY_S = 1.0  # after a store error (a full disk): try again this soon
+RETRY_S = 1.0  # after a store error (a full disk): try again this soon, doubling up to MAX_WAIT_S
+MAX_WAIT_S = 60.0  # deadlines are wall-clock times: look again at least this often (a suspend, a clock step)
 
 
 async def serve_deadlines(host: HostState, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     task_status.started()
+    failures = 0
     while True:
         host.wake_deadlines = trio.Event()
         try:
             wait_s = _expire_due(host)
-        except PiwfError as exc:
-            log.warning("could not close expired requests (%s); will retry", exc)
-            wait_s = RETRY_S
-        with trio.move_on_after(wait_s):
+            failures = 0
+        except Exception as exc:  # a full disk, or a bug: it costs the deadlines a delay, never the host
+            failures += 1
+            wait_s = min(MAX_WAIT_S, RETRY_S * 2 ** (failures - 1))
+            log.warning("could not close expired requests (%s: %s); trying again in %.0f s",
+                        type(exc).__name__, exc, wait_s)
+        with trio.move_on_after(min(wait_s, MAX_WAIT_S)):
             await host.wake_deadlines.wait()
 
 
 def _expire_due(host: HostState) -> float:
-    """Close what is due; how long until the next deadline (inf: none)."""
-    closed = interactions.expire_due(host.db, host.now())
+    """Close what is due; how long until the next deadline (inf: none). A request that
+    cannot be closed (a damaged record) is retried after the back-off, the others closed."""
+    nearest = interactions.next_deadline(host.db)
+    if nearest is None:
+        return math.inf
+    if nearest > host.now():
+        return (nearest - host.now()) / 1000
+    faults.point("host.deadline.due")
+    closed, failed = interactions.expire_due(host.db, host.now())
     if closed:
         faults.point("host.deadline.committed")
         log.info("closed %d request(s) at their deadline: %s", len(closed), ", ".join(closed))
         host.changed()
         host.wake()
+    if failed:
+        raise failed[0][1]
     nearest = interactions.next_deadline(host.db)
-    if nearest is None:
-        return math.inf
-    return max(0.0, (nearest - host.now()) / 1000)
+    return math.inf if nearest is None else max(0.0, (nearest - host.now()) / 1000)

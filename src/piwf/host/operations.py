@@ -32,7 +32,7 @@ from ..protocol import (
     SubmitInteraction, UpdateInteraction, WaitReceipt, WaitRun,
 )
 from ..status import AT_REST, QueueStatus, StopReason
-from ..store import commands, effects, interactions, runs
+from ..store import commands, effects, interactions, queue, runs
 from ..store.hosts import read_lease
 from ..wire import HostResponse, check_id, request_fingerprint
 from . import delivery
@@ -179,9 +179,9 @@ def _run_cancel(host: HostState, request: CancelRun, prepared: None, after: Afte
     _check_revision(host, request)
     active = host.active.get(run_id)
     now = host.now()
-    if active is not None and runs.cancel_run(host.db, run_id, now, token=active.claim.token):
+    if active is not None and queue.cancel_run(host.db, run_id, now, token=active.claim.token):
         after.append(lambda: active.stop(StopReason.CANCELLED))
-    elif not runs.cancel_run(host.db, run_id, now):
+    elif not queue.cancel_run(host.db, run_id, now):
         run = runs.run_summary(host.db, run_id)
         raise Rejected(f"run {run_id} cannot be cancelled: it is {run.status} ({run.queueStatus})")
     return HostResponse(request.requestId, Outcome.ACCEPTED, revision=runs.revision(host.db, run_id),

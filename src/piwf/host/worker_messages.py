@@ -43,7 +43,7 @@ def _ready(host: HostState, active: ActiveRun, message: Ready, now: int) -> Outc
     steps, more = runs.accepted_steps(host.db, active.run_id, budget=runs.STEPS_PAGE_BYTES)
     result = ReadyResult(input=run_input, steps=[AcceptedStep(**step) for step in steps], more=more)
     if not steps and start is not None and not paused and interactions.waiting_attempt(
-            host.db, active.run_id, 0) is None:  # a first node that waits is started by the worker
+            host.db, active.run_id, 0, start, now) is None:  # a first node that waits is started by the worker
         attempt_id, _ = runs.start_attempt(host.db, active.run_id, active.claim.token, seq=0, node=start,
                                            generation=active.claim.generation, now=now)
         result.attempt = StartedAttempt(seq=0, node=start, attemptId=attempt_id)
@@ -72,7 +72,7 @@ def _attempt_start(host: HostState, active: ActiveRun, message: AttemptStart, no
     if runs.is_paused(host.db, active.run_id):
         return AttemptStartResult(stop="paused"), Conclusion.STOP
     payload = message.payload
-    waiting = interactions.waiting_attempt(host.db, active.run_id, payload.seq)
+    waiting = interactions.waiting_attempt(host.db, active.run_id, payload.seq, payload.node, now)
     if waiting is not None:
         attempt_id, submission = waiting
         if submission is None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from ..errors import Conflict, NotFound, Rejected
+from ..errors import Conflict, NotFound, PiwfError, Rejected
 from ..protocol import (
     AnswerReceipt, ChoiceSpec, DefaultAnswer, InteractionRequest, Resolution, SubmissionInfo, SubmitReceipt,
     UpdateAction, UpdateReceipt,
@@ -30,6 +30,12 @@ from .schema import one_of
 from .timefmt import iso
 
 OPEN = f"status IN ({one_of((RequestStatus.PENDING, RequestStatus.PRESENTING))})"
+# A deadline applies to a request whose run waits idle: parked, unclaimed, and with no
+# submission being validated (a value given in time is validated, however long the run
+# waits for a worker; its outcome wakes the timer again).
+IDLE = """r.status IN ('pending', 'presenting') AND q.status = 'parked' AND q.claim_token IS NULL
+  AND NOT EXISTS (SELECT 1 FROM interaction_submissions s WHERE s.request_id = r.request_id
+                  AND s.status = 'validating')"""
 TIMEOUT_EXIT = "timeout"
 TEXT_LIMIT = 4000  # a TextInput's largest maxLength
 TITLE_LIMIT = 2000
@@ -92,18 +98,26 @@ def _park_waiting(db: Database, run_id: str, token: str, now: int, detail: str) 
                   WHERE run_id = ?""", (detail, now, run_id))
 
 
-def waiting_attempt(db: Database, run_id: str, seq: int) -> tuple[str, PendingSubmission | None] | None:
+def waiting_attempt(db: Database, run_id: str, seq: int, node: str,
+                    now: int) -> tuple[str, PendingSubmission | None] | None:
     """The attempt at ``seq`` waiting for its request, and the submission to validate (if
-    any); None when no attempt waits there."""
+    any); None when no attempt waits there. A waiting attempt of another node (the run
+    resumed on a changed workflow) is given up: its request cancelled, its submission
+    rejected saying why, so nothing submitted to it becomes another node's output."""
     row = db.one(
-        """SELECT a.attempt_id, r.request_id FROM node_attempts a
+        """SELECT a.attempt_id, r.request_id, a.node_id FROM node_attempts a
            JOIN interaction_requests r ON r.attempt_id = a.attempt_id
            WHERE a.run_id = ? AND a.seq = ? AND a.status = 'waiting'""",
         (run_id, seq),
     )
     if row is None:
         return None
-    attempt_id, request_id = row
+    attempt_id, request_id, waiting_node = row
+    if waiting_node != node:
+        reason = f"the workflow changed: step {seq} is now {node!r}, not {waiting_node!r}"
+        close_open(db, run_id, now, reason)
+        add_event(db, run_id, "request.cancelled", {"requestId": request_id, "reason": reason}, now)
+        return None
     submission = db.one("""SELECT submission_id, value_json FROM interaction_submissions
                            WHERE request_id = ? AND status = 'validating'""", (request_id,))
     pending = None if submission is None else PendingSubmission(submission[0], decode_json(submission[1].encode()))
@@ -155,8 +169,11 @@ def _reject(db: Database, submission_id: str, error: str, now: int) -> None:
 
 def park_if_waiting(db: Database, run_id: str, token: str, worker_status: str, now: int) -> bool:
     """A worker ended while its run had an open request (it was validating a submission):
-    that submission is rejected and the run waits again. False when no request is open."""
+    that submission is rejected and the run waits again. False when no request is open, or
+    the run was paused (the submission stays, validated once the run is resumed)."""
     request_id = db.scalar(f"SELECT request_id FROM interaction_requests WHERE run_id = ? AND {OPEN}", (run_id,))
+    if db.scalar("SELECT paused FROM runs WHERE run_id = ?", (run_id,)):
+        return False
     if request_id is None or not db.one(f"SELECT 1 FROM run_queue WHERE run_id = ? AND claim_token = ? AND {LIVE}",
                                         (run_id, token)):
         return False
@@ -191,18 +208,27 @@ def _open_request(db: Database, request_id: str, kind: str, expected_revision: i
     _, _, actual_kind, status, revision, deadline, _, _ = row
     if actual_kind != kind:
         verb = "piwf decide (decision.answer)" if actual_kind == "decision" else "piwf answer (interaction.submit)"
-        raise Rejected(f"request {request_id} is a {actual_kind}: answer it with {verb}")
+        raise Rejected(f"request {request_id} is {'a decision' if actual_kind == 'decision' else 'an ask'}: "
+                       f"answer it with {verb}")
+    if deadline is not None and now >= deadline:  # whatever closed it: an answer this late is refused
+        raise Rejected(f"request {request_id} expired at {iso(deadline)}{_how_closed(db, request_id, status)}")
     if status == RequestStatus.SETTLED and kind == "decision":
         winner = _resolution(db, request_id)
         raise Conflict(f"decision {request_id} was already answered: another answer won "
                        f"({winner.choice if winner else '?'} by {winner.answeredBy if winner else '?'})")
     if status not in (RequestStatus.PENDING, RequestStatus.PRESENTING):
         raise Rejected(f"request {request_id} is {status}: it takes no more answers")
-    if deadline is not None and now >= deadline:
-        raise Rejected(f"request {request_id} expired at {iso(deadline)}")
     if expected_revision is not None and expected_revision != revision:
         raise Conflict(f"request {request_id} is at revision {revision}, not {expected_revision}")
     return row
+
+
+def _how_closed(db: Database, request_id: str, status: str) -> str:
+    resolution = _resolution(db, request_id)
+    if status == RequestStatus.SETTLED and resolution is not None:
+        by = "its default" if resolution.provenance == Provenance.TIMEOUT else resolution.answeredBy
+        return f"; it was resolved as {resolution.choice} by {by}"
+    return ""
 
 
 def answer_decision(db: Database, *, request_id: str, choice: str, text: str | None, answered_by: str,
@@ -213,7 +239,7 @@ def answer_decision(db: Database, *, request_id: str, choice: str, text: str | N
         run_id, attempt_id, _, _, revision, _, spec_json, _ = _open_request(db, request_id, "decision",
                                                                             expected_revision, now)
         spec = msgspec.json.decode(spec_json, type=Spec)
-        check_answer(spec, choice, text)
+        text = check_answer(spec, choice, text)
         resolution = Resolution(provenance=Provenance.HUMAN, answeredBy=answered_by, answeredAt=iso(now) or "",
                                 choice=choice, input=text)
         _resolve_decision(db, run_id, attempt_id, request_id, resolution, now)
@@ -221,8 +247,9 @@ def answer_decision(db: Database, *, request_id: str, choice: str, text: str | N
                              provenance=Provenance.HUMAN, revision=revision + 1)
 
 
-def check_answer(spec: Spec, choice: str, text: str | None) -> None:
-    """Rejected unless ``choice`` (with ``text``) is a valid answer to the decision."""
+def check_answer(spec: Spec, choice: str, text: str | None) -> str | None:
+    """The answer's text (``""`` for a choice whose text may be empty and was left out);
+    Rejected unless ``choice`` (with ``text``) is a valid answer to the decision."""
     choices = spec.choices or {}
     if choice not in choices:
         raise Rejected(f"{choice!r} is not a choice; the choices are {', '.join(choices)}")
@@ -230,12 +257,15 @@ def check_answer(spec: Spec, choice: str, text: str | None) -> None:
     if wanted is None:
         if text is not None:
             raise Rejected(f"choice {choice!r} takes no input")
-        return
+        return None
+    if text is None and wanted.minLength == 0:
+        text = ""
     if text is None:
         raise Rejected(f"choice {choice!r} needs input: {wanted.prompt}")
     if not wanted.minLength <= len(text) <= wanted.maxLength:
         raise Rejected(f"input for {choice!r} is {len(text)} characters; it must be "
                        f"{wanted.minLength} to {wanted.maxLength}")
+    return text
 
 
 def _resolve_decision(db: Database, run_id: str, attempt_id: str, request_id: str, resolution: Resolution,
@@ -277,8 +307,9 @@ def _release(db: Database, run_id: str, now: int) -> None:
     db.execute("""UPDATE run_queue SET hold = CASE WHEN (SELECT paused FROM runs WHERE run_id = ?) != 0
                     THEN 'paused' ELSE NULL END, updated_at = ?
                   WHERE run_id = ? AND status = 'parked' AND hold = 'waiting'""", (run_id, now, run_id))
-    db.execute("""UPDATE runs SET status = 'running', status_detail = NULL, revision = revision + 1, updated_at = ?
-                  WHERE run_id = ? AND status = 'waiting'""", (now, run_id))
+    db.execute("""UPDATE runs SET status = 'running', status_detail = CASE WHEN paused != 0 THEN 'paused' END,
+                    revision = revision + 1, updated_at = ? WHERE run_id = ? AND status = 'waiting'""",
+               (now, run_id))
 
 
 def submit(db: Database, *, request_id: str, value: Any, session_id: str | None, submitted_by: str,
@@ -287,6 +318,9 @@ def submit(db: Database, *, request_id: str, value: Any, session_id: str | None,
     released to the dispatcher, which claims it and starts that worker."""
     with db.write():
         run_id, _, _, _, _, _, _, origin = _open_request(db, request_id, "ask", expected_revision, now)
+        if db.scalar("SELECT paused FROM runs WHERE run_id = ?", (run_id,)):
+            raise Rejected(f"run {run_id} is paused: a value is validated by the running workflow; "
+                           f"resume the run (piwf run resume {run_id}), then submit")
         if origin is not None and session_id != origin:
             raise Rejected(f"request {request_id} belongs to session {origin}; submit with that sessionId")
         if db.one("SELECT 1 FROM interaction_submissions WHERE request_id = ? AND status = 'validating'",
@@ -357,22 +391,28 @@ def next_deadline(db: Database) -> int | None:
     validated waits for its outcome: that outcome wakes the timer again)."""
     return db.scalar(
         f"""SELECT MIN(r.deadline_at) FROM interaction_requests r INDEXED BY interaction_requests_open
-            JOIN run_queue q ON q.run_id = r.run_id
-            WHERE r.{OPEN} AND r.deadline_at IS NOT NULL AND q.claim_token IS NULL""")
+            JOIN run_queue q ON q.run_id = r.run_id WHERE {IDLE} AND r.deadline_at IS NOT NULL""")
 
 
-def expire_due(db: Database, now: int) -> list[str]:
+def expire_due(db: Database, now: int) -> tuple[list[str], list[tuple[str, Exception]]]:
     """Close every open request past its deadline whose run is idle, each in its own
     transaction: a decision with a default is answered with it (provenance ``timeout``);
     otherwise the request expires and its node leaves through ``timeout`` when the graph
     has that exit, else the run ends ``timed_out``. Exactly once: each transaction closes
-    only a request still open. Returns the request ids closed."""
+    only a request still open. Returns the request ids closed, and those that could not be
+    (with the error; the others are closed all the same)."""
     due = db.execute(
         f"""SELECT r.request_id FROM interaction_requests r INDEXED BY interaction_requests_open
-            JOIN run_queue q ON q.run_id = r.run_id
-            WHERE r.{OPEN} AND r.deadline_at <= ? AND q.claim_token IS NULL ORDER BY r.deadline_at""",
-        (now,)).fetchall()
-    return [request_id for (request_id,) in due if _expire(db, request_id, now)]
+            JOIN run_queue q ON q.run_id = r.run_id WHERE {IDLE} AND r.deadline_at <= ?
+            ORDER BY r.deadline_at""", (now,)).fetchall()
+    closed, failed = [], []
+    for (request_id,) in due:
+        try:
+            if _expire(db, request_id, now):
+                closed.append(request_id)
+        except (PiwfError, msgspec.DecodeError) as exc:  # a damaged record: the others go on
+            failed.append((request_id, exc))
+    return closed, failed
 
 
 def _expire(db: Database, request_id: str, now: int) -> bool:
@@ -380,8 +420,7 @@ def _expire(db: Database, request_id: str, now: int) -> bool:
         row = db.one(
             f"""SELECT r.run_id, r.attempt_id, r.kind, r.spec_json FROM interaction_requests r
                 JOIN run_queue q ON q.run_id = r.run_id
-                WHERE r.request_id = ? AND r.{OPEN} AND r.deadline_at <= ? AND q.claim_token IS NULL""",
-            (request_id, now))
+                WHERE r.request_id = ? AND {IDLE} AND r.deadline_at <= ?""", (request_id, now))
         if row is None:  # answered, cancelled or claimed meanwhile
             return False
         run_id, attempt_id, kind, spec_json = row
@@ -423,14 +462,15 @@ def _reject_validating(db: Database, request_id: str, error: str, now: int) -> N
                   WHERE request_id = ? AND status = 'validating'""", (error, now, request_id))
 
 
-def cancel_open(db: Database, run_id: str, now: int) -> list[str]:
-    """The run was cancelled (call in the cancel's transaction): its open requests are
-    cancelled, so a later answer is refused; a settled request stays settled."""
+def close_open(db: Database, run_id: str, now: int, reason: str) -> list[str]:
+    """Cancel the run's open requests (its waiting attempts interrupted, a submission being
+    validated rejected with ``reason``), so a later answer is refused; a settled request
+    stays settled. Called when the run ends however it ends, in that transaction."""
     rows = db.execute(f"SELECT request_id FROM interaction_requests WHERE run_id = ? AND {OPEN}",
                       (run_id,)).fetchall()
     for (request_id,) in rows:
         _close(db, request_id, RequestStatus.CANCELLED, None, now)
-        _reject_validating(db, request_id, "the run was cancelled", now)
+        _reject_validating(db, request_id, reason, now)
     db.execute("""UPDATE node_attempts SET status = 'interrupted', finished_at = ?
                   WHERE run_id = ? AND status = 'waiting'""", (now, run_id))
     return [request_id for (request_id,) in rows]
@@ -456,6 +496,8 @@ def list_requests(db: Database, *, session_id: str | None = None, run_id: str | 
         params.append(run_id)
     clause = f"WHERE {' AND '.join(where)}" if where else ""
     with db.read():
+        if run_id is not None and not db.one("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)):
+            raise NotFound(f"run {run_id} not found")
         rows = db.execute(f"""SELECT {REQUEST_COLUMNS} FROM interaction_requests r {clause}
                               ORDER BY r.created_at, r.request_id LIMIT ?""", (*params, limit)).fetchall()
         return [_request(db, row, now) for row in rows]

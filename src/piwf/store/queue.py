@@ -252,6 +252,18 @@ def _end_queue_row(db: Database, run_id: str, status: str, now: int, error: dict
         (status, error and error.get("type"), error and str(error.get("message", ""))[:2048], now, now, run_id,
          *fence[1]),
     )
+    if db.changes() == 1:
+        _close_interactions(db, run_id, status, now)
+
+
+def _close_interactions(db: Database, run_id: str, status: str, now: int) -> None:
+    """A run that ends, however it ends, closes the requests it waited on: a later answer
+    is refused, and nothing is left pending for a run that will never take it. (An open
+    request always has its attempt waiting: one indexed look-up for every other run.)"""
+    if db.one("SELECT 1 FROM node_attempts WHERE run_id = ? AND status = 'waiting' LIMIT 1", (run_id,)):
+        from .interactions import close_open  # interactions builds on this module
+
+        close_open(db, run_id, now, f"the run ended ({status})")
 
 
 def expire_claims_before(db: Database, epoch: int, now: int) -> list[str]:

@@ -12,8 +12,8 @@ from ..wire import canonical_json, decode_json, sha256_hex
 from ..status import ENDED, Hold, RunStatus
 from .db import Database
 from .effects import list_effects
-from . import delivery, queue, updates
-from .interactions import cancel_open, count_open, list_requests
+from . import delivery, updates
+from .interactions import count_open, list_requests
 from .queue import add_event, require_claim, revision_of
 from .schema import lifecycle_contradicts
 from .timefmt import iso
@@ -121,16 +121,6 @@ def resume_run(db: Database, run_id: str, now: int, *,
         )
         add_event(db, run_id, "resumed", {}, now)
         return {"runId": run_id, "paused": False, "queueStatus": queue_status}
-
-
-def cancel_run(db: Database, run_id: str, now: int, *, token: str | None = None) -> bool:
-    """Cancel a run (see ``queue.cancel_run``) and, in the same transaction, its open
-    requests: an answer racing the cancel either won before it or is refused."""
-    with db.write():
-        if not queue.cancel_run(db, run_id, now, token=token):
-            return False
-        cancel_open(db, run_id, now)
-        return True
 
 
 def is_paused(db: Database, run_id: str) -> bool:

@@ -41,8 +41,10 @@ def end_worker(db: Database, *, worker_epoch: str, run_id: str, token: str, stat
     with db.write():
         workers.finish(db, worker_epoch, run_id, status, now, exit_code=exit_code, signal=signal,
                        diagnostic=diagnostic)
-        if park and interactions.park_if_waiting(db, run_id, token, status, now):
-            return 0  # it was validating a submission: rejected, and the run waits again
+        # A worker that ended while validating a submission: it is rejected and the run waits
+        # again; unless its host stopped (a planned stop keeps the value: the next host validates it).
+        if park and status != WorkerStatus.STOPPED and interactions.park_if_waiting(db, run_id, token, status, now):
+            return 0
         crashes = 0
         if status in CRASHES:
             crashes = queue.count_crash(db, run_id, token)
