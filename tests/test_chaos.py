@@ -33,6 +33,8 @@ def check(summary: dict) -> None:
     assert loop >= 1 and summary["decisions_answered"] == loop, seed
     assert summary["asks_submitted"] >= 2 * loop, seed  # an odd value refused, then an even one
     assert (summary["answers_lost"], summary["answered_twice"], summary["answers_refused"]) == (0, 0, 0), seed
+    delivery = ("notifications_missing", "notifications_duplicated", "turns_missing", "turns_duplicated")
+    assert [summary[key] for key in delivery] == [0, 0, 0, 0], seed  # once each, whatever was killed
     assert summary["lifecycle_contradictions"] == 0, seed
     assert summary["integrity_check"] == "ok", seed
     assert summary["host_kills"] + summary["worker_kills"] >= summary["kills"], seed

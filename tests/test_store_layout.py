@@ -191,12 +191,10 @@ def test_a_layout_6_database_gains_the_controller_tables_as_a_fresh_one_has_them
     assert {name for name, _ in expected} >= {"controller_resources", "controller_queue", "controller_events",
                                               "controller_effects", "controller_workflows"}
     path = tmp_path / "v6.db"
-    db = Database.open(path)
-    for table in ("controller_workflows", "controller_effects", "controller_events", "controller_queue",
-                  "controller_resources"):
-        db.execute(f"DROP TABLE {table}")
-    db.execute("PRAGMA user_version = 6")
-    db.close()
+    conn = apsw.Connection(str(path))
+    conn.execute((Path(__file__).parent / "data" / "schema_v6.sql").read_text())
+    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = 6")
+    conn.close()
     db = Database.open(path)
     assert db.scalar("PRAGMA user_version") == SCHEMA_VERSION
     assert controller_schema(db) == expected

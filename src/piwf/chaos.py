@@ -7,12 +7,13 @@ with a fault point that makes it exit at a commit or reply boundary. Clients ret
 same request ids, as they should. With ``--standby`` a ``piwf serve --standby`` always
 waits beside the live host: a killed host is replaced by it, and a new standby started. One
 run in ``--hostile-every`` is a hostile workflow instead: its node exits early with status
-0 or 3, kills its parent, or returns an output over the limit. Afterwards it plays the
-operator for effects held as ambiguous (the ledger says what happened), waits for every
-run, and prints one JSON summary on stdout: no run lost or done twice, every hostile run
-held or failed with its reason, and the host never exiting but when killed; with
-``--resources`` (``chaos_controllers``) every controller resource converged and no effect
-of a reconcile applied twice. Progress goes to stderr.
+0 or 3, kills its parent, or returns an output over the limit. Each chaos run notifies its
+own session (and so gets a turn when it ends). Afterwards it plays the operator for effects
+held as ambiguous (the ledger says what happened), waits for every run, and prints one JSON
+summary on stdout: no run lost or done twice, each run's notification and turn stored
+exactly once, every hostile run held or failed with its reason, and the host never exiting
+but when killed; with ``--resources`` (``chaos_controllers``) every controller resource
+converged and no effect of a reconcile applied twice. Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -76,7 +77,8 @@ WORKFLOW = """
         start_at="prepare",
         nodes={
             "prepare": shell(["sh", "-c", "sleep 0.05; echo prepared"]),
-            "work": compute(lambda ctx: time.sleep(ctx.input["pause"]) or {"worked": ctx.input["pause"]}),
+            "work": compute(lambda ctx: ctx.notify("working") or time.sleep(ctx.input["pause"])
+                            or {"worked": ctx.input["pause"]}),
             "charge": compute(lambda ctx: effect(ctx, "charge", observable=True)),
             "notify": compute(lambda ctx: effect(ctx, "notify", observable=ctx.input["observeNotify"])),
             "finish": shell(["echo", "finished"]),
@@ -294,7 +296,7 @@ class Chaos:
             kind = HOSTILE_KINDS[index // self.args.hostile_every % len(HOSTILE_KINDS)] if hostile else None
             loop = not kind and self.args.loop_every and index % self.args.loop_every == self.args.loop_every - 1
             payload = {"workflow": "hostile", "projectPath": str(self.project), "input": {"kind": kind}} if kind else {
-                "workflow": "chaos", "projectPath": str(self.project),
+                "workflow": "chaos", "projectPath": str(self.project), "originSessionId": f"chaos-{index}",
                 "input": {"index": index, "observeNotify": index % 2 == 0, "pause": round(self.rng.uniform(0, 0.3), 3)}}
             if loop:
                 payload = {"workflow": "loop", "projectPath": str(self.project), "input": {"index": index}}
@@ -484,6 +486,7 @@ class Chaos:
             "effects_applied": sum(applied.values()),
             "effects_applied_twice": sum(1 for count in applied.values() if count > 1),
             "runs_parked_ambiguous": len(self.tally.ambiguous_runs),
+            **self.delivery_summary(normal),
             "lifecycle_contradictions": status["lifecycleContradictions"],
             "standby_takeovers": self.tally.standby_takeovers,
             "takeover_ms": {"p50": round(statistics.median(takeover), 1), "max": round(max(takeover), 1),
@@ -497,6 +500,18 @@ class Chaos:
                 os.killpg(self.standby.pid, signal.SIGKILL)
             self.standby.wait()
         self.standby = None
+
+    def delivery_summary(self, normal: dict[str, dict[str, Any]]) -> dict[str, int]:
+        """Each chaos run notified its session once (its work node, however often it ran)
+        and left it exactly one turn (nobody delivers them here)."""
+        page = self.call("delivery.list", payload={"limit": 1000})
+        notes = Counter(n["runId"] for n in page["notifications"])
+        turns = Counter(t["runId"] for t in page["turns"])
+        chaos_runs = [r for r in normal if r not in self.tally.loop_runs]
+        return {"notifications_missing": sum(1 for r in chaos_runs if notes[r] == 0),
+                "notifications_duplicated": sum(1 for r in chaos_runs if notes[r] > 1),
+                "turns_missing": sum(1 for r in chaos_runs if turns[r] == 0),
+                "turns_duplicated": sum(1 for r in chaos_runs if turns[r] > 1)}
 
     def stop_host(self) -> None:
         self.stop_standby()
@@ -583,7 +598,8 @@ def main(argv: list[str] | None = None) -> int:
     bad = summary["runs_lost"] or summary["effects_applied_twice"] or summary["runs_stuck"] \
         or summary["runs_duplicated"] or summary["unexpected_host_exits"] or summary["integrity_check"] != "ok" \
         or summary["answers_lost"] or summary["answered_twice"] or summary["answers_refused"] \
-        or controllers_bad(summary)
+        or summary["notifications_missing"] or summary["notifications_duplicated"] or summary["turns_missing"] \
+        or summary["turns_duplicated"] or controllers_bad(summary)
     return 1 if bad else 0
 
 

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from . import cli_controller, cli_interact, cli_service
+from . import cli_controller, cli_interact, cli_service, cli_watch
 from .client import Client
 from .errors import (ProtocolError, ExitCode, HostReplied, HostTimeout, HostUnavailable, InternalError, PiwfError,
                      UsageError)
@@ -115,6 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="seconds a client presenting a decision or ask holds it (default 10)")
     serve.add_argument("--max-controller-workers", type=_positive, default=4, metavar="N",
                        help="concurrent reconciles (default 4)")
+    serve.add_argument("--delivery-lease", type=_seconds, default=10.0, metavar="S",
+                       help="seconds a client delivering a notification or turn holds it (default 10)")
     serve.add_argument("--worker-start", choices=("fork", "spawn"), default="fork",
                        help="fork workers from a preloaded template process (default; Linux) "
                             "or spawn a new interpreter for each")
@@ -174,6 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_interact.add_parsers(commands, common)
     cli_service.add_parsers(commands, common)
     cli_controller.add_parsers(commands, common)
+    cli_watch.add_parsers(commands, common)
     return parser
 
 
@@ -236,6 +239,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         reply_timeout_s=args.reply_timeout, standby=args.standby,
                         max_controller_workers=args.max_controller_workers,
                         presentation_lease_ms=max(1, int(args.presentation_lease * 1000)),
+                        delivery_lease_ms=max(1, int(args.delivery_lease * 1000)),
                         **service_manager_settings())
     try:
         trio.run(Host(config).serve)
@@ -572,6 +576,9 @@ def _format_status(s: dict[str, Any]) -> str:
                      f"{s['cancelledRuns']} cancelled")
         if s.get("pendingInteractions"):
             lines.append(f"inbox:     {s['pendingInteractions']} open request(s): piwf inbox")
+        if s.get("undeliveredNotifications") or s.get("unresolvedTurns"):
+            lines.append(f"sessions:  {s['undeliveredNotifications']} undelivered notification(s), "
+                         f"{s['unresolvedTurns']} unresolved turn(s): piwf inbox --session ID")
         lines.append(f"workers:   {s.get('activeWorkers', 0)} active")
         if s.get("pendingControllers") or s.get("activeControllerWorkers") or s.get("heldControllers"):
             lines.append(f"resources: {s['pendingControllers']} queued, {s['activeControllerWorkers']} reconciling, "

@@ -19,6 +19,8 @@ def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
     inbox.add_argument("--session", metavar="ID", help="only requests of runs started by this session")
     inbox.add_argument("--run", metavar="RUN_ID", help="only this run's requests")
     inbox.add_argument("--all", action="store_true", help="closed requests too (settled, expired, cancelled)")
+    inbox.add_argument("--follow", action="store_true", help="with --session: print the session's notifications "
+                       "and turns as they arrive, delivering each (the reference client, docs/sessions.md)")
     inbox.set_defaults(handler=cmd_inbox)
     decide = commands.add_parser("decide", parents=[common], help="answer a decision; the first answer wins")
     decide.add_argument("request_id", metavar="REQUEST_ID")
@@ -41,8 +43,11 @@ def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
 
 
 def cmd_inbox(args: argparse.Namespace) -> int:
+    from . import cli_deliver
     from .cli import _client, _ok, _print
 
+    if args.follow:
+        return cli_deliver.follow(args)
     payload: dict[str, Any] = {"open": not args.all}
     if args.session:
         payload["sessionId"] = args.session
@@ -50,7 +55,9 @@ def cmd_inbox(args: argparse.Namespace) -> int:
         payload["runId"] = args.run
     with _client(args) as client:
         page = _ok(client.call("interaction.list", payload=payload))
-    _print(args, page, lambda p: "\n".join(format_request(r) for r in p["requests"]) or "nothing waits for you")
+        cli_deliver.add_delivery(client, args, page)  # undelivered notifications, unresolved turns
+    _print(args, page, lambda p: "\n".join([*(format_request(r) for r in p["requests"]),
+                                            *cli_deliver.format_delivery(p)]) or "nothing waits for you")
     return 0
 
 

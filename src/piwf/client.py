@@ -65,6 +65,44 @@ class InteractionCalls:
             progress=progress), **ids)
 
 
+class DeliveryCalls:
+    """Delivery to sessions as methods (DESIGN.md §8; docs/sessions.md): claim a
+    notification or a turn, show it, then deliver or resolve it with the claim's id."""
+
+    def call(self, operation: str, **kwargs: Any) -> Any:
+        raise NotImplementedError
+
+    def claim_notification(self, session_id: str, **ids: Any) -> Any:
+        return self.call("notification.claim", payload={"sessionId": session_id}, **ids)
+
+    def deliver_notification(self, notification_id: str, claim_id: str, **ids: Any) -> Any:
+        return self.call("notification.deliver", payload={"notificationId": notification_id, "claimId": claim_id},
+                         **ids)
+
+    def claim_turn(self, session_id: str, **ids: Any) -> Any:
+        return self.call("turn.claim", payload={"sessionId": session_id}, **ids)
+
+    def resolve_turn(self, turn_id: str, claim_id: str, resolution: str = "presented", **ids: Any) -> Any:
+        return self.call("turn.resolve", payload={"turnId": turn_id, "claimId": claim_id, "resolution": resolution},
+                         **ids)
+
+    def queue_followup(self, run_id: str, request_key: str, prompt: str, **ids: Any) -> Any:
+        return self.call("followup.queue", run_id=run_id, payload={"requestKey": request_key, "prompt": prompt},
+                         **ids)
+
+    def remove_followup(self, run_id: str, followup_id: str, **ids: Any) -> Any:
+        return self.call("followup.remove", run_id=run_id, payload={"followUpId": followup_id}, **ids)
+
+    def list_delivery(self, *, session_id: str | None = None, run_id: str | None = None, limit: int = 100) -> Any:
+        return self.call("delivery.list", payload=_drop_none(sessionId=session_id, runId=run_id, limit=limit))
+
+    def watch(self, *, after: int | None = None, run_id: str | None = None, timeout_ms: int = 30_000,
+              limit: int = 200) -> Any:
+        """``run.watch``: a snapshot (no ``after``), or what changed after the cursor."""
+        return self.call("run.watch", run_id=run_id, payload=_drop_none(after=after, timeoutMs=timeout_ms,
+                                                                        limit=limit))
+
+
 _response_decoder = msgspec.json.Decoder(HostResponse)
 
 
@@ -82,7 +120,7 @@ def _decode(line: bytes) -> HostResponse:
     return decode_with(_response_decoder, line, "host response")
 
 
-class Client(InteractionCalls):
+class Client(InteractionCalls, DeliveryCalls):
     def __init__(self, paths: StatePaths, *, client_id: str | None = None, timeout: float | None = 30.0) -> None:
         self.paths = paths
         self.client_id = client_id or f"cli-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -164,7 +202,7 @@ class Client(InteractionCalls):
                            "(frozen or overloaded? `piwf status` says)")
 
 
-class AsyncClient(InteractionCalls):
+class AsyncClient(InteractionCalls, DeliveryCalls):
     """The same protocol over a trio stream, for tests and tools."""
 
     def __init__(self, paths: StatePaths, *, client_id: str | None = None) -> None:

@@ -245,6 +245,8 @@ class HostStatus(Struct):
     cancelledRuns: int
     expiredClaims: int
     pendingInteractions: Annotated[int, Meta(description="open decisions and asks")]
+    undeliveredNotifications: Annotated[int, Meta(description="notifications not yet delivered to their session")]
+    unresolvedTurns: Annotated[int, Meta(description="turns (eligible or not) not yet resolved by their session")]
     lifecycleContradictions: Annotated[int, Meta(description="0 unless the database was edited by hand")]
     pendingControllers: Annotated[int, Meta(description="resources with a reconcile queued (due now or later)")] = 0
     heldControllers: Annotated[int, Meta(description="resources held after a permanent error or an ambiguous "
@@ -309,6 +311,17 @@ class EffectSummary(Struct):
     error: dict[str, Any] | None
 
 
+class RunUpdate(Struct):
+    """The current value of one (type, key) a run published (`ctx.publish`)."""
+
+    runId: str
+    type: str
+    key: str
+    data: Any
+    seq: Annotated[int, Meta(description="the `eventId` of the run event that published it")]
+    updatedAt: str
+
+
 class RunDetail(RunSummary):
     projectPath: str
     definitionDigest: str
@@ -319,6 +332,8 @@ class RunDetail(RunSummary):
     workers: list[WorkerSummary]
     effects: list[EffectSummary]
     waitingFor: Annotated[list[InteractionRequest], Meta(description="the run's open requests")]
+    updates: Annotated[list[RunUpdate], Meta(description="the current value of each (type, key) the run "
+                                                         "published, by type and key")]
 
 
 class WaitReceipt(RunDetail):
@@ -356,6 +371,12 @@ class RunEvent(Struct):
     choice: str | UnsetType | None = UNSET
     provenance: str | UnsetType | None = UNSET
     submissionId: str | UnsetType = UNSET
+    notificationId: str | UnsetType = UNSET
+    index: int | UnsetType = UNSET
+    turnId: str | UnsetType = UNSET
+    cause: str | UnsetType = UNSET
+    updateType: str | UnsetType = UNSET
+    followUpId: str | UnsetType = UNSET
 
 
 class RunEventsPage(Struct):
@@ -399,6 +420,7 @@ class Request(Struct, tag_field="operation", forbid_unknown_fields=True, omit_de
     payload: NoPayload = NoPayload()
 
     is_read: ClassVar[bool] = False  # answered from the store, never logged
+    long_poll: ClassVar[bool] = False  # may wait long for a change: given up when its client goes away
     receipt_type: ClassVar[Any] = None
 
     @property
@@ -566,11 +588,20 @@ class ResolveResourceEffect(Request, tag="controller.resolve"):
     receipt_type = ResolveResourceEffectReceipt
 
 
+# Delivery to sessions (DESIGN.md §8) lives in its own module, which builds on the classes above.
+from .protocol_delivery import *  # noqa: E402, F403
+from .protocol_delivery import (  # noqa: E402
+    ClaimNotification, ClaimTurn, DeliverNotification, ListDelivery, QueueFollowUp, RemoveFollowUp, ResolveTurn,
+    WatchRuns,
+)
+
 AnyRequest = (GetHostStatus | StopHost | StartRun | ListRuns | GetRun | GetRunEvents | WaitRun | CancelRun
               | PauseRun | ResumeRun | ResolveEffect | ListInteractions | UpdateInteraction | SubmitInteraction
               | AnswerDecision
               | ApplyResource | GetResource | ListResources | DeleteResource | ReconcileResource
-              | ResolveResourceEffect)
+              | ResolveResourceEffect
+              | ClaimNotification | DeliverNotification | ClaimTurn | ResolveTurn | QueueFollowUp
+              | RemoveFollowUp | ListDelivery | WatchRuns)
 REQUEST_TYPES: tuple[type[Request], ...] = AnyRequest.__args__
 OPERATIONS: dict[str, type[Request]] = {kind.__struct_config__.tag: kind for kind in REQUEST_TYPES}  # type: ignore[misc]
 

@@ -74,6 +74,34 @@ class Provenance(StrEnum):
     TIMEOUT = "timeout"
 
 
+class NotificationKind(StrEnum):
+    PROGRESS = "progress"
+    FINAL = "final"
+
+
+class TurnCause(StrEnum):
+    """Why a session has a turn: how its run ended or was held (DESIGN.md §8)."""
+
+    REQUESTED = "requested"  # ctx.present asked for one; it becomes eligible when the run completes
+    COMPLETED = "completed"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+    HELD = "held"  # held for a person: crashed, effect, source
+
+
+class TurnResolution(StrEnum):
+    PRESENTED = "presented"
+    PROMPTED = "prompted"
+    DISMISSED = "dismissed"
+
+
+class FollowUpState(StrEnum):
+    QUEUED = "queued"
+    DELIVERED = "delivered"  # with its run's turn
+    REMOVED = "removed"
+
+
 class EffectStatus(StrEnum):
     PENDING = "pending"
     APPLYING = "applying"

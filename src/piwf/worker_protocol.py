@@ -126,6 +126,30 @@ class SubmissionRejectPayload(Payload):
     error: Annotated[str, msgspec.Meta(max_length=8192)]
 
 
+class NotifyPayload(Payload):
+    """``ctx.notify``: the attempt's ``index``-th notification (1, 2, ...)."""
+
+    attemptId: Text
+    index: Annotated[int, msgspec.Meta(ge=1)]
+    kind: Literal["progress", "final"]
+    content: str
+
+
+class PresentPayload(Payload):
+    """``ctx.present``: instructions for the turn the run's completion gives its session."""
+
+    instructions: str
+
+
+class PublishPayload(Payload):
+    """``ctx.publish``: replace the run's current value of (type, key)."""
+
+    attemptId: Text
+    type: Text
+    key: Text
+    data: Any = None
+
+
 # --- messages ------------------------------------------------------------------------------
 
 
@@ -189,9 +213,21 @@ class SubmissionReject(WorkerMessage, tag="submission.reject"):
     payload: SubmissionRejectPayload
 
 
+class NotificationSend(WorkerMessage, tag="notification.send"):
+    payload: NotifyPayload
+
+
+class PresentationRequest(WorkerMessage, tag="presentation.request"):
+    payload: PresentPayload
+
+
+class UpdatePublish(WorkerMessage, tag="update.publish"):
+    payload: PublishPayload
+
+
 AnyWorkerMessage = (Ready | AttemptStart | AttemptAccept | AttemptFail | RunComplete | RunFail
                     | StepsRead | EffectReserve | EffectApply | EffectSettle | ProcessRegister | ProcessUnregister
-                    | InteractionOpen | SubmissionReject)
+                    | InteractionOpen | SubmissionReject | NotificationSend | PresentationRequest | UpdatePublish)
 WORKER_OPERATIONS = {cls.__struct_config__.tag: cls for cls in AnyWorkerMessage.__args__}  # type: ignore[attr-defined]
 
 

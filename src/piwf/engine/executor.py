@@ -62,6 +62,15 @@ class Journal(Protocol):
     def reject(self, submission_id: str, reason: str) -> None:
         """The submission does not fit: the run waits again (raises Stop)."""
         ...
+    def notify(self, attempt_id: str, index: int, kind: str, content: str) -> None:
+        """The attempt's ``index``-th notification to the run's origin session."""
+        ...
+    def present(self, instructions: str) -> None:
+        """Instructions for the turn the run's completion gives its session."""
+        ...
+    def publish(self, attempt_id: str, type: str, key: str, data: Any) -> None:
+        """Replace the run's current value of (type, key)."""
+        ...
 
 
 class EffectRejected(Exception):
@@ -92,6 +101,7 @@ class Context:
     outputs: Mapping[str, Any]
     project_path: str
     journal: Journal = field(repr=False, compare=False)
+    _notified: list[int] = field(default_factory=lambda: [0], repr=False, compare=False)
 
     def effect(self, key: str, apply: Callable[[], Any], observe: Callable[[], Any] | None = None) -> Any:
         """Apply an external side effect at most once per run and return its JSON result.
@@ -105,6 +115,50 @@ class Context:
         if not isinstance(key, str) or not key or len(key.encode()) > 256:
             raise ValueError("an effect key must be non-empty text of at most 256 bytes")
         return self.journal.effect(self.node, key, apply, observe)
+
+    def notify(self, text: str, kind: str = "progress") -> None:
+        """Tell the run's origin session ``text`` (``kind`` ``progress`` or ``final``); stored
+        once per (run, step, call number), so a retried node does not say it twice. A
+        detached run's notifications go to nobody."""
+        if kind not in NOTIFICATION_KINDS:
+            raise ValueError(f"notification kind must be progress or final, not {kind!r}")
+        self.journal.notify(self.attempt_id, self._next_index(), kind, _content(text, "notification"))
+
+    def present(self, instructions: str) -> None:
+        """Ask for a presentation turn when the run completes: its session is given the
+        result with ``instructions`` (how to present it)."""
+        self.journal.present(_content(instructions, "presentation instructions"))
+
+    def publish(self, type: str, key: str, data: Any) -> None:
+        """Replace the run's live value of (``type``, ``key``) with ``data`` (JSON, at most
+        64 KiB); watchers (``run.watch``, ``piwf watch``) see it at once."""
+        if not isinstance(type, str) or not 0 < len(type) <= 64 or not isinstance(key, str) or not 0 < len(key) <= 128:
+            raise ValueError("an update's type must be 1 to 64 characters and its key 1 to 128")
+        try:
+            size = len(canonical_json(data))
+        except (TypeError, msgspec.EncodeError) as exc:
+            raise TypeError(f"update {type}/{key} is not JSON: {exc}") from exc
+        if size > CONTENT_LIMIT:
+            raise ValueError(f"update {type}/{key} is {size} bytes as JSON; the limit is {CONTENT_LIMIT}")
+        self.journal.publish(self.attempt_id, type, key, data)
+
+    def _next_index(self) -> int:
+        self._notified[0] += 1
+        return self._notified[0]
+
+
+NOTIFICATION_KINDS = ("progress", "final")
+CONTENT_LIMIT = 64 * 1024  # a notification, presentation instructions, an update (bytes)
+
+
+def _content(text: str, what: str) -> str:
+    if not isinstance(text, str):
+        raise TypeError(f"{what} must be text, not {type(text).__name__}")
+    if not text.strip():
+        raise ValueError(f"{what} is blank")
+    if len(text.encode()) > CONTENT_LIMIT:
+        raise ValueError(f"{what} is {len(text.encode())} bytes; the limit is {CONTENT_LIMIT}")
+    return text
 
 
 def execute(workflow: Workflow, *, run_id: str, project_path: str, input: Any,

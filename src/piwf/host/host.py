@@ -35,7 +35,7 @@ from ..clock import Clock, WallClock
 from ..errors import HostAlreadyRunning, PiwfError
 from ..paths import StatePaths
 from ..status import StopReason
-from ..store import commands, queue, workers
+from ..store import commands, delivery, queue, workers
 from ..store.group import GroupCommit
 from ..store.hosts import acquire_lease, open_state, read_lease, release_lease, renew_lease
 from .. import faults, logs, processes
@@ -279,18 +279,22 @@ def _renew_lease(host: HostState) -> bool:
 
 
 async def _prune_commands(host: HostState) -> None:
-    """Forget logged commands older than the retention window, and the stored answers of
-    ended runs' workers (a backstop: they are forgotten as each run's worker ends), hourly
-    and at start."""
+    """Forget logged commands older than the retention window, what was delivered to the
+    sessions of ended runs as long ago, and the stored answers of ended runs' workers (a
+    backstop: they are forgotten as each run's worker ends), hourly and at start."""
     async with contextlib.aclosing(trio_util.periodic(PRUNE_INTERVAL_S)) as ticks:
         async for _ in ticks:
             try:
                 pruned = commands.prune(host.db, host.now())
+                delivered = delivery.prune(host.db, host.now(), commands.RETENTION_MS)
             except PiwfError as exc:
                 log.warning("could not prune the command log: %s", exc)
                 continue
             if pruned:
                 log.info("pruned %d command(s) older than the retention window", pruned)
+            if delivered:
+                log.info("forgot %d delivered notification(s), resolved turn(s) and follow-up(s) of ended runs",
+                         delivered)
             await _prune_worker_messages(host)
 
 

@@ -36,6 +36,7 @@ from ..store import commands, effects, interactions, queue, runs
 from ..store.hosts import read_lease
 from ..wire import HostResponse, check_id, request_fingerprint
 from . import controller_operations
+from . import delivery
 from .catalog import WorkflowInfo
 from .state import HostState, log
 
@@ -292,6 +293,7 @@ READS: dict[type[Request], Read] = {
     GetRunEvents: _run_events,
     WaitRun: _run_wait,
     ListInteractions: _interaction_list,
+    **delivery.READS,
 }
 WRITES: dict[type[Request], tuple[Prepare, Apply]] = {
     StopHost: (None, _host_stop),
@@ -303,6 +305,7 @@ WRITES: dict[type[Request], tuple[Prepare, Apply]] = {
     UpdateInteraction: (None, _interaction_update),
     SubmitInteraction: (None, _interaction_submit),
     AnswerDecision: (None, _decision_answer),
+    **delivery.WRITES,
 }
 READS.update(controller_operations.READS)
 WRITES.update(controller_operations.WRITES)

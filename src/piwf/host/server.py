@@ -23,6 +23,7 @@ import struct
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -279,7 +280,7 @@ async def _answer(host: HostState, stream: trio.SocketStream, line: bytes) -> bo
     except ProtocolError as exc:
         sent = await _send(host, stream, HostResponse(exc.request_id or "", "rejected", error=str(exc)))
         return sent and exc.request_id is not None
-    response, after = await handle_request(host, request)
+    response, after = await _handle(host, stream, request)
     try:
         sent = await _send(host, stream, response)
         if sent:
@@ -288,6 +289,36 @@ async def _answer(host: HostState, stream: trio.SocketStream, line: bytes) -> bo
         for action in after:
             action()
     return sent
+
+
+async def _handle(host: HostState, stream: trio.SocketStream, request: Any) -> tuple[HostResponse, Any]:
+    """Answer ``request``; a long poll (``run.watch``) is given up, and the connection
+    closed, as soon as its client goes away instead of when its timeout ends."""
+    if not request.long_poll:
+        return await handle_request(host, request)
+    answered: list[tuple[HostResponse, Any]] = []
+    async with trio.open_nursery() as nursery:
+        async def answer() -> None:
+            answered.append(await handle_request(host, request))
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(answer)
+        nursery.start_soon(_until_client_leaves, stream, nursery.cancel_scope)
+    if not answered:
+        raise trio.BrokenResourceError("the client went away during a long poll")
+    return answered[0]
+
+
+async def _until_client_leaves(stream: trio.SocketStream, scope: trio.CancelScope) -> None:
+    """Cancel ``scope`` when the client closes its end; a next request pipelined behind
+    this one (bytes to read) ends the watch, leaving those bytes for the connection."""
+    try:
+        await trio.lowlevel.wait_readable(stream.socket)
+        if await stream.socket.recv(1, socket.MSG_PEEK):
+            return
+    except OSError:
+        pass  # reset by the peer: gone as well
+    scope.cancel()
 
 
 async def _send(host: HostState, stream: trio.SocketStream, response: HostResponse,

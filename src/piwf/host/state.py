@@ -34,6 +34,7 @@ class HostConfig:
     host_lease_ms: int = 30_000
     run_lease_ms: int = 30_000
     presentation_lease_ms: int = 10_000  # a client presenting an interaction request holds it this long
+    delivery_lease_ms: int = 10_000  # a client delivering a notification or a turn holds it this long
     poll_s: float = 2.0
     worker_startup_s: float = 15.0
     kill_grace_s: float = 2.0

@@ -12,11 +12,12 @@ from typing import Any
 from .. import faults
 from ..errors import ClaimLost, PiwfError
 from ..status import Hold
-from ..store import effects, interactions, queue, runs, workers
+from ..store import delivery, effects, interactions, queue, runs, updates, workers
 from ..worker_protocol import (
     AcceptedStep, AttemptAccept, AttemptFail, AttemptStart, AttemptStartResult, EffectApply, EffectReserve,
-    EffectSettle, EffectState, InteractionOpen, ProcessRegister, ProcessUnregister, Ready, ReadyResult, Result,
-    RunComplete, RunFail, StartedAttempt, StepsPage, StepsRead, SubmissionReject, WorkerMessage, WorkerResponse,
+    EffectSettle, EffectState, InteractionOpen, NotificationSend, PresentationRequest, ProcessRegister,
+    ProcessUnregister, Ready, ReadyResult, Result, RunComplete, RunFail, StartedAttempt, StepsPage, StepsRead,
+    SubmissionReject, UpdatePublish, WorkerMessage, WorkerResponse,
 )
 from .state import ActiveRun, Conclusion, HostState, log
 
@@ -191,6 +192,29 @@ def _submission_reject(host: HostState, active: ActiveRun, message: SubmissionRe
     return NOTHING, Conclusion.DONE
 
 
+# --- delivery to sessions ---------------------------------------------------------------------
+
+
+def _notification_send(host: HostState, active: ActiveRun, message: NotificationSend, now: int) -> Outcome:
+    payload = message.payload
+    delivery.notify(host.db, active.run_id, active.claim.token, attempt_id=payload.attemptId, index=payload.index,
+                    kind=payload.kind, content=payload.content, now=now)
+    return NOTHING, None
+
+
+def _presentation_request(host: HostState, active: ActiveRun, message: PresentationRequest, now: int) -> Outcome:
+    delivery.request_presentation(host.db, active.run_id, active.claim.token,
+                                  instructions=message.payload.instructions, now=now)
+    return NOTHING, None
+
+
+def _update_publish(host: HostState, active: ActiveRun, message: UpdatePublish, now: int) -> Outcome:
+    payload = message.payload
+    updates.publish(host.db, active.run_id, active.claim.token, attempt_id=payload.attemptId, type=payload.type,
+                    key=payload.key, data=payload.data, now=now)
+    return NOTHING, None
+
+
 HANDLERS: dict[type[WorkerMessage], Handler] = {
     Ready: _ready,
     StepsRead: _steps_read,
@@ -206,6 +230,9 @@ HANDLERS: dict[type[WorkerMessage], Handler] = {
     ProcessUnregister: _process_unregister,
     InteractionOpen: _interaction_open,
     SubmissionReject: _submission_reject,
+    NotificationSend: _notification_send,
+    PresentationRequest: _presentation_request,
+    UpdatePublish: _update_publish,
 }
 # Operations that may change the run revision; the others leave it as it was.
 REVISING = frozenset({Ready, AttemptStart, AttemptAccept, AttemptFail, RunComplete, RunFail, InteractionOpen,

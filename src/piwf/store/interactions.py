@@ -23,6 +23,7 @@ from ..protocol import (
 from ..status import AttemptStatus, Provenance, RequestStatus, SubmissionStatus
 from ..wire import canonical_json, decode_json
 from ..worker_protocol import InteractionOpenPayload, PendingSubmission
+from . import delivery
 from .db import Database
 from .queue import LIVE, add_event, require_claim
 from .schema import one_of
@@ -453,6 +454,7 @@ def _time_out(db: Database, run_id: str, attempt_id: str, request_id: str, now: 
                     updated_at = ?, revision = revision + 1 WHERE run_id = ?""",
                (canonical_json(error).decode(), now, now, run_id))
     add_event(db, run_id, "timed_out", {"requestId": request_id}, now)
+    delivery.turn_for_run(db, run_id, now)  # the origin session's turn, in the same transaction
 
 
 def _reject_validating(db: Database, request_id: str, error: str, now: int) -> None:

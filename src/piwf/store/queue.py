@@ -12,6 +12,7 @@ from typing import Any
 from ..errors import ClaimLost
 from ..wire import canonical_json
 from ..status import ACTIVE_QUEUE, QueueStatus
+from . import delivery
 from .db import Database
 from .schema import one_of
 
@@ -165,6 +166,8 @@ def park_run(db: Database, run_id: str, token: str, now: int, *,
         if detail is not None:
             db.execute("UPDATE runs SET status_detail = ?, updated_at = ? WHERE run_id = ?", (detail, now, run_id))
         add_event(db, run_id, "parked", {} if detail is None else {"reason": detail}, now)
+        if hold is not None:  # held for a person: the origin session's turn, in this transaction
+            delivery.turn_for_run(db, run_id, now)
         return True
 
 
@@ -187,6 +190,7 @@ def complete_run(db: Database, run_id: str, token: str, output: Any, now: int) -
             (inline, digest, now, now, run_id),
         )
         add_event(db, run_id, "completed", {}, now)
+        delivery.turn_for_run(db, run_id, now)
         return revision
 
 
@@ -199,6 +203,7 @@ def fail_run(db: Database, run_id: str, token: str, error: dict[str, Any], now: 
             (canonical_json(error).decode(), now, now, run_id),
         )
         add_event(db, run_id, "failed", {"error": error.get("message")}, now)
+        delivery.turn_for_run(db, run_id, now)
         return revision
 
 
@@ -226,6 +231,7 @@ def cancel_run(db: Database, run_id: str, now: int, *, token: str | None = None)
         )
         _interrupt_attempts(db, run_id, now)
         add_event(db, run_id, "cancelled", {}, now)
+        delivery.turn_for_run(db, run_id, now)
         return True
 
 
@@ -274,8 +280,9 @@ def expire_claims_before(db: Database, epoch: int, now: int) -> list[str]:
         return [run_id for (run_id,) in rows]
 
 
-def add_event(db: Database, run_id: str, kind: str, payload: dict[str, Any], now: int) -> None:
-    db.execute(
-        "INSERT INTO run_events (run_id, at, type, payload_json) VALUES (?, ?, ?, ?)",
+def add_event(db: Database, run_id: str, kind: str, payload: dict[str, Any], now: int) -> int:
+    """Append to the run's trace; returns the event's id (the cursor ``run.watch`` follows)."""
+    return db.scalar(
+        "INSERT INTO run_events (run_id, at, type, payload_json) VALUES (?, ?, ?, ?) RETURNING event_id",
         (run_id, now, kind, canonical_json(payload).decode()),
     )

@@ -12,6 +12,7 @@ from ..wire import canonical_json, decode_json, sha256_hex
 from ..status import ENDED, Hold, RunStatus
 from .db import Database
 from .effects import list_effects
+from . import delivery, updates
 from .interactions import count_open, list_requests
 from .queue import add_event, require_claim, revision_of
 from .schema import lifecycle_contradicts
@@ -220,7 +221,7 @@ RUN_COLUMNS = """r.run_id, r.workflow, r.status, q.status, r.paused, r.status_de
   r.origin_session_id, r.created_at, r.updated_at, r.finished_at, q.generation, q.hold"""
 
 
-def _summary_fields(row: tuple[Any, ...]) -> tuple[Any, ...]:
+def summary_fields(row: tuple[Any, ...]) -> tuple[Any, ...]:
     """RunSummary's fields, in its order, from a row in RUN_COLUMNS order."""
     (run_id, workflow, status, queue_status, paused, detail, rev, session, created, updated,
      finished, generation, hold) = row
@@ -235,12 +236,12 @@ def list_runs(db: Database, limit: int = 50, status: str | None = None) -> list[
             ORDER BY r.created_at DESC, r.run_id DESC LIMIT ?""",
         params,
     ).fetchall()
-    return [RunSummary(*_summary_fields(row)) for row in rows]
+    return [RunSummary(*summary_fields(row)) for row in rows]
 
 
 def run_summary(db: Database, run_id: str) -> RunSummary:
     """The status fields of one run, without its input, output or steps."""
-    return RunSummary(*_summary_fields(_read_one(db, run_id)[:13]))
+    return RunSummary(*summary_fields(_read_one(db, run_id)[:13]))
 
 
 def get_run(db: Database, run_id: str, now: int = 0) -> RunDetail:
@@ -250,12 +251,12 @@ def get_run(db: Database, run_id: str, now: int = 0) -> RunDetail:
                                     "output_hash, error_json")
         project, digest, input_json, input_hash, output_json, output_hash, error_json = row[13:]
         return RunDetail(
-            *_summary_fields(row[:13]), projectPath=project, definitionDigest=digest,
+            *summary_fields(row[:13]), projectPath=project, definitionDigest=digest,
             input=db.get_json(input_json, input_hash),
             output=db.get_json(output_json, output_hash),
             error=None if error_json is None else decode_json(error_json.encode()),
             steps=_step_summaries(db, run_id), workers=worker_summaries(db, run_id), effects=list_effects(db, run_id),
-            waitingFor=list_requests(db, run_id=run_id, now=now),
+            waitingFor=list_requests(db, run_id=run_id, now=now), updates=updates.list_updates(db, run_id),
         )
 
 
@@ -343,6 +344,7 @@ def status_counts(db: Database, now: int) -> dict[str, int]:
             """SELECT COUNT(*) FROM run_queue INDEXED BY run_queue_claimable
                WHERE status IN ('starting', 'running') AND claim_expires_at <= ?""", (now,))
         counts[("interactions", "open")] = count_open(db)
+        _delivery_counts(db, counts)
     return _status_fields(counts.get, int(expired))
 
 
@@ -357,7 +359,20 @@ def recounted(db: Database, now: int) -> dict[str, int]:
         expired = db.scalar("""SELECT COUNT(*) FROM run_queue WHERE status IN ('starting', 'running')
                                AND claim_expires_at <= ?""", (now,))
         counts[("interactions", "open")] = count_open(db)
+        _delivery_counts(db, counts)
     return _status_fields(counts.get, int(expired))
+
+
+def _delivery_counts(db: Database, counts: dict[tuple[str, str], int]) -> None:
+    """Notifications and turns (layout 7), but 0 for an older layout read as it is
+    (``piwf status`` with no host, before a newer piwf has migrated the database)."""
+    if db.scalar("PRAGMA user_version") < DELIVERY_LAYOUT:
+        return
+    counts[("notifications", "undelivered")] = delivery.count_undelivered(db)
+    counts[("turns", "unresolved")] = delivery.count_unresolved(db)
+
+
+DELIVERY_LAYOUT = 7
 
 
 def _status_fields(count: Callable[[tuple[str, str]], int | None], expired: int) -> dict[str, int]:
@@ -375,5 +390,7 @@ def _status_fields(count: Callable[[tuple[str, str]], int | None], expired: int)
         "cancelledRuns": total("runs.status", "cancelled"),
         "expiredClaims": expired,
         "pendingInteractions": total("interactions", "open"),
+        "undeliveredNotifications": total("notifications", "undelivered"),
+        "unresolvedTurns": total("turns", "unresolved"),
         "lifecycleContradictions": total("lifecycle", "contradictions"),
     }

@@ -2,10 +2,13 @@
 
 from collections.abc import Iterable
 
-from ..status import AttemptStatus, Hold, QueueStatus, RequestStatus, RunStatus, SubmissionStatus, WorkerStatus
+from ..status import (
+    AttemptStatus, FollowUpState, Hold, NotificationKind, QueueStatus, RequestStatus, RunStatus, SubmissionStatus,
+    TurnCause, TurnResolution, WorkerStatus,
+)
 
 APPLICATION_ID = 0x70697766  # "piwf"
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 
 def one_of(values: Iterable[str]) -> str:
@@ -268,6 +271,79 @@ CREATE UNIQUE INDEX interaction_submissions_validating ON interaction_submission
   WHERE status = 'validating';
 """
 
+# Layout 7: delivery to sessions (DESIGN.md §8). Notifications and turns are delivered
+# under short claims (claim_token is the claimId a client holds; claim_client who holds it);
+# at most one unresolved turn per (run, session) (the partial unique index); a turn whose
+# eligible_at is NULL was asked for by ctx.present and waits for its run to end. Follow-ups
+# are ordered per run and delivered with the run's turn; updates keep the current value of
+# each (type, key) of a run, its seq the id of the run event that published it.
+DELIVERY_SQL = f"""
+CREATE TABLE notifications (
+  notification_id TEXT PRIMARY KEY,
+  run_id TEXT NOT NULL REFERENCES runs(run_id),
+  seq INTEGER NOT NULL,
+  node_id TEXT NOT NULL,
+  notification_index INTEGER NOT NULL CHECK (notification_index > 0),
+  session_id TEXT NOT NULL,
+  kind TEXT NOT NULL CHECK (kind IN ({one_of(NotificationKind)})),
+  content TEXT NOT NULL,
+  created_at INTEGER NOT NULL,
+  claim_token TEXT,
+  claim_client TEXT,
+  claim_expires_at INTEGER,
+  delivered_at INTEGER,
+  UNIQUE (run_id, seq, notification_index)
+);
+-- Delivered in the order stored (rowid): the index keeps a session's undelivered ones in it.
+CREATE INDEX notifications_undelivered ON notifications(session_id) WHERE delivered_at IS NULL;
+
+CREATE TABLE turns (
+  turn_id TEXT PRIMARY KEY,
+  run_id TEXT NOT NULL REFERENCES runs(run_id),
+  session_id TEXT NOT NULL,
+  workflow TEXT NOT NULL,
+  cause TEXT NOT NULL CHECK (cause IN ({one_of(TurnCause)})),
+  facts_json TEXT NOT NULL,
+  instructions TEXT,
+  eligible_at INTEGER,
+  created_at INTEGER NOT NULL,
+  updated_at INTEGER NOT NULL,
+  claim_token TEXT,
+  claim_client TEXT,
+  claim_expires_at INTEGER,
+  followups_through INTEGER,
+  resolution TEXT CHECK (resolution IN ({one_of(TurnResolution)})),
+  resolved_at INTEGER
+);
+CREATE UNIQUE INDEX turns_unresolved ON turns(run_id, session_id) WHERE resolved_at IS NULL;
+CREATE INDEX turns_eligible ON turns(session_id, eligible_at) WHERE resolved_at IS NULL;
+
+CREATE TABLE followups (
+  followup_id TEXT PRIMARY KEY,
+  run_id TEXT NOT NULL REFERENCES runs(run_id),
+  request_key TEXT NOT NULL,
+  prompt TEXT NOT NULL,
+  position INTEGER NOT NULL,
+  state TEXT NOT NULL CHECK (state IN ({one_of(FollowUpState)})),
+  turn_id TEXT,
+  created_at INTEGER NOT NULL,
+  updated_at INTEGER NOT NULL,
+  UNIQUE (run_id, request_key),
+  UNIQUE (run_id, position)
+);
+
+CREATE TABLE run_updates (
+  run_id TEXT NOT NULL REFERENCES runs(run_id),
+  type TEXT NOT NULL,
+  key TEXT NOT NULL,
+  data_json TEXT NOT NULL,
+  seq INTEGER NOT NULL,
+  updated_at INTEGER NOT NULL,
+  PRIMARY KEY (run_id, type, key)
+);
+CREATE INDEX run_updates_seq ON run_updates(seq);
+"""
+
 COUNTED_TRIGGERS = [f"{table}_counted_{event}" for table in ("runs", "run_queue")
                     for event in ("insert", "status", "moved", "delete")] + ["runs_counted_paused"]
 
@@ -452,7 +528,7 @@ CREATE TABLE worker_messages (
   completed_at INTEGER NOT NULL,
   PRIMARY KEY (worker_epoch, message_id)
 );
-""" + EFFECTS_AND_PROCESSES_SQL + RUN_COUNTS_SQL + INTERACTIONS_SQL + CONTROLLERS_SQL
+""" + EFFECTS_AND_PROCESSES_SQL + RUN_COUNTS_SQL + INTERACTIONS_SQL + CONTROLLERS_SQL + DELIVERY_SQL
 
 
 
@@ -494,4 +570,6 @@ DROP TABLE run_workers_v2;
     5: REBUILD_FOR_WAITING_SQL,
     # 7: controllers: resources, their queue, events, effects and child runs.
     6: CONTROLLERS_SQL,
+    # 8: notifications, turns, follow-ups and live updates (new tables only).
+    7: DELIVERY_SQL,
 }

@@ -23,7 +23,8 @@ from .. import processes
 from ..worker_protocol import (
     AttemptAccept, AttemptAcceptPayload, AttemptFail, AttemptFailPayload, AttemptStart, AttemptStartPayload,
     AttemptStartResult, EffectApply, EffectKeyPayload, EffectReserve, EffectReservePayload, EffectSettle,
-    EffectSettlePayload, EffectState, InteractionOpen, InteractionOpenPayload, LaunchEnvelope, PendingSubmission,
+    EffectSettlePayload, EffectState, InteractionOpen, InteractionOpenPayload, LaunchEnvelope, NotificationSend,
+    NotifyPayload, PendingSubmission, PresentationRequest, PresentPayload, PublishPayload, UpdatePublish,
     ProcessPayload, ProcessRegister, ProcessRegisterPayload, SubmissionReject, SubmissionRejectPayload,
     ProcessUnregister, Ready, ReadyPayload, ReadyResult, RunComplete, RunCompletePayload, RunFail,
     RunFailPayload, StartedAttempt, StepsPage, StepsRead, StepsReadPayload,
@@ -107,6 +108,16 @@ class HostJournal:
         self.channel.request(SubmissionReject, SubmissionRejectPayload(submissionId=submission_id,
                                                                        error=reason[:8192]))
         raise Stop("waiting")
+
+    def notify(self, attempt_id: str, index: int, kind: str, content: str) -> None:
+        self.channel.request(NotificationSend, NotifyPayload(attemptId=attempt_id, index=index, kind=kind,  # type: ignore[arg-type]
+                                                             content=content))
+
+    def present(self, instructions: str) -> None:
+        self.channel.request(PresentationRequest, PresentPayload(instructions=instructions))
+
+    def publish(self, attempt_id: str, type: str, key: str, data: Any) -> None:
+        self.channel.request(UpdatePublish, PublishPayload(attemptId=attempt_id, type=type, key=key, data=data))
 
     def process_started(self, node: str, pid: int) -> None:
         faults.point("worker.shell.spawned")

@@ -1,0 +1,150 @@
+"""``piwf watch [RUN] [--once]``: a live terminal view of the host's runs.
+
+Active runs with their current node and latest updates, the requests waiting for an
+answer, and the latest events, drawn with ``rich``. It only talks to the host's socket:
+a ``run.watch`` snapshot, then one ``run.watch`` long poll after another, redrawing on
+each answer. On a terminal the view is redrawn in place; into a pipe or a file each
+change prints the whole view again, after a line naming the cursor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+EVENTS_SHOWN = 12
+RUNS_KEPT = 30  # ended runs stay in view until this many newer ones push them out
+POLL_MS = 30_000
+ENDED = ("done", "failed", "cancelled")
+
+
+def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
+    watch = commands.add_parser("watch", parents=[common], help="a live view of runs: current nodes, latest "
+                                "updates, waiting requests, recent events")
+    watch.add_argument("run_id", nargs="?", metavar="RUN", help="only this run")
+    watch.add_argument("--once", action="store_true", help="print one snapshot and exit (with --json: the "
+                       "run.watch receipt; without --once, --json prints one receipt per line as changes come)")
+    watch.set_defaults(handler=cmd_watch)
+
+
+@dataclass
+class View:
+    """What the screen shows, kept up to date from ``run.watch`` answers."""
+
+    cursor: int = 0
+    runs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    updates: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
+    requests: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    events: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=EVENTS_SHOWN))
+
+    def apply(self, page: dict[str, Any]) -> None:
+        self.cursor = page["cursor"]
+        for run in page["runs"]:
+            self.runs[run["runId"]] = run
+            self.requests[run["runId"]] = [r for r in page["requests"] if r["runId"] == run["runId"]]
+        for update in page["updates"]:
+            self.updates[(update["runId"], update["type"], update["key"])] = update
+        self.events.extend(page["events"])
+        for run_id in sorted(self.runs, key=lambda r: self.runs[r]["createdAt"])[:-RUNS_KEPT]:
+            self._forget(run_id)
+
+    def _forget(self, run_id: str) -> None:
+        del self.runs[run_id]
+        self.requests.pop(run_id, None)
+        for key in [k for k in self.updates if k[0] == run_id]:
+            del self.updates[key]
+
+
+def render(view: View) -> Any:
+    """The view as rich renderables: runs, waiting requests, recent events."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    runs = Table(title=f"runs (cursor {view.cursor})", title_justify="left", expand=True)
+    for name, style in (("run", "cyan"), ("workflow", ""), ("status", ""), ("node", "bold"), ("latest updates", "")):
+        runs.add_column(name, style=style, overflow="fold")
+    for run in sorted(view.runs.values(), key=lambda r: r["createdAt"]):
+        runs.add_row(run["runId"], run["workflow"], _status(run), run["currentNode"] or "-", _updates(view, run))
+    if not view.runs:
+        runs.add_row("-", "no active runs", "", "", "")
+    parts: list[Any] = [runs]
+    waiting = [r for requests in view.requests.values() for r in requests]
+    if waiting:
+        table = Table(title="waiting for an answer", title_justify="left", expand=True)
+        for name in ("request", "kind", "run", "asks"):
+            table.add_column(name, overflow="fold")
+        for request in waiting:
+            table.add_row(request["requestId"], request["kind"], request["runId"], request["title"])
+        parts.append(table)
+    parts.append(Text("recent events", style="bold"))
+    parts += [Text(_event_line(e), no_wrap=True, overflow="ellipsis") for e in view.events] or [Text("  (none)")]
+    return Group(*parts)
+
+
+def _status(run: dict[str, Any]) -> str:
+    status = run["status"]
+    if run["hold"]:
+        status += f" ({run['hold']})"
+    return status + (" paused" if run["paused"] else "")
+
+
+def _updates(view: View, run: dict[str, Any]) -> str:
+    mine = sorted((u for (r, _, _), u in view.updates.items() if r == run["runId"]), key=lambda u: -u["seq"])
+    return "\n".join(f"{u['type']}/{u['key']} = {json.dumps(u['data'])[:80]}" for u in mine[:3])
+
+
+def _event_line(item: dict[str, Any]) -> str:
+    event = item["event"]
+    fields = " ".join(f"{k}={v}" for k, v in event.items() if k not in ("eventId", "at", "type"))
+    return f"  {event['at'][11:23]} {item['runId']} {event['type']} {fields}"[:200]
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from .cli import WAIT_S, _client, _emit, _ok
+
+    view = View()
+    with _client(args) as client:
+        client.timeout = WAIT_S + (client.timeout or 0)  # a run.watch may take its own limit
+        page = _ok(client.watch(run_id=args.run_id, limit=EVENTS_SHOWN))
+        view.apply(page)
+        console = Console(highlight=False)
+        live = console.is_terminal and not args.json and not args.once
+        if args.json and args.once:
+            _emit(page)
+        elif args.json:  # one JSON document per line, this one and each change's
+            print(json.dumps(page, sort_keys=True), flush=True)
+        elif not live:
+            console.print(render(view))
+        if args.once:
+            return 0
+        if live:
+            _live(client, args, view, console)
+        while True:  # into a pipe or a file: every change prints the whole view again
+            page = _ok(client.watch(after=view.cursor, run_id=args.run_id, timeout_ms=POLL_MS, limit=500))
+            if not page["events"]:
+                continue
+            view.apply(page)
+            if args.json:
+                print(json.dumps(page, sort_keys=True), flush=True)
+            else:
+                console.print(f"── cursor {view.cursor} ──")
+                console.print(render(view))
+                console.file.flush()
+
+
+def _live(client: Any, args: argparse.Namespace, view: View, console: Any) -> None:
+    from rich.live import Live
+
+    from .cli import _ok
+
+    with Live(render(view), console=console, auto_refresh=False, screen=False) as live:
+        while True:
+            page = _ok(client.watch(after=view.cursor, run_id=args.run_id, timeout_ms=POLL_MS, limit=500))
+            view.apply(page)
+            live.update(render(view), refresh=True)

@@ -1,0 +1,389 @@
+"""Delivery to sessions (DESIGN.md §8): notifications, turns and follow-ups.
+
+A run's origin session hears from it at least once, under short delivery claims: a
+client claims the session's oldest undelivered notification (or unresolved turn), shows
+it, and delivers (resolves) it with the claim's id before the claim expires; a client
+that crashes in between leaves the claim to expire, and the next claim gets the same one
+again. Claims go strictly in order per session: while the oldest is claimed by someone
+else, a claim gets nothing.
+
+A turn is written in the same transaction as its run's end or hold (``turn_for_run``,
+called by the store operations that end or hold a run), so a crash never leaves an ended
+run without its turn, nor writes two. At most one unresolved turn per (run, session): a
+later end of the same run rewrites it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from typing import Any
+
+import msgspec
+
+from ..errors import Conflict, NotFound, Rejected
+from ..protocol import (
+    CONTENT_LIMIT, DeliverReceipt, FollowUp, FollowUpReceipt, Notification, NotificationClaim, ResolveTurnReceipt,
+    Turn, TurnClaim, TurnFacts,
+)
+from ..status import ENDED, FollowUpState, Hold, NotificationKind, RunStatus, TurnCause, TurnResolution
+from ..wire import canonical_json, decode_json
+from .db import Database
+from . import queue
+from .timefmt import iso
+
+FACT_LIMIT = 4096  # each text fact (error, output, detail), in characters
+ENDS = {RunStatus.COMPLETED: TurnCause.COMPLETED, RunStatus.FAILED: TurnCause.FAILED,
+        RunStatus.TIMED_OUT: TurnCause.TIMED_OUT, RunStatus.CANCELLED: TurnCause.CANCELLED}
+HELD_FOR_A_PERSON = frozenset({Hold.CRASHED, Hold.EFFECT, Hold.SOURCE})
+
+
+def check_content(text: str, what: str) -> str:
+    """Content a session is sent: not blank, at most 64 KiB as UTF-8; kept as given."""
+    if not text.strip():
+        raise Rejected(f"{what} is blank")
+    size = len(text.encode())
+    if size > CONTENT_LIMIT:
+        raise Rejected(f"{what} is {size} bytes; the limit is {CONTENT_LIMIT}")
+    return text
+
+
+def _held_by_another(expires: int | None, holder: str | None, client_id: str, now: int) -> bool:
+    """A live claim of another client. A client claiming again what it holds (it lost the
+    answer, or restarted) gets a new claim, which supersedes its old one."""
+    return expires is not None and expires > now and holder != client_id
+
+
+def _new_claim_id() -> str:
+    return "claim-" + secrets.token_hex(12)
+
+
+def _running_attempt(db: Database, run_id: str, attempt_id: str) -> tuple[int, str]:
+    row = db.one("SELECT seq, node_id FROM node_attempts WHERE attempt_id = ? AND run_id = ? AND status = 'running'",
+                 (attempt_id, run_id))
+    if row is None:
+        raise Rejected(f"attempt {attempt_id} is not running: only the live attempt may do this")
+    return row
+
+
+def _session(db: Database, run_id: str) -> str | None:
+    return db.scalar("SELECT origin_session_id FROM runs WHERE run_id = ?", (run_id,))
+
+
+# --- notifications ------------------------------------------------------------------------
+
+
+def notify(db: Database, run_id: str, token: str, *, attempt_id: str, index: int, kind: NotificationKind,
+           content: str, now: int) -> str | None:
+    """Store the attempt's ``index``-th notification for the run's origin session (inside
+    the worker message's transaction). Idempotent per (run, step, index): a retried node
+    notifying again finds the copy already stored. None for a detached run (nobody hears)."""
+    queue.require_claim(db, run_id, token, now)
+    seq, node = _running_attempt(db, run_id, attempt_id)
+    check_content(content, "a notification")
+    session = _session(db, run_id)
+    if session is None:
+        return None
+    notification_id = "ntf-" + hashlib.sha256(f"{run_id}/{seq}/{index}".encode()).hexdigest()[:20]
+    db.execute(
+        """INSERT INTO notifications (notification_id, run_id, seq, node_id, notification_index, session_id, kind,
+             content, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING""",
+        (notification_id, run_id, seq, node, index, session, kind, content, now))
+    if db.changes():
+        queue.add_event(db, run_id, "notification", {"notificationId": notification_id, "kind": kind,
+                                                     "index": index}, now)
+    return notification_id
+
+
+NOTIFICATION_COLUMNS = """n.notification_id, n.run_id, r.workflow, n.node_id, n.notification_index, n.session_id,
+  n.kind, n.content, n.created_at, n.claim_expires_at, n.delivered_at"""
+
+
+def _notification(row: tuple[Any, ...], now: int) -> Notification:
+    (notification_id, run_id, workflow, node, index, session, kind, content, created, expires, delivered) = row
+    live = expires if expires is not None and expires > now and delivered is None else None
+    return Notification(notificationId=notification_id, runId=run_id, workflow=workflow, nodeId=node, index=index,
+                        sessionId=session, kind=kind, content=content, createdAt=iso(created) or "",
+                        claimExpiresAt=iso(live), deliveredAt=iso(delivered))
+
+
+def claim_notification(db: Database, *, session_id: str, client_id: str, lease_ms: int,
+                       now: int) -> NotificationClaim:
+    """The session's oldest undelivered notification, claimed for ``lease_ms``; nothing
+    while it is claimed by someone else."""
+    with db.write():
+        row = db.one(f"""SELECT {NOTIFICATION_COLUMNS}, n.claim_client FROM notifications n
+                         INDEXED BY notifications_undelivered JOIN runs r ON r.run_id = n.run_id
+                         WHERE n.session_id = ? AND n.delivered_at IS NULL ORDER BY n.rowid LIMIT 1""",
+                     (session_id,))
+        if row is None or _held_by_another(row[9], row[11], client_id, now):
+            return NotificationClaim(claimId=None, notification=None)
+        claim_id = _new_claim_id()
+        db.execute("""UPDATE notifications SET claim_token = ?, claim_client = ?, claim_expires_at = ?
+                      WHERE notification_id = ?""", (claim_id, client_id, now + lease_ms, row[0]))
+        return NotificationClaim(claimId=claim_id, notification=_notification((*row[:9], now + lease_ms, None), now))
+
+
+def deliver_notification(db: Database, *, notification_id: str, claim_id: str, client_id: str,
+                         now: int) -> DeliverReceipt:
+    """Delivered, under a live claim this client holds; anything else is a ``conflict``."""
+    with db.write():
+        row = db.one("""SELECT claim_token, claim_client, claim_expires_at, delivered_at FROM notifications
+                        WHERE notification_id = ?""", (notification_id,))
+        if row is None:
+            raise NotFound(f"notification {notification_id} not found")
+        token, holder, expires, delivered = row
+        if delivered is not None or token != claim_id or holder != client_id or (expires or 0) <= now:
+            raise Conflict(f"the delivery claim {claim_id} on notification {notification_id} is stale "
+                           "(expired, superseded, another client's, or already delivered)")
+        db.execute("""UPDATE notifications SET delivered_at = ?, claim_token = NULL, claim_client = NULL,
+                        claim_expires_at = NULL WHERE notification_id = ?""", (now, notification_id))
+        return DeliverReceipt(notificationId=notification_id, delivered=True)
+
+
+def list_notifications(db: Database, *, session_id: str | None, run_id: str | None, limit: int,
+                       now: int) -> list[Notification]:
+    where, params = _filters(session_id, run_id, "n")
+    rows = db.execute(f"""SELECT {NOTIFICATION_COLUMNS} FROM notifications n JOIN runs r ON r.run_id = n.run_id
+                          WHERE n.delivered_at IS NULL {where} ORDER BY n.rowid LIMIT ?""",
+                      (*params, limit)).fetchall()
+    return [_notification(row, now) for row in rows]
+
+
+def _filters(session_id: str | None, run_id: str | None, alias: str) -> tuple[str, tuple[str, ...]]:
+    where, params = "", ()
+    if session_id is not None:
+        where, params = f"AND {alias}.session_id = ?", (session_id,)
+    if run_id is not None:
+        where, params = f"{where} AND {alias}.run_id = ?", (*params, run_id)
+    return where, params
+
+
+def count_undelivered(db: Database) -> int:
+    return db.scalar("SELECT COUNT(*) FROM notifications WHERE delivered_at IS NULL")
+
+
+# --- turns ----------------------------------------------------------------------------------
+
+
+def turn_for_run(db: Database, run_id: str, now: int) -> str | None:
+    """Call in the transaction that ended or held the run: its session's turn, written or
+    (while one is unresolved) rewritten with the cause and facts of now. None when the run
+    has no origin session or is not ended or held for a person."""
+    row = db.one("""SELECT r.status, r.origin_session_id, q.hold FROM runs r JOIN run_queue q ON q.run_id = r.run_id
+                    WHERE r.run_id = ?""", (run_id,))
+    if row is None or row[1] is None:
+        return None
+    status, session, hold = row
+    cause = ENDS.get(status) or (TurnCause.HELD if hold in HELD_FOR_A_PERSON else None)
+    if cause is None:
+        return None
+    return _write_turn(db, run_id, session, cause, now, eligible=True)
+
+
+def request_presentation(db: Database, run_id: str, token: str, *, instructions: str, now: int) -> str | None:
+    """``ctx.present``: the run's turn carries ``instructions`` when the run completes (the
+    turn waits, not eligible, until the run ends). None for a detached run."""
+    queue.require_claim(db, run_id, token, now)
+    check_content(instructions, "presentation instructions")
+    session = _session(db, run_id)
+    if session is None:
+        return None
+    turn_id = _write_turn(db, run_id, session, TurnCause.REQUESTED, now, eligible=False)
+    db.execute("UPDATE turns SET instructions = ? WHERE turn_id = ?", (instructions, turn_id))
+    return turn_id
+
+
+def _write_turn(db: Database, run_id: str, session: str, cause: TurnCause, now: int, *, eligible: bool) -> str:
+    facts = canonical_json(_facts(db, run_id)).decode()
+    existing = db.one("SELECT turn_id, cause FROM turns WHERE run_id = ? AND session_id = ? AND resolved_at IS NULL",
+                      (run_id, session))
+    if existing is not None:
+        turn_id = existing[0]
+        kept = existing[1] if cause is TurnCause.REQUESTED else cause  # a request does not undo an end
+        db.execute("""UPDATE turns SET cause = ?, facts_json = ?, updated_at = ?,
+                        eligible_at = CASE WHEN ? THEN COALESCE(eligible_at, ?) ELSE eligible_at END
+                      WHERE turn_id = ?""", (kept, facts, now, eligible, now, turn_id))
+    else:
+        n = db.scalar("SELECT COUNT(*) FROM turns WHERE run_id = ? AND session_id = ?", (run_id, session))
+        turn_id = "turn-" + hashlib.sha256(f"{run_id}/{session}/{n}".encode()).hexdigest()[:20]
+        db.execute("""INSERT INTO turns (turn_id, run_id, session_id, workflow, cause, facts_json, instructions,
+                        eligible_at, created_at, updated_at)
+                      VALUES (?, ?, ?, (SELECT workflow FROM runs WHERE run_id = ?), ?, ?,
+                        (SELECT instructions FROM turns WHERE run_id = ? AND instructions IS NOT NULL
+                         ORDER BY rowid DESC LIMIT 1), ?, ?, ?)""",
+                   (turn_id, run_id, session, run_id, cause, facts, run_id, now if eligible else None, now, now))
+    if eligible:
+        queue.add_event(db, run_id, "turn", {"turnId": turn_id, "cause": cause}, now)
+    return turn_id
+
+
+def _facts(db: Database, run_id: str) -> TurnFacts:
+    workflow, status, error_json, output_json, output_hash, detail, hold = db.one(
+        """SELECT r.workflow, r.status, r.error_json, r.output_json, r.output_hash, r.status_detail, q.hold
+           FROM runs r JOIN run_queue q ON q.run_id = r.run_id WHERE r.run_id = ?""", (run_id,))
+    error = None if error_json is None else decode_json(error_json.encode()).get("message")
+    output = None
+    if status == RunStatus.COMPLETED:
+        output = canonical_json(db.get_json(output_json, output_hash)).decode()[:FACT_LIMIT]
+    return TurnFacts(workflow=workflow, status=status, error=None if error is None else str(error)[:FACT_LIMIT],
+                     output=output, hold=hold if hold in HELD_FOR_A_PERSON else None,
+                     detail=None if detail is None else detail[:FACT_LIMIT])
+
+
+TURN_COLUMNS = """t.turn_id, t.run_id, t.workflow, t.session_id, t.cause, t.facts_json, t.instructions, t.eligible_at,
+  t.claim_expires_at, t.resolution, t.created_at, t.updated_at, t.followups_through"""
+
+
+def _turn(db: Database, row: tuple[Any, ...], now: int, through: int | None = None) -> Turn:
+    (turn_id, run_id, workflow, session, cause, facts, instructions, eligible, expires, resolution, created,
+     updated, stored_through) = row
+    through = stored_through if through is None else through
+    followups = [] if through is None else _followups(db, run_id, through)
+    return Turn(turnId=turn_id, runId=run_id, workflow=workflow, sessionId=session, cause=cause,
+                facts=msgspec.json.decode(facts, type=TurnFacts),
+                instructions=instructions if cause == TurnCause.COMPLETED else None, followUps=followups,
+                eligibleAt=iso(eligible), claimExpiresAt=iso(expires if (expires or 0) > now else None),
+                resolution=resolution, createdAt=iso(created) or "", updatedAt=iso(updated) or "")
+
+
+def claim_turn(db: Database, *, session_id: str, client_id: str, lease_ms: int, now: int) -> TurnClaim:
+    """The session's oldest unresolved eligible turn, claimed for ``lease_ms``, with its
+    run's queued follow-ups (those it is resolved with); nothing while it is claimed by
+    someone else or its run has notifications not yet delivered."""
+    with db.write():
+        row = db.one(f"""SELECT {TURN_COLUMNS}, t.claim_client FROM turns t INDEXED BY turns_eligible
+                         WHERE t.session_id = ? AND t.resolved_at IS NULL AND t.eligible_at IS NOT NULL
+                         ORDER BY t.eligible_at, t.rowid LIMIT 1""", (session_id,))
+        if row is None or _held_by_another(row[8], row[13], client_id, now) or _undelivered(db, row[1], session_id):
+            return TurnClaim(claimId=None, turn=None)
+        claim_id = _new_claim_id()
+        through = db.scalar("SELECT COALESCE(MAX(position), 0) FROM followups WHERE run_id = ? AND state = 'queued'",
+                            (row[1],))
+        db.execute("""UPDATE turns SET claim_token = ?, claim_client = ?, claim_expires_at = ?, followups_through = ?
+                      WHERE turn_id = ?""", (claim_id, client_id, now + lease_ms, through, row[0]))
+        return TurnClaim(claimId=claim_id, turn=_turn(db, (*row[:8], now + lease_ms, *row[9:12], through), now))
+
+
+def _undelivered(db: Database, run_id: str, session_id: str) -> bool:
+    """A run's turn comes after its notifications: it waits while one is undelivered."""
+    return db.one("""SELECT 1 FROM notifications INDEXED BY notifications_undelivered
+                     WHERE session_id = ? AND run_id = ? AND delivered_at IS NULL LIMIT 1""",
+                  (session_id, run_id)) is not None
+
+
+def resolve_turn(db: Database, *, turn_id: str, claim_id: str, client_id: str, resolution: TurnResolution,
+                 now: int) -> ResolveTurnReceipt:
+    """Resolved under a live claim this client holds (anything else is a ``conflict``); the
+    follow-ups the claim handed over are delivered with it."""
+    with db.write():
+        row = db.one("""SELECT run_id, claim_token, claim_client, claim_expires_at, resolved_at, followups_through
+                        FROM turns WHERE turn_id = ?""", (turn_id,))
+        if row is None:
+            raise NotFound(f"turn {turn_id} not found")
+        run_id, token, holder, expires, resolved, through = row
+        if resolved is not None or token != claim_id or holder != client_id or (expires or 0) <= now:
+            raise Conflict(f"the claim {claim_id} on turn {turn_id} is stale "
+                           "(expired, superseded, another client's, or already resolved)")
+        db.execute("""UPDATE turns SET resolution = ?, resolved_at = ?, claim_token = NULL, claim_client = NULL,
+                        claim_expires_at = NULL, updated_at = ? WHERE turn_id = ?""", (resolution, now, now, turn_id))
+        db.execute("""UPDATE followups SET state = 'delivered', turn_id = ?, updated_at = ?
+                      WHERE run_id = ? AND state = 'queued' AND position <= ?""", (turn_id, now, run_id, through or 0))
+        delivered = db.changes()
+        queue.add_event(db, run_id, "turn.resolved", {"turnId": turn_id, "outcome": resolution}, now)
+        return ResolveTurnReceipt(turnId=turn_id, resolution=resolution, followUpsDelivered=delivered)
+
+
+def list_turns(db: Database, *, session_id: str | None, run_id: str | None, limit: int, now: int) -> list[Turn]:
+    where, params = _filters(session_id, run_id, "t")
+    rows = db.execute(f"""SELECT {TURN_COLUMNS} FROM turns t WHERE t.resolved_at IS NULL
+                          AND t.eligible_at IS NOT NULL {where} ORDER BY t.eligible_at, t.rowid LIMIT ?""",
+                      (*params, limit)).fetchall()
+    return [_turn(db, row, now, through=1 << 62) for row in rows]
+
+
+def count_unresolved(db: Database) -> int:
+    return db.scalar("SELECT COUNT(*) FROM turns WHERE resolved_at IS NULL")
+
+
+# --- follow-ups -------------------------------------------------------------------------------
+
+
+def queue_followup(db: Database, *, run_id: str, request_key: str, prompt: str, now: int) -> FollowUpReceipt:
+    """Queue ``prompt`` for the run's origin session, after the run's earlier follow-ups;
+    the same ``request_key`` with the same prompt is the same follow-up (``adopted``)."""
+    with db.write():
+        run = db.one("SELECT origin_session_id FROM runs WHERE run_id = ?", (run_id,))
+        if run is None:
+            raise NotFound(f"run {run_id} not found")
+        check_content(prompt, "a follow-up prompt")
+        existing = db.one("SELECT followup_id, prompt, position, state FROM followups WHERE run_id = ? "
+                          "AND request_key = ?", (run_id, request_key))
+        if existing is not None:
+            if existing[1] != prompt:
+                raise Conflict(f"follow-up {request_key!r} of run {run_id} was queued with another prompt")
+            return FollowUpReceipt(followUpId=existing[0], runId=run_id, order=existing[2], state=existing[3],
+                                   adopted=True)
+        if run[0] is None:
+            raise Rejected(f"run {run_id} has no origin session to follow up with")
+        if _turns_over(db, run_id, run[0]):
+            raise Rejected(f"run {run_id} has ended and its turn was resolved: no turn is left to deliver with")
+        followup_id = "fup-" + secrets.token_hex(8)
+        position = db.scalar("SELECT COALESCE(MAX(position), 0) + 1 FROM followups WHERE run_id = ?", (run_id,))
+        db.execute("""INSERT INTO followups (followup_id, run_id, request_key, prompt, position, state, created_at,
+                        updated_at) VALUES (?, ?, ?, ?, ?, 'queued', ?, ?)""",
+                   (followup_id, run_id, request_key, prompt, position, now, now))
+        queue.add_event(db, run_id, "followup.queued", {"followUpId": followup_id}, now)
+        return FollowUpReceipt(followUpId=followup_id, runId=run_id, order=position, state=FollowUpState.QUEUED,
+                               adopted=False)
+
+
+def _turns_over(db: Database, run_id: str, session: str) -> bool:
+    """The run has ended and no turn of it is left unresolved: nothing would carry a follow-up."""
+    ended = db.scalar("SELECT status FROM run_queue WHERE run_id = ?", (run_id,)) in ENDED
+    open_turn = db.one("SELECT 1 FROM turns WHERE run_id = ? AND session_id = ? AND resolved_at IS NULL",
+                       (run_id, session))
+    return ended and open_turn is None
+
+
+def remove_followup(db: Database, *, run_id: str, followup_id: str, now: int) -> FollowUpReceipt:
+    with db.write():
+        row = db.one("SELECT request_key, position, state FROM followups WHERE followup_id = ? AND run_id = ?",
+                     (followup_id, run_id))
+        if row is None:
+            raise NotFound(f"follow-up {followup_id} of run {run_id} not found")
+        _, position, state = row
+        if state == FollowUpState.DELIVERED:
+            raise Rejected(f"follow-up {followup_id} was already delivered")
+        if state == FollowUpState.QUEUED:
+            db.execute("UPDATE followups SET state = 'removed', updated_at = ? WHERE followup_id = ?",
+                       (now, followup_id))
+            queue.add_event(db, run_id, "followup.removed", {"followUpId": followup_id}, now)
+        return FollowUpReceipt(followUpId=followup_id, runId=run_id, order=position, state=FollowUpState.REMOVED,
+                               adopted=state == FollowUpState.REMOVED)
+
+
+def _followups(db: Database, run_id: str, through: int) -> list[FollowUp]:
+    rows = db.execute("""SELECT followup_id, request_key, prompt, position, state FROM followups
+                         WHERE run_id = ? AND state = 'queued' AND position <= ? ORDER BY position""",
+                      (run_id, through)).fetchall()
+    return [FollowUp(followUpId=f, runId=run_id, requestKey=k, prompt=p, order=o, state=s) for f, k, p, o, s in rows]
+
+
+# --- pruning ----------------------------------------------------------------------------------
+
+
+def prune(db: Database, now: int, retention_ms: int) -> int:
+    """Forget what was delivered (notifications), resolved (turns) or delivered or removed
+    (follow-ups) longer than ``retention_ms`` ago, of runs that have ended: nothing of a
+    run still going is forgotten, so a node retried later still finds the notification it
+    stored. Returns the rows deleted."""
+    before = now - retention_ms
+    ended = "run_id IN (SELECT run_id FROM run_queue WHERE status IN ('done', 'failed', 'cancelled'))"
+    with db.write():
+        db.execute(f"DELETE FROM notifications WHERE delivered_at < ? AND {ended}", (before,))
+        deleted = db.changes()
+        db.execute(f"DELETE FROM turns WHERE resolved_at < ? AND {ended}", (before,))
+        deleted += db.changes()
+        db.execute(f"DELETE FROM followups WHERE state != 'queued' AND updated_at < ? AND {ended}", (before,))
+        return deleted + db.changes()

@@ -1,0 +1,112 @@
+"""Live updates (``ctx.publish``) and what ``run.watch`` reads (DESIGN.md §8).
+
+An update replaces the current value of its (type, key) on the run; each publish adds a
+run event, whose id is the update's ``seq``. Run events are numbered across all runs, so
+their ids are the one cursor a watcher needs: whatever changed after cursor N left an
+event after N (run status changes, steps, updates, notifications, turns).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import Rejected
+from ..protocol import CONTENT_LIMIT, RunEvent, RunUpdate, WatchedRun, WatchEvent, WatchPage
+from ..wire import canonical_json, decode_json
+from . import queue, runs
+from .db import Database
+from .interactions import list_requests
+from .timefmt import iso
+
+TYPE_LIMIT, KEY_LIMIT = 64, 128
+
+
+def publish(db: Database, run_id: str, token: str, *, attempt_id: str, type: str, key: str, data: Any,
+            now: int) -> int:
+    """Replace the run's (type, key) with ``data``, from the live attempt under a live claim
+    (inside the worker message's transaction); returns the update's seq."""
+    queue.require_claim(db, run_id, token, now)
+    if not db.one("SELECT 1 FROM node_attempts WHERE attempt_id = ? AND run_id = ? AND status = 'running'",
+                  (attempt_id, run_id)):
+        raise Rejected(f"attempt {attempt_id} is not running: only the live attempt may publish")
+    if not 0 < len(type) <= TYPE_LIMIT or not 0 < len(key) <= KEY_LIMIT:
+        raise Rejected(f"an update's type is 1 to {TYPE_LIMIT} characters and its key 1 to {KEY_LIMIT}")
+    encoded = canonical_json(data).decode()
+    if len(encoded.encode()) > CONTENT_LIMIT:
+        raise Rejected(f"update {type}/{key} is {len(encoded.encode())} bytes as JSON; the limit is {CONTENT_LIMIT}")
+    seq = queue.add_event(db, run_id, "update", {"updateType": type, "key": key}, now)
+    db.execute("""INSERT INTO run_updates (run_id, type, key, data_json, seq, updated_at) VALUES (?, ?, ?, ?, ?, ?)
+                  ON CONFLICT (run_id, type, key) DO UPDATE SET data_json = excluded.data_json, seq = excluded.seq,
+                    updated_at = excluded.updated_at""", (run_id, type, key, encoded, seq, now))
+    return seq
+
+
+def list_updates(db: Database, run_id: str, after: int = 0) -> list[RunUpdate]:
+    rows = db.execute("""SELECT type, key, data_json, seq, updated_at FROM run_updates
+                         WHERE run_id = ? AND seq > ? ORDER BY type, key""", (run_id, after)).fetchall()
+    return [RunUpdate(runId=run_id, type=t, key=k, data=decode_json(d.encode()), seq=s, updatedAt=iso(at) or "")
+            for t, k, d, s, at in rows]
+
+
+# --- run.watch --------------------------------------------------------------------------------
+
+
+def last_event(db: Database, run_id: str | None = None) -> int:
+    """The newest event id (of one run, or of all): a watch waits until it moves past its cursor."""
+    if run_id is None:
+        return db.scalar("SELECT COALESCE(MAX(event_id), 0) FROM run_events")
+    return db.scalar("SELECT COALESCE(MAX(event_id), 0) FROM run_events WHERE run_id = ?", (run_id,))
+
+
+def snapshot(db: Database, *, run_id: str | None, limit: int, now: int) -> WatchPage:
+    """Now: the active runs (or ``run_id``), all their updates and open requests, and the
+    latest ``limit`` events."""
+    with db.read():
+        if run_id is not None:
+            queue_status = db.scalar("SELECT status FROM run_queue WHERE run_id = ?", (run_id,))
+            run_ids = [] if queue_status is None else [run_id]
+        else:
+            run_ids = [r for (r,) in db.execute("""SELECT run_id FROM run_queue
+                WHERE status IN ('queued', 'starting', 'running', 'parked') ORDER BY created_at, run_id""")]
+        where, params = ("WHERE run_id = ?", (run_id,)) if run_id is not None else ("", ())
+        rows = db.execute(f"""SELECT event_id, run_id, at, type, payload_json FROM run_events {where}
+                              ORDER BY event_id DESC LIMIT ?""", (*params, limit)).fetchall()
+        cursor = last_event(db, None)
+        return _page(db, cursor, run_ids, list(reversed(rows)), after=0, more=False, now=now)
+
+
+def changes(db: Database, *, after: int, run_id: str | None, limit: int, now: int) -> WatchPage:
+    """What changed after ``after``: the next ``limit`` events, the runs they touched with
+    their updates published since, and those runs' open requests."""
+    with db.read():
+        where, params = ("AND run_id = ?", (run_id,)) if run_id is not None else ("", ())
+        rows = db.execute(f"""SELECT event_id, run_id, at, type, payload_json FROM run_events
+                              WHERE event_id > ? {where} ORDER BY event_id LIMIT ?""",
+                          (after, *params, limit + 1)).fetchall()
+        more = len(rows) > limit
+        rows = rows[:limit]
+        cursor = rows[-1][0] if more else max(after, last_event(db, None))
+        run_ids = list(dict.fromkeys(row[1] for row in rows))
+        return _page(db, cursor, run_ids, rows, after=after, more=more, now=now)
+
+
+def _page(db: Database, cursor: int, run_ids: list[str], rows: list[tuple[Any, ...]], *, after: int, more: bool,
+          now: int) -> WatchPage:
+    watched = [_watched(db, run_id) for run_id in run_ids]
+    return WatchPage(
+        cursor=cursor, runs=[run for run in watched if run is not None],
+        updates=[update for run_id in run_ids for update in list_updates(db, run_id, after)],
+        events=[WatchEvent(runId=r, event=RunEvent(event_id, iso(at) or "", kind, **decode_json(payload.encode())))
+                for event_id, r, at, kind, payload in rows],
+        requests=[request for run_id in run_ids for request in list_requests(db, run_id=run_id, now=now)],
+        more=more)
+
+
+def _watched(db: Database, run_id: str) -> WatchedRun | None:
+    row = db.one(f"SELECT {runs.RUN_COLUMNS} FROM runs r JOIN run_queue q ON q.run_id = r.run_id WHERE r.run_id = ?",
+                 (run_id,))
+    if row is None:
+        return None
+    node = db.scalar("SELECT node_id FROM node_attempts WHERE run_id = ? ORDER BY seq DESC, started_at DESC LIMIT 1",
+                     (run_id,))
+    return WatchedRun(*runs.summary_fields(row), currentNode=node)
