@@ -92,6 +92,28 @@ async def test_a_watch_answers_when_something_changes_and_is_given_up_when_its_c
     assert refused["connectedClients"] == 1  # only this request's own connection
 
 
+async def test_a_request_pipelined_behind_a_watch_ends_the_watch_and_both_are_answered_in_order(
+        host: Any, paths: StatePaths) -> None:
+    from piwf.client import _decode, make_request
+    from piwf.wire import encode_line
+
+    cursor = (await call(paths, "run.watch"))["cursor"]
+    status = encode_line(make_request("host.status", client_id="c", request_id="behind"))
+    async with AsyncClient(paths) as client:
+        await client._stream.send_all(_watch_line(cursor + 10_000) + status)
+        with trio.fail_after(5):  # not the watch's 600 s
+            watch, behind = _decode(await client.read_line()), _decode(await client.read_line())
+    assert watch.outcome == "accepted" and watch.receipt["events"] == []
+    assert behind.requestId == "behind" and behind.outcome == "accepted"
+    async with AsyncClient(paths) as client:  # the next request comes while the watch waits
+        await client._stream.send_all(_watch_line(cursor + 10_000))
+        await wait_for(lambda: host.connections == 1)
+        await client._stream.send_all(status)
+        with trio.fail_after(5):
+            watch, behind = _decode(await client.read_line()), _decode(await client.read_line())
+    assert watch.receipt["events"] == [] and behind.requestId == "behind"
+
+
 def _watch_line(after: int) -> bytes:
     from piwf.client import make_request
     from piwf.wire import encode_line
