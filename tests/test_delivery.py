@@ -329,6 +329,9 @@ async def test_the_sessions_page_workflow_says_what_the_page_says(host: Any, pat
         ("progress", "compiling"), ("final", "build 42 is ready")]
     [turn] = listed["turns"]
     assert turn["instructions"] == "Show the test results as a table, failures first"
+    client = page.split("```python\n")[2].split("```")[0]
+    compile(client, "sessions.md", "exec")
+    assert client.index("list_delivery") < client.index("claim_notification")  # reads before it writes
     assert json.loads(turn["facts"]["output"]) == {"passed": 118, "failed": 2}
 
 
@@ -446,3 +449,16 @@ async def test_the_follower_outlives_a_host_restart(host_process: Callable[..., 
             stderr += chunk
     lines = stderr.decode().splitlines()
     assert [line.split(" (")[0] for line in lines] == ["piwf: lost the host", "piwf: reconnected to the host"], lines
+
+
+async def test_a_run_held_on_an_ambiguous_effect_gives_its_session_a_turn_saying_so(
+        host: Any, paths: StatePaths, project: Path, tmp_path: Path) -> None:
+    from .test_effects import PAY
+
+    write_workflow(project, "pay", PAY)
+    run_id = await start(paths, project, "pay", originSessionId="agent-12",
+                         input={"ledger": str(tmp_path / "ledger.txt"), "dieInApply": str(tmp_path / "marker")})
+    assert (await wait_run(paths, run_id))["hold"] == "effect"
+    turns = (await call(paths, "delivery.list", payload={"sessionId": "agent-12"}))["turns"]
+    assert [(t["cause"], t["facts"]["hold"], t["facts"]["detail"]) for t in turns] == [
+        ("held", "effect", "ambiguous effect charge")]
