@@ -378,7 +378,11 @@ async def test_a_turn_claimed_while_held_is_claimed_again_with_the_runs_later_en
     async with Follower(paths, "agent-8") as follower:
         turn = (await follower.next())["turn"]
         assert (turn["cause"], json.loads(turn["facts"]["output"])) == ("completed", {"rows": 3})
-    assert (await call(paths, "host.status"))["unresolvedTurns"] == 0
+
+        async def resolved() -> bool:  # it prints, then resolves
+            return (await call(paths, "host.status"))["unresolvedTurns"] == 0
+
+        await wait_for(resolved)
 
 
 async def test_two_followers_of_one_session_print_nothing_twice_and_both_keep_going(
