@@ -271,7 +271,7 @@ CREATE UNIQUE INDEX interaction_submissions_validating ON interaction_submission
   WHERE status = 'validating';
 """
 
-# Layout 7: delivery to sessions (DESIGN.md §8). Notifications and turns are delivered
+# Layout 8: delivery to sessions (DESIGN.md §8). Notifications and turns are delivered
 # under short claims (claim_token is the claimId a client holds; claim_client who holds it);
 # at most one unresolved turn per (run, session) (the partial unique index); a turn whose
 # eligible_at is NULL was asked for by ctx.present and waits for its run to end. Follow-ups
@@ -317,6 +317,8 @@ CREATE TABLE turns (
 );
 CREATE UNIQUE INDEX turns_unresolved ON turns(run_id, session_id) WHERE resolved_at IS NULL;
 CREATE INDEX turns_eligible ON turns(session_id, eligible_at) WHERE resolved_at IS NULL;
+-- A run's turns, resolved or not: each end of a run with a session reads them (turn_for_run).
+CREATE INDEX turns_run ON turns(run_id);
 
 CREATE TABLE followups (
   followup_id TEXT PRIMARY KEY,
