@@ -164,9 +164,13 @@ async def test_takeover_kills_a_recorded_reconcile_worker_and_passes_never_overl
     first: HostProcess = await host_process().start()
     await ctl(paths, "apply", project, "slow", "k", spec={})
     trace = project / "trace.txt"
-    await wait_for(lambda: trace.exists() and "start" in trace.read_text())
+
+    async def effect_settled() -> dict[str, Any] | None:  # killed mid-apply would be the ambiguity test's case
+        got = await get(paths, project, "slow", "k")
+        return got if got and event_types(got, "effect_applied") else None
+
+    uid = (await wait_for(effect_settled))["uid"]
     worker = int(trace.read_text().split()[1])
-    uid = (await get(paths, project, "slow", "k"))["uid"]  # type: ignore[index]
 
     def recorded() -> tuple[int, str]:
         db = Database.open_readonly(paths.db)
