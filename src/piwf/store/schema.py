@@ -403,6 +403,8 @@ CREATE TABLE controller_queue (
   claim_resource_version INTEGER,
   claim_generation INTEGER NOT NULL DEFAULT 0,
   claim_epoch INTEGER,
+  worker_pid INTEGER,
+  worker_identity TEXT,
   consecutive_errors INTEGER NOT NULL DEFAULT 0,
   last_error TEXT,
   updated_at INTEGER NOT NULL
