@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import measure_host
 import measure_store
+import measure_takeover
 
 DURABILITIES = ("normal", "full")
 COUNTS = {  # (quick, full)
@@ -36,6 +37,7 @@ COUNTS = {  # (quick, full)
     "status": (500, 5000),
     "single": (30, 200),
     "cli": (3, 10),
+    "takeover": (3, 10),
 }
 BATCH = 100
 TARGETS = {
@@ -45,7 +47,13 @@ TARGETS = {
     "claim_to_ready_p50_ms": 15.0,
     "status_p50_us": 150.0,
     "cli_status_ms": 150.0,
+    "e2e_full_vs_normal": 0.9,
+    "host_cpu_ms_per_run": 1.0,
+    "rtt_vs_echo": 1.2,
+    "takeover_standby_ms": 50.0,
 }
+UPPER = {"claim_to_ready_p50_ms", "status_p50_us", "cli_status_ms", "host_cpu_ms_per_run", "rtt_vs_echo",
+         "takeover_standby_ms"}
 
 
 def count(name: str, quick: bool) -> int:
@@ -63,8 +71,25 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     progress("run.status round trip, piwf status")
     results["status_round_trip"] = measure_host.status_round_trip("normal", count("status", args.quick))
     results["cli_status"] = measure_host.cli_status(count("cli", args.quick))
+    progress("takeover: standby and cold")
+    results["takeover"] = measure_takeover.takeover("full", count("takeover", args.quick))
+    results.update(headline(results))
     results["targets"] = check_targets(results, args.max_workers)
     return results
+
+
+def headline(results: dict[str, Any]) -> dict[str, Any]:
+    """The issue-13 figures, each from this run."""
+    durabilities = results["durability"]
+    e2e = {d: durabilities[d]["end_to_end"] for d in DURABILITIES}
+    return {
+        "e2e_full_vs_normal": e2e["full"]["per_s"] / e2e["normal"]["per_s"],
+        "host_cpu_ms_per_run": {d: e2e[d]["host_cpu_ms_per_run"] for d in DURABILITIES},
+        "e2e_vs_dbos": {d: e2e[d].get("vs_dbos") for d in DURABILITIES},
+        "rtt_vs_echo": results["status_round_trip"]["vs_echo"],
+        "takeover_standby_ms": results["takeover"]["standby_p50_ms"],
+        "takeover_cold_ms": results["takeover"]["cold_p50_ms"],
+    }
 
 
 def measure_durability(root: Path, durability: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -115,10 +140,13 @@ def check_targets(results: dict[str, Any], max_workers: int) -> dict[str, Any]:
                                      full["end_to_end"]["claim_to_ready_p50_ms"]),
         "status_p50_us": results["status_round_trip"]["p50_us"],
         "cli_status_ms": results["cli_status"]["p50_ms"],
+        "e2e_full_vs_normal": results["e2e_full_vs_normal"],
+        "host_cpu_ms_per_run": max(results["host_cpu_ms_per_run"].values()),
+        "rtt_vs_echo": results["rtt_vs_echo"],
+        "takeover_standby_ms": results["takeover_standby_ms"],
     }
-    upper = {"claim_to_ready_p50_ms", "status_p50_us", "cli_status_ms"}
     return {name: {"value": value, "target": TARGETS[name],
-                   "met": (value <= TARGETS[name]) if name in upper else (value >= TARGETS[name])}
+                   "met": (value <= TARGETS[name]) if name in UPPER else (value >= TARGETS[name])}
             for name, value in checks.items()}
 
 
@@ -147,6 +175,7 @@ def table(results: dict[str, Any]) -> str:
         ("  start to completed p99", "end_to_end", "latency_p99_ms", "ms"),
         ("  worker claim to ready p50", "end_to_end", "claim_to_ready_p50_ms", "ms"),
         ("  worker claim to ready p99", "end_to_end", "claim_to_ready_p99_ms", "ms"),
+        ("  host CPU per run", "end_to_end", "host_cpu_ms_per_run", "ms"),
         ("  ratio to Huey", "end_to_end", "vs_huey", "x"),
         ("  ratio to DBOS", "end_to_end", "vs_dbos", "x"),
         ("piwf one run at a time: start to completed", "one_at_a_time", "start_to_completed_p50_ms", "ms"),
@@ -158,8 +187,20 @@ def table(results: dict[str, Any]) -> str:
         cells = [_cell(results["durability"][d][section], key, unit) for d in DURABILITIES]
         lines.append(f"{label:44} {cells[0]:>14} {cells[1]:>14}")
     status = results["status_round_trip"]
-    lines += ["", f"run.status round trip: p50 {status['p50_us']:.0f} µs, p99 {status['p99_us']:.0f} µs",
-              f"piwf status, whole process: p50 {results['cli_status']['p50_ms']:.0f} ms", "", "targets:"]
+    takeover = results["takeover"]
+    lines += ["", f"end to end, full against normal: {results['e2e_full_vs_normal']:.2f}x",
+              f"run.status round trip: p50 {status['p50_us']:.0f} µs, p99 {status['p99_us']:.0f} µs",
+              f"  raw client: piwf p50 {status['raw_p50_us']:.0f} µs, bare trio echo server p50 "
+              f"{status['echo_p50_us']:.0f} µs: {status['vs_echo']:.2f}x",
+              f"piwf status, whole process: p50 {results['cli_status']['p50_ms']:.0f} ms",
+              f"takeover after SIGKILL, to host.status answered: standby p50 {takeover['standby_p50_ms']:.0f} ms "
+              f"(max {takeover['standby_max_ms']:.0f}), cold start p50 {takeover['cold_p50_ms']:.0f} ms "
+              f"(max {takeover['cold_max_ms']:.0f})"]
+    if "scaling" in results:
+        lines += ["", f"{'runs/s against --max-workers':44} {'normal':>14} {'full':>14}"]
+        for workers, rates in sorted(results["scaling"].items(), key=lambda item: int(item[0])):
+            lines.append(f"{workers:>44} {rates['normal']:>12,.0f} /s {rates['full']:>11,.0f} /s")
+    lines += ["", "targets:"]
     for name, check in results["targets"].items():
         mark = "met" if check["met"] else "NOT met"
         lines.append(f"  {name:24} {check['value']:10.2f}  (target {check['target']:g})  {mark}")
@@ -175,7 +216,7 @@ def _cell(section: dict[str, Any], key: str, unit: str) -> str:
     return f"{value:.2f}x" if unit == "x" else f"{value:,.0f} {unit}" if unit == "/s" else f"{value:.1f} {unit}"
 
 
-def plot(path: Path, quick: bool) -> None:
+def plot(path: Path, quick: bool) -> dict[str, dict[str, float]]:
     try:
         import matplotlib
     except ImportError:
@@ -185,12 +226,14 @@ def plot(path: Path, quick: bool) -> None:
 
     workers = [1, 2, 4, 8, 16]
     fig, ax = plt.subplots(figsize=(6, 4))
+    scaling: dict[str, dict[str, float]] = {str(w): {} for w in workers}
     for durability in DURABILITIES:
         rates = []
         for w in workers:
             progress(f"plot: {w} workers, {durability}")
             rates.append(measure_host.end_to_end(durability, w, count("e2e", quick))["per_s"])
-        ax.plot(workers, rates, marker="o", label=f"synchronous={durability}")
+            scaling[str(w)][durability] = rates[-1]
+        ax.plot(workers, rates, marker="o", label=f"durability {durability}")
     ax.set_xscale("log", base=2)
     ax.set_xticks(workers, [str(w) for w in workers])
     ax.set_xlabel("--max-workers")
@@ -200,6 +243,7 @@ def plot(path: Path, quick: bool) -> None:
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)
+    return scaling
 
 
 def progress(text: str) -> None:
@@ -215,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     results = measure(args)
     if args.plot:
-        plot(args.plot, args.quick)
+        results["scaling"] = plot(args.plot, args.quick)
         results["plot"] = str(args.plot)
     print(json.dumps(results, indent=2, sort_keys=True) if args.json else table(results))
     return 0

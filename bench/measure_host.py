@@ -14,10 +14,14 @@ from pathlib import Path
 from typing import Any
 from collections.abc import Iterator
 
-from piwf.client import Client
+import psutil
+
+import measure_echo
+from piwf.client import Client, make_request
 from piwf.errors import HostUnavailable
 from piwf.paths import StatePaths
 from piwf.store import Database
+from piwf.wire import encode_line
 
 NOOP = """
     from piwf import Workflow, compute
@@ -32,7 +36,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 @contextmanager
-def running_host(durability: str, max_workers: int, worker_start: str = "fork") -> Iterator[tuple[StatePaths, Path]]:
+def running_host(durability: str, max_workers: int, worker_start: str = "fork"
+                 ) -> Iterator[tuple[StatePaths, Path, subprocess.Popen[bytes]]]:
     """A `piwf serve` on a fresh state directory, with a one-node project beside it."""
     with tempfile.TemporaryDirectory(prefix="piwf-bench-") as tmp:
         root = Path(tmp)
@@ -46,7 +51,7 @@ def running_host(durability: str, max_workers: int, worker_start: str = "fork") 
             stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
         try:
             _wait_serving(paths, host)
-            yield paths, project
+            yield paths, project, host
         finally:
             host.terminate()
             host.wait(timeout=60)
@@ -76,13 +81,15 @@ def end_to_end(durability: str, max_workers: int, n: int, worker_start: str = "f
     Throughput is N over the span from the first run's creation to the last one's
     completion, both stamped by the host; latency is each run's creation to completion.
     """
-    with running_host(durability, max_workers, worker_start) as (paths, project):
+    with running_host(durability, max_workers, worker_start) as (paths, project, host):
         payload = {"workflow": "noop", "projectPath": str(project)}
         with Client(paths, timeout=120) as client:
             warm = client.call("run.start", payload=payload).receipt["runId"]  # the catalog caches the workflow
             client.call("run.wait", run_id=warm)
+            cpu_before = _cpu_s(host.pid)
             ids = [client.call("run.start", payload=payload).receipt["runId"] for _ in range(n)]
             finished = [client.call("run.wait", run_id=run_id).receipt for run_id in ids]
+            host_cpu_ms = (_cpu_s(host.pid) - cpu_before) * 1000 / n
         claim_to_ready = _claim_to_ready(paths, set(ids))
     assert all(run["status"] == "completed" for run in finished)
     created = [_iso_ms(run["createdAt"]) for run in finished]
@@ -90,12 +97,18 @@ def end_to_end(durability: str, max_workers: int, n: int, worker_start: str = "f
     latency = [e - c for c, e in zip(created, ended, strict=True)]
     span_s = (max(ended) - min(created)) / 1000
     return {"per_s": n / span_s, "n": n, "max_workers": max_workers, "latency_p50_ms": percentile(latency, 0.5),
-            "latency_p99_ms": percentile(latency, 0.99), **claim_to_ready}
+            "latency_p99_ms": percentile(latency, 0.99), "host_cpu_ms_per_run": host_cpu_ms, **claim_to_ready}
+
+
+def _cpu_s(pid: int) -> float:
+    """The process's own CPU time (user + system), not its children's: the host alone."""
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
 
 
 def one_at_a_time(durability: str, n: int) -> dict[str, Any]:
     """Runs started one after another on an otherwise idle host: what a single run waits."""
-    with running_host(durability, 8) as (paths, project):
+    with running_host(durability, 8) as (paths, project, _):
         payload = {"workflow": "noop", "projectPath": str(project)}
         latencies, ids = [], []
         with Client(paths, timeout=120) as client:
@@ -122,21 +135,44 @@ def _claim_to_ready(paths: StatePaths, run_ids: set[str]) -> dict[str, float]:
 
 
 def status_round_trip(durability: str, n: int) -> dict[str, Any]:
-    """`run.status` of one completed run, one client, sequential requests."""
-    with running_host(durability, 2) as (paths, project), Client(paths) as client:
-        run_id = client.call("run.start", payload={"workflow": "noop", "projectPath": str(project)}).receipt
-        client.call("run.wait", run_id=run_id["runId"])
+    """`run.status` of one completed run, one client, sequential requests; beside it, in
+    interleaved blocks, the same raw client against piwf and against a bare trio echo
+    server (the floor: what any trio server on a Unix socket costs)."""
+    with running_host(durability, 2) as (paths, project, _), Client(paths) as client:
+        run_id = client.call("run.start", payload={"workflow": "noop", "projectPath": str(project)}).receipt["runId"]
+        client.call("run.wait", run_id=run_id)
         times = []
         for _ in range(n):
             began = time.perf_counter()
-            client.call("run.status", run_id=run_id["runId"])
+            client.call("run.status", run_id=run_id)
             times.append((time.perf_counter() - began) * 1e6)
-    return {"p50_us": percentile(times, 0.5), "p99_us": percentile(times, 0.99), "n": n}
+        line = encode_line(make_request("run.status", client_id="bench", run_id=run_id, request_id="rtt"))
+        raw, echo = _raw_and_echo(str(paths.socket), line, n, paths.root.parent / "echo.sock")
+    return {"p50_us": percentile(times, 0.5), "p99_us": percentile(times, 0.99), "n": n,
+            "raw_p50_us": percentile(raw, 0.5), "echo_p50_us": percentile(echo, 0.5),
+            "echo_p99_us": percentile(echo, 0.99), "vs_echo": percentile(raw, 0.5) / percentile(echo, 0.5)}
+
+
+def _raw_and_echo(host_socket: str, line: bytes, n: int, echo_socket: Path) -> tuple[list[float], list[float]]:
+    server = subprocess.Popen([sys.executable, str(Path(__file__).parent / "measure_echo.py"), str(echo_socket)],
+                              stdout=subprocess.PIPE)
+    try:
+        assert server.stdout is not None and server.stdout.readline() == b"ready\n"
+        raw: list[float] = []
+        echo: list[float] = []
+        block = max(1, n // 10)
+        for _ in range(10):
+            raw += measure_echo.round_trips(host_socket, line, block)
+            echo += measure_echo.round_trips(str(echo_socket), line, block)
+    finally:
+        server.kill()
+        server.wait()
+    return raw, echo
 
 
 def cli_status(n: int) -> dict[str, Any]:
     """`piwf status` as a whole process, host running."""
-    with running_host("normal", 2) as (paths, _):
+    with running_host("normal", 2) as (paths, _, _):
         times = []
         for _ in range(n):
             began = time.perf_counter()

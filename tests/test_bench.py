@@ -28,5 +28,15 @@ def test_quick_json_prints_every_figure_as_one_document() -> None:
             assert ("per_s" in figures[peer]) == installed, figures[peer]
     assert results["status_round_trip"]["p50_us"] > 0
     assert results["cli_status"]["p50_ms"] > 0
+    # The performance round's figures (issue 13), each measured side by side in this run.
+    assert results["e2e_full_vs_normal"] > 0
+    assert set(results["host_cpu_ms_per_run"]) == {"normal", "full"}
+    assert all(value > 0 for value in results["host_cpu_ms_per_run"].values())
+    dbos = importlib.util.find_spec("dbos") is not None
+    assert set(results["e2e_vs_dbos"]) == {"normal", "full"}
+    assert all((value is not None and value > 0) == dbos for value in results["e2e_vs_dbos"].values())
+    assert results["rtt_vs_echo"] > 0 and results["status_round_trip"]["echo_p50_us"] > 0
+    assert results["takeover_standby_ms"] > 0 and results["takeover_cold_ms"] > 0
     assert set(results["targets"]) == {"store_vs_limit", "e2e_vs_dbos", "e2e_runs_per_s", "claim_to_ready_p50_ms",
-                                       "status_p50_us", "cli_status_ms"}
+                                       "status_p50_us", "cli_status_ms", "e2e_full_vs_normal", "host_cpu_ms_per_run",
+                                       "rtt_vs_echo", "takeover_standby_ms"}

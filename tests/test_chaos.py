@@ -51,6 +51,13 @@ def test_a_small_chaos_run_loses_nothing_and_repeats_no_effect() -> None:
     assert summary["takeover_ms"]["count"] >= 1
 
 
+def test_a_chaos_run_with_a_standby_loses_nothing_and_repeats_no_effect() -> None:
+    """Each killed host (or one a fault point ended) is replaced by a waiting standby."""
+    summary = chaos("--runs", "10", "--kills", "5", "--hostile-every", "2", "--loop-every", "3", "--standby")
+    check(summary)
+    assert summary["standby_takeovers"] >= 1
+
+
 @pytest.mark.soak
 def test_the_documented_chaos_run() -> None:
     summary = chaos("--runs", "50", "--kills", "20")

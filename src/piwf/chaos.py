@@ -4,15 +4,16 @@ Starts a host on a temporary state directory, submits ``--runs`` runs of a workf
 shell nodes and effects (the outside world is a ledger file), and meanwhile kills
 ``--kills`` times at random: SIGKILL of the host, SIGKILL of a worker, or a host started
 with a fault point that makes it exit at a commit or reply boundary. Clients retry with the
-same request ids, as they should. One run in ``--hostile-every`` is a hostile workflow
-instead: its node exits early with status 0 or 3, kills its parent, or returns an output
-over the limit. Each chaos run notifies its own session (and so gets a turn when it
-ends). Afterwards it plays the operator for effects held as ambiguous (the ledger
-says what happened), waits for every run, and prints one JSON summary on stdout: no run
-lost or done twice, each run's notification and turn stored exactly once, every hostile
-run held or failed with its reason, and the host never exiting but when killed; with
-``--resources`` (``chaos_controllers``) every controller resource converged and no effect
-of a reconcile applied twice. Progress goes to stderr.
+same request ids, as they should. With ``--standby`` a ``piwf serve --standby`` always
+waits beside the live host: a killed host is replaced by it, and a new standby started. One
+run in ``--hostile-every`` is a hostile workflow instead: its node exits early with status
+0 or 3, kills its parent, or returns an output over the limit. Each chaos run notifies its
+own session (and so gets a turn when it ends). Afterwards it plays the operator for effects
+held as ambiguous (the ledger says what happened), waits for every run, and prints one JSON
+summary on stdout: no run lost or done twice, each run's notification and turn stored
+exactly once, every hostile run held or failed with its reason, and the host never exiting
+but when killed; with ``--resources`` (``chaos_controllers``) every controller resource
+converged and no effect of a reconcile applied twice. Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -145,6 +146,7 @@ class Tally:
     decided: dict[str, str] = field(default_factory=dict)  # run id -> the choice the person made
     asked: dict[str, int] = field(default_factory=dict)  # request id -> submissions made
     refused_answers: list[str] = field(default_factory=list)  # answers the host refused (none expected)
+    standby_takeovers: int = 0
 
 
 class Chaos:
@@ -158,6 +160,8 @@ class Chaos:
         self.log = root / "host.log"
         self.host: subprocess.Popen[bytes] | None = None
         self.fault_armed = False
+        self.standby: subprocess.Popen[bytes] | None = None  # with --standby: waiting on the lock
+        self.standby_fault = False
         self.tally = Tally()
         self.lock = threading.Lock()
         self.settled = threading.Event()  # every run settled: the person stops
@@ -166,30 +170,68 @@ class Chaos:
 
     # --- the host ---
 
-    def start_host(self, fault: str | None = None) -> None:
+    def _serve(self, fault: str | None, *extra: str) -> subprocess.Popen[bytes]:
         env = {**os.environ, "PIWF_CHAOS_LEDGER": str(self.ledger), **self.controllers.env()}
         env.pop("PIWF_FAULT", None)
         if fault:
             env["PIWF_FAULT"] = fault
-        self.fault_armed = fault is not None
-        began = time.monotonic()
         with open(self.log, "ab") as log:
-            self.host = subprocess.Popen(
+            return subprocess.Popen(
                 [sys.executable, "-m", "piwf", "serve", "--state-dir", str(self.paths.root),
-                 "--max-workers", str(self.args.max_workers), "--durability", self.args.durability],
+                 "--max-workers", str(self.args.max_workers), "--durability", self.args.durability, *extra],
                 stdout=log, stderr=log, env=env, start_new_session=True,
             )
+
+    def start_standby(self) -> None:
+        """A standby, once it says it stands by (so a takeover's time is a warm one's)."""
+        fault = self.random_fault()
+        self.standby, self.standby_fault = self._serve(fault, "--standby"), fault is not None
+        said = f'"pid": {self.standby.pid}'
+        deadline = time.monotonic() + 30
+        while not any("standing by" in line and said in line for line in self.log.read_text().splitlines()):
+            if self.standby.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the standby did not stand by; see {self.log}")
+            time.sleep(0.01)
+
+    def promote_standby(self) -> None:
+        """The live host is gone: the standby takes over; a new standby waits behind it."""
+        assert self.standby is not None
+        began = time.monotonic()
+        self.host, self.fault_armed = self.standby, self.standby_fault
+        self.standby = None
+        self.tally.standby_takeovers += 1
+        self._wait_serving(began, None)
+        self.start_standby()
+
+    def random_fault(self) -> str | None:
+        if self.rng.random() < 0.5:
+            return f"{self.rng.choice(HOST_POINTS)}:exit:{self.rng.randint(1, 40)}"
+        return None
+
+    def start_host(self, fault: str | None = None) -> None:
+        self.fault_armed = fault is not None
+        self.host = self._serve(fault)
+        self._wait_serving(time.monotonic(), fault)
+
+    def _wait_serving(self, began: float, fault: str | None) -> None:
+        assert self.host is not None
         while not self._answers():
             if self.host.poll() is not None:
-                if fault:  # the fault fired during start-up (takeover): that is a kill too
+                if self.fault_armed:  # the fault fired during start-up (takeover): that is a kill too
                     self.tally.fault_exits += 1
-                    return self.start_host()
+                    return self.replace_host()
                 raise RuntimeError(f"host exited with {self.host.returncode}; see {self.log}")
             if time.monotonic() - began > 30:
                 raise RuntimeError(f"host not serving after 30 s; see {self.log}")
             time.sleep(0.005)
         self.tally.takeover_ms.append((time.monotonic() - began) * 1000)
         return None
+
+    def replace_host(self, fault: str | None = None) -> None:
+        if self.standby is not None and self.standby.poll() is None:
+            self.promote_standby()
+        else:
+            self.start_host(fault)
 
     def _answers(self) -> bool:
         try:
@@ -206,7 +248,7 @@ class Chaos:
                 self.tally.fault_exits += 1
             else:
                 self.tally.unexpected_host_exits += 1
-            self.start_host()
+            self.replace_host()
 
     def kill_host(self) -> None:
         assert self.host is not None
@@ -214,10 +256,7 @@ class Chaos:
             self.host.send_signal(signal.SIGKILL)
         self.host.wait()
         self.tally.host_kills += 1
-        fault = None
-        if self.rng.random() < 0.5:
-            fault = f"{self.rng.choice(HOST_POINTS)}:exit:{self.rng.randint(1, 40)}"
-        self.start_host(fault)
+        self.replace_host(self.random_fault())
 
     def kill_worker(self) -> bool:
         assert self.host is not None
@@ -350,6 +389,8 @@ class Chaos:
         self.controllers.install()
         self.start_host()
         self.tally.takeover_ms.clear()  # the first start is not a takeover
+        if self.args.standby:
+            self.start_standby()
         submitter = threading.Thread(target=self.submit_all, name="submitter", daemon=True)
         submitter.start()
         threading.Thread(target=self.person, name="person", daemon=True).start()
@@ -373,6 +414,7 @@ class Chaos:
     def restart_clean(self) -> None:
         """The last host runs without faults: the end state must be reachable by itself."""
         assert self.host is not None
+        self.stop_standby()
         if self.host.poll() is None:
             self.host.send_signal(signal.SIGKILL)
             self.host.wait()
@@ -446,9 +488,18 @@ class Chaos:
             "runs_parked_ambiguous": len(self.tally.ambiguous_runs),
             **self.delivery_summary(normal),
             "lifecycle_contradictions": status["lifecycleContradictions"],
+            "standby_takeovers": self.tally.standby_takeovers,
             "takeover_ms": {"p50": round(statistics.median(takeover), 1), "max": round(max(takeover), 1),
                             "count": len(self.tally.takeover_ms)},
         }
+
+    def stop_standby(self) -> None:
+        """Kill a waiting standby first (it would take over from the host being stopped)."""
+        if self.standby is not None and self.standby.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.standby.pid, signal.SIGKILL)
+            self.standby.wait()
+        self.standby = None
 
     def delivery_summary(self, normal: dict[str, dict[str, Any]]) -> dict[str, int]:
         """Each chaos run notified its session once (its work node, however often it ran)
@@ -463,6 +514,7 @@ class Chaos:
                 "turns_duplicated": sum(1 for r in chaos_runs if turns[r] > 1)}
 
     def stop_host(self) -> None:
+        self.stop_standby()
         if self.host is None or self.host.poll() is not None:
             return
         self.host.send_signal(signal.SIGTERM)
@@ -480,6 +532,7 @@ class Chaos:
             db.close()
 
     def cleanup(self) -> None:
+        self.stop_standby()
         if self.host is not None and self.host.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.host.pid, signal.SIGKILL)
@@ -516,6 +569,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="one run in K waits for a decision and an ask, answered by a simulated person "
                              "(default 4; 0: none)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for runs to settle")
+    parser.add_argument("--standby", action="store_true",
+                        help="keep a `piwf serve --standby` waiting: it replaces each killed host")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (path on stderr)")
     args = parser.parse_args(argv)
     if (args.runs < 1 or args.kills < 0 or args.max_workers < 1 or args.hostile_every < 0 or args.loop_every < 0

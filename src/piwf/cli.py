@@ -125,6 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "JSON lines otherwise (default)")
     serve.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
                        help="the least severe records logged (default info)")
+    serve.add_argument("--standby", action="store_true",
+                       help="start, load everything, and wait: take over at once when the live host stops or dies")
     serve.set_defaults(handler=cmd_serve)
     commands.add_parser("status", parents=[common], help="host state and counts").set_defaults(handler=cmd_status)
     commands.add_parser("stop", parents=[common], help="ask the host to drain and exit").set_defaults(handler=cmd_stop)
@@ -234,7 +236,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         durability=args.durability, worker_startup_s=args.worker_startup_timeout,
                         kill_grace_s=args.kill_grace, worker_start=args.worker_start,
                         drain_timeout_s=args.drain_timeout, request_timeout_s=args.request_timeout,
-                        reply_timeout_s=args.reply_timeout, max_controller_workers=args.max_controller_workers,
+                        reply_timeout_s=args.reply_timeout, standby=args.standby,
+                        max_controller_workers=args.max_controller_workers,
                         presentation_lease_ms=max(1, int(args.presentation_lease * 1000)),
                         delivery_lease_ms=max(1, int(args.delivery_lease * 1000)),
                         **service_manager_settings())

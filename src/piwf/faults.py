@@ -31,6 +31,8 @@ POINTS: dict[str, str] = {
     "host.worker.answered": "an answer was written to a worker",
     "host.worker.recorded": "a worker ended: its end recorded and its run parked, unless the run had ended",
     "host.lease.renewed": "the heartbeat renewed the host lease",
+    "host.group.syncing": "at full durability, commits are waiting for their group's fsync: nothing answered",
+    "host.group.synced": "a group's fsync returned, before any of its answers is sent",
     "host.deadline.due": "the deadline timer woke with a request due, before it closes any",
     "host.deadline.committed": "the deadline timer closed requests whose deadline passed, before it logs",
     "host.reconcile.claimed": "the controller dispatcher claimed a resource, before its worker starts",

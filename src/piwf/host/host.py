@@ -1,6 +1,9 @@
 """``piwf serve``: the nursery tree of DESIGN.md §3.
 
-    launcher             the fork-server template; outlives the runs (their exit reports)
+    launcher             the fork-server template; outlives the runs (their exit reports);
+                         a standby (--standby) starts it first, then waits for the host lock
+    group syncer         at full durability, one fsync of the WAL for every commit before
+                         it; answers wait for it (store/group.py); outlives the drain
     notifier             sd_notify, under systemd: READY=1 once serving, STATUS=, WATCHDOG=1,
                          STOPPING=1 when a drain starts; outlives the host scope (pings
                          go on through the drain)
@@ -21,6 +24,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 
@@ -29,8 +33,10 @@ import trio_util
 
 from ..clock import Clock, WallClock
 from ..errors import HostAlreadyRunning, PiwfError
+from ..paths import StatePaths
 from ..status import StopReason
 from ..store import commands, delivery, queue, workers
+from ..store.group import GroupCommit
 from ..store.hosts import acquire_lease, open_state, read_lease, release_lease, renew_lease
 from .. import faults, logs, processes
 from .fork_launcher import ForkLauncher
@@ -65,36 +71,76 @@ class Host:
 
     async def _serve_locked(self, task_status: trio.TaskStatus[HostState],
                             inherited: trio.SocketListener | None) -> None:
+        serving: list[HostState] = []  # the launcher's drain deadline is the host's, once there is one
+        held: list[HostLock] = []
+        refused: PiwfError | None = None  # raised as it is (not in a group): the CLI prints its one line
+        try:
+            # The launcher outlives the runs (stopping a forked worker needs its exit report);
+            # a standby starts it before waiting for the lock, so it is warm when it takes over.
+            async with trio.open_nursery() as outer:
+                warm = await self._start_launcher(outer, serving) if self.config.standby else None
+                try:
+                    host = await self._take_state(held)
+                except PiwfError as exc:
+                    refused = exc
+                    outer.cancel_scope.cancel()
+                if refused is None and host is not None:
+                    serving.append(host)
+                    host.launcher = warm or await self._start_launcher(outer, serving) or host.launcher
+                    assert host.group is not None
+                    await outer.start(host.group.serve)  # outlives the drain: its answers wait on it too
+                    try:
+                        await self._serve_runs(host, task_status, inherited)
+                    finally:
+                        outer.cancel_scope.cancel()
+                    log.info("stopped")
+                else:
+                    outer.cancel_scope.cancel()
+        finally:
+            logs.set_epoch(None)
+            for host in serving:
+                host.db.close()
+            for lock in held:
+                lock.release()
+        if refused is not None:
+            raise refused
+
+    async def _take_state(self, held: list[HostLock]) -> HostState | None:
+        """Take the lock (a standby waits for it: None if told to stop first), open the
+        database and take over; the lock goes into ``held`` as soon as it is taken."""
         paths = self.config.state_dir
         pid = os.getpid()
         identity = processes.identity(pid) or f"pid:{pid}"
-        lock = HostLock.acquire(paths, {"pid": pid, "identity": identity})
+        lock = await self._lock(paths, {"pid": pid, "identity": identity})
+        if lock is None:
+            return None
+        held.append(lock)
+        db = open_state(paths.db, durability=self.config.durability)  # refuses a damaged one unwritten
+        host = HostState(self.config, db, self.clock)
         try:
-            db = open_state(paths.db, durability=self.config.durability)  # refuses a damaged one unwritten
-            try:
-                host = HostState(self.config, db, self.clock)
-                _take_over(host, pid, identity)
-                logs.set_epoch(host.epoch)
-                await self._serve(host, task_status, inherited)
-            finally:
-                logs.set_epoch(None)
-                db.close()
-        finally:
-            lock.release()
+            await _owner_exited(host, pid)
+            _take_over(host, pid, identity)
+        except BaseException:
+            db.close()
+            raise
+        logs.set_epoch(host.epoch)
+        host.group = GroupCommit(db)  # from here on, commits wait for a shared fsync
+        return host
 
-    async def _serve(self, host: HostState, task_status: trio.TaskStatus[HostState],
-                     inherited: trio.SocketListener | None) -> None:
-        # The launcher outlives the runs: stopping a forked worker needs its exit report.
-        async with trio.open_nursery() as outer:
-            if fork_available():  # elsewhere the host spawns workers itself (SpawnLauncher)
-                host.launcher = ForkLauncher(lambda: host.drain_deadline,
-                                             exec_worker=self.config.worker_start == "spawn")
-                await outer.start(host.launcher.serve)
-            try:
-                await self._serve_runs(host, task_status, inherited)
-            finally:
-                outer.cancel_scope.cancel()
-        log.info("stopped")
+    async def _start_launcher(self, nursery: trio.Nursery, serving: list[HostState]) -> ForkLauncher | None:
+        if not fork_available():  # elsewhere the host spawns workers itself (SpawnLauncher)
+            return None
+        launcher = ForkLauncher(lambda: serving[0].drain_deadline if serving else math.inf,
+                                exec_worker=self.config.worker_start == "spawn")
+        await nursery.start(launcher.serve)
+        return launcher
+
+    async def _lock(self, paths: StatePaths, record: dict[str, object]) -> HostLock | None:
+        """The host lock; a standby waits for it (None if it is told to stop first)."""
+        if not self.config.standby:
+            return HostLock.acquire(paths, record)
+        log.info("standing by: %s is served by another host; taking over when it stops", paths.root)
+        return await _stand_by(paths, record)
 
     async def _serve_runs(self, host: HostState, task_status: trio.TaskStatus[HostState],
                           inherited: trio.SocketListener | None) -> None:
@@ -124,6 +170,43 @@ class Host:
                     if inherited is None:  # an inherited socket outlives this host
                         config.state_dir.socket.unlink(missing_ok=True)
                     _release(host)
+
+
+async def _stand_by(paths: StatePaths, record: dict[str, object]) -> HostLock | None:
+    """Wait for the lock, or for SIGTERM/SIGINT (then None)."""
+    taken: list[HostLock] = []
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            async def take() -> None:
+                taken.append(await HostLock.wait(paths, record))
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(take)
+            async for signum in signals:
+                log.info("received %s while standing by; stopping", signal.Signals(signum).name)
+                nursery.cancel_scope.cancel()
+                break
+    if taken:
+        log.info("the lock is free: taking over %s", paths.root)
+    return taken[0] if taken else None
+
+
+OWNER_EXIT_S = 2.0  # how long a lease owner that has let go of the lock may take to finish dying
+
+
+async def _owner_exited(host: HostState, pid: int) -> None:
+    """Holding the lock, wait (briefly) for the lease owner to be gone.
+
+    The owner holds the lock until it exits (or until after it released the lease, when
+    it stops cleanly), so an owner still there has let go of it and is exiting: a killed
+    process closes its files before it becomes a zombie, and a standby waiting on the lock
+    is woken in between."""
+    previous = read_lease(host.db)
+    if previous.pid is None or previous.pid == pid:
+        return
+    with trio.move_on_after(OWNER_EXIT_S):
+        while processes.alive(previous.pid, previous.identity) and previous.live(host.now()):
+            await trio.sleep(0.001)
 
 
 def _take_over(host: HostState, pid: int, identity: str) -> None:

@@ -10,6 +10,8 @@ import fcntl
 import json
 import os
 
+import trio
+
 from ..errors import HostAlreadyRunning
 from ..paths import StatePaths
 
@@ -29,6 +31,21 @@ class HostLock:
             holder = read_record(paths)
             who = f"pid {holder['pid']}" if holder else "another process"
             raise HostAlreadyRunning(f"a piwf host ({who}) is already serving {paths.root}") from None
+        lock = cls(paths, fd)
+        lock._write_record(record)
+        return lock
+
+    @classmethod
+    async def wait(cls, paths: StatePaths, record: dict[str, object]) -> HostLock:
+        """Block until the lock is free and take it (``piwf serve --standby``): the kernel
+        hands it to one waiter the moment its holder dies or releases it.
+
+        The wait is a blocking ``flock`` in a thread. If cancelled, that thread is abandoned
+        and its descriptor left open: closing it under a blocked ``flock`` could leave the
+        lock held by no descriptor. The process is ending then anyway (a standby is
+        cancelled only when told to stop)."""
+        fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        await trio.to_thread.run_sync(fcntl.flock, fd, fcntl.LOCK_EX, abandon_on_cancel=True)
         lock = cls(paths, fd)
         lock._write_record(record)
         return lock

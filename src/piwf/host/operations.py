@@ -50,6 +50,7 @@ async def handle_request(host: HostState, request: Request) -> tuple[HostRespons
         read = READS.get(type(request))
         if read is not None:
             receipt = await read(host, request)
+            await host.durable()  # it may show what another request just committed
             return HostResponse(request.requestId, Outcome.ACCEPTED, receipt=receipt), []
         return await _write(host, request)
     except PiwfError as exc:
@@ -62,12 +63,14 @@ async def handle_request(host: HostState, request: Request) -> tuple[HostRespons
 async def _write(host: HostState, request: Request) -> tuple[HostResponse, After]:
     stored = commands.lookup(host.db, request, request_fingerprint(request))
     if stored is not None:
+        await host.durable()  # the first answer may still be waiting for its fsync
         return stored, []
     prepare, apply = WRITES[type(request)]
     prepared = await prepare(host, request) if prepare else None
     after: After = []
     response = commands.execute(host.db, request, host.epoch, host.now(),
                                 lambda: apply(host, request, prepared, after))
+    await host.durable()
     faults.point("host.command.committed")
     if response.outcome != Outcome.ACCEPTED:
         after = []

@@ -53,6 +53,7 @@ async def pump(host: HostState, active: ActiveReconcile, receive: trio.lowlevel.
             return
         for message in messages:
             response = await handle(host, active, message)
+            await host.durable()  # group commit: no answer before its commit's fsync
             if isinstance(message, ReconcileReady) and active.ready.is_set():
                 deadline = trio.current_time() + active.timeout_s
             try:

@@ -16,6 +16,7 @@ from ..clock import Clock, WallClock
 from ..paths import StatePaths
 from ..status import StopReason, WorkerStatus
 from ..store import Database
+from ..store.group import GroupCommit
 from ..store.hosts import HostClaim
 from ..store.queue import Claim
 from .catalog import Catalog
@@ -49,6 +50,7 @@ class HostConfig:
     listen_fd: int | None = None  # a listening socket passed by the service manager (LISTEN_FDS)
     notify_socket: str | None = None  # sd_notify's $NOTIFY_SOCKET: a path, or @name (abstract)
     watchdog_s: float | None = None  # the service's watchdog period ($WATCHDOG_USEC), pinged twice per period
+    standby: bool = False  # wait for the host lock instead of refusing to start (piwf serve --standby)
     max_controller_workers: int = 4  # reconciles at once (DESIGN.md §9)
     controller_lease_ms: int = 120_000  # a reconcile's claim; renewed every quarter and on each worker message
 
@@ -130,6 +132,7 @@ class HostState:
     clock: Clock = field(default_factory=WallClock)
     host_id: str = field(default_factory=lambda: "host-" + secrets.token_hex(6))
     lease: HostClaim | None = None
+    group: GroupCommit | None = None  # set once the host has taken over: answers wait on its fsyncs
     catalog: Catalog = field(default_factory=Catalog)
     launcher: Launcher = field(default_factory=SpawnLauncher)
     active: dict[str, ActiveRun] = field(default_factory=dict)
@@ -150,6 +153,11 @@ class HostState:
 
     def now(self) -> int:
         return self.clock.now_ms()
+
+    async def durable(self) -> None:
+        """Return once everything committed so far is durable: before any answer."""
+        if self.group is not None:
+            await self.group.durable()
 
     def wake(self) -> None:
         self.wake_dispatcher.set()

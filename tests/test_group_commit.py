@@ -1,0 +1,106 @@
+"""Group commit at `full` durability: nothing is answered before its commit is durable."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from piwf import faults
+from piwf.client import AsyncClient
+from piwf.errors import HostUnavailable
+from piwf.faults import FAULT_EXIT_STATUS
+from piwf.host.host import Host
+from piwf.paths import StatePaths
+
+from .conftest import HostProcess, config, wait_for
+from .test_lifecycle import call
+
+
+@pytest.fixture(autouse=True)
+def disarmed() -> Iterator[None]:
+    yield
+    faults.configure({})
+
+
+async def _connectable(paths: StatePaths) -> bool:
+    try:
+        async with AsyncClient(paths):
+            return True
+    except (HostUnavailable, OSError):
+        return False
+
+
+@pytest.mark.parametrize("point", ["host.group.syncing", "host.group.synced"])
+async def test_a_host_dying_before_or_after_the_fsync_has_answered_nothing_of_its_group(
+    host_process: Callable[..., HostProcess], paths: StatePaths, project: Path, point: str
+) -> None:
+    dying = host_process(env={"PIWF_FAULT": f"{point}:exit"})
+    with open(dying.log, "ab") as log:  # not HostProcess.start: its host.status would reach the point first
+        dying.proc = await trio.lowlevel.open_process(
+            [sys.executable, "-m", "piwf", "serve", "--state-dir", str(paths.root)], stdout=log, stderr=log,
+            start_new_session=True, env=dying.env)
+    await wait_for(lambda: _connectable(paths))
+    start = {"workflow": "greet", "projectPath": str(project)}
+    async with AsyncClient(paths, client_id="tester") as client:
+        with pytest.raises(HostUnavailable, match="closed the connection"):  # no answer, at all
+            await client.call("run.start", payload=start, request_id="start-1")
+    assert await dying.wait() == FAULT_EXIT_STATUS
+
+    # The commit itself was made (a process exit loses nothing the kernel holds), so the
+    # retry is answered from the command log; the run then goes on as any other.
+    await host_process().start()
+    async with AsyncClient(paths, client_id="tester") as client:
+        retried = await client.call("run.start", payload=start, request_id="start-1")
+    assert retried.outcome == "adopted", retried
+    done = await call(paths, "run.wait", run_id=retried.receipt["runId"], payload={"timeoutMs": 20_000})
+    assert done["status"] == "completed", done
+
+
+def _trace_between(trace: list[str], first: str, then: str) -> list[list[str]]:
+    """The points reached between each ``first`` and the next ``then``."""
+    spans, opened = [], None
+    for name in trace:
+        if name == first:
+            opened = []
+        elif name == then and opened is not None:
+            spans.append(opened)
+            opened = None
+        elif opened is not None:
+            opened.append(name)
+    return spans
+
+
+async def test_every_worker_answer_waits_for_an_fsync_after_its_commit(
+    paths: StatePaths, project: Path, tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    trace = tmp_path / "trace"
+    faults.configure({"PIWF_FAULT_TRACE": str(trace)})
+    host = await nursery.start(Host(config(paths, durability="full")).serve)
+    run_id = (await call(paths, "run.start", payload={"workflow": "greet", "projectPath": str(project)}))["runId"]
+    done = await call(paths, "run.wait", run_id=run_id, payload={"timeoutMs": 20_000})
+    assert done["status"] == "completed", done
+    host.stop_requested.set()
+    spans = _trace_between(trace.read_text().split(), "host.worker.committed", "host.worker.answered")
+    assert len(spans) >= 3  # ready, then an attempt start and an accept per node (two nodes)
+    for span in spans:  # every one of these messages wrote something: an fsync began and ended in between
+        assert "host.group.syncing" in span and "host.group.synced" in span[span.index("host.group.syncing"):], span
+    assert host.group is not None and host.group.fsyncs >= 1
+
+
+async def test_at_normal_durability_nothing_waits_for_an_fsync(
+    paths: StatePaths, project: Path, tmp_path: Path, nursery: trio.Nursery
+) -> None:
+    trace = tmp_path / "trace"
+    faults.configure({"PIWF_FAULT_TRACE": str(trace)})
+    host = await nursery.start(Host(config(paths, durability="normal")).serve)
+    run_id = (await call(paths, "run.start", payload={"workflow": "greet", "projectPath": str(project)}))["runId"]
+    assert (await call(paths, "run.wait", run_id=run_id, payload={"timeoutMs": 20_000}))["status"] == "completed"
+    host.stop_requested.set()
+    reached = set(trace.read_text().split())
+    assert "host.worker.answered" in reached
+    assert not {"host.group.syncing", "host.group.synced"} & reached
+
