@@ -39,7 +39,9 @@ from typing import Any
 
 import psutil
 
+from . import chaos_people as people
 from .chaos_controllers import ControllerChaos, bad as controllers_bad
+from .chaos_people import Person
 from .client import Client, make_request
 from .errors import HostUnavailable
 from .faults import POINTS
@@ -107,27 +109,6 @@ HOSTILE = """
 """
 HOSTILE_KINDS = ("exit0", "exit3", "parricide", "oversized")
 
-# People in the loop: a decision, then an ask whose validator refuses odd numbers. A
-# simulated person answers both while the kills go on (see Chaos.person).
-LOOP = """
-    from piwf import Invalid, Workflow, ask, compute, decision
-
-    def even(value):
-        if value % 2:
-            raise Invalid("an even number, please")
-
-    workflow = Workflow(
-        name="loop",
-        start_at="approve",
-        nodes={
-            "approve": decision("Go on?", choices={"yes": "Yes", "no": "No"}),
-            "amount": ask("How much (even)?", expect=int, validate=even),
-            "done": compute(lambda ctx: {"choice": ctx.outputs["approve"]["choice"], "amount": ctx.outputs["amount"]}),
-        },
-        edges=[("approve", "amount"), ("amount", "done")],
-    )
-"""
-
 # Host-side points only: a worker point would fire in every worker of that host.
 HOST_POINTS = sorted(p for p in POINTS if p.startswith("host."))
 
@@ -143,9 +124,6 @@ class Tally:
     unexpected_host_exits: int = 0  # the host exited with no kill and no fault armed
     ambiguous_runs: set[str] = field(default_factory=set)
     loop_runs: set[str] = field(default_factory=set)
-    decided: dict[str, str] = field(default_factory=dict)  # run id -> the choice the person made
-    asked: dict[str, int] = field(default_factory=dict)  # request id -> submissions made
-    refused_answers: list[str] = field(default_factory=list)  # answers the host refused (none expected)
     standby_takeovers: int = 0
 
 
@@ -165,7 +143,7 @@ class Chaos:
         self.tally = Tally()
         self.lock = threading.Lock()
         self.settled = threading.Event()  # every run settled: the person stops
-        self.person_rng = random.Random(args.seed + 1)  # its own: the other threads' draws stay the seed's
+        self.person = Person(self, random.Random(args.seed + 1))  # its own draws: the others' stay the seed's
         self.controllers = ControllerChaos(self)
 
     # --- the host ---
@@ -319,73 +297,13 @@ class Chaos:
             raise RuntimeError(f"{operation}: {response.outcome}: {response.error}")
         return response.receipt
 
-    # --- the person in the loop ---
-
-    def person(self) -> None:
-        """Answer what waits, as a person would, with the same ids on every retry: each
-        decision once (a random choice), each ask first with an odd number (refused by the
-        workflow) and then with an even one; an ask whose submission was rejected (by the
-        validator, or because the worker validating it was killed) is answered again."""
-        while not self.settled.is_set():
-            try:
-                page = self.call("interaction.list", payload={"limit": 1000})
-            except RuntimeError:
-                continue
-            for request in page["requests"]:
-                try:
-                    if request["kind"] == "decision":
-                        self.decide(request)
-                    elif (request["lastSubmission"] or {}).get("status") != "validating":
-                        self.submit(request)
-                except RuntimeError:  # unanswered for long (the host is restarting): ask again
-                    continue
-            self.settled.wait(0.02)
-
-    def decide(self, request: dict[str, Any]) -> None:
-        choice = self.tally.decided.get(request["runId"]) or self.person_rng.choice(["yes", "no"])
-        response = self.request(make_request(
-            "decision.answer", client_id="person", request_id=f"person-{request['requestId']}",
-            payload={"requestId": request["requestId"], "choice": choice}))
-        with self.lock:
-            if response.outcome in ("accepted", "adopted"):
-                self.tally.decided[request["runId"]] = choice
-            else:
-                self.tally.refused_answers.append(f"{request['requestId']}: {response.error}")
-
-    def submit(self, request: dict[str, Any]) -> None:
-        tries = self.tally.asked.get(request["requestId"], 0)
-        response = self.request(make_request(
-            "interaction.submit", client_id="person", request_id=f"person-{request['requestId']}-{tries}",
-            payload={"requestId": request["requestId"], "value": 1 if tries == 0 else 2 * tries}))
-        with self.lock:
-            if response.outcome in ("accepted", "adopted"):
-                self.tally.asked[request["requestId"]] = tries + 1
-            elif "being validated" not in (response.error or ""):  # listed just before it was
-                self.tally.refused_answers.append(f"{request['requestId']}: {response.error}")
-
-    def loop_summary(self, final: dict[str, dict[str, Any]]) -> dict[str, Any]:
-        """Every loop run completed with the person's choice and an even amount, and each
-        of its requests resolved once."""
-        lost = twice = 0
-        for run_id in self.tally.loop_runs:
-            run = final[run_id]
-            output = run.get("output") or {}
-            if run["status"] != "completed" or output.get("choice") != self.tally.decided.get(run_id) \
-                    or not isinstance(output.get("amount"), int) or output["amount"] % 2:
-                lost += 1
-            kinds = Counter(e["type"] for e in self.call("run.events", run_id=run_id)["events"])
-            twice += max(0, kinds["decision.answered"] - 1) + max(0, kinds["submission.accepted"] - 1)
-        return {"loop_runs": len(self.tally.loop_runs), "decisions_answered": len(self.tally.decided),
-                "asks_submitted": sum(self.tally.asked.values()), "answers_lost": lost, "answered_twice": twice,
-                "answers_refused": len(self.tally.refused_answers)}
-
     # --- the run ---
 
     def run(self) -> dict[str, Any]:
         self.project.joinpath(".piwf", "workflows").mkdir(parents=True)
         self.project.joinpath(".piwf", "workflows", "chaos.py").write_text(textwrap.dedent(WORKFLOW))
         self.project.joinpath(".piwf", "workflows", "hostile.py").write_text(textwrap.dedent(HOSTILE))
-        self.project.joinpath(".piwf", "workflows", "loop.py").write_text(textwrap.dedent(LOOP))
+        self.project.joinpath(".piwf", "workflows", "loop.py").write_text(textwrap.dedent(people.LOOP))
         self.controllers.install()
         self.start_host()
         self.tally.takeover_ms.clear()  # the first start is not a takeover
@@ -393,7 +311,7 @@ class Chaos:
             self.start_standby()
         submitter = threading.Thread(target=self.submit_all, name="submitter", daemon=True)
         submitter.start()
-        threading.Thread(target=self.person, name="person", daemon=True).start()
+        threading.Thread(target=self.person.run, name="person", daemon=True).start()
         applier = threading.Thread(target=self.controllers.apply_all, name="applier", daemon=True)
         applier.start()
         for _ in range(self.args.kills):
@@ -426,7 +344,7 @@ class Chaos:
         for run_id in self.tally.accepted.values():
             final[run_id] = self.wait_run(run_id, deadline)
         self.settled.set()
-        summary = self.summarize(final) | self.loop_summary(final)
+        summary = self.summarize(final) | self.person.summary(final)
         summary.update(self.controllers.settle(deadline))
         self.stop_host()
         summary["integrity_check"] = self.integrity()
