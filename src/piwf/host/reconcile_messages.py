@@ -25,6 +25,7 @@ from ..wire import LineBuffer, encode_line
 from ..worker_protocol import (
     MAX_WORKER_LINE, EffectApply, EffectReserve, EffectSettle, EffectState, Result, WorkerMessage, WorkerResponse,
 )
+from . import settings_operations
 from .catalog import WorkflowInfo
 from .controller_state import ActiveReconcile, ReconcileStop
 from .state import Conclusion, HostState, log
@@ -204,6 +205,7 @@ def _workflow_ensure(host: HostState, active: ActiveReconcile, message: Workflow
         runs.create_run(host.db, run_id=run_id, workflow=info.name, project_path=active.claim.project,
                         source=info.source, digest=info.digest, input=p.input, origin_session_id=None, now=now,
                         start_node=info.start_at)
+        settings_operations.start_scope(host.db, run_id, info, None, actor_id=active.uid, now=now)
         child = controller_effects.record_child(host.db, active.uid, p.requestKey, info.name, p.input, run_id, now)
     return ChildRun(**child), None
 
