@@ -50,9 +50,9 @@ PLAIN = """
 """
 
 
-async def submit(paths: StatePaths, run_id: str, value: Any) -> None:
+async def submit(paths: StatePaths, run_id: str, value: Any, **extra: Any) -> None:
     request = await open_request(paths, run_id)
-    await call(paths, "interaction.submit", payload={"requestId": request["requestId"], "value": value})
+    await call(paths, "interaction.submit", payload={"requestId": request["requestId"], "value": value, **extra})
 
 
 async def change(paths: StatePaths, run_id: str, patch: dict[str, Any], **extra: Any) -> Any:

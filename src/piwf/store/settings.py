@@ -143,3 +143,8 @@ def attempt_settings(db: Database, run_id: str, attempt_id: str) -> tuple[int | 
     if row is None:
         return None, None
     return row[0], decode_json(row[1].encode())
+
+
+def started_by(db: Database, uid: str, run_id: str) -> bool:
+    """Whether the controller resource ``uid`` started run ``run_id`` (``ctx.workflows.ensure``)."""
+    return db.one("SELECT 1 FROM controller_workflows WHERE uid = ? AND run_id = ?", (uid, run_id)) is not None
