@@ -213,3 +213,19 @@ async def test_a_running_node_keeps_its_settings_and_the_next_node_sees_the_chan
     assert run["output"] == {"budget": 5}
     assert [(s["node"], s["settingsChange"]) for s in run["steps"]] == [("slow", 0), ("next", 1)]
     assert (await run_status(paths, run_id))["status"] == "completed"
+
+
+async def test_the_settings_page_example_runs_as_the_page_says(host: Any, paths: StatePaths, project: Path) -> None:
+    import re
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "settings.md").read_text()
+    write_workflow(project, "research", re.search(r"```python\n(.*?)```", page, re.S).group(1))
+    run_id = await start(paths, project, "research")
+    await open_request(paths, run_id)
+    changed = await piwf(paths, "run", "settings", run_id, "--set", "budget=5", "--set", "limits.max_items=3")
+    assert changed.stdout.decode().strip() == ('change 1: {"budget": 5, "limits": {"max_items": 3}, '
+                                               '"model": "small"}')
+    refused = await piwf(paths, "run", "settings", run_id, "--set", 'model="large"', check=False)
+    assert refused.stderr.decode().strip() in page
+    await submit(paths, run_id, "go")
+    assert (await wait_run(paths, run_id))["output"] == {"model": "small", "budget": 5, "items": 3}

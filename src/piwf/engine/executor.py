@@ -181,10 +181,11 @@ def execute(workflow: Workflow, *, run_id: str, project_path: str, input: Any,
             output, exit_name = step.output, step.exit or DEFAULT_EXIT
         else:
             attempt_id = journal.start(seq, node)
-            settings = as_value(workflow.settings, journal.settings(attempt_id)) if workflow.settings else None
-            ctx = Context(run_id, node, attempt_id, input, MappingProxyType(dict(outputs)), project_path, journal,
-                          settings=settings)
             try:
+                # settings stored under an older definition that no longer fit fail the node, saying so
+                settings = as_value(workflow.settings, journal.settings(attempt_id)) if workflow.settings else None
+                ctx = Context(run_id, node, attempt_id, input, MappingProxyType(dict(outputs)), project_path,
+                              journal, settings=settings)
                 if isinstance(workflow.nodes[node], (Decision, Ask)):
                     output, exit_name = interact(workflow, node, ctx)
                 else:
