@@ -51,8 +51,15 @@ PLAIN = """
 
 
 async def submit(paths: StatePaths, run_id: str, value: Any, **extra: Any) -> None:
+    """Answer the run's ask, and return once the answer was taken: the run waits no more
+    (right after the submission it is still at rest, waiting for a worker to validate it)."""
     request = await open_request(paths, run_id)
     await call(paths, "interaction.submit", payload={"requestId": request["requestId"], "value": value, **extra})
+
+    async def taken() -> bool:
+        page = await call(paths, "interaction.list", payload={"runId": run_id, "open": False})
+        return all(r["status"] == "settled" for r in page["requests"])
+    await wait_for(taken)
 
 
 async def change(paths: StatePaths, run_id: str, patch: dict[str, Any], **extra: Any) -> Any:

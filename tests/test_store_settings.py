@@ -170,3 +170,27 @@ def test_a_layout_8_database_gains_the_settings_tables_as_a_fresh_one_has_them(t
     assert [(s.node, s.settingsChange) for s in runs.get_run(db, "a").steps] == [("n", None)]
     assert db.scalar("PRAGMA integrity_check") == "ok"
     db.close()
+
+
+def test_stored_settings_that_no_longer_fit_the_type_fail_the_node_saying_so() -> None:
+    import msgspec
+
+    from piwf import Workflow, compute
+    from piwf.engine.executor import execute
+    from piwf.errors import NodeFailed
+
+    from .test_engine import RecordingJournal
+
+    class Settings(msgspec.Struct):
+        budget: int = 1
+
+    class Journal(RecordingJournal):
+        def settings(self, attempt_id: str) -> object:
+            return {"budget": "five"}  # stored under an older definition of the type
+
+    workflow = Workflow(name="w", start_at="a", nodes={"a": compute(lambda ctx: ctx.settings.budget)},
+                        settings=Settings)
+    journal = Journal()
+    with pytest.raises(NodeFailed, match=r"Expected `int`, got `str` - at `\$.budget`"):
+        execute(workflow, run_id="r", project_path="/p", input=None, accepted=[], journal=journal)
+    assert [e[0] for e in journal.events] == ["start", "fail"]
