@@ -236,3 +236,28 @@ async def test_the_settings_page_example_runs_as_the_page_says(host: Any, paths:
     assert refused.stderr.decode().strip() in page
     await submit(paths, run_id, "go")
     assert (await wait_run(paths, run_id))["output"] == {"model": "small", "budget": 5, "items": 3}
+
+
+async def test_a_run_resumed_on_a_workflow_that_now_declares_settings_gets_them(
+        host: Any, paths: StatePaths, project: Path) -> None:
+    before = TUNED.replace("settings=Settings,", "").replace('mutable=("budget", "limits.max"),', "").replace(
+        '"report": compute(report)', '"report": compute(lambda ctx: {"settings": ctx.settings})')
+    write_workflow(project, "tuned", before)
+    run_id = await start(paths, project, "tuned")
+    request = await open_request(paths, run_id)
+    refused = await change(paths, run_id, {"budget": 5})
+    assert refused.outcome == "rejected" and "declares none" in refused.error
+    write_workflow(project, "tuned", TUNED)  # the file changes under the waiting run
+    await call(paths, "interaction.submit", payload={"requestId": request["requestId"], "value": "go"})
+
+    async def held() -> bool:
+        return (await run_status(paths, run_id))["hold"] == "source"
+    await wait_for(held)
+    await piwf(paths, "run", "resume", run_id)
+    shown = await call(paths, "workflow.settings", run_id=run_id)
+    assert (shown["changeNumber"], shown["settings"]["budget"]) == (0, 1)
+
+    async def done() -> dict[str, Any] | None:
+        run = await run_status(paths, run_id)
+        return run if run["status"] == "completed" else None
+    assert (await wait_for(done))["output"] == {"budget": 1, "model": "small", "max": 10}

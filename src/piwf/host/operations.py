@@ -217,6 +217,8 @@ def _run_resume(host: HostState, request: ResumeRun, info: WorkflowInfo | None, 
     _check_revision(host, request)
     definition = None if info is None else (info.digest, info.source, info.start_at)
     receipt = HoldReceipt(**runs.resume_run(host.db, run_id, host.now(), definition=definition))
+    if info is not None:  # the workflow as it is now may declare settings the run did not have
+        settings_operations.start_scope(host.db, run_id, info, None, actor_id=request.clientId, now=host.now())
     host.backoff.pop(run_id, None)
     after.append(host.wake)
     return HostResponse(request.requestId, Outcome.ACCEPTED, revision=runs.revision(host.db, run_id),
