@@ -131,6 +131,10 @@ async def test_bad_changes_are_refused_with_the_reason_and_change_nothing(
     assert len(wrong_type.stderr.decode().strip().splitlines()) == 1
     below = await change(paths, run_id, {"limits": {"max": 2, "min": 1}})
     assert below.outcome == "rejected" and "'limits.min'" in below.error
+    huge = await change(paths, run_id, {"budget": 1, "note": "x" * 70_000})
+    assert huge.outcome == "rejected" and "the limit is 65536" in huge.error
+    not_object = await change(paths, run_id, [1])  # type: ignore[arg-type]
+    assert not_object.outcome == "rejected" and "Expected `object`" in not_object.error
     bad_json = await piwf(paths, "run", "settings", run_id, "--set", "budget=five", check=False)
     assert bad_json.returncode != 0 and b"not valid JSON" in bad_json.stderr
 
@@ -186,6 +190,25 @@ async def test_a_change_accepted_just_before_a_host_sigkill_is_seen_by_the_next_
     run = await wait_run(paths, run_id)
     assert run["status"] == "completed" and run["output"]["budget"] == 5
     assert run["steps"][-1]["settingsChange"] == 1
+
+
+async def test_a_host_dying_between_committing_a_change_and_answering_it_keeps_it_and_the_retry_adopts_it(
+        host_process: Callable[..., HostProcess], paths: StatePaths, project: Path) -> None:
+    from piwf.errors import HostUnavailable
+
+    write_workflow(project, "tuned", TUNED)
+    doomed = await host_process(env={"PIWF_FAULT": "host.command.committed:exit:2"}).start()  # 1: run.start
+    run_id = await start(paths, project, "tuned")
+    await open_request(paths, run_id)
+    with pytest.raises(HostUnavailable):
+        await change(paths, run_id, {"budget": 5}, request_id="lost-answer")
+    assert await doomed.wait() == 86
+    await host_process().start()
+    retried = await change(paths, run_id, {"budget": 5}, request_id="lost-answer")
+    assert retried.outcome == "adopted" and retried.receipt["changeNumber"] == 1
+    await submit(paths, run_id, "go")
+    run = await wait_run(paths, run_id)
+    assert run["output"]["budget"] == 5 and run["steps"][-1]["settingsChange"] == 1
 
 
 SLOW = """

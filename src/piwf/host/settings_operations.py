@@ -12,11 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import Conflict, Rejected
-from ..protocol import ChangeSettings, GetSettings, Outcome, RunSettings, StartRunPayload
+from ..protocol import SETTINGS_LIMIT, ChangeSettings, GetSettings, Outcome, RunSettings, StartRunPayload
 from ..status import ENDED
 from ..store import runs, settings
 from ..store.db import Database
-from ..wire import HostResponse
+from ..wire import HostResponse, canonical_json
 from .catalog import WorkflowInfo
 from .state import HostState
 
@@ -35,6 +35,7 @@ async def initial_settings(host: HostState, payload: StartRunPayload, info: Work
         return None
     if payload.settings is None:
         return info.settings["defaults"]
+    _check_size(payload.settings)
     digest, value = await host.catalog.resolve_settings(payload.projectPath, info.name, current=None,
                                                         patch=payload.settings, mutable_only=False)
     if digest != info.digest:
@@ -52,6 +53,12 @@ def start_scope(db: Database, run_id: str, info: WorkflowInfo, initial: Any, *, 
                           mutable=list(info.settings["mutable"]), patch=patch, actor_id=actor_id, now=now)
 
 
+def _check_size(patch: Any) -> None:
+    size = len(canonical_json(patch))
+    if size > SETTINGS_LIMIT:
+        raise Rejected(f"the settings patch is {size} bytes as JSON; the limit is {SETTINGS_LIMIT}")
+
+
 # --- operations ----------------------------------------------------------------------------------
 
 
@@ -63,6 +70,7 @@ async def proposal(host: HostState, run_id: str, patch: Any, *, scope_id: str | 
                    expected: int | None = None) -> tuple[str, int, Any]:
     """(scope id, change number checked from, settings after ``patch``): the patch checked
     in a throwaway process against the run's workflow, which must not have changed."""
+    _check_size(patch)
     workflow, project, digest, _, _ = runs.run_source(host.db, run_id)
     status = runs.run_summary(host.db, run_id).queueStatus
     if status in ENDED:
