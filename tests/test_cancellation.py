@@ -108,7 +108,7 @@ async def test_runs_cancelled_while_their_workers_start_leak_no_descriptors(
     paths: StatePaths, project: Path, nursery: trio.Nursery
 ) -> None:
     host: HostState = await nursery.start(Host(config(paths, max_workers=10)).serve)
-    [template] = templates(os.getpid())
+    [template] = await wait_for(lambda: templates(os.getpid()))  # its cmdline names it once it has exec'd
     os.kill(template, signal.SIGSTOP)  # every start now waits for the fork server's reply
     try:
         async with AsyncClient(paths) as client:
