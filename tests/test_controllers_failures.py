@@ -9,6 +9,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from piwf.client import AsyncClient
@@ -64,6 +65,13 @@ SLOW = """
 
 def event_types(resource: dict[str, Any], kind: str) -> list[dict[str, Any]]:
     return [e for e in resource["events"] if e["type"] == kind]
+
+
+def ended(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def at(event: dict[str, Any]) -> float:
@@ -184,6 +192,8 @@ async def test_host_sigkill_mid_reconcile_reconciles_again_without_repeating_the
     second: HostProcess = await host_process("--worker-start", worker_start).start()
     trace = project / "trace.txt"
     await wait_for(lambda: trace.read_text().count("start") == 2)
+    first_worker = int(trace.read_text().split()[1])
+    assert ended(first_worker)  # no two passes of one resource at once
     (project / "gate").touch()
 
     async def converged() -> dict[str, Any] | None:
@@ -191,6 +201,7 @@ async def test_host_sigkill_mid_reconcile_reconciles_again_without_repeating_the
         return got if got and got["ready"] == "True" and not got["reconciling"] else None
 
     got = await wait_for(converged)
+    assert trace.read_text().split()[::2] == ["start", "start", "end"]  # the second pass ran alone
     assert ledger.read_text() == "k\n"  # applied before the kill, not again
     assert got["consecutiveErrors"] == 0
     second.signal(signal.SIGTERM)

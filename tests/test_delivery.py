@@ -329,4 +329,140 @@ async def test_the_sessions_page_workflow_says_what_the_page_says(host: Any, pat
         ("progress", "compiling"), ("final", "build 42 is ready")]
     [turn] = listed["turns"]
     assert turn["instructions"] == "Show the test results as a table, failures first"
+    client = page.split("```python\n")[2].split("```")[0]
+    compile(client, "sessions.md", "exec")
+    assert client.index("list_delivery") < client.index("claim_notification")  # reads before it writes
     assert json.loads(turn["facts"]["output"]) == {"passed": 118, "failed": 2}
+
+
+CRASHES_UNTIL_TOLD = """
+    import os, signal
+    from pathlib import Path
+    from piwf import Workflow, compute
+
+    def work(ctx):
+        if Path(ctx.project_path, "crash").exists():
+            os.kill(os.getpid(), signal.SIGKILL)
+        return {"rows": 3}
+
+    workflow = Workflow(name="crashy", start_at="work", nodes={"work": compute(work)})
+"""
+
+
+async def test_a_turn_claimed_while_held_is_claimed_again_with_the_runs_later_end(
+        host_process: Callable[..., HostProcess], paths: StatePaths, project: Path) -> None:
+    """A client showing the `held` turn cannot resolve the `completed` end it never showed;
+    the session hears of that end. The hold is kept across a host kill, with one turn."""
+    write_workflow(project, "crashy", CRASHES_UNTIL_TOLD)
+    (project / "crash").write_text("yes")
+    async with trio.open_nursery() as nursery:  # held after one crash (`piwf serve` waits for five)
+        quick = await nursery.start(Host(config(paths, max_crashes=1)).serve)
+        run_id = await start(paths, project, "crashy", originSessionId="agent-8")
+        assert (await wait_for(lambda: _held(paths, run_id)))["hold"] == "crashed"
+        quick.stop_requested.set()
+    killed = await host_process().start()
+    killed.kill_group()
+    await killed.wait()
+    await host_process().start()
+    assert (await run_status(paths, run_id))["hold"] == "crashed"
+    turns = (await call(paths, "delivery.list", payload={"sessionId": "agent-8"}))["turns"]
+    assert [(t["cause"], t["facts"]["hold"]) for t in turns] == [("held", "crashed")]
+    async with AsyncClient(paths, client_id="A") as a:
+        held = (await a.claim_turn("agent-8")).receipt
+        assert held["turn"]["cause"] == "held"
+        (project / "crash").unlink()
+        await call(paths, "run.resume", run_id=run_id)
+        assert (await wait_run(paths, run_id))["status"] == "completed"
+        stale = await a.resolve_turn(held["turn"]["turnId"], held["claimId"], "presented")
+        assert stale.outcome == "conflict" and "stale" in stale.error
+    async with Follower(paths, "agent-8") as follower:
+        turn = (await follower.next())["turn"]
+        assert (turn["cause"], json.loads(turn["facts"]["output"])) == ("completed", {"rows": 3})
+
+        async def resolved() -> bool:  # it prints, then resolves
+            return (await call(paths, "host.status"))["unresolvedTurns"] == 0
+
+        await wait_for(resolved)
+
+
+async def test_two_followers_of_one_session_print_nothing_twice_and_both_keep_going(
+        host: Any, paths: StatePaths, project: Path) -> None:
+    write_workflow(project, "talk", TALK)
+    async with Follower(paths, "agent-9") as one, Follower(paths, "agent-9") as two:
+        def delivered() -> list[str]:
+            return [said(item) for item in one.seen + two.seen]
+
+        for runs_started, tag in enumerate(("a", "b"), 1):
+            await start(paths, project, "talk", originSessionId="agent-9", input={"tag": tag})
+            async with trio.open_nursery() as nursery:
+                for follower in (one, two):
+                    nursery.start_soon(_read_until, follower, delivered, 4 * runs_started, nursery.cancel_scope)
+            assert one.proc is not None and two.proc is not None
+            assert one.proc.returncode is None and two.proc.returncode is None
+        keys = [item[item["type"]].get("notificationId") or item["turn"]["turnId"] for item in one.seen + two.seen]
+        assert len(keys) == len(set(keys)) == 8, delivered()
+    assert (await call(paths, "host.status"))["undeliveredNotifications"] == 0
+
+
+async def _read_until(follower: Follower, delivered: Callable[[], list[str]], wanted: int,
+                      scope: trio.CancelScope) -> None:
+    """Read the follower's lines until both followers together printed ``wanted``."""
+    while len(delivered()) < wanted:
+        await follower.next(timeout=30)
+    scope.cancel()
+
+
+async def test_the_follower_claims_no_turn_while_its_runs_notification_is_claimed_elsewhere(
+        host: Any, paths: StatePaths, project: Path) -> None:
+    from piwf.cli_deliver import RACED_WAIT_MS, deliver_available
+    from piwf.client import Client
+
+    write_workflow(project, "talk", TALK)
+    run_id = await start(paths, project, "talk", originSessionId="agent-10")
+    await wait_run(paths, run_id)
+    async with AsyncClient(paths, client_id="hog") as hog:
+        assert (await hog.claim_notification("agent-10")).receipt["notification"]["content"] == "one "
+
+    def twice() -> list[int | None]:
+        with Client(paths, client_id="follower") as client:
+            return [deliver_available(client, "agent-10", True) for _ in range(2)]
+
+    waits = await trio.to_thread.run_sync(twice)
+    assert all(w is not None and w > RACED_WAIT_MS for w in waits), waits  # until the hog's claim expires
+    claims = host.db.scalar("SELECT COUNT(*) FROM host_commands WHERE client_id = 'follower'")
+    assert claims == 0  # it wrote nothing
+
+
+async def test_the_follower_outlives_a_host_restart(host_process: Callable[..., HostProcess], paths: StatePaths,
+                                                    project: Path) -> None:
+    write_workflow(project, "talk", TALK)
+    first = await host_process().start()
+    async with Follower(paths, "agent-11") as follower:
+        await start(paths, project, "talk", originSessionId="agent-11", input={"tag": "a"})
+        assert [said(await follower.next()) for _ in range(4)][-1] == "turn completed"
+        first.signal(signal.SIGTERM)
+        assert await first.wait() == 0
+        await host_process().start()
+        await start(paths, project, "talk", originSessionId="agent-11", input={"tag": "b"})
+        assert [said(await follower.next()) for _ in range(4)] == ["one b", "two b", "three b", "turn completed"]
+        assert follower.proc is not None and follower.proc.stderr is not None
+        follower.proc.kill()
+        await follower.proc.wait()
+        stderr = b""
+        while chunk := await follower.proc.stderr.receive_some(65536):
+            stderr += chunk
+    lines = stderr.decode().splitlines()
+    assert [line.split(" (")[0] for line in lines] == ["piwf: lost the host", "piwf: reconnected to the host"], lines
+
+
+async def test_a_run_held_on_an_ambiguous_effect_gives_its_session_a_turn_saying_so(
+        host: Any, paths: StatePaths, project: Path, tmp_path: Path) -> None:
+    from .test_effects import PAY
+
+    write_workflow(project, "pay", PAY)
+    run_id = await start(paths, project, "pay", originSessionId="agent-12",
+                         input={"ledger": str(tmp_path / "ledger.txt"), "dieInApply": str(tmp_path / "marker")})
+    assert (await wait_run(paths, run_id))["hold"] == "effect"
+    turns = (await call(paths, "delivery.list", payload={"sessionId": "agent-12"}))["turns"]
+    assert [(t["cause"], t["facts"]["hold"], t["facts"]["detail"]) for t in turns] == [
+        ("held", "effect", "ambiguous effect charge")]

@@ -200,7 +200,7 @@ def test_delete_waits_for_finalizers_then_removes(db: Database, clock: ManualClo
     assert settle(db, clock, c, finalizers=[]) == "deleted"
     with pytest.raises(NotFound):
         detail(db, clock)
-    assert res.count_events(db, c.uid, "resource_deleted") == 1
+    assert db.scalar("SELECT COUNT(*) FROM controller_events WHERE uid = ?", (c.uid,)) == 0  # its events went too
 
 
 def test_delete_without_finalizers_is_immediate(db: Database, clock: ManualClock) -> None:
@@ -239,11 +239,133 @@ def test_effects_apply_once_per_spec_generation_and_ambiguity_holds(db: Database
     assert got.hold is None and got.availableAt is not None
 
 
-def test_a_resource_keeps_its_most_recent_events(db: Database, clock: ManualClock) -> None:
+def test_a_resource_keeps_exactly_its_most_recent_events(db: Database, clock: ManualClock) -> None:
     receipt = apply(db, clock)
+    other = apply(db, clock, key="b")
     with db.write():
-        for n in range(res.KEPT_EVENTS + 2 * res.PRUNE_EVERY):
+        for n in range(res.KEPT_EVENTS + 37):
             res.add_resource_event(db, receipt.uid, "log", {"message": str(n)}, clock.now)
-    kept = db.scalar("SELECT COUNT(*) FROM controller_events WHERE uid = ?", (receipt.uid,))
-    assert res.KEPT_EVENTS <= kept <= res.KEPT_EVENTS + res.PRUNE_EVERY + 1
-    assert res.events(db, receipt.uid, 1)[0].detail == {"message": str(res.KEPT_EVENTS + 2 * res.PRUNE_EVERY - 1)}
+            if n % 3 == 0:  # interleaved with another resource's: counted per resource
+                res.add_resource_event(db, other.uid, "log", {"message": str(n)}, clock.now)
+
+    def count(uid: str) -> int:
+        return db.scalar("SELECT COUNT(*) FROM controller_events WHERE uid = ?", (uid,))
+
+    assert count(receipt.uid) == res.KEPT_EVENTS
+    assert count(other.uid) == 1 + len(range(0, res.KEPT_EVENTS + 37, 3))  # its "applied" and the logs: not pruned
+    assert res.events(db, receipt.uid, 1)[0].detail == {"message": str(res.KEPT_EVENTS + 36)}
+
+
+def test_keys_must_be_printable(db: Database, clock: ManualClock) -> None:
+    for key in ("a\nb", "tab\there", "\x1b[31mred", "bidi\u202e", ""):
+        with pytest.raises(Rejected, match="key must be"):
+            apply(db, clock, key=key)
+    assert res.list_resources(db, None, None) == []
+    assert apply(db, clock, key="ok key ü").changed
+
+
+def test_a_permanent_error_with_an_event_during_the_pass_is_reconciled_again(db: Database,
+                                                                             clock: ManualClock) -> None:
+    apply(db, clock)
+    [c] = claim(db, clock)
+    start(db, clock, c)
+    res.request_reconcile(db, P, C, "a", clock.now)  # arrives during the pass
+    fail(db, clock, c, permanent=True)
+    got = detail(db, clock)
+    assert got.hold is None and got.availableAt is not None and got.ready != "False"
+    assert len(claim(db, clock)) == 1
+
+
+def test_a_successful_pass_clears_the_hosts_ready_false(db: Database, clock: ManualClock) -> None:
+    apply(db, clock)
+    [c] = claim(db, clock)
+    start(db, clock, c)
+    fail(db, clock, c, permanent=True)
+    assert detail(db, clock).ready == "False"
+    apply(db, clock, spec={"text": "fixed"})
+    [c] = claim(db, clock)
+    start(db, clock, c)
+    settle(db, clock, c, conditions=[{"type": "Synced", "status": "True"}])  # returns no Ready of its own
+    got = detail(db, clock)
+    assert got.ready is None and [x["type"] for x in got.status["conditions"]] == ["Synced"]
+
+
+def test_a_requeuing_resource_without_finalizers_is_deleted(db: Database, clock: ManualClock) -> None:
+    apply(db, clock)
+    [c] = claim(db, clock)
+    start(db, clock, c)
+    assert not res.request_delete(db, P, C, "a", clock.now).deleted  # a pass holds it
+    assert settle(db, clock, c, settled=False, requeue_after_ms=0) == "conflict"
+    [c] = claim(db, clock)
+    start(db, clock, c)
+    assert settle(db, clock, c, settled=False, requeue_after_ms=0) == "deleted"
+    assert res.list_resources(db, None, None) == []
+
+
+def test_a_requeue_waits_at_least_a_second(db: Database, clock: ManualClock) -> None:
+    apply(db, clock)
+    [c] = claim(db, clock)
+    start(db, clock, c)
+    assert settle(db, clock, c, settled=False, requeue_after_ms=0) == "requeued"
+    assert claim(db, clock) == []
+    clock.advance(cq.MIN_REQUEUE_MS)
+    [c] = claim(db, clock)
+    start(db, clock, c)
+    assert settle(db, clock, c, settled=False, requeue_after_ms=5000) == "requeued"
+    clock.advance(cq.MIN_REQUEUE_MS)
+    assert claim(db, clock) == []
+
+
+def test_force_delete_removes_a_resource_with_finalizers_and_its_running_pass_loses_its_claim(
+        db: Database, clock: ManualClock) -> None:
+    apply(db, clock)
+    [c] = claim(db, clock)
+    start(db, clock, c)
+    settle(db, clock, c, finalizers=["mirror/file"])
+    res.request_reconcile(db, P, C, "a", clock.now)
+    [c] = claim(db, clock)
+    assert res.request_delete(db, P, C, "a", clock.now, force=True).deleted
+    assert res.list_resources(db, None, None) == []
+    with pytest.raises(ClaimLost):
+        start(db, clock, c)
+
+
+def test_an_effect_whose_apply_raised_is_applied_again_but_a_permanent_error_is_kept(
+        db: Database, clock: ManualClock) -> None:
+    apply(db, clock)
+    [c] = claim(db, clock)
+    gen = start(db, clock, c)["generation"]
+
+    def run(fn: Any) -> Any:
+        return cq.answer(db, c.uid, c.token, lease_ms=LEASE, now=clock.now, apply=fn)
+
+    def attempt(key: str, error: dict[str, Any]) -> None:
+        assert run(lambda: effects.reserve(db, c.uid, gen, key, generation=c.generation, observable=False,
+                                           now=clock.now)) == {"state": "new"}
+        run(lambda: effects.begin_apply(db, c.uid, gen, key, generation=c.generation, now=clock.now))
+        run(lambda: effects.settle(db, c.uid, gen, key, generation=c.generation, error=error, now=clock.now))
+
+    attempt("flaky", {"type": "TemporaryError", "message": "not yet"})
+    attempt("flaky", {"type": "ValueError", "message": "again"})  # the same pass may try again, so may the next
+    attempt("doomed", {"type": "PermanentError", "message": "never"})
+    assert run(lambda: effects.reserve(db, c.uid, gen, "doomed", generation=c.generation, observable=False,
+                                       now=clock.now))["state"] == "rejected"
+    fail(db, clock, c)
+    clock.advance(1000)
+    [c] = claim(db, clock)
+    start(db, clock, c)
+    assert run(lambda: effects.reserve(db, c.uid, gen, "flaky", generation=c.generation, observable=False,
+                                       now=clock.now)) == {"state": "new"}
+    assert res.count_events(db, c.uid, "effect_failed") == 2
+
+
+def test_takeover_names_the_workers_to_kill_and_leaves_an_event(db: Database, clock: ManualClock) -> None:
+    apply(db, clock)
+    [c] = claim(db, clock)
+    cq.attach_worker(db, c.uid, c.token, 4242, "boot:4242:1")
+    assert cq.orphaned_workers(db, 2) == [(c.uid, 4242, "boot:4242:1")]
+    assert cq.orphaned_workers(db, 1) == []  # this host's own
+    assert cq.expire_claims_before(db, 2, clock.now) == 1
+    assert cq.orphaned_workers(db, 2) == []
+    [event] = [e for e in detail(db, clock).events if e.type == "reconcile_failed"]
+    assert event.detail["error"] == "interrupted: its host died"

@@ -164,6 +164,52 @@ def test_a_later_end_rewrites_the_unresolved_turn_and_present_shows_only_on_comp
     assert db.scalar("SELECT COUNT(*) FROM turns") == 1
 
 
+def test_a_later_end_ends_the_claim_on_the_turn_it_rewrites(db: Database, clock: ManualClock) -> None:
+    token, _ = running(db, clock)
+    queue.park_run(db, "r1", token, clock.now_ms(), hold=Hold.CRASHED, detail="crashed")
+    held = delivery.claim_turn(db, session_id="s1", client_id="A", lease_ms=DELIVERY, now=clock.now_ms())
+    assert held.turn is not None and held.turn.cause == "held"
+    runs.resume_run(db, "r1", clock.now_ms())
+    again = queue.claim_run(db, "r1", runner_id="h", token="t2", lease_ms=LEASE, now=clock.now_ms(), epoch=1)
+    assert again is not None
+    clock.advance(10)
+    queue.complete_run(db, "r1", "t2", {"rows": 3}, clock.now_ms())
+    with pytest.raises(Conflict, match="stale"):  # A showed "held": the end it did not show is not resolved
+        delivery.resolve_turn(db, turn_id=held.turn.turnId, claim_id=held.claimId, client_id="A",
+                              resolution=TurnResolution.PRESENTED, now=clock.now_ms())
+    done = delivery.claim_turn(db, session_id="s1", client_id="B", lease_ms=DELIVERY, now=clock.now_ms())
+    assert done.turn is not None and (done.turn.cause, done.turn.facts.status) == ("completed", "completed")
+    delivery.resolve_turn(db, turn_id=done.turn.turnId, claim_id=done.claimId, client_id="B",
+                          resolution=TurnResolution.PRESENTED, now=clock.now_ms())
+    assert delivery.count_unresolved(db) == 0
+
+
+def test_a_present_turn_of_a_run_still_going_is_not_counted_unresolved(db: Database, clock: ManualClock) -> None:
+    token, _ = running(db, clock)
+    with db.write():
+        delivery.request_presentation(db, "r1", token, instructions="Show it", now=clock.now_ms())
+    assert delivery.count_unresolved(db) == 0
+    queue.complete_run(db, "r1", token, {"ok": 1}, clock.now_ms())
+    assert delivery.count_unresolved(db) == 1
+
+
+def test_an_effect_hold_gives_a_turn_saying_so(db: Database, clock: ManualClock) -> None:
+    token, _ = running(db, clock)
+    queue.park_run(db, "r1", token, clock.now_ms(), hold=Hold.EFFECT, detail="effect e1 outcome unknown")
+    [turn] = delivery.list_turns(db, session_id="s1", run_id="r1", limit=10, now=clock.now_ms())
+    assert (turn.cause, turn.facts.hold, turn.facts.detail) == ("held", "effect", "effect e1 outcome unknown")
+
+
+def test_the_queries_of_a_runs_end_use_an_index_of_turns(db: Database, clock: ManualClock) -> None:
+    """Each end of a run with a session reads the run's turns inside the write transaction:
+    by an index, never by a scan of every turn ever kept."""
+    for sql in (delivery.OPEN_TURN_SQL, delivery.TURNS_OF_RUN_SQL, delivery.LAST_INSTRUCTIONS_SQL,
+                delivery.COUNT_UNRESOLVED_SQL):
+        plan = [str(row[-1]) for row in db.execute("EXPLAIN QUERY PLAN " + sql, ("r1", "s1")[:sql.count("?")])]
+        assert all(" USING " in step and "INDEX turns_" in step for step in plan if "turns" in step), (sql, plan)
+        assert any("turns" in step for step in plan), (sql, plan)
+
+
 def test_a_timed_out_run_gets_its_turn_with_the_deadline_expiry(db: Database, clock: ManualClock) -> None:
     token, attempt = running(db, clock)
     from piwf.worker_protocol import InteractionOpenPayload
@@ -194,14 +240,19 @@ def test_turns_are_claimed_in_order_and_resolved_once_with_their_follow_ups(db: 
                               resolution=TurnResolution.PRESENTED, now=clock.now_ms())
     done = delivery.resolve_turn(db, turn_id=got.turn.turnId, claim_id=got.claimId, client_id="c1",
                                  resolution=TurnResolution.PRESENTED, now=clock.now_ms())
-    assert done.followUpsDelivered == 1  # the late one was not in the claim: it waits
+    assert done.followUpsDelivered == 1  # the late one was not in the claim: it gets a turn of its own
     assert db.scalar("SELECT state FROM followups WHERE followup_id = ?", (late.followUpId,)) == "queued"
     with pytest.raises(Conflict):
         delivery.resolve_turn(db, turn_id=got.turn.turnId, claim_id=got.claimId, client_id="c1",
                               resolution=TurnResolution.PRESENTED, now=clock.now_ms())
+    again = delivery.claim_turn(db, session_id="s1", client_id="c2", lease_ms=DELIVERY, now=clock.now_ms())
+    assert again.turn is not None and again.turn.turnId != got.turn.turnId
+    assert (again.turn.cause, [f.prompt for f in again.turn.followUps]) == ("failed", ["late"])
+    assert delivery.resolve_turn(db, turn_id=again.turn.turnId, claim_id=again.claimId, client_id="c2",
+                                 resolution=TurnResolution.PROMPTED, now=clock.now_ms()).followUpsDelivered == 1
     assert delivery.count_unresolved(db) == 0
-    removed = delivery.remove_followup(db, run_id="r1", followup_id=late.followUpId, now=clock.now_ms())
-    assert removed.state == "removed"
+    with pytest.raises(Rejected, match="already delivered"):
+        delivery.remove_followup(db, run_id="r1", followup_id=late.followUpId, now=clock.now_ms())
     with pytest.raises(Rejected, match="no turn is left"):
         delivery.queue_followup(db, run_id="r1", request_key="k3", prompt="too late", now=clock.now_ms())
     with pytest.raises(NotFound):

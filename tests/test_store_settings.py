@@ -145,18 +145,21 @@ def test_a_bad_settings_declaration_is_refused_when_the_workflow_loads() -> None
     assert "settings" not in plain.describe()  # a workflow without settings keeps the digest it had
 
 
-def test_a_layout_8_database_gains_the_settings_tables_as_a_fresh_one_has_them(tmp_path: Path) -> None:
-    def settings_schema(db: Database) -> set[tuple[str, str]]:
-        return set(db.execute("SELECT name, sql FROM sqlite_master WHERE name LIKE 'settings%' "
-                              "OR name = 'node_attempts'"))
+@pytest.mark.parametrize("early", [False, True])
+def test_a_layout_8_database_migrates_to_the_schema_a_fresh_one_has(tmp_path: Path, early: bool) -> None:
+    """``early``: a layout-8 database made before layout 8 had the index of a run's turns."""
+    def schema(db: Database) -> set[tuple[str, str]]:
+        return set(db.execute("SELECT name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"))
 
     fresh = Database.open(tmp_path / "fresh.db")
-    expected = settings_schema(fresh)
+    expected = schema(fresh)
     fresh.close()
-    assert {name for name, _ in expected} >= {"settings_scopes", "settings_changes", "node_attempts"}
+    assert {"settings_scopes", "settings_changes", "node_attempts", "turns_run"} <= {name for name, _ in expected}
     path = tmp_path / "v8.db"
     conn = apsw.Connection(str(path))
     conn.execute((Path(__file__).parent / "data" / "schema_v8.sql").read_text())
+    if early:
+        conn.execute("DROP INDEX turns_run")
     conn.execute(f"PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = 8")
     conn.execute("INSERT INTO runs (run_id, workflow, project_path, definition_hash, definition_digest, status, "
                  "created_at, updated_at) VALUES ('a', 'w', '/p', 'h', 'd', 'completed', 1, 1)")
@@ -166,7 +169,7 @@ def test_a_layout_8_database_gains_the_settings_tables_as_a_fresh_one_has_them(t
     conn.close()
     db = Database.open(path)
     assert db.scalar("PRAGMA user_version") == SCHEMA_VERSION == 9
-    assert settings_schema(db) == expected
+    assert schema(db) == expected
     assert [(s.node, s.settingsChange) for s in runs.get_run(db, "a").steps] == [("n", None)]
     assert db.scalar("PRAGMA integrity_check") == "ok"
     db.close()

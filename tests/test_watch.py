@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +19,7 @@ from piwf.client import AsyncClient
 from piwf.errors import HostUnavailable
 from piwf.paths import StatePaths
 
-from .conftest import piwf, wait_for, write_workflow
+from .conftest import HostProcess, piwf, wait_for, write_workflow
 from .test_interactions import start, wait_run
 from .test_lifecycle import call, run_status
 
@@ -90,6 +92,28 @@ async def test_a_watch_answers_when_something_changes_and_is_given_up_when_its_c
     assert refused["connectedClients"] == 1  # only this request's own connection
 
 
+async def test_a_request_pipelined_behind_a_watch_ends_the_watch_and_both_are_answered_in_order(
+        host: Any, paths: StatePaths) -> None:
+    from piwf.client import _decode, make_request
+    from piwf.wire import encode_line
+
+    cursor = (await call(paths, "run.watch"))["cursor"]
+    status = encode_line(make_request("host.status", client_id="c", request_id="behind"))
+    async with AsyncClient(paths) as client:
+        await client._stream.send_all(_watch_line(cursor + 10_000) + status)
+        with trio.fail_after(5):  # not the watch's 600 s
+            watch, behind = _decode(await client.read_line()), _decode(await client.read_line())
+    assert watch.outcome == "accepted" and watch.receipt["events"] == []
+    assert behind.requestId == "behind" and behind.outcome == "accepted"
+    async with AsyncClient(paths) as client:  # the next request comes while the watch waits
+        await client._stream.send_all(_watch_line(cursor + 10_000))
+        await wait_for(lambda: host.connections == 1)
+        await client._stream.send_all(status)
+        with trio.fail_after(5):
+            watch, behind = _decode(await client.read_line()), _decode(await client.read_line())
+    assert watch.receipt["events"] == [] and behind.requestId == "behind"
+
+
 def _watch_line(after: int) -> bytes:
     from piwf.client import make_request
     from piwf.wire import encode_line
@@ -127,6 +151,10 @@ async def test_piwf_watch_once_shows_an_active_runs_node_and_latest_update(
     row = next(line for line in text.splitlines() if run_id in line)
     assert "crunch" in row and "running" in row and "progress/rows" in row and '"done": 7' in row
     assert '"done": 3' not in text  # replaced, not appended
+    narrow = await trio.run_process([sys.executable, "-m", "piwf", "watch", "--once", "--state-dir",
+                                     str(paths.root)], capture_stdout=True, env={**os.environ, "COLUMNS": "40"})
+    row = next(line for line in narrow.stdout.decode().splitlines() if run_id in line)  # into a pipe: not wrapped
+    assert "running" in row and '"done": 7' in row, row
     one = (await piwf(paths, "watch", run_id, "--once", "--json")).stdout
     assert b'"currentNode": "crunch"' in one
     missing = await piwf(paths, "watch", "run-nope", "--once", check=False)
@@ -191,3 +219,37 @@ async def test_piwf_watch_on_a_terminal_draws_runs_updates_and_events(
         await wait_for(completed)
     finally:
         await trio.run_process([*tmux, "kill-server"], check=False)
+
+
+async def test_piwf_watch_outlives_a_host_restart(host_process: Callable[..., HostProcess], paths: StatePaths,
+                                                  project: Path) -> None:
+    write_workflow(project, "greet", """
+        from piwf import Workflow, compute
+        workflow = Workflow(name="greet", start_at="hi", nodes={"hi": compute(lambda ctx: "hi")})
+    """)
+    first = await host_process().start()
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "piwf", "watch", "--json", "--state-dir", str(paths.root)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stderr is not None
+    buffer = b""
+    try:
+        with trio.fail_after(20):
+            while b"\n" not in buffer:  # the snapshot
+                buffer += await proc.stdout.receive_some(65536)
+        first.signal(signal.SIGTERM)
+        assert await first.wait() == 0
+        await host_process().start()
+        run_id = await start(paths, project, "greet")
+        with trio.fail_after(20):
+            while run_id.encode() not in buffer:
+                buffer += await proc.stdout.receive_some(65536)
+        assert proc.returncode is None
+    finally:
+        proc.kill()
+        await proc.wait()
+    stderr = b""
+    while chunk := await proc.stderr.receive_some(65536):
+        stderr += chunk
+    lines = stderr.decode().splitlines()
+    assert [line.split(" (")[0] for line in lines] == ["piwf: lost the host", "piwf: reconnected to the host"], lines

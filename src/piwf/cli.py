@@ -581,9 +581,9 @@ def _format_status(s: dict[str, Any]) -> str:
             lines.append(f"sessions:  {s['undeliveredNotifications']} undelivered notification(s), "
                          f"{s['unresolvedTurns']} unresolved turn(s): piwf inbox --session ID")
         lines.append(f"workers:   {s.get('activeWorkers', 0)} active")
-        if s.get("pendingControllers") or s.get("activeControllerWorkers") or s.get("heldControllers"):
-            lines.append(f"resources: {s['pendingControllers']} queued, {s['activeControllerWorkers']} reconciling, "
-                         f"{s['heldControllers']} held")
+        if "pendingControllers" in s:
+            lines.append(f"resources: {s['pendingControllers']} queued, {s.get('activeControllerWorkers', 0)} "
+                         f"reconciling, {s['heldControllers']} held")
         if s["lifecycleContradictions"]:
             lines.append(f"WARNING:   {s['lifecycleContradictions']} lifecycle contradictions")
     return "\n".join(lines)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,11 +19,14 @@ def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
     group = commands.add_parser("controller", parents=[common], help="controller resources").add_subparsers(
         dest="sub", required=True, metavar="SUBCOMMAND")
     apply = _keyed(group, common, "apply", "create a resource or change its spec", cmd_apply)
-    apply.add_argument("--spec", required=True, metavar="JSON", help="the resource's spec as JSON")
+    apply.add_argument("--spec", required=True, metavar="JSON",
+                       help="the resource's spec as JSON; @FILE reads it from FILE, - from standard input")
     apply.add_argument("--resource-version", type=int, metavar="N",
                        help="refuse (conflict) unless the resource is at this resourceVersion")
     _keyed(group, common, "get", "a resource: spec, status, conditions, errors, next attempt, events", cmd_get)
-    _keyed(group, common, "delete", "request deletion (finalizers run first)", cmd_delete)
+    delete = _keyed(group, common, "delete", "request deletion (finalizers run first)", cmd_delete)
+    delete.add_argument("--force", action="store_true",
+                        help="remove it now with its finalizers, without a reconcile: nothing is cleaned up")
     _keyed(group, common, "reconcile", "queue a reconcile now", cmd_reconcile)
     listing = group.add_parser("list", parents=[common], help="resources, of one controller or all")
     listing.add_argument("name", nargs="?", metavar="NAME")
@@ -66,7 +70,7 @@ def _show(args: argparse.Namespace, value: Any, human: Any) -> int:
 def cmd_apply(args: argparse.Namespace) -> int:
     from .cli import _json_arg
 
-    payload = {**_target(args), "spec": _json_arg(args.spec, "--spec")}
+    payload = {**_target(args), "spec": _json_arg(_spec_text(args.spec), "--spec")}
     if args.resource_version is not None:
         payload["expectedResourceVersion"] = args.resource_version
     receipt = _call(args, "controller.apply", payload)
@@ -74,14 +78,29 @@ def cmd_apply(args: argparse.Namespace) -> int:
                  f"{r['resourceVersion']}" + ("" if r["changed"] else " (unchanged)"))
 
 
+def _spec_text(value: str) -> str:
+    """``--spec JSON``, ``--spec @FILE`` or ``--spec -`` (standard input). A spec is at most
+    1 MiB as canonical JSON, and the request carrying it at most 1 MiB too."""
+    if value == "-":
+        return sys.stdin.read()
+    if value.startswith("@"):
+        try:
+            return Path(value[1:]).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UsageError(f"--spec {value}: cannot read it: {exc}") from None
+    return value
+
+
 def cmd_get(args: argparse.Namespace) -> int:
     return _show(args, _call(args, "controller.get", _target(args)), format_resource)
 
 
 def cmd_delete(args: argparse.Namespace) -> int:
-    receipt = _call(args, "controller.delete", _target(args))
+    payload = {**_target(args), **({"force": True} if args.force else {})}
+    receipt = _call(args, "controller.delete", payload)
     return _show(args, receipt, lambda r: f"{args.name}/{args.key}: "
-                 + ("deleted" if r["deleted"] else "deletion requested; its finalizers run next"))
+                 + (("deleted by force (finalizers not run)" if args.force else "deleted") if r["deleted"]
+                    else "deletion requested; its finalizers run next"))
 
 
 def cmd_reconcile(args: argparse.Namespace) -> int:
@@ -137,5 +156,15 @@ def format_resource(r: dict[str, Any]) -> str:
     if r["lastError"]:
         lines.append("last error: " + r["lastError"].splitlines()[0])
     for e in r["events"]:
-        lines.append(f"  {e['at']} {e['type']:20} " + " ".join(f"{k}={v}" for k, v in e.get("detail", {}).items()))
+        lines.append(f"  {e['at']} {e['type']:20} " + " ".join(f"{k}={_first_line(v)}"
+                                                            for k, v in e.get("detail", {}).items()))
     return "\n".join(lines)
+
+
+def _first_line(value: Any) -> Any:
+    """An event's value on one line: a traceback shows its first line (the whole of it is
+    in ``--json``)."""
+    if not isinstance(value, str):
+        return value
+    lines = value.splitlines() or [""]
+    return lines[0] + (" …" if len(lines) > 1 else "")

@@ -1,7 +1,8 @@
 """``piwf watch [RUN] [--once]``: a live terminal view of the host's runs.
 
-Active runs with their current node and latest updates, the requests waiting for an
-answer, and the latest events, drawn with ``rich``. It only talks to the host's socket:
+Runs with their current node and latest updates (active ones, and ended ones until
+``RUNS_KEPT`` newer runs push them out), the requests waiting for an answer, and the
+latest events, drawn with ``rich``. It only talks to the host's socket:
 a ``run.watch`` snapshot, then one ``run.watch`` long poll after another, redrawing on
 each answer. On a terminal the view is redrawn in place; into a pipe or a file each
 change prints the whole view again, after a line naming the cursor.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +20,7 @@ from typing import Any
 EVENTS_SHOWN = 12
 RUNS_KEPT = 30  # ended runs stay in view until this many newer ones push them out
 POLL_MS = 30_000
+PIPE_WIDTH = 10_000  # into a pipe or a file: wide enough that nothing wraps
 ENDED = ("done", "failed", "cancelled")
 
 
@@ -58,23 +61,24 @@ class View:
             del self.updates[key]
 
 
-def render(view: View) -> Any:
-    """The view as rich renderables: runs, waiting requests, recent events."""
+def render(view: View, *, expand: bool = True) -> Any:
+    """The view as rich renderables: runs, waiting requests, recent events; ``expand``
+    fills the terminal's width (else each table is as wide as its content)."""
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
 
-    runs = Table(title=f"runs (cursor {view.cursor})", title_justify="left", expand=True)
+    runs = Table(title=f"runs (cursor {view.cursor})", title_justify="left", expand=expand)
     for name, style in (("run", "cyan"), ("workflow", ""), ("status", ""), ("node", "bold"), ("latest updates", "")):
         runs.add_column(name, style=style, overflow="fold")
     for run in sorted(view.runs.values(), key=lambda r: r["createdAt"]):
         runs.add_row(run["runId"], run["workflow"], _status(run), run["currentNode"] or "-", _updates(view, run))
     if not view.runs:
-        runs.add_row("-", "no active runs", "", "", "")
+        runs.add_row("-", "no runs", "", "", "")
     parts: list[Any] = [runs]
     waiting = [r for requests in view.requests.values() for r in requests]
     if waiting:
-        table = Table(title="waiting for an answer", title_justify="left", expand=True)
+        table = Table(title="waiting for an answer", title_justify="left", expand=expand)
         for name in ("request", "kind", "run", "asks"):
             table.add_column(name, overflow="fold")
         for request in waiting:
@@ -113,20 +117,23 @@ def cmd_watch(args: argparse.Namespace) -> int:
         client.timeout = WAIT_S + (client.timeout or 0)  # a run.watch may take its own limit
         page = _ok(client.watch(run_id=args.run_id, limit=EVENTS_SHOWN))
         view.apply(page)
-        console = Console(highlight=False)
-        live = console.is_terminal and not args.json and not args.once
+        # Into a pipe or a file nothing is wrapped (a run id stays whole for grep): tables
+        # as wide as their content, on a console wide enough for them.
+        terminal = sys.stdout.isatty()
+        console = Console(highlight=False, width=None if terminal else PIPE_WIDTH)
+        live = terminal and not args.json and not args.once
         if args.json and args.once:
             _emit(page)
         elif args.json:  # one JSON document per line, this one and each change's
             print(json.dumps(page, sort_keys=True), flush=True)
         elif not live:
-            console.print(render(view))
+            console.print(render(view, expand=terminal))
         if args.once:
             return 0
         if live:
             _live(client, args, view, console)
         while True:  # into a pipe or a file: every change prints the whole view again
-            page = _ok(client.watch(after=view.cursor, run_id=args.run_id, timeout_ms=POLL_MS, limit=500))
+            page = _next_page(client, args, view)
             if not page["events"]:
                 continue
             view.apply(page)
@@ -134,17 +141,30 @@ def cmd_watch(args: argparse.Namespace) -> int:
                 print(json.dumps(page, sort_keys=True), flush=True)
             else:
                 console.print(f"── cursor {view.cursor} ──")
-                console.print(render(view))
+                console.print(render(view, expand=terminal))
                 console.file.flush()
+
+
+def _next_page(client: Any, args: argparse.Namespace, view: View) -> dict[str, Any]:
+    """The next ``run.watch`` answer after the view's cursor; a lost host (stopped,
+    restarting) is waited for, saying so on stderr, and the watch goes on from the cursor."""
+    from .cli import _ok
+    from .cli_deliver import lost_host, until_host_is_back
+    from .errors import HostReplied, HostUnavailable
+
+    while True:
+        try:
+            return _ok(client.watch(after=view.cursor, run_id=args.run_id, timeout_ms=POLL_MS, limit=500))
+        except (HostUnavailable, HostReplied) as exc:
+            if not lost_host(exc):
+                raise
+            until_host_is_back(client, exc)
 
 
 def _live(client: Any, args: argparse.Namespace, view: View, console: Any) -> None:
     from rich.live import Live
 
-    from .cli import _ok
-
     with Live(render(view), console=console, auto_refresh=False, screen=False) as live:
         while True:
-            page = _ok(client.watch(after=view.cursor, run_id=args.run_id, timeout_ms=POLL_MS, limit=500))
-            view.apply(page)
+            view.apply(_next_page(client, args, view))
             live.update(render(view), refresh=True)

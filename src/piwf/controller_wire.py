@@ -38,6 +38,14 @@ class ResourcePayload(NoFields, frozen=True):
     key: ResourceKey
 
 
+class DeleteResourcePayload(NoFields, frozen=True):
+    projectPath: Project
+    controller: ControllerName
+    key: ResourceKey
+    force: Annotated[bool, Meta(description="remove the resource and its finalizers now, without a reconcile "
+                                            "(for a controller that is gone); nothing is cleaned up")] = False
+
+
 class ListResourcesPayload(NoFields, frozen=True):
     projectPath: Annotated[str | None, Meta(description="only this project's resources")] = None
     controller: Annotated[str | None, Meta(description="only this controller's resources")] = None
@@ -72,7 +80,7 @@ class ResourceEvent(Struct, omit_defaults=True):
     eventId: int
     at: str
     type: Annotated[str, Meta(description="`applied`, `reconcile_started`, `reconcile_finished`, `reconcile_failed`, "
-                                          "`reconcile_conflict`, `deletion_requested`, `resource_deleted`, `log`, ...")]
+                                          "`reconcile_conflict`, `deletion_requested`, `effect_failed`, `log`, ...")]
     detail: dict[str, Any] = {}
 
 

@@ -18,7 +18,7 @@ from typing import Annotated, Any, ClassVar
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 from .controller_wire import (
-    ApplyReceipt, ApplyResourcePayload, ListResourcesPayload, ResolveResourceEffectPayload,
+    ApplyReceipt, ApplyResourcePayload, DeleteResourcePayload, ListResourcesPayload, ResolveResourceEffectPayload,
     ResolveResourceEffectReceipt, ResourceDetail, ResourcePayload, ResourceRef, ResourceSummary,
 )
 from .status import (
@@ -574,9 +574,10 @@ class ListResources(Request, tag="controller.list"):
 
 class DeleteResource(Request, tag="controller.delete"):
     """Request deletion: the next reconcile sees `deletionTimestamp` and must clear the
-    finalizers; a resource without finalizers is removed at once."""
+    finalizers; a resource without finalizers is removed at once, and so is any with
+    `force: true` (its finalizers are not run)."""
 
-    payload: ResourcePayload
+    payload: DeleteResourcePayload
     receipt_type = ResourceRef
 
 

@@ -68,7 +68,9 @@ class WatchPayload(NoPayload, frozen=True):
                                                        "now (active runs, the latest events)")] | None = None
     limit: Annotated[int, Meta(ge=1, le=1000, description="at most this many events")] = 200
     timeoutMs: Annotated[int, Meta(ge=0, le=WAIT_LIMIT_MS, description="with `after`: answer after this long at "
-                                                                      "the latest, changed or not")] = 30_000
+                                                                      "the latest, changed or not (or as soon as "
+                                                                      "the client's next request comes behind it)")
+                         ] = 30_000
 
 
 # --- receipts ---------------------------------------------------------------------------
@@ -107,10 +109,10 @@ class TurnFacts(Struct, forbid_unknown_fields=True):
 
     workflow: str
     status: Annotated[str, Meta(description="the run's engine status")]
-    error: Annotated[str | None, Meta(description="the run's error message, cut to 4 KiB")]
-    output: Annotated[str | None, Meta(description="the run's output as JSON, cut to 4 KiB")]
+    error: Annotated[str | None, Meta(description="the run's error message, cut to 4096 characters")]
+    output: Annotated[str | None, Meta(description="the run's output as JSON, cut to 4096 characters")]
     hold: Annotated[str | None, Meta(description="why a held run is held: crashed, effect, source")]
-    detail: Annotated[str | None, Meta(description="the run's status detail, cut to 4 KiB")]
+    detail: Annotated[str | None, Meta(description="the run's status detail, cut to 4096 characters")]
 
 
 class FollowUp(Struct):

@@ -358,6 +358,8 @@ CREATE TABLE controller_queue (
   claim_resource_version INTEGER,
   claim_generation INTEGER NOT NULL DEFAULT 0,
   claim_epoch INTEGER,
+  worker_pid INTEGER,
+  worker_identity TEXT,
   consecutive_errors INTEGER NOT NULL DEFAULT 0,
   last_error TEXT,
   updated_at INTEGER NOT NULL
@@ -441,6 +443,8 @@ CREATE TABLE turns (
 );
 CREATE UNIQUE INDEX turns_unresolved ON turns(run_id, session_id) WHERE resolved_at IS NULL;
 CREATE INDEX turns_eligible ON turns(session_id, eligible_at) WHERE resolved_at IS NULL;
+-- A run's turns, resolved or not: each end of a run with a session reads them (turn_for_run).
+CREATE INDEX turns_run ON turns(run_id);
 
 CREATE TABLE followups (
   followup_id TEXT PRIMARY KEY,

@@ -36,13 +36,15 @@ class Result:
     @classmethod
     def requeue(cls, status: Any = None, conditions: Sequence[dict[str, Any]] = (),
                 finalizers: Sequence[str] | None = None) -> Result:
-        """Reconcile again at once (after recording this pass)."""
+        """Reconcile again soon: after 1 s, the shortest requeue delay (requeues are
+        rate-limited, so a controller that always requeues runs a pass a second)."""
         return cls("requeue", status, status is None, _conditions(conditions), _finalizers(finalizers))
 
     @classmethod
     def requeue_after(cls, ms: int, status: Any = None, conditions: Sequence[dict[str, Any]] = (),
                       finalizers: Sequence[str] | None = None) -> Result:
-        """Reconcile again after ``ms`` milliseconds (earlier if the resource changes)."""
+        """Reconcile again after ``ms`` milliseconds, at least 1000 (earlier if the
+        resource changes or a reconcile is requested)."""
         if not isinstance(ms, int) or ms < 0:
             raise ValueError(f"requeue_after needs a non-negative whole number of milliseconds, not {ms!r}")
         return cls("requeue", status, status is None, _conditions(conditions), _finalizers(finalizers), ms)

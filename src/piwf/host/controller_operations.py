@@ -24,7 +24,7 @@ from ..protocol import (
 from ..controller_wire import ResolveResourceEffectReceipt, ResourceDetail, ResourceSummary
 from ..store import controller_effects, controllers
 from ..wire import HostResponse, decode_json, sha256_hex
-from .state import HostState
+from .state import HostState, log
 
 INSPECT_TIMEOUT_S = 30
 
@@ -121,7 +121,11 @@ def _apply(host: HostState, request: ApplyResource, info: ControllerInfo, after:
 
 def _delete(host: HostState, request: DeleteResource, prepared: None, after: After) -> HostResponse:
     p = request.payload
-    ref = controllers.request_delete(host.db, os.path.normpath(p.projectPath), p.controller, p.key, host.now())
+    ref = controllers.request_delete(host.db, os.path.normpath(p.projectPath), p.controller, p.key, host.now(),
+                                     force=p.force)
+    if p.force:
+        log.warning("resource %s/%s in %s deleted by force: its finalizers did not run", p.controller, p.key,
+                    p.projectPath)
     after.append(host.controllers.wake)
     return HostResponse(request.requestId, Outcome.ACCEPTED, revision=ref.resourceVersion, receipt=ref)
 

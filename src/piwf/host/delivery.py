@@ -8,6 +8,8 @@ is cancelled with its connection's task when the host stops or the client goes a
 
 from __future__ import annotations
 
+import contextvars
+
 import trio
 
 from ..protocol import (
@@ -17,6 +19,12 @@ from ..protocol import (
 from ..store import delivery, runs, updates
 from ..wire import HostResponse, check_id
 from .state import HostState
+
+
+# The server's scope for the run.watch it is answering: cancelled when the client sends
+# its next request behind the watch, which then answers at once with what it has.
+WATCH_ENDS_EARLY: contextvars.ContextVar[trio.CancelScope | None] = contextvars.ContextVar(
+    "WATCH_ENDS_EARLY", default=None)
 
 
 def _accepted(request: Request, receipt: object) -> HostResponse:
@@ -75,13 +83,14 @@ async def _delivery_list(host: HostState, request: ListDelivery) -> DeliveryPage
 
 async def _run_watch(host: HostState, request: WatchRuns) -> WatchPage:
     """A snapshot (no ``after``), or what changed after the cursor ``after``, once
-    something has (or at ``timeoutMs``)."""
+    something has (or at ``timeoutMs``, or when the client sends another request behind
+    this one: then with what there is, maybe nothing)."""
     payload, run_id = request.payload, request.runId
     if run_id is not None:
         runs.revision(host.db, run_id)  # notFound for an unknown run
     if payload.after is None:
         return updates.snapshot(host.db, run_id=run_id, limit=payload.limit, now=host.now())
-    with trio.move_on_after(payload.timeoutMs / 1000):
+    with WATCH_ENDS_EARLY.get() or trio.CancelScope(), trio.move_on_after(payload.timeoutMs / 1000):
         while updates.last_event(host.db, run_id) <= payload.after:
             await host.run_changed.wait()  # set after every change; nothing awaits between the check and here
     return updates.changes(host.db, after=payload.after, run_id=run_id, limit=payload.limit, now=host.now())

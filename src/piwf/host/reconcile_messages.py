@@ -103,6 +103,7 @@ async def handle(host: HostState, active: ActiveReconcile, message: WorkerMessag
         active.ready.set()
     if isinstance(message, WorkflowEnsure):
         host.wake()  # a child run may have been queued
+        host.changed()  # and watchers (run.watch, run.wait) should see it
     if conclusion is not None:
         active.conclusion = conclusion
         host.controllers.wake()

@@ -22,7 +22,7 @@ from collections.abc import Callable
 import trio
 import trio_util
 
-from .. import faults
+from .. import faults, processes
 from ..controller_protocol import LAUNCH_VAR, ReconcileLaunch
 from ..errors import PiwfError
 from ..store import controller_effects, controller_queue
@@ -53,9 +53,14 @@ async def serve_controllers(host: HostState, *, task_status: trio.TaskStatus[Non
 
 
 def _take_over(host: HostState) -> None:
-    """Reconciles an earlier host was running are due at once (their workers died with it:
-    a worker whose host pipe closes kills its own process group)."""
+    """Reconciles an earlier host was running are due at once. Their workers normally
+    died with it (a worker whose host pipe closes kills its own process group); one that
+    did not is killed here, by the pid and start identity its claim recorded, before its
+    resource can be claimed again, so two passes of one resource never overlap."""
     try:
+        for uid, pid, identity in controller_queue.orphaned_workers(host.db, host.epoch):
+            if processes.kill_recorded_group(pid, identity):
+                log.info("killed the orphaned reconcile worker of %s (pid %d)", uid, pid)
         expired = controller_queue.expire_claims_before(host.db, host.epoch, host.now())
     except PiwfError as exc:
         log.error("could not release the reconciles of earlier hosts: %s", exc)
@@ -110,7 +115,11 @@ async def _launch_contained(host: HostState, active: ActiveReconcile) -> None:
         launch = ReconcileLaunch(uid=claim.uid, generation=claim.generation, workerEpoch=active.worker_epoch,
                                  projectPath=claim.project, controller=claim.controller)
         log.info("%s: reconciling (claim %d)", active.run_id, claim.generation)
-        await run_worker(host, active, launch, claim.project, launch_var=LAUNCH_VAR, pump=pump)  # type: ignore[arg-type]
+        def attach(pid: int, identity: str) -> None:
+            controller_queue.attach_worker(host.db, claim.uid, claim.token, pid, identity)
+
+        await run_worker(host, active, launch, claim.project, launch_var=LAUNCH_VAR, pump=pump,  # type: ignore[arg-type]
+                         attach=attach)
     except* Exception as failed:
         log.error("%s: supervision failed", active.run_id, exc_info=failed)
         end = active.process_end or ProcessEnd(None, "")

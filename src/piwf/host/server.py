@@ -30,6 +30,7 @@ import trio
 from .. import faults
 from ..errors import ProtocolError, ServiceError, StateDirError
 from ..wire import HostResponse, LineBuffer, encode_line, read_request
+from .delivery import WATCH_ENDS_EARLY
 from .operations import handle_request
 from .state import HostState, log
 
@@ -227,8 +228,8 @@ async def _serve_lines(host: HostState, connection: Connection, stream: trio.Soc
         except ProtocolError as exc:
             await _refuse(host, stream, "rejected", str(exc))
             return
-        for line in lines:
-            if not await _answer(host, stream, line):
+        for i, line in enumerate(lines):
+            if not await _answer(host, stream, line, behind=i + 1 < len(lines) or bool(buffer.pending)):
                 return
         if lines:
             connection.waiting_since = trio.current_time()
@@ -272,15 +273,15 @@ async def _receive(connection: Connection, stream: trio.SocketStream, deadline: 
         connection.reading = None
 
 
-async def _answer(host: HostState, stream: trio.SocketStream, line: bytes) -> bool:
-    """Answer one line; False closes the connection (no request id could be read, or the
-    reply did not leave in time)."""
+async def _answer(host: HostState, stream: trio.SocketStream, line: bytes, *, behind: bool = False) -> bool:
+    """Answer one line (``behind``: more of the client's bytes were read after it); False
+    closes the connection (no request id could be read, or the reply did not leave in time)."""
     try:
         request = read_request(line)
     except ProtocolError as exc:
         sent = await _send(host, stream, HostResponse(exc.request_id or "", "rejected", error=str(exc)))
         return sent and exc.request_id is not None
-    response, after = await _handle(host, stream, request)
+    response, after = await _handle(host, stream, request, behind)
     try:
         sent = await _send(host, stream, response)
         if sent:
@@ -291,30 +292,39 @@ async def _answer(host: HostState, stream: trio.SocketStream, line: bytes) -> bo
     return sent
 
 
-async def _handle(host: HostState, stream: trio.SocketStream, request: Any) -> tuple[HostResponse, Any]:
+async def _handle(host: HostState, stream: trio.SocketStream, request: Any,
+                  behind: bool = False) -> tuple[HostResponse, Any]:
     """Answer ``request``; a long poll (``run.watch``) is given up, and the connection
-    closed, as soon as its client goes away instead of when its timeout ends."""
+    closed, as soon as its client goes away instead of when its timeout ends, and answered
+    at once with what it has when the client's next request is behind it."""
     if not request.long_poll:
         return await handle_request(host, request)
     answered: list[tuple[HostResponse, Any]] = []
+    ends_early = trio.CancelScope()
+    if behind:
+        ends_early.cancel()
     async with trio.open_nursery() as nursery:
         async def answer() -> None:
+            WATCH_ENDS_EARLY.set(ends_early)
             answered.append(await handle_request(host, request))
             nursery.cancel_scope.cancel()
 
         nursery.start_soon(answer)
-        nursery.start_soon(_until_client_leaves, stream, nursery.cancel_scope)
+        nursery.start_soon(_until_client_leaves, stream, nursery.cancel_scope, ends_early)
     if not answered:
         raise trio.BrokenResourceError("the client went away during a long poll")
     return answered[0]
 
 
-async def _until_client_leaves(stream: trio.SocketStream, scope: trio.CancelScope) -> None:
+async def _until_client_leaves(stream: trio.SocketStream, scope: trio.CancelScope,
+                               ends_early: trio.CancelScope) -> None:
     """Cancel ``scope`` when the client closes its end; a next request pipelined behind
-    this one (bytes to read) ends the watch, leaving those bytes for the connection."""
+    this one (bytes to read) ends the watch (``ends_early``: it answers with what it has),
+    leaving those bytes for the connection."""
     try:
         await trio.lowlevel.wait_readable(stream.socket)
         if await stream.socket.recv(1, socket.MSG_PEEK):
+            ends_early.cancel()
             return
     except OSError:
         pass  # reset by the peer: gone as well

@@ -86,10 +86,12 @@ def cleanup_scope(host: HostState, budget_s: float) -> trio.CancelScope:
 
 
 Pump = Callable[[HostState, Any, trio.lowlevel.FdStream, trio.lowlevel.FdStream], Awaitable[None]]
+Attach = Callable[[int, str], None]  # record the started worker's pid and start identity
 
 
 async def run_worker(host: HostState, active: ActiveRun, envelope: LaunchEnvelope, project: str, *,
-                     launch_var: str = "PIWF_WORKER_LAUNCH", pump: Pump | None = None) -> None:
+                     launch_var: str = "PIWF_WORKER_LAUNCH", pump: Pump | None = None,
+                     attach: Attach | None = None) -> None:
     """Run the worker to its exit; on cancellation stop it. ``active.process_end`` says
     how the process ended, whichever way this returns. A controller's reconcile worker
     (``host/reconciles.py``) comes through here too, with its own launch variable and pump."""
@@ -106,15 +108,19 @@ async def run_worker(host: HostState, active: ActiveRun, envelope: LaunchEnvelop
             return
         pipes.close_child_ends()
         send, receive = pipes.streams()
-    await _supervise_process(host, active, envelope, proc, send, receive, pump or _pump)
+    await _supervise_process(host, active, envelope, proc, send, receive, pump or _pump, attach)
 
 
 async def _supervise_process(host: HostState, active: ActiveRun, envelope: LaunchEnvelope, proc: WorkerHandle,
-                             send: trio.lowlevel.FdStream, receive: trio.lowlevel.FdStream, pump: Pump) -> None:
+                             send: trio.lowlevel.FdStream, receive: trio.lowlevel.FdStream, pump: Pump,
+                             attach: Attach | None) -> None:
     diagnostics = Diagnostics()
     exited = False
     try:
-        workers.attach_process(host.db, envelope.workerEpoch, proc.pid, proc.identity or "")
+        if attach is not None:
+            attach(proc.pid, proc.identity or "")
+        else:
+            workers.attach_process(host.db, envelope.workerEpoch, proc.pid, proc.identity or "")
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_read_output, proc.stdout, diagnostics)
             nursery.start_soon(pump, host, active, receive, send)

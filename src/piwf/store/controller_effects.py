@@ -2,7 +2,10 @@
 
 Effects follow the rules of a run's (``store/effects.py``): reserve → apply → settle;
 ``applying`` found by a later claim is observed (when the caller can observe) or becomes
-ambiguous and holds the resource for an operator; an applied or rejected effect is final.
+ambiguous and holds the resource for an operator; an applied effect is final. Unlike a
+run's, an effect whose ``apply()`` raised goes back to pending (a reconcile is retried by
+design, so the next pass applies it again), except after ``PermanentError``: that is
+stored as rejected, and raised again by later passes of the same spec generation.
 They are keyed by (resource, spec generation, key): an effect is applied at most once per
 generation of the spec, so a changed spec applies its effects again and a retried
 reconcile of the same spec never does. Every write here is made fenced by the caller.
@@ -67,6 +70,13 @@ def settle(db: Database, uid: str, spec_generation: int, key: str, *, generation
     status = _status(db, ident, generation)
     if status != E.APPLYING:
         raise Rejected(f"effect {key!r} is {status}, not applying; it cannot be settled")
+    if error is not None and error.get("type") != "PermanentError":
+        # apply() raised: it did not take effect as far as anyone can tell; the next pass
+        # (or this one, if it calls ensure again) applies it afresh.
+        db.execute(f"UPDATE controller_effects SET status = 'pending', generation = 0, updated_at = ? WHERE {WHERE}",
+                   (now, *ident))
+        add_resource_event(db, uid, "effect_failed", {"key": key, "error": _error_line(error)}, now)
+        return
     _finish(db, ident, result=result, error=error, now=now)
 
 
@@ -89,6 +99,11 @@ def resolve(db: Database, uid: str, key: str, *, applied: bool, result: Any, now
         if not remaining:
             release_effect_hold(db, uid, now)
         return {"uid": uid, "effectKey": key, "status": E.APPLIED if applied else E.PENDING, "ambiguous": remaining}
+
+
+def _error_line(error: dict[str, Any]) -> str:
+    message = str(error.get("message") or "").splitlines()
+    return f"{error.get('type')}: {message[0] if message else ''}"[:500]
 
 
 def _status(db: Database, ident: tuple[str, int, str], generation: int) -> str:

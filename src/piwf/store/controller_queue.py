@@ -26,6 +26,8 @@ from .db import Database
 from .timefmt import iso
 
 FREE_CLAIM = "(claim_token IS NULL OR claim_expires_at <= ?)"
+MIN_REQUEUE_MS = 1000  # Result.requeue() and short requeue_after(ms): at most one pass a second
+HOST_REASONS = ("PermanentError", "EffectAmbiguous")  # a Ready=False set by the host, not by the controller
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,8 @@ def claim_due(db: Database, *, room: int, exclude: frozenset[str], lease_ms: int
             generation = db.scalar(
                 """UPDATE controller_queue SET claim_token = ?, claim_expires_at = ?, claim_version = version,
                      claim_generation = claim_generation + 1, claim_epoch = ?, claim_resource_version = NULL,
-                     available_at = NULL, updated_at = ? WHERE uid = ? RETURNING claim_generation""",
+                     worker_pid = NULL, worker_identity = NULL, available_at = NULL, updated_at = ?
+                   WHERE uid = ? RETURNING claim_generation""",
                 (token, now + lease_ms, epoch, now, uid))
             add_resource_event(db, uid, "reconcile_started", {"claim": generation}, now)
             claims.append(ControllerClaim(uid, token, generation, project, controller, key))
@@ -73,6 +76,23 @@ def answer(db: Database, uid: str, token: str, *, lease_ms: int, now: int, apply
     with db.write():
         fence(db, uid, token, lease_ms, now)
         return apply()
+
+
+def attach_worker(db: Database, uid: str, token: str, pid: int, identity: str) -> None:
+    """Record the reconcile worker's process (pid and start identity) on its claim, so a
+    host taking over can kill it (``orphaned_workers``)."""
+    with db.write():
+        db.execute("UPDATE controller_queue SET worker_pid = ?, worker_identity = ? WHERE uid = ? AND claim_token = ?",
+                   (pid, identity, uid, token))
+
+
+def orphaned_workers(db: Database, epoch: int) -> list[tuple[str, int, str]]:
+    """(uid, pid, identity) of the reconcile workers recorded by claims of earlier hosts."""
+    with db.read():
+        rows = db.execute("""SELECT uid, worker_pid, worker_identity FROM controller_queue
+                             WHERE claim_token IS NOT NULL AND claim_epoch < ? AND worker_pid IS NOT NULL""",
+                          (epoch,)).fetchall()
+    return [(uid, pid, identity) for uid, pid, identity in rows if identity]
 
 
 def next_due(db: Database) -> int | None:
@@ -141,13 +161,16 @@ def finish_success(db: Database, uid: str, token: str, *, requeue_after_ms: int 
     if not keep_status:
         status["controllerStatus"] = controller_status
     status["observedGeneration"] = generation
-    status["conditions"] = merge_conditions(status.get("conditions", []), conditions, generation, now)
+    # A successful pass clears a Ready=False the host set (it does not set one itself).
+    stored = [c for c in status.get("conditions", [])
+              if not (c.get("type") == "Ready" and c.get("status") == "False" and c.get("reason") in HOST_REASONS)]
+    status["conditions"] = merge_conditions(stored, conditions, generation, now)
     kept = decode_json(old_finalizers.encode()) if finalizers is None else finalizers
     _write_status(db, uid, status, kept, now)
-    if deleting is not None and not kept and settled:
+    if deleting is not None and not kept:  # settled or requeued: nothing is left to wait for
         delete_resource(db, uid, now)
         return "deleted"
-    due = None if settled else now + (requeue_after_ms or 0)
+    due = None if settled else now + max(MIN_REQUEUE_MS, requeue_after_ms or 0)
     if version > claim_version:  # an event arrived during the reconcile: once more, now
         due = now
     _release(db, uid, now, due, errors=0, last_error=None)
@@ -163,19 +186,21 @@ def finish_failure(db: Database, uid: str, token: str, *, error: str, delay_ms: 
                    now: int, counted: bool = True) -> int:
     """Record a failed reconcile: the error, the count in a row, and the next attempt
     after ``delay_ms`` (at once if an event arrived meanwhile). A permanent error sets
-    ``Ready=False`` and holds the resource until its spec changes. Returns the count."""
+    ``Ready=False`` and holds the resource until its spec changes, unless the resource or
+    a request moved on during the pass: then it is reconciled again at once. Returns the count."""
     claim_version, seen_version, version = _claim(db, uid)
     current = db.scalar("SELECT resource_version FROM controller_resources WHERE uid = ?", (uid,))
     error = error[:MAX_ERROR_CHARS]
     errors = db.scalar("SELECT consecutive_errors + ? FROM controller_queue WHERE uid = ?", (int(counted), uid))
     if callable(delay_ms):
         delay_ms = delay_ms(errors - int(counted))
-    if permanent and seen_version == current:
+    moved = version > claim_version or seen_version != current
+    if permanent and not moved:
         _set_condition(db, uid, {"type": "Ready", "status": "False", "reason": "PermanentError",
                                  "message": error[:1024]}, now)
         _release(db, uid, now, None, errors=errors, last_error=error, hold="permanent")
     else:
-        due = now if version > claim_version or (permanent and seen_version != current) else now + delay_ms
+        due = now if version > claim_version or (permanent and moved) else now + delay_ms
         _release(db, uid, now, due, errors=errors, last_error=error)
     add_resource_event(db, uid, "reconcile_failed", {"error": error[:500], "delayMs": None if permanent else delay_ms,
                                             "permanent": permanent, "consecutiveErrors": errors}, now)
@@ -212,13 +237,18 @@ def release_effect_hold(db: Database, uid: str, now: int) -> None:
 
 def expire_claims_before(db: Database, epoch: int, now: int) -> int:
     """On takeover: reconciles an earlier host was running are due again at once, each
-    counted as an error (their workers died with that host)."""
+    counted as an error (their workers died with that host, or were killed by the caller)."""
     with db.write():
+        uids = [uid for (uid,) in db.execute("SELECT uid FROM controller_queue WHERE claim_token IS NOT NULL "
+                                             "AND claim_epoch < ?", (epoch,))]
         db.execute("""UPDATE controller_queue SET claim_token = NULL, claim_expires_at = NULL, available_at = ?,
                         consecutive_errors = consecutive_errors + 1, updated_at = ?,
-                        last_error = 'interrupted: the host running the reconcile ended'
+                        last_error = 'interrupted: its host died'
                       WHERE claim_token IS NOT NULL AND claim_epoch < ?""", (now, now, epoch))
-        return db.changes()
+        for uid in uids:
+            add_resource_event(db, uid, "reconcile_failed", {"error": "interrupted: its host died", "delayMs": 0,
+                                                             "permanent": False}, now)
+        return len(uids)
 
 
 # --- helpers --------------------------------------------------------------------------------
@@ -233,7 +263,7 @@ def _claim(db: Database, uid: str) -> tuple[int, int | None, int]:
 def _release(db: Database, uid: str, now: int, due: int | None, *, errors: int | None = None,
              last_error: str | bool | None = False, hold: str | None = None) -> None:
     db.execute("""UPDATE controller_queue SET claim_token = NULL, claim_expires_at = NULL, available_at = ?,
-                    consecutive_errors = COALESCE(?, consecutive_errors),
+                    worker_pid = NULL, worker_identity = NULL, consecutive_errors = COALESCE(?, consecutive_errors),
                     last_error = CASE WHEN ? THEN ? ELSE last_error END, hold = COALESCE(?, hold), updated_at = ?
                   WHERE uid = ?""", (due, errors, last_error is not False, last_error or None, hold, now, uid))
 

@@ -26,8 +26,7 @@ RESOURCE_COLUMNS = """r.uid, r.project_path, r.controller, r.resource_key, r.res
   r.spec_json, r.spec_hash, r.status_json, r.status_hash, r.finalizers_json, r.deletion_requested_at,
   r.created_at, r.updated_at, q.available_at, q.hold, q.claim_token, q.claim_expires_at,
   q.consecutive_errors, q.last_error"""
-KEPT_EVENTS = 1000
-PRUNE_EVERY = 50  # event ids: an old-event sweep of the resource at every 50th event written
+KEPT_EVENTS = 1000  # per resource; older ones are dropped as new ones are written
 FROM_RESOURCES = "controller_resources r JOIN controller_queue q ON q.uid = r.uid"
 
 
@@ -43,8 +42,13 @@ def check_json_size(value: Any, what: str) -> bytes:
 
 
 def check_key(key: str) -> None:
-    if len(key.encode()) > MAX_KEY_BYTES:
-        raise Rejected(f"key is over {MAX_KEY_BYTES} bytes")
+    """Keys are printed by the CLI and used by controllers as names: non-empty printable
+    text (``str.isprintable``: no newlines, control or format characters)."""
+    if not key or len(key.encode()) > MAX_KEY_BYTES:
+        raise Rejected(f"key must be non-empty text of at most {MAX_KEY_BYTES} bytes")
+    if not key.isprintable():
+        bad = next(c for c in key if not c.isprintable())
+        raise Rejected(f"key must be printable text: it contains {bad!a}")
 
 
 # --- writes on behalf of clients ------------------------------------------------------------
@@ -107,11 +111,17 @@ def request_reconcile(db: Database, project: str, controller: str, key: str, now
         return ResourceRef(uid, version, deleted=False)
 
 
-def request_delete(db: Database, project: str, controller: str, key: str, now: int) -> ResourceRef:
+def request_delete(db: Database, project: str, controller: str, key: str, now: int, *,
+                   force: bool = False) -> ResourceRef:
     """Set the deletion timestamp (once) and queue a reconcile, which must clear the
-    finalizers; a resource without finalizers that no reconcile holds goes at once."""
+    finalizers; a resource without finalizers that no reconcile holds goes at once.
+    ``force``: the resource goes now, finalizers and all, without a reconcile (a pass
+    running for it loses its claim; nothing it writes afterwards is kept)."""
     with db.write():
         uid, version, deleting = _locate(db, project, controller, key)
+        if force:
+            delete_resource(db, uid, now)
+            return ResourceRef(uid, version, deleted=True)
         finalizers = decode_json(db.scalar("SELECT finalizers_json FROM controller_resources WHERE uid = ?",
                                            (uid,)).encode())
         claimed = db.scalar("SELECT claim_token IS NOT NULL AND claim_expires_at > ? FROM controller_queue "
@@ -130,10 +140,11 @@ def request_delete(db: Database, project: str, controller: str, key: str, now: i
 
 
 def delete_resource(db: Database, uid: str, now: int) -> None:
-    """Remove the resource with its queue row, effects and child-run records (cascade);
-    its events stay, under its uid."""
+    """Remove the resource with its queue row, effects and child-run records (cascade)
+    and its events (nothing can read them once the resource is gone). Its child runs
+    are runs like any other: they are left to finish."""
     db.execute("DELETE FROM controller_resources WHERE uid = ?", (uid,))
-    add_resource_event(db, uid, "resource_deleted", {}, now)
+    db.execute("DELETE FROM controller_events WHERE uid = ?", (uid,))
 
 
 def enqueue(db: Database, uid: str, now: int, at: int | None = None) -> None:
@@ -160,11 +171,14 @@ def locate_uid(db: Database, project: str, controller: str, key: str) -> str:
 
 
 def add_resource_event(db: Database, uid: str, kind: str, payload: dict[str, Any], now: int) -> None:
-    """Record an event; a resource keeps its last ``KEPT_EVENTS`` (one requeued every
-    second for a year must not fill the disk)."""
+    """Record an event; a resource keeps its last ``KEPT_EVENTS`` exactly (one requeued
+    every second for a year must not fill the disk). Event ids only grow, so a resource
+    whose oldest event is fewer than ``KEPT_EVENTS`` ids back cannot have too many: the
+    common case costs one index lookup."""
     event_id = db.scalar("INSERT INTO controller_events (uid, at, type, payload_json) VALUES (?, ?, ?, ?) "
                          "RETURNING event_id", (uid, now, kind, canonical_json(payload).decode()))
-    if event_id % PRUNE_EVERY == 0:
+    oldest = db.scalar("SELECT MIN(event_id) FROM controller_events WHERE uid = ?", (uid,))
+    if event_id - oldest >= KEPT_EVENTS:
         db.execute("""DELETE FROM controller_events WHERE uid = ?1 AND event_id <= (SELECT event_id
                         FROM controller_events WHERE uid = ?1 ORDER BY event_id DESC LIMIT 1 OFFSET ?2)""",
                    (uid, KEPT_EVENTS))

@@ -10,7 +10,9 @@ else, a claim gets nothing.
 A turn is written in the same transaction as its run's end or hold (``turn_for_run``,
 called by the store operations that end or hold a run), so a crash never leaves an ended
 run without its turn, nor writes two. At most one unresolved turn per (run, session): a
-later end of the same run rewrites it.
+later end of the same run rewrites it, and a rewrite ends any claim on it (the client
+showing the old facts gets a ``conflict`` when it resolves, and the turn is claimed
+again with the new ones), so an end is never lost behind a claim of an earlier one.
 """
 
 from __future__ import annotations
@@ -194,24 +196,33 @@ def request_presentation(db: Database, run_id: str, token: str, *, instructions:
     return turn_id
 
 
+# What an end of a run reads of its turns inside its write transaction: by index turns_run
+# (or turns_unresolved), never a scan of every turn kept (tests check the plans).
+OPEN_TURN_SQL = "SELECT turn_id, cause FROM turns WHERE run_id = ? AND session_id = ? AND resolved_at IS NULL"
+TURNS_OF_RUN_SQL = "SELECT COUNT(*) FROM turns WHERE run_id = ? AND session_id = ?"
+LAST_INSTRUCTIONS_SQL = ("SELECT instructions FROM turns WHERE run_id = ? AND instructions IS NOT NULL "
+                         "ORDER BY rowid DESC LIMIT 1")
+
+
 def _write_turn(db: Database, run_id: str, session: str, cause: TurnCause, now: int, *, eligible: bool) -> str:
     facts = canonical_json(_facts(db, run_id)).decode()
-    existing = db.one("SELECT turn_id, cause FROM turns WHERE run_id = ? AND session_id = ? AND resolved_at IS NULL",
-                      (run_id, session))
+    existing = db.one(OPEN_TURN_SQL, (run_id, session))
     if existing is not None:
         turn_id = existing[0]
         kept = existing[1] if cause is TurnCause.REQUESTED else cause  # a request does not undo an end
+        # What a claim handed out is no longer what the turn says: the claim ends (its
+        # resolve is a conflict) and the turn, with its follow-ups, is claimed afresh.
         db.execute("""UPDATE turns SET cause = ?, facts_json = ?, updated_at = ?,
-                        eligible_at = CASE WHEN ? THEN COALESCE(eligible_at, ?) ELSE eligible_at END
+                        eligible_at = CASE WHEN ? THEN COALESCE(eligible_at, ?) ELSE eligible_at END,
+                        claim_token = NULL, claim_client = NULL, claim_expires_at = NULL, followups_through = NULL
                       WHERE turn_id = ?""", (kept, facts, now, eligible, now, turn_id))
     else:
-        n = db.scalar("SELECT COUNT(*) FROM turns WHERE run_id = ? AND session_id = ?", (run_id, session))
+        n = db.scalar(TURNS_OF_RUN_SQL, (run_id, session))
         turn_id = "turn-" + hashlib.sha256(f"{run_id}/{session}/{n}".encode()).hexdigest()[:20]
-        db.execute("""INSERT INTO turns (turn_id, run_id, session_id, workflow, cause, facts_json, instructions,
+        db.execute(f"""INSERT INTO turns (turn_id, run_id, session_id, workflow, cause, facts_json, instructions,
                         eligible_at, created_at, updated_at)
                       VALUES (?, ?, ?, (SELECT workflow FROM runs WHERE run_id = ?), ?, ?,
-                        (SELECT instructions FROM turns WHERE run_id = ? AND instructions IS NOT NULL
-                         ORDER BY rowid DESC LIMIT 1), ?, ?, ?)""",
+                        ({LAST_INSTRUCTIONS_SQL}), ?, ?, ?)""",
                    (turn_id, run_id, session, run_id, cause, facts, run_id, now if eligible else None, now, now))
     if eligible:
         queue.add_event(db, run_id, "turn", {"turnId": turn_id, "cause": cause}, now)
@@ -291,7 +302,20 @@ def resolve_turn(db: Database, *, turn_id: str, claim_id: str, client_id: str, r
                       WHERE run_id = ? AND state = 'queued' AND position <= ?""", (turn_id, now, run_id, through or 0))
         delivered = db.changes()
         queue.add_event(db, run_id, "turn.resolved", {"turnId": turn_id, "outcome": resolution}, now)
+        _carry_late_followups(db, run_id, turn_id, now)
         return ResolveTurnReceipt(turnId=turn_id, resolution=resolution, followUpsDelivered=delivered)
+
+
+def _carry_late_followups(db: Database, run_id: str, resolved_turn: str, now: int) -> None:
+    """Follow-ups queued after the claim of an ended run's last turn (too late for it, and
+    accepted because that turn was still unresolved) get a fresh turn of their own, with
+    the same cause and the facts of now; a run still going carries them with its next."""
+    if db.scalar("SELECT status FROM run_queue WHERE run_id = ?", (run_id,)) not in ENDED:
+        return
+    if db.one("SELECT 1 FROM followups WHERE run_id = ? AND state = 'queued' LIMIT 1", (run_id,)) is None:
+        return
+    cause, session = db.one("SELECT cause, session_id FROM turns WHERE turn_id = ?", (resolved_turn,))
+    _write_turn(db, run_id, session, TurnCause(cause), now, eligible=True)
 
 
 def list_turns(db: Database, *, session_id: str | None, run_id: str | None, limit: int, now: int) -> list[Turn]:
@@ -302,8 +326,13 @@ def list_turns(db: Database, *, session_id: str | None, run_id: str | None, limi
     return [_turn(db, row, now, through=1 << 62) for row in rows]
 
 
+COUNT_UNRESOLVED_SQL = "SELECT COUNT(*) FROM turns WHERE resolved_at IS NULL AND eligible_at IS NOT NULL"
+
+
 def count_unresolved(db: Database) -> int:
-    return db.scalar("SELECT COUNT(*) FROM turns WHERE resolved_at IS NULL")
+    """Turns waiting for a session: eligible and unresolved (a ``ctx.present`` turn of a
+    run still going is not one yet)."""
+    return db.scalar(COUNT_UNRESOLVED_SQL)
 
 
 # --- follow-ups -------------------------------------------------------------------------------

@@ -271,7 +271,7 @@ CREATE UNIQUE INDEX interaction_submissions_validating ON interaction_submission
   WHERE status = 'validating';
 """
 
-# Layout 7: delivery to sessions (DESIGN.md §8). Notifications and turns are delivered
+# Layout 8: delivery to sessions (DESIGN.md §8). Notifications and turns are delivered
 # under short claims (claim_token is the claimId a client holds; claim_client who holds it);
 # at most one unresolved turn per (run, session) (the partial unique index); a turn whose
 # eligible_at is NULL was asked for by ctx.present and waits for its run to end. Follow-ups
@@ -317,6 +317,8 @@ CREATE TABLE turns (
 );
 CREATE UNIQUE INDEX turns_unresolved ON turns(run_id, session_id) WHERE resolved_at IS NULL;
 CREATE INDEX turns_eligible ON turns(session_id, eligible_at) WHERE resolved_at IS NULL;
+-- A run's turns, resolved or not: each end of a run with a session reads them (turn_for_run).
+CREATE INDEX turns_run ON turns(run_id);
 
 CREATE TABLE followups (
   followup_id TEXT PRIMARY KEY,
@@ -401,6 +403,8 @@ CREATE TABLE controller_queue (
   claim_resource_version INTEGER,
   claim_generation INTEGER NOT NULL DEFAULT 0,
   claim_epoch INTEGER,
+  worker_pid INTEGER,
+  worker_identity TEXT,
   consecutive_errors INTEGER NOT NULL DEFAULT 0,
   last_error TEXT,
   updated_at INTEGER NOT NULL
@@ -603,6 +607,7 @@ DROP TABLE run_workers_v2;
     6: CONTROLLERS_SQL,
     # 8: notifications, turns, follow-ups and live updates (new tables only).
     7: DELIVERY_SQL,
-    # 9: run settings: scopes, their changes, the change number each attempt started under.
-    8: SETTINGS_SQL,
+    # 9: run settings: scopes, their changes, the change number each attempt started under;
+    # and the index of a run's turns, for a layout-8 database made before layout 8 had it.
+    8: "CREATE INDEX IF NOT EXISTS turns_run ON turns(run_id);\n" + SETTINGS_SQL,
 }

@@ -29,7 +29,7 @@ from ..controller_steering import (
 )
 from ..controllers import Controller, Resource, Result
 from ..controllers.loader import load_controller
-from ..engine.executor import Stop
+from ..engine.executor import EffectRejected, Stop
 from ..errors import ClaimLost, PermanentError, PiwfError, TemporaryError
 from ..wire import canonical_json
 from .__main__ import HostJournal
@@ -47,8 +47,13 @@ class Effects:
     def ensure(self, key: str, apply: Callable[[], Any], observe: Callable[[], Any] | None = None) -> Any:
         """Apply ``apply()`` once for this key and spec generation and return its result; a
         later pass gets the stored result. ``observe()`` (result, or None when not applied)
-        lets a pass after a crash mid-apply find out instead of holding the resource."""
-        return self._journal.effect(EFFECT_NODE, key, apply, observe)
+        lets a pass after a crash mid-apply find out instead of holding the resource. An
+        exception from ``apply()`` fails the pass and the next pass applies it again; a
+        ``PermanentError`` from it is stored and raised again for this spec generation."""
+        try:
+            return self._journal.effect(EFFECT_NODE, key, apply, observe)
+        except EffectRejected as exc:  # only a PermanentError is stored as rejected
+            raise PermanentError(f"effect {key!r}: {exc.error.get('message', '')}") from None
 
 
 class Workflows:
