@@ -86,7 +86,8 @@ async def test_receipts_carry_the_documented_fields(client: AsyncClient, project
     assert set(done.receipt) == SUMMARY | DETAIL | {"atRest"}
     assert set((await client.call("run.status", run_id=run_id)).receipt) == SUMMARY | DETAIL
     assert set((await client.call("run.list")).receipt[0]) == SUMMARY
-    assert set(done.receipt["steps"][0]) == {"seq", "node", "status", "generation", "exit", "startedAt", "finishedAt"}
+    assert set(done.receipt["steps"][0]) == {"seq", "node", "status", "generation", "exit", "startedAt", "finishedAt",
+                                             "settingsChange"}
     assert set(done.receipt["workers"][0]) == {"workerEpoch", "generation", "pid", "status", "exitCode", "signal",
                                                "diagnostic"}
     page = (await client.call("run.events", run_id=run_id)).receipt

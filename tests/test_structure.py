@@ -11,7 +11,7 @@ from piwf.worker_protocol import WORKER_OPERATIONS
 ROOT = Path(__file__).resolve().parents[1]
 HOST = sorted((ROOT / "src" / "piwf" / "host").glob("*.py"))
 STORE_MODULES = ("queue", "runs", "workers", "effects", "commands", "supervision", "controllers", "controller_queue",
-                 "controller_effects", "delivery", "updates")
+                 "controller_effects", "delivery", "updates", "settings")
 
 
 def _host_source() -> str:

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from . import cli_controller, cli_interact, cli_service, cli_watch
+from . import cli_controller, cli_interact, cli_service, cli_settings, cli_watch
 from .client import Client
 from .errors import (ProtocolError, ExitCode, HostReplied, HostTimeout, HostUnavailable, InternalError, PiwfError,
                      UsageError)
@@ -146,6 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--session", metavar="ID", help="origin session id (one queued or running run per session)")
     start.add_argument("--run-id", metavar="ID", help="choose the run id (default: the host makes one)")
     start.add_argument("--wait", action="store_true", help="wait until the run ends or waits")
+    start.add_argument("--settings", metavar="JSON", help="initial settings (merged over the workflow's defaults)")
     start.set_defaults(handler=cmd_run_start)
     listing = run.add_parser("list", parents=[common], help="recent runs")
     listing.add_argument("--limit", type=_run_list_limit, default=50, metavar="N", help="1 to 1000 (default 50)")
@@ -173,6 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     outcome.add_argument("--not-applied", action="store_true", help="it was not applied: the run applies it again")
     resolve.add_argument("--result", metavar="JSON", help="the effect's result as JSON, with --applied (default null)")
     resolve.set_defaults(handler=cmd_run_resolve_effect)
+    cli_settings.add_parsers(run, common)
     cli_interact.add_parsers(commands, common)
     cli_service.add_parsers(commands, common)
     cli_controller.add_parsers(commands, common)
@@ -395,6 +397,8 @@ def cmd_run_start(args: argparse.Namespace) -> int:
                                "input": run_input}
     if args.session:
         payload["originSessionId"] = args.session
+    if args.settings is not None:
+        payload["settings"] = _json_arg(args.settings, "--settings")
     with _client(args) as client:
         receipt = _ok(client.call("run.start", run_id=args.run_id, payload=payload))
         run_id = receipt["runId"]
@@ -595,7 +599,9 @@ def _format_run(r: dict[str, Any]) -> str:
     if r.get("statusDetail"):
         lines.append(f"detail:   {r['statusDetail']}")
     for step in r.get("steps", []):
-        lines.append(f"  step {step['seq']}: {step['node']:16} {step['status']} (generation {step['generation']})")
+        change = "" if step.get("settingsChange") is None else f", settings change {step['settingsChange']}"
+        lines.append(f"  step {step['seq']}: {step['node']:16} {step['status']} "
+                     f"(generation {step['generation']}{change})")
     for effect in r.get("effects", []):
         lines.append(f"  effect {effect['key']}: {effect['status']} (node {effect['node']})")
     for request in r.get("waitingFor", []):

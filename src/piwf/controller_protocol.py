@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 import msgspec
 
+from .controller_steering import WorkflowChangeSettings, WorkflowQueueFollowUp, WorkflowRemoveFollowUp
 from .wire import decode_with
 from .worker_protocol import (
     Count, EffectApply, EffectReserve, EffectSettle, Payload, Result, Text, WorkerMessage,
@@ -59,6 +60,7 @@ class WorkflowEnsurePayload(Payload):
     requestKey: Text
     workflow: Text
     input: Any = None
+    originSessionId: str | None = None  # the child run's origin session (run settings: follow-ups go there)
 
 
 class ReconcileLogPayload(Payload):
@@ -89,7 +91,8 @@ class ReconcileLog(WorkerMessage, tag="reconcile.log"):
 
 
 AnyReconcileMessage = (ReconcileReady | ReconcileFinish | ReconcileFail | WorkflowEnsure | ReconcileLog
-                       | EffectReserve | EffectApply | EffectSettle)
+                       | EffectReserve | EffectApply | EffectSettle
+                       | WorkflowChangeSettings | WorkflowQueueFollowUp | WorkflowRemoveFollowUp)
 RECONCILE_OPERATIONS = {cls.__struct_config__.tag: cls for cls in AnyReconcileMessage.__args__}  # type: ignore[attr-defined]
 
 

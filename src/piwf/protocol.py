@@ -54,6 +54,9 @@ class StartRunPayload(NoPayload, frozen=True):
     originSessionId: Annotated[str | None, Meta(description="an id (see Ids); at most one queued or running run "
                                                             "per session (a waiting run does not count)")] = None
     definitionDigest: Annotated[str | None, Meta(description="refused unless the workflow has this digest")] = None
+    settings: Annotated[dict[str, Any] | None, Meta(description="initial settings: a merge patch over the "
+                                                                "defaults of the workflow's settings type, "
+                                                                "checked against it (any path)")] = None
 
 
 class ListRunsPayload(NoPayload, frozen=True):
@@ -290,6 +293,8 @@ class Step(Struct):
     exit: str | None
     startedAt: str
     finishedAt: str | None
+    settingsChange: Annotated[int | None, Meta(description="the settings change number the attempt started "
+                                                           "under (null: the workflow has no settings)")]
 
 
 class WorkerSummary(Struct):
@@ -377,6 +382,7 @@ class RunEvent(Struct):
     cause: str | UnsetType = UNSET
     updateType: str | UnsetType = UNSET
     followUpId: str | UnsetType = UNSET
+    changeNumber: int | UnsetType = UNSET
 
 
 class RunEventsPage(Struct):
@@ -595,6 +601,9 @@ from .protocol_delivery import (  # noqa: E402
     ClaimNotification, ClaimTurn, DeliverNotification, ListDelivery, QueueFollowUp, RemoveFollowUp, ResolveTurn,
     WatchRuns,
 )
+# Run settings (DESIGN.md §9b), likewise.
+from .protocol_settings import *  # noqa: E402, F403
+from .protocol_settings import ChangeSettings, GetSettings  # noqa: E402
 
 AnyRequest = (GetHostStatus | StopHost | StartRun | ListRuns | GetRun | GetRunEvents | WaitRun | CancelRun
               | PauseRun | ResumeRun | ResolveEffect | ListInteractions | UpdateInteraction | SubmitInteraction
@@ -602,7 +611,8 @@ AnyRequest = (GetHostStatus | StopHost | StartRun | ListRuns | GetRun | GetRunEv
               | ApplyResource | GetResource | ListResources | DeleteResource | ReconcileResource
               | ResolveResourceEffect
               | ClaimNotification | DeliverNotification | ClaimTurn | ResolveTurn | QueueFollowUp
-              | RemoveFollowUp | ListDelivery | WatchRuns)
+              | RemoveFollowUp | ListDelivery | WatchRuns
+              | ChangeSettings | GetSettings)
 REQUEST_TYPES: tuple[type[Request], ...] = AnyRequest.__args__
 OPERATIONS: dict[str, type[Request]] = {kind.__struct_config__.tag: kind for kind in REQUEST_TYPES}  # type: ignore[misc]
 

@@ -249,6 +249,8 @@ class StartedAttempt(msgspec.Struct):
     seq: int
     node: str
     attemptId: str
+    settings: Any = None  # the run's settings when the attempt started (None: the workflow has none)
+    settingsChange: int | None = None
 
 
 class ReadyResult(Result):
@@ -273,6 +275,8 @@ class AttemptStartResult(Result):
     attemptId: str | None = None
     stop: Literal["paused", "waiting"] | None = None  # stop at this node boundary instead
     submission: PendingSubmission | None = None  # the node's request has a submission to validate
+    settings: Any = None  # the run's settings when the attempt started (None: the workflow has none)
+    settingsChange: int | None = None
 
 
 class EffectState(Result):

@@ -12,6 +12,7 @@ import msgspec
 
 from ..errors import DefinitionError
 from ..wire import canonical_json
+from . import settings as run_settings
 
 DEFAULT_EXIT = "next"
 
@@ -207,15 +208,20 @@ class Workflow:
 
     ``edges`` are ``(from, to)`` pairs; ``("node.exit", "to")`` leaves ``node`` through a
     named exit, chosen by a compute node returning ``Route(exit, value)``.
+
+    ``settings`` is a msgspec Struct type (every field with a default): what ``ctx.settings``
+    is; ``mutable`` names the dotted paths of it a run may change while it goes on.
     """
 
     def __init__(self, name: str, start_at: str, nodes: Mapping[str, Node],
-                 edges: Iterable[tuple[str, str]] = ()) -> None:
+                 edges: Iterable[tuple[str, str]] = (), *, settings: Any = None,
+                 mutable: Iterable[str] = ()) -> None:
         self.name = name
         self.start_at = start_at
         self.nodes = dict(nodes)
         self.edges = [tuple(edge) for edge in edges]
         self.routes = self._validate()
+        self.settings, self.mutable = run_settings.check_declaration(name, settings, mutable)
 
     def _validate(self) -> dict[tuple[str, str], str]:
         if not isinstance(self.name, str) or not self.name.replace("-", "_").isidentifier():
@@ -312,6 +318,7 @@ class Workflow:
             "startAt": self.start_at,
             "nodes": {node_id: node.describe() for node_id, node in sorted(self.nodes.items())},
             "edges": sorted(list(edge) for edge in self.edges),
+            **run_settings.describe(self.settings, self.mutable),  # nothing for a workflow without settings
         }
 
     def digest(self) -> str:

@@ -26,6 +26,7 @@ import msgspec
 from ..errors import ClaimLost, DefinitionError, HostRefused, Invalid, NodeFailed, ProtocolError
 from ..wire import canonical_json, check_nesting
 from .definition import DEFAULT_EXIT, TIMEOUT_EXIT, Ask, Compute, Decision, Route, Shell, Workflow
+from .settings import as_value
 
 TRACEBACK_TAIL = 4000
 
@@ -71,6 +72,9 @@ class Journal(Protocol):
     def publish(self, attempt_id: str, type: str, key: str, data: Any) -> None:
         """Replace the run's current value of (type, key)."""
         ...
+    def settings(self, attempt_id: str) -> Any:
+        """The run's settings (JSON) as they were when the attempt started; None without any."""
+        ...
 
 
 class EffectRejected(Exception):
@@ -102,6 +106,7 @@ class Context:
     project_path: str
     journal: Journal = field(repr=False, compare=False)
     _notified: list[int] = field(default_factory=lambda: [0], repr=False, compare=False)
+    settings: Any = None  # the workflow's settings type, as in force when the node started (None: it has none)
 
     def effect(self, key: str, apply: Callable[[], Any], observe: Callable[[], Any] | None = None) -> Any:
         """Apply an external side effect at most once per run and return its JSON result.
@@ -176,8 +181,11 @@ def execute(workflow: Workflow, *, run_id: str, project_path: str, input: Any,
             output, exit_name = step.output, step.exit or DEFAULT_EXIT
         else:
             attempt_id = journal.start(seq, node)
-            ctx = Context(run_id, node, attempt_id, input, MappingProxyType(dict(outputs)), project_path, journal)
             try:
+                # settings stored under an older definition that no longer fit fail the node, saying so
+                settings = as_value(workflow.settings, journal.settings(attempt_id)) if workflow.settings else None
+                ctx = Context(run_id, node, attempt_id, input, MappingProxyType(dict(outputs)), project_path,
+                              journal, settings=settings)
                 if isinstance(workflow.nodes[node], (Decision, Ask)):
                     output, exit_name = interact(workflow, node, ctx)
                 else:

@@ -1,5 +1,11 @@
 """``python -m piwf.engine.inspect PROJECT NAME``: load and validate a workflow in a
-throwaway process, printing ``{"name", "digest", "startAt", "nodes"}`` or ``{"error"}`` as JSON.
+throwaway process, printing ``{"name", "digest", "startAt", "nodes", "settings"}`` or
+``{"error"}`` as JSON.
+
+``python -m piwf.engine.inspect --settings PROJECT NAME`` reads ``{"current", "patch",
+"mutableOnly"}`` from stdin and prints ``{"digest", "settings"}`` (the settings after the
+merge patch, checked against the workflow's own settings type) or ``{"error"}``: how the
+host checks ``run.start`` settings and ``workflow.changeSettings`` without running user code.
 
 The host (``host/catalog.py``) and ``piwf workflows list`` (``inspect_isolated`` below) use
 it so user code never runs inside the supervisor or the CLI: an import that hangs is
@@ -22,6 +28,7 @@ from typing import Any
 
 from ..errors import PiwfError
 from ..wire import canonical_json
+from . import settings as run_settings
 from .loader import load_workflow
 
 PARALLEL = 8  # workflows loaded at once by inspect_all
@@ -32,17 +39,35 @@ def inspect_workflow(project: str, name: str) -> dict[str, Any]:
         workflow = load_workflow(project, name)
     except PiwfError as exc:
         return {"error": str(exc)}
+    declared = None if workflow.settings is None else {
+        "defaults": run_settings.defaults(workflow.settings), "mutable": list(workflow.mutable)}
     return {"name": workflow.name, "digest": workflow.digest(), "startAt": workflow.start_at,
-            "nodes": sorted(workflow.nodes)}
+            "nodes": sorted(workflow.nodes), "settings": declared}
+
+
+def resolve_settings(project: str, name: str, request: dict[str, Any]) -> dict[str, Any]:
+    """The settings after ``request["patch"]`` for workflow ``name`` as its file is now."""
+    try:
+        workflow = load_workflow(project, name)
+        settings = run_settings.resolve(name, workflow.settings, workflow.mutable, request.get("current"),
+                                        request.get("patch"), mutable_only=bool(request.get("mutableOnly")))
+    except PiwfError as exc:
+        return {"error": str(exc)}
+    return {"digest": workflow.digest(), "settings": settings}
 
 
 def main() -> int:
-    if len(sys.argv) != 3:
-        print("usage: python -m piwf.engine.inspect PROJECT NAME", file=sys.stderr)
+    args = sys.argv[1:]
+    settings_mode = args[:1] == ["--settings"]
+    if settings_mode:
+        args = args[1:]
+    if len(args) != 2:
+        print("usage: python -m piwf.engine.inspect [--settings] PROJECT NAME", file=sys.stderr)
         return 2
+    request = json.loads(sys.stdin.buffer.read() or b"{}") if settings_mode else {}
     result_out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # from here on, fd 1 (and so sys.stdout) is stderr: user code prints there
-    result = inspect_workflow(sys.argv[1], sys.argv[2])
+    result = resolve_settings(*args, request) if settings_mode else inspect_workflow(*args)
     sys.stdout.flush()
     result_out.write(canonical_json(result) + b"\n")
     result_out.close()

@@ -9,12 +9,13 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import trio
 
 from ..engine.loader import workflow_path
 from ..errors import PiwfError, Rejected
-from ..wire import decode_json, sha256_hex
+from ..wire import canonical_json, decode_json, sha256_hex
 
 INSPECT_TIMEOUT_S = 30
 
@@ -25,11 +26,13 @@ class WorkflowInfo:
     digest: str
     source: bytes
     start_at: str
+    settings: dict[str, Any] | None = None  # {"defaults", "mutable"} when the workflow declares settings
 
 
 class Catalog:
     def __init__(self) -> None:
-        self._cache: dict[tuple[str, str], tuple[str, str]] = {}  # (path, source hash) -> (digest, start)
+        # (path, source hash) -> (digest, start node, settings declaration)
+        self._cache: dict[tuple[str, str], tuple[str, str, Any]] = {}
         self._seen: dict[str, tuple[tuple[int, int, int], WorkflowInfo]] = {}  # path -> (stat key, info)
 
     async def inspect(self, project: str, name: str) -> WorkflowInfo:
@@ -48,24 +51,43 @@ class Catalog:
         key = (str(path), sha256_hex(source))
         if key not in self._cache:
             self._cache[key] = await self._digest(project, name)
-        digest, start_at = self._cache[key]
-        info = WorkflowInfo(name, digest, source, start_at)
+        digest, start_at, settings = self._cache[key]
+        info = WorkflowInfo(name, digest, source, start_at, settings)
         self._seen[str(path)] = (stat_key, info)
         return info
 
-    async def _digest(self, project: str, name: str) -> tuple[str, str]:
+    async def _digest(self, project: str, name: str) -> tuple[str, str, Any]:
+        result = await _inspect(project, name)
+        return result["digest"], result["startAt"], result.get("settings")
+
+    async def resolve_settings(self, project: str, name: str, *, current: Any, patch: Any,
+                               mutable_only: bool) -> tuple[str, Any]:
+        """(digest, settings): ``patch`` merged into ``current`` and checked against the
+        workflow's settings type (and, with ``mutable_only``, its mutable paths) in a
+        throwaway process, with the workflow file as it is now."""
+        request = canonical_json({"current": current, "patch": patch, "mutableOnly": mutable_only})
+        result = await _inspect(project, name, settings=request)
+        return result["digest"], result["settings"]
+
+
+async def _inspect(project: str, name: str, settings: bytes | None = None) -> dict[str, Any]:
+    """One ``python -m piwf.engine.inspect`` run; its one JSON result, or ``Rejected``."""
+    mode = [] if settings is None else ["--settings"]
+    try:
         with trio.move_on_after(INSPECT_TIMEOUT_S) as timeout:
             done = await trio.run_process(
-                [sys.executable, "-m", "piwf.engine.inspect", project, name],
+                [sys.executable, "-m", "piwf.engine.inspect", *mode, project, name], stdin=settings or b"",
                 capture_stdout=True, capture_stderr=True, check=False, cwd=Path(project),
             )
-        if timeout.cancelled_caught:
-            raise Rejected(f"workflow {name!r} took over {INSPECT_TIMEOUT_S} s to load")
-        try:
-            result = decode_json(done.stdout.strip().splitlines()[-1])
-        except (PiwfError, IndexError):
-            tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
-            raise Rejected(f"workflow {name!r} could not be inspected: {tail[0]}") from None
-        if "error" in result:
-            raise Rejected(result["error"])
-        return result["digest"], result["startAt"]
+    except OSError as exc:
+        raise Rejected(f"workflow {name!r} could not be inspected: {exc}") from None
+    if timeout.cancelled_caught:
+        raise Rejected(f"workflow {name!r} took over {INSPECT_TIMEOUT_S} s to load")
+    try:
+        result = decode_json(done.stdout.strip().splitlines()[-1])
+    except (PiwfError, IndexError):
+        tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        raise Rejected(f"workflow {name!r} could not be inspected: {tail[0]}") from None
+    if "error" in result:
+        raise Rejected(result["error"])
+    return result

@@ -37,6 +37,7 @@ from ..store.hosts import read_lease
 from ..wire import HostResponse, check_id, request_fingerprint
 from . import controller_operations
 from . import delivery
+from . import settings_operations
 from .catalog import WorkflowInfo
 from .state import HostState, log
 
@@ -148,7 +149,7 @@ def _host_stop(host: HostState, request: StopHost, prepared: None, after: After)
     return HostResponse(request.requestId, Outcome.ACCEPTED, receipt=StopReceipt(stopping=True))
 
 
-async def _prepare_start(host: HostState, request: StartRun) -> WorkflowInfo:
+async def _prepare_start(host: HostState, request: StartRun) -> tuple[WorkflowInfo, Any]:
     payload = request.payload
     project = payload.projectPath
     if not PurePosixPath(project).is_absolute():
@@ -162,17 +163,21 @@ async def _prepare_start(host: HostState, request: StartRun) -> WorkflowInfo:
     expected = payload.definitionDigest
     if expected is not None and expected != info.digest:
         raise Rejected(f"workflow {payload.workflow} changed: its digest is {info.digest}, not {expected}")
-    return info
+    return info, await settings_operations.initial_settings(host, payload, info)
 
 
-def _run_start(host: HostState, request: StartRun, info: WorkflowInfo, after: After) -> HostResponse:
+def _run_start(host: HostState, request: StartRun, prepared: tuple[WorkflowInfo, Any], after: After) -> HostResponse:
     run_id = request.runId or "run-" + secrets.token_hex(8)
     payload = request.payload
+    info, initial = prepared
+    now = host.now()
     runs.create_run(
         host.db, run_id=run_id, workflow=info.name, project_path=payload.projectPath, source=info.source,
         digest=info.digest, input=payload.input, origin_session_id=payload.originSessionId,
-        now=host.now(), start_node=info.start_at,
+        now=now, start_node=info.start_at,
     )
+    settings_operations.start_scope(host.db, run_id, info, initial, patch=payload.settings, actor_id=request.clientId,
+                                    now=now)
     after.append(host.wake)
     return HostResponse(request.requestId, Outcome.ACCEPTED, revision=1,
                         receipt=StartReceipt(runId=run_id, workflow=info.name, status="queued",
@@ -215,6 +220,8 @@ def _run_resume(host: HostState, request: ResumeRun, info: WorkflowInfo | None, 
     _check_revision(host, request)
     definition = None if info is None else (info.digest, info.source, info.start_at)
     receipt = HoldReceipt(**runs.resume_run(host.db, run_id, host.now(), definition=definition))
+    if info is not None:  # the workflow as it is now may declare settings the run did not have
+        settings_operations.start_scope(host.db, run_id, info, None, actor_id=request.clientId, now=host.now())
     host.backoff.pop(run_id, None)
     after.append(host.wake)
     return HostResponse(request.requestId, Outcome.ACCEPTED, revision=runs.revision(host.db, run_id),
@@ -309,3 +316,5 @@ WRITES: dict[type[Request], tuple[Prepare, Apply]] = {
 }
 READS.update(controller_operations.READS)
 WRITES.update(controller_operations.WRITES)
+READS.update(settings_operations.READS)
+WRITES.update(settings_operations.WRITES)

@@ -21,10 +21,11 @@ from ..controller_protocol import (
 )
 from ..errors import ClaimLost, PiwfError, ProtocolError, Rejected
 from ..store import controller_effects, controller_queue, controllers, runs
-from ..wire import LineBuffer, encode_line
+from ..wire import LineBuffer, check_id, encode_line
 from ..worker_protocol import (
     MAX_WORKER_LINE, EffectApply, EffectReserve, EffectSettle, EffectState, Result, WorkerMessage, WorkerResponse,
 )
+from . import reconcile_steering, settings_operations
 from .catalog import WorkflowInfo
 from .controller_state import ActiveReconcile, ReconcileStop
 from .state import Conclusion, HostState, log
@@ -112,7 +113,9 @@ async def handle(host: HostState, active: ActiveReconcile, message: WorkerMessag
 
 async def _prepare(host: HostState, active: ActiveReconcile, message: WorkerMessage) -> WorkflowInfo | None:
     """``workflow.ensure`` for a child not started yet: the workflow, checked outside the
-    transaction (it may take a moment)."""
+    transaction (it may take a moment); a settings change: its proposal (reconcile_steering)."""
+    if type(message) in reconcile_steering.HANDLERS:
+        return await reconcile_steering.prepare(host, active, message)
     if not isinstance(message, WorkflowEnsure):
         return None
     payload = message.payload
@@ -203,9 +206,12 @@ def _workflow_ensure(host: HostState, active: ActiveReconcile, message: Workflow
         if info is None:  # recorded by another pass meanwhile and gone again: cannot happen under one claim
             raise Rejected(f"workflow request {p.requestKey!r} changed under the reconcile")
         run_id = "run-" + secrets.token_hex(8)
+        if p.originSessionId is not None:
+            check_id(p.originSessionId, "originSessionId")
         runs.create_run(host.db, run_id=run_id, workflow=info.name, project_path=active.claim.project,
-                        source=info.source, digest=info.digest, input=p.input, origin_session_id=None, now=now,
-                        start_node=info.start_at)
+                        source=info.source, digest=info.digest, input=p.input, origin_session_id=p.originSessionId,
+                        now=now, start_node=info.start_at)
+        settings_operations.start_scope(host.db, run_id, info, None, actor_id=active.uid, now=now)
         child = controller_effects.record_child(host.db, active.uid, p.requestKey, info.name, p.input, run_id, now)
     return ChildRun(**child), None
 
@@ -220,4 +226,5 @@ HANDLERS: dict[type[WorkerMessage], Handler] = {
     EffectApply: _effect_apply,
     EffectSettle: _effect_settle,
     WorkflowEnsure: _workflow_ensure,
+    **reconcile_steering.HANDLERS,
 }

@@ -12,7 +12,7 @@ from typing import Any
 from .. import faults
 from ..errors import ClaimLost, PiwfError
 from ..status import Hold
-from ..store import delivery, effects, interactions, queue, runs, updates, workers
+from ..store import delivery, effects, interactions, queue, runs, settings, updates, workers
 from ..worker_protocol import (
     AcceptedStep, AttemptAccept, AttemptFail, AttemptStart, AttemptStartResult, EffectApply, EffectReserve,
     EffectSettle, EffectState, InteractionOpen, NotificationSend, PresentationRequest, ProcessRegister,
@@ -46,7 +46,9 @@ def _ready(host: HostState, active: ActiveRun, message: Ready, now: int) -> Outc
             host.db, active.run_id, 0, start, now) is None:  # a first node that waits is started by the worker
         attempt_id, _ = runs.start_attempt(host.db, active.run_id, active.claim.token, seq=0, node=start,
                                            generation=active.claim.generation, now=now)
-        result.attempt = StartedAttempt(seq=0, node=start, attemptId=attempt_id)
+        change, value = settings.attempt_settings(host.db, active.run_id, attempt_id)
+        result.attempt = StartedAttempt(seq=0, node=start, attemptId=attempt_id, settings=value,
+                                        settingsChange=change)
     return result, None
 
 
@@ -78,10 +80,16 @@ def _attempt_start(host: HostState, active: ActiveRun, message: AttemptStart, no
         if submission is None:
             interactions.park_again(host.db, active.run_id, active.claim.token, now)
             return AttemptStartResult(stop="waiting"), Conclusion.DONE
-        return AttemptStartResult(attemptId=attempt_id, submission=submission), None
+        return _started(host, active, attempt_id, submission), None
     attempt_id, _ = runs.start_attempt(host.db, active.run_id, active.claim.token, seq=payload.seq,
                                        node=payload.node, generation=active.claim.generation, now=now)
-    return AttemptStartResult(attemptId=attempt_id), None
+    return _started(host, active, attempt_id), None
+
+
+def _started(host: HostState, active: ActiveRun, attempt_id: str, submission: Any = None) -> AttemptStartResult:
+    """An attempt to run, with the settings (and their change number) it started under."""
+    change, value = settings.attempt_settings(host.db, active.run_id, attempt_id)
+    return AttemptStartResult(attemptId=attempt_id, submission=submission, settings=value, settingsChange=change)
 
 
 def _attempt_accept(host: HostState, active: ActiveRun, message: AttemptAccept, now: int) -> Outcome:

@@ -144,9 +144,11 @@ def start_attempt(
         require_claim(db, run_id, token, now)
         attempt_id = secrets.token_hex(8)
         db.execute(
-            """INSERT INTO node_attempts (attempt_id, run_id, seq, node_id, generation, status, started_at)
-               VALUES (?, ?, ?, ?, ?, 'running', ?)""",
-            (attempt_id, run_id, seq, node, generation, now),
+            """INSERT INTO node_attempts (attempt_id, run_id, seq, node_id, generation, status, started_at,
+                 settings_change)
+               VALUES (?, ?, ?, ?, ?, 'running', ?,
+                 (SELECT change_number FROM settings_scopes WHERE run_id = ? AND mount_path = ''))""",
+            (attempt_id, run_id, seq, node, generation, now, run_id),
         )
         add_event(db, run_id, "attempt.started", {"node": node, "seq": seq, "attemptId": attempt_id}, now)
         return attempt_id, _bump(db, run_id, now)
@@ -276,13 +278,13 @@ def _step_summaries(db: Database, run_id: str) -> list[Step]:
     # Sorted here, not by SQLite: for one run's few rows its sorter costs more than the
     # query itself (measured 5 µs a call), and every run.status pays it.
     rows = sorted(db.execute(
-        """SELECT seq, started_at, node_id, status, generation, exit_name, finished_at
+        """SELECT seq, started_at, node_id, status, generation, exit_name, finished_at, settings_change
            FROM node_attempts WHERE run_id = ?""",
         (run_id,),
     ), key=lambda row: (row[0], row[1]))
     return [
-        Step(seq, node, status, gen, exit_name, iso(started), iso(finished))
-        for seq, started, node, status, gen, exit_name, finished in rows
+        Step(seq, node, status, gen, exit_name, iso(started), iso(finished), change)
+        for seq, started, node, status, gen, exit_name, finished, change in rows
     ]
 
 

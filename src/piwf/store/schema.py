@@ -8,7 +8,7 @@ from ..status import (
 )
 
 APPLICATION_ID = 0x70697766  # "piwf"
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 
 def one_of(values: Iterable[str]) -> str:
@@ -450,6 +450,37 @@ CREATE TABLE controller_workflows (
 CREATE INDEX controller_workflows_live ON controller_workflows(state) WHERE state IN ('running', 'waiting');
 """
 
+# Layout 9: run settings (DESIGN.md §9b). One scope per run (mount path '' for now: the
+# scope id is in the protocol so nested workflows can add theirs); every change is a row,
+# change 0 being the settings the run started with; an attempt records the change number
+# it started under (node_attempts is not rebuilt: the column is added last).
+SETTINGS_SQL = """
+CREATE TABLE settings_scopes (
+  scope_id TEXT PRIMARY KEY,
+  run_id TEXT NOT NULL REFERENCES runs(run_id),
+  mount_path TEXT NOT NULL DEFAULT '',
+  settings_json TEXT NOT NULL,
+  change_number INTEGER NOT NULL DEFAULT 0 CHECK (change_number >= 0),
+  mutable_json TEXT NOT NULL DEFAULT '[]',
+  created_at INTEGER NOT NULL,
+  updated_at INTEGER NOT NULL,
+  UNIQUE (run_id, mount_path)
+);
+CREATE TABLE settings_changes (
+  scope_id TEXT NOT NULL REFERENCES settings_scopes(scope_id),
+  change_number INTEGER NOT NULL,
+  request_key TEXT,
+  actor_type TEXT NOT NULL CHECK (actor_type IN ('start', 'client', 'controller')),
+  actor_id TEXT,
+  patch_json TEXT NOT NULL,
+  settings_json TEXT NOT NULL,
+  created_at INTEGER NOT NULL,
+  PRIMARY KEY (scope_id, change_number),
+  UNIQUE (scope_id, request_key)
+);
+ALTER TABLE node_attempts ADD COLUMN settings_change INTEGER;
+"""
+
 SCHEMA_SQL = """
 CREATE TABLE blobs (
   hash TEXT PRIMARY KEY,
@@ -532,7 +563,7 @@ CREATE TABLE worker_messages (
   completed_at INTEGER NOT NULL,
   PRIMARY KEY (worker_epoch, message_id)
 );
-""" + EFFECTS_AND_PROCESSES_SQL + RUN_COUNTS_SQL + INTERACTIONS_SQL + CONTROLLERS_SQL + DELIVERY_SQL
+""" + EFFECTS_AND_PROCESSES_SQL + RUN_COUNTS_SQL + INTERACTIONS_SQL + CONTROLLERS_SQL + DELIVERY_SQL + SETTINGS_SQL
 
 
 
@@ -576,4 +607,7 @@ DROP TABLE run_workers_v2;
     6: CONTROLLERS_SQL,
     # 8: notifications, turns, follow-ups and live updates (new tables only).
     7: DELIVERY_SQL,
+    # 9: run settings: scopes, their changes, the change number each attempt started under;
+    # and the index of a run's turns, for a layout-8 database made before layout 8 had it.
+    8: "CREATE INDEX IF NOT EXISTS turns_run ON turns(run_id);\n" + SETTINGS_SQL,
 }

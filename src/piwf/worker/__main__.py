@@ -44,15 +44,18 @@ class HostJournal:
         self.started = started  # the first attempt, started by the host with worker.ready
         self.finished = False  # the run was completed with its last node's output
         self.submissions: dict[str, PendingSubmission] = {}  # waiting attempt -> submission to validate
+        self.settings_of: dict[str, Any] = {}  # attempt -> the run's settings when it started
 
     def start(self, seq: int, node: str) -> str:
         started, self.started = self.started, None
         if started is not None and (started.seq, started.node) == (seq, node):
+            self.settings_of[started.attemptId] = started.settings
             return started.attemptId
         result = self.channel.request(AttemptStart, AttemptStartPayload(seq=seq, node=node), AttemptStartResult)
         if result.stop is not None:
             raise Stop(result.stop)
         assert result.attemptId is not None
+        self.settings_of[result.attemptId] = result.settings
         if result.submission is not None:
             self.submissions[result.attemptId] = result.submission
         return result.attemptId
@@ -118,6 +121,9 @@ class HostJournal:
 
     def publish(self, attempt_id: str, type: str, key: str, data: Any) -> None:
         self.channel.request(UpdatePublish, PublishPayload(attemptId=attempt_id, type=type, key=key, data=data))
+
+    def settings(self, attempt_id: str) -> Any:
+        return self.settings_of.get(attempt_id)
 
     def process_started(self, node: str, pid: int) -> None:
         faults.point("worker.shell.spawned")

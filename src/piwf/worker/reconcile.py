@@ -23,6 +23,10 @@ from ..controller_protocol import (
     ReconcileLaunch, ReconcileLog, ReconcileLogPayload, ReconcileReady, ReconcileReadyPayload, ReconcileStart,
     WorkflowEnsure, WorkflowEnsurePayload,
 )
+from ..controller_steering import (
+    ChangeSettingsPayload, FollowUpQueued, QueueFollowUpPayload, RemoveFollowUpPayload, SettingsChanged,
+    WorkflowChangeSettings, WorkflowQueueFollowUp, WorkflowRemoveFollowUp,
+)
 from ..controllers import Controller, Resource, Result
 from ..controllers.loader import load_controller
 from ..engine.executor import EffectRejected, Stop
@@ -58,13 +62,37 @@ class Workflows:
     def __init__(self, channel: Channel) -> None:
         self._channel = channel
 
-    def ensure(self, request_key: str, workflow: str, input: Any = None) -> dict[str, Any]:
+    def ensure(self, request_key: str, workflow: str, input: Any = None, *,
+               session: str | None = None) -> dict[str, Any]:
         """Start the run, or find the one started for ``request_key``: ``{runId, state,
         attempt, output}`` (state: running, waiting, succeeded, failed). Its end queues
-        this resource again."""
-        child = self._channel.request(WorkflowEnsure, WorkflowEnsurePayload(requestKey=request_key, workflow=workflow,
-                                                                            input=input), ChildRun)
+        this resource again. ``session``: the new run's origin session (its turns and
+        follow-ups go there)."""
+        child = self._channel.request(WorkflowEnsure, WorkflowEnsurePayload(
+            requestKey=request_key, workflow=workflow, input=input, originSessionId=session), ChildRun)
         return msgspec.structs.asdict(child)
+
+    def change_settings(self, run_id: str, patch: dict[str, Any], request_key: str, *,
+                        expected_change: int | None = None) -> dict[str, Any]:
+        """Change the settings of a run this resource started (a JSON merge patch on its
+        mutable paths): ``{runId, scopeId, changeNumber, settings, adopted}``. The same
+        ``request_key`` again changes nothing more (``adopted``)."""
+        done = self._channel.request(WorkflowChangeSettings, ChangeSettingsPayload(
+            runId=run_id, requestKey=request_key, patch=patch, expectedChangeNumber=expected_change), SettingsChanged)
+        return msgspec.structs.asdict(done)
+
+    def queue_follow_up(self, run_id: str, prompt: str, request_key: str) -> dict[str, Any]:
+        """Queue ``prompt`` for the origin session of a run this resource started, delivered
+        with the run's turn: ``{runId, followUpId, order, state, adopted}``."""
+        done = self._channel.request(WorkflowQueueFollowUp, QueueFollowUpPayload(
+            runId=run_id, requestKey=request_key, prompt=prompt), FollowUpQueued)
+        return msgspec.structs.asdict(done)
+
+    def remove_follow_up(self, run_id: str, follow_up_id: str) -> dict[str, Any]:
+        """Take back a follow-up queued for a run this resource started."""
+        done = self._channel.request(WorkflowRemoveFollowUp, RemoveFollowUpPayload(
+            runId=run_id, followUpId=follow_up_id), FollowUpQueued)
+        return msgspec.structs.asdict(done)
 
 
 class ReconcileContext:

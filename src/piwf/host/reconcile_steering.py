@@ -1,0 +1,91 @@
+"""A reconcile steering the runs its resource started (DESIGN.md §9b; seed
+``changeControllerWorkflowSettings``, ``queueFollowUp``/``removeFollowUp``):
+``workflow.changeSettings``, ``workflow.queueFollowUp``, ``workflow.removeFollowUp``.
+
+Each is refused for a run the resource did not start. A settings change is checked like a
+client's (a throwaway process, outside the transaction) unless its request key already
+made a change, which is answered again (``adopted``); a follow-up's request key is the
+delivery store's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from ..controller_steering import (
+    FollowUpQueued, SettingsChanged, WorkflowChangeSettings, WorkflowQueueFollowUp, WorkflowRemoveFollowUp,
+)
+from ..errors import Rejected
+from ..protocol import ChangeSettingsReceipt, FollowUpReceipt
+from ..store import delivery, settings
+from ..worker_protocol import Result, WorkerMessage
+from . import settings_operations
+from .controller_state import ActiveReconcile
+from .state import Conclusion, HostState
+
+Outcome = tuple[Result, Conclusion | None]
+
+
+def _check_owned(host: HostState, active: ActiveReconcile, run_id: str) -> None:
+    if not settings.started_by(host.db, active.uid, run_id):
+        raise Rejected(f"run {run_id} was not started by this resource (ctx.workflows.ensure): "
+                       "a controller steers only its own runs")
+
+
+async def prepare(host: HostState, active: ActiveReconcile, message: WorkerMessage) -> Any:
+    """A settings change's proposal, checked outside the transaction (or the change its
+    request key already made)."""
+    if not isinstance(message, WorkflowChangeSettings):
+        return None
+    p = message.payload
+    _check_owned(host, active, p.runId)
+    prior = settings.prior_change(host.db, p.runId, p.requestKey, p.scopeId)
+    if prior is not None:
+        return prior
+    return await settings_operations.proposal(host, p.runId, p.patch, scope_id=p.scopeId,
+                                              expected=p.expectedChangeNumber)
+
+
+def _change_settings(host: HostState, active: ActiveReconcile, message: WorkflowChangeSettings, prepared: Any,
+                     now: int) -> Outcome:
+    p = message.payload
+    _check_owned(host, active, p.runId)
+    if isinstance(prepared, ChangeSettingsReceipt):
+        receipt, adopted = prepared, True
+    else:
+        scope, base, value = prepared
+        receipt, adopted = settings.change_settings(
+            host.db, p.runId, scope_id=scope, base=base, expected=p.expectedChangeNumber, patch=p.patch,
+            settings=value, actor="controller", actor_id=active.uid, request_key=p.requestKey, now=now)
+    return SettingsChanged(**msgspec.structs.asdict(receipt), adopted=adopted), None
+
+
+def _follow_up(receipt: FollowUpReceipt) -> FollowUpQueued:
+    return FollowUpQueued(runId=receipt.runId, followUpId=receipt.followUpId, order=receipt.order,
+                          state=str(receipt.state), adopted=receipt.adopted)
+
+
+def _queue_follow_up(host: HostState, active: ActiveReconcile, message: WorkflowQueueFollowUp, prepared: None,
+                     now: int) -> Outcome:
+    p = message.payload
+    _check_owned(host, active, p.runId)
+    return _follow_up(delivery.queue_followup(host.db, run_id=p.runId, request_key=p.requestKey, prompt=p.prompt,
+                                              now=now)), None
+
+
+def _remove_follow_up(host: HostState, active: ActiveReconcile, message: WorkflowRemoveFollowUp, prepared: None,
+                      now: int) -> Outcome:
+    p = message.payload
+    _check_owned(host, active, p.runId)
+    return _follow_up(delivery.remove_followup(host.db, run_id=p.runId, followup_id=p.followUpId, now=now)), None
+
+
+Handler = Callable[[HostState, ActiveReconcile, Any, Any, int], Outcome]
+HANDLERS: dict[type[WorkerMessage], Handler] = {
+    WorkflowChangeSettings: _change_settings,
+    WorkflowQueueFollowUp: _queue_follow_up,
+    WorkflowRemoveFollowUp: _remove_follow_up,
+}

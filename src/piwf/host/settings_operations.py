@@ -1,0 +1,107 @@
+"""Run settings (DESIGN.md §9b): ``workflow.settings``, ``workflow.changeSettings``, and
+the settings scope a new run starts with.
+
+A patch is checked against the workflow's own settings type in a throwaway process
+(``Catalog.resolve_settings``), never in the host, with the workflow file as it is now:
+its digest must still be the run's. The store then commits the result as a
+compare-and-set on the change number the check started from.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import Conflict, Rejected
+from ..protocol import SETTINGS_LIMIT, ChangeSettings, GetSettings, Outcome, RunSettings, StartRunPayload
+from ..status import ENDED
+from ..store import runs, settings
+from ..store.db import Database
+from ..wire import HostResponse, canonical_json
+from .catalog import WorkflowInfo
+from .state import HostState
+
+After = list[Any]
+
+
+# --- a new run's scope -------------------------------------------------------------------------
+
+
+async def initial_settings(host: HostState, payload: StartRunPayload, info: WorkflowInfo) -> Any:
+    """The settings a run of ``info`` starts with: its defaults, with ``payload.settings``
+    merged in and checked against the type (any path may be given at the start)."""
+    if info.settings is None:
+        if payload.settings is not None:
+            raise Rejected(f"workflow {info.name} declares no settings; payload.settings cannot be given")
+        return None
+    if payload.settings is None:
+        return info.settings["defaults"]
+    _check_size(payload.settings)
+    digest, value = await host.catalog.resolve_settings(payload.projectPath, info.name, current=None,
+                                                        patch=payload.settings, mutable_only=False)
+    if digest != info.digest:
+        raise Rejected(f"workflow {info.name} changed while its settings were checked; start again")
+    return value
+
+
+def start_scope(db: Database, run_id: str, info: WorkflowInfo, initial: Any, *, patch: Any = None,
+                actor_id: str | None = None, now: int) -> None:
+    """The new run's settings scope, in the transaction that creates the run (nothing for a
+    workflow without settings)."""
+    if info.settings is None:
+        return
+    settings.ensure_scope(db, run_id, settings=initial if initial is not None else info.settings["defaults"],
+                          mutable=list(info.settings["mutable"]), patch=patch, actor_id=actor_id, now=now)
+
+
+def _check_size(patch: Any) -> None:
+    size = len(canonical_json(patch))
+    if size > SETTINGS_LIMIT:
+        raise Rejected(f"the settings patch is {size} bytes as JSON; the limit is {SETTINGS_LIMIT}")
+
+
+# --- operations ----------------------------------------------------------------------------------
+
+
+async def _get_settings(host: HostState, request: GetSettings) -> RunSettings:
+    return settings.get_settings(host.db, request.runId, request.payload.scopeId)
+
+
+async def proposal(host: HostState, run_id: str, patch: Any, *, scope_id: str | None = None,
+                   expected: int | None = None) -> tuple[str, int, Any]:
+    """(scope id, change number checked from, settings after ``patch``): the patch checked
+    in a throwaway process against the run's workflow, which must not have changed."""
+    _check_size(patch)
+    workflow, project, digest, _, _ = runs.run_source(host.db, run_id)
+    status = runs.run_summary(host.db, run_id).queueStatus
+    if status in ENDED:
+        raise Rejected(f"run {run_id} has ended ({status}): its settings can no longer change")
+    scope, change, current = settings.find_scope(host.db, run_id, scope_id)
+    if expected is not None and expected != change:
+        raise Conflict(f"the settings of run {run_id} are at change {change}, not {expected}")
+    checked, value = await host.catalog.resolve_settings(project, workflow, current=current, patch=patch,
+                                                         mutable_only=True)
+    if checked != digest:
+        raise Rejected(f"workflow {workflow} changed since run {run_id} started (digest {checked[:19]}, the run has "
+                       f"{digest[:19]}): its settings cannot be checked against the run's type")
+    return scope, change, value
+
+
+async def _prepare_change(host: HostState, request: ChangeSettings) -> tuple[str, int, Any]:
+    payload = request.payload
+    return await proposal(host, request.runId, payload.patch, scope_id=payload.scopeId,
+                          expected=payload.expectedChangeNumber)
+
+
+def _change_settings(host: HostState, request: ChangeSettings, prepared: tuple[str, int, Any],
+                     after: After) -> HostResponse:
+    scope, base, value = prepared
+    payload = request.payload
+    receipt, _ = settings.change_settings(host.db, request.runId, scope_id=scope, base=base,
+                                          expected=payload.expectedChangeNumber, patch=payload.patch, settings=value,
+                                          actor="client", actor_id=request.clientId, now=host.now())
+    return HostResponse(request.requestId, Outcome.ACCEPTED, revision=runs.revision(host.db, request.runId),
+                        receipt=receipt)
+
+
+READS = {GetSettings: _get_settings}
+WRITES = {ChangeSettings: (_prepare_change, _change_settings)}
