@@ -10,23 +10,23 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
 from . import cli_controller, cli_interact, cli_service, cli_settings, cli_watch
-from .client import Client
-from .errors import (ProtocolError, ExitCode, HostReplied, HostTimeout, HostUnavailable, InternalError, PiwfError,
+from .cli_common import (  # noqa: F401 - the shared helpers, also imported from here by the cli_* modules
+    DEFAULT_TIMEOUT_S, WAIT_S, _client, _emit, _json_arg, _ok, _paths, _print, _seconds, _timeout, client_id,
+)
+from .cli_run import (
+    cmd_run_control, cmd_run_events, cmd_run_list, cmd_run_logs, cmd_run_resolve_effect, cmd_run_show, cmd_run_start,
+)
+from .errors import (ExitCode, HostReplied, HostTimeout, HostUnavailable, InternalError, PiwfError,
                      UsageError)
 from .host.lock import read_record
 from .paths import StatePaths
-from .status import UNSUCCESSFUL
-from .wire import HostResponse, decode_json
 
-DEFAULT_TIMEOUT_S = 30.0  # how long the host has to answer one request (--timeout, $PIWF_TIMEOUT)
-WAIT_S = 600  # one run.wait request's own limit (the host's maximum)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -190,16 +190,6 @@ def _add_common(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
     parser.add_argument("--timeout", type=_seconds, metavar="S", help="seconds the host (or, for `workflows list`, "
                         f"each workflow's import) has to answer (default: $PIWF_TIMEOUT or {DEFAULT_TIMEOUT_S:g})",
                         **extra)
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 < value <= 3600:
-        raise argparse.ArgumentTypeError("must be more than 0 and at most 3600 seconds")
-    return value
 
 
 def _run_list_limit(text: str) -> int:
@@ -383,190 +373,7 @@ def _workflow_row(name: str, result: dict[str, Any]) -> dict[str, Any]:
             "error": None}
 
 
-def _json_arg(text: str, option: str) -> Any:
-    """A JSON option value, read as the host reads frames (nesting bounded)."""
-    try:
-        return decode_json(text.encode())
-    except ProtocolError as exc:
-        raise UsageError(f"{option} is not valid JSON: {exc}") from None
-
-
-def cmd_run_start(args: argparse.Namespace) -> int:
-    run_input = _json_arg(args.input, "--input")
-    payload: dict[str, Any] = {"workflow": args.name, "projectPath": str(Path(args.project).absolute()),
-                               "input": run_input}
-    if args.session:
-        payload["originSessionId"] = args.session
-    if args.settings is not None:
-        payload["settings"] = _json_arg(args.settings, "--settings")
-    with _client(args) as client:
-        receipt = _ok(client.call("run.start", run_id=args.run_id, payload=payload))
-        run_id = receipt["runId"]
-        if not args.wait:
-            _print(args, {"runId": run_id}, lambda r: run_id)
-            return 0
-        try:
-            run = wait_for_run(client, run_id)
-        except HostUnavailable as exc:  # the run exists: say which, so it can be followed up
-            raise type(exc)(f"run {run_id} was started, but waiting for it failed: {exc}") from exc
-    _print(args, run, _format_run)
-    return ExitCode.ERROR if run["status"] in UNSUCCESSFUL else 0
-
-
-def wait_for_run(client: Client, run_id: str) -> dict[str, Any]:
-    """Wait until the run is at rest; each run.wait may take its own limit plus the timeout."""
-    client.timeout = WAIT_S + (client.timeout or 0)
-    if client._sock is not None:
-        client._sock.settimeout(client.timeout)
-    while True:
-        run = _ok(client.call("run.wait", run_id=run_id, payload={"timeoutMs": WAIT_S * 1000}))
-        if run.pop("atRest"):
-            return run
-
-
-def cmd_run_list(args: argparse.Namespace) -> int:
-    payload: dict[str, Any] = {"limit": args.limit}
-    if args.status:
-        payload["status"] = args.status
-    with _client(args) as client:
-        rows = _ok(client.call("run.list", payload=payload))
-    _print(args, rows, lambda rs: "\n".join(
-        f"{r['runId']:22} {r['workflow']:16} {r['status']:10} {r['queueStatus']:9} "
-        f"{'paused ' if r['paused'] else ''}{r['createdAt']}" for r in rs) or "no runs")
-    return 0
-
-
-def cmd_run_show(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        run = _ok(client.call("run.status", run_id=args.run_id))
-    _print(args, run, _format_run)
-    return 0
-
-
-def cmd_run_events(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        events = all_events(client, args.run_id)
-    _print(args, events, lambda es: "\n".join(
-        f"{e['at']} {e['type']:18} " + " ".join(f"{k}={v}" for k, v in e.items() if k not in ("eventId", "at", "type"))
-        for e in es))
-    return 0
-
-
-def cmd_run_logs(args: argparse.Namespace) -> int:
-    """The output the host kept of each worker of the run (its last 64 KiB), oldest first."""
-    with _client(args) as client:
-        run = _ok(client.call("run.status", run_id=args.run_id))
-    workers = [{key: w[key] for key in ("workerEpoch", "generation", "pid", "status", "exitCode", "signal",
-                                        "diagnostic")} for w in run["workers"]]
-    _print(args, {"runId": run["runId"], "workers": workers}, _format_logs)
-    return 0
-
-
-def _format_logs(logs: dict[str, Any]) -> str:
-    if not logs["workers"]:
-        return f"{logs['runId']}: no worker has run yet"
-    parts = []
-    for w in logs["workers"]:
-        parts.append(f"== generation {w['generation']}, worker {w['workerEpoch']}: {w['status']} ({_end(w)})")
-        text = (w["diagnostic"] or "").rstrip("\n")
-        parts.append(text or "(no output)")
-    return "\n".join(parts)
-
-
-def _end(worker: dict[str, Any]) -> str:
-    if worker["signal"] is not None:
-        return f"signal {worker['signal']}"
-    if worker["exitCode"] is not None:
-        return f"exit {worker['exitCode']}"
-    return "still running" if worker["status"] in ("starting", "running") else "exit status unknown"
-
-
-def all_events(client: Client, run_id: str) -> list[dict[str, Any]]:
-    """Every event of the run, a page (at most 1,000) per request."""
-    events: list[dict[str, Any]] = []
-    after: int | None = 0
-    while after is not None:
-        page = _ok(client.call("run.events", run_id=run_id, payload={"after": after}))
-        events += page["events"]
-        after = page["nextAfter"]
-    return events
-
-
-def cmd_run_resolve_effect(args: argparse.Namespace) -> int:
-    if args.result is not None and not args.applied:
-        raise UsageError("--result goes with --applied")
-    result = None if args.result is None else _json_arg(args.result, "--result")
-    payload = {"key": args.key, "applied": bool(args.applied), "result": result}
-    with _client(args) as client:
-        receipt = _ok(client.call("effect.resolve", run_id=args.run_id, payload=payload))
-    _print(args, receipt, lambda r: f"{args.run_id}: effect {args.key} resolved as {r['status']}"
-           + (f"; still ambiguous: {', '.join(r['ambiguous'])}" if r["ambiguous"] else ""))
-    return 0
-
-
-def cmd_run_control(args: argparse.Namespace) -> int:
-    operation = f"run.{args.sub}"
-    with _client(args) as client:
-        receipt = _ok(client.call(operation, run_id=args.run_id))
-    _print(args, receipt, lambda r: f"{args.run_id}: {args.sub} accepted")
-    return 0
-
-
 # --- printing ---------------------------------------------------------------------------------
-
-
-def _paths(args: argparse.Namespace) -> StatePaths:
-    return StatePaths.resolve(args.state_dir)
-
-
-def _client(args: argparse.Namespace) -> Client:
-    return Client(_paths(args), timeout=_timeout(args), client_id=client_id())
-
-
-def client_id() -> str:
-    """Who this CLI is to the host: ``$PIWF_CLIENT_ID``, else ``cli:<user>``. It is stable,
-    so a command repeated with the same ``--request-id`` is a retry (``adopted``), and a
-    decision records a person, not a process, as who answered."""
-    given = os.environ.get("PIWF_CLIENT_ID")
-    if given:
-        return given
-    try:
-        import getpass
-
-        return f"cli:{getpass.getuser()}"
-    except (KeyError, OSError):
-        return f"cli:uid-{os.getuid()}"
-
-
-
-def _timeout(args: argparse.Namespace) -> float:
-    if args.timeout is not None:
-        return float(args.timeout)
-    if not (text := os.environ.get("PIWF_TIMEOUT")):
-        return DEFAULT_TIMEOUT_S
-    try:
-        return _seconds(text)
-    except argparse.ArgumentTypeError as exc:
-        raise UsageError(f"PIWF_TIMEOUT: {exc}") from None
-
-
-def _ok(response: HostResponse) -> Any:
-    if response.outcome not in ("accepted", "adopted"):
-        raise HostReplied(response.outcome, response.error)
-    return response.receipt
-
-
-def _print(args: argparse.Namespace, value: Any, human: Any) -> None:
-    if args.json:
-        _emit(value)
-    else:
-        text = human(value)
-        if text:
-            print(text)
-
-
-def _emit(value: Any) -> None:
-    sys.stdout.write(json.dumps(value, indent=2, sort_keys=True) + "\n")
 
 
 def _format_status(s: dict[str, Any]) -> str:
@@ -591,26 +398,6 @@ def _format_status(s: dict[str, Any]) -> str:
             lines.append(f"WARNING:   {s['lifecycleContradictions']} lifecycle contradictions")
     return "\n".join(lines)
 
-
-def _format_run(r: dict[str, Any]) -> str:
-    lines = [f"run:      {r['runId']} ({r['workflow']})",
-             f"status:   {r['status']} / {r['queueStatus']}" + (" (paused)" if r["paused"] else ""),
-             f"created:  {r['createdAt']}" + (f", finished {r['finishedAt']}" if r["finishedAt"] else "")]
-    if r.get("statusDetail"):
-        lines.append(f"detail:   {r['statusDetail']}")
-    for step in r.get("steps", []):
-        change = "" if step.get("settingsChange") is None else f", settings change {step['settingsChange']}"
-        lines.append(f"  step {step['seq']}: {step['node']:16} {step['status']} "
-                     f"(generation {step['generation']}{change})")
-    for effect in r.get("effects", []):
-        lines.append(f"  effect {effect['key']}: {effect['status']} (node {effect['node']})")
-    for request in r.get("waitingFor", []):
-        lines.append("waiting for:\n" + cli_interact.format_request(request))
-    if r.get("output") is not None:
-        lines.append("output:   " + json.dumps(r["output"]))
-    if r.get("error"):
-        lines.append(f"error:    {r['error'].get('message')}")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

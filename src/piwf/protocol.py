@@ -17,10 +17,6 @@ from typing import Annotated, Any, ClassVar
 
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from .controller_wire import (
-    ApplyReceipt, ApplyResourcePayload, DeleteResourcePayload, ListResourcesPayload, ResolveResourceEffectPayload,
-    ResolveResourceEffectReceipt, ResourceDetail, ResourcePayload, ResourceRef, ResourceSummary,
-)
 from .status import (
     EffectStatus, Hold, Provenance, QueueStatus, RequestStatus, RunStatus, SubmissionStatus, WorkerStatus,
 )
@@ -545,63 +541,17 @@ class AnswerDecision(Request, tag="decision.answer"):
 
 
 
-# --- controllers (DESIGN.md §9; payloads and receipts in piwf.controller_wire) -----------------
-
-
-class ApplyResource(Request, tag="controller.apply"):
-    """Create a resource or change its spec (a new spec queues a reconcile; the same spec
-    again changes nothing). The controller file must load."""
-
-    payload: ApplyResourcePayload
-    receipt_type = ApplyReceipt
-
-
-class GetResource(Request, tag="controller.get"):
-    """One resource: spec, status, conditions, finalizers, its queue row and recent events."""
-
-    payload: ResourcePayload
-    is_read = True
-    receipt_type = ResourceDetail
-
-
-class ListResources(Request, tag="controller.list"):
-    """Resource summaries, by project, controller and key."""
-
-    payload: ListResourcesPayload = ListResourcesPayload()
-    is_read = True
-    receipt_type = list[ResourceSummary]
-
-
-class DeleteResource(Request, tag="controller.delete"):
-    """Request deletion: the next reconcile sees `deletionTimestamp` and must clear the
-    finalizers; a resource without finalizers is removed at once, and so is any with
-    `force: true` (its finalizers are not run)."""
-
-    payload: DeleteResourcePayload
-    receipt_type = ResourceRef
-
-
-class ReconcileResource(Request, tag="controller.reconcile"):
-    """Queue a reconcile (deduplicated; lifts a permanent-error hold)."""
-
-    payload: ResourcePayload
-    receipt_type = ResourceRef
-
-
-class ResolveResourceEffect(Request, tag="controller.resolve"):
-    """Say whether a reconcile's ambiguous effect was applied; the resource is reconciled again."""
-
-    payload: ResolveResourceEffectPayload
-    receipt_type = ResolveResourceEffectReceipt
-
-
-# Delivery to sessions (DESIGN.md §8) lives in its own module, which builds on the classes above.
+# Controllers (DESIGN.md §9), delivery to sessions (§8) and run settings (§9b) live in
+# modules of their own, which build on the classes above.
+from .protocol_controllers import *  # noqa: E402, F403
+from .protocol_controllers import (  # noqa: E402
+    ApplyResource, DeleteResource, GetResource, ListResources, ReconcileResource, ResolveResourceEffect,
+)
 from .protocol_delivery import *  # noqa: E402, F403
 from .protocol_delivery import (  # noqa: E402
     ClaimNotification, ClaimTurn, DeliverNotification, ListDelivery, QueueFollowUp, RemoveFollowUp, ResolveTurn,
     WatchRuns,
 )
-# Run settings (DESIGN.md §9b), likewise.
 from .protocol_settings import *  # noqa: E402, F403
 from .protocol_settings import ChangeSettings, GetSettings  # noqa: E402
 

@@ -1,0 +1,90 @@
+"""What every ``piwf`` command shares: the client, its timeout and identity, printing,
+and argument parsing helpers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from .client import Client
+from .errors import HostReplied, ProtocolError, UsageError
+from .paths import StatePaths
+from .wire import HostResponse, decode_json
+
+DEFAULT_TIMEOUT_S = 30.0  # how long the host has to answer one request (--timeout, $PIWF_TIMEOUT)
+WAIT_S = 600  # one run.wait request's own limit (the host's maximum)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError("must be more than 0 and at most 3600 seconds")
+    return value
+
+
+def _json_arg(text: str, option: str) -> Any:
+    """A JSON option value, read as the host reads frames (nesting bounded)."""
+    try:
+        return decode_json(text.encode())
+    except ProtocolError as exc:
+        raise UsageError(f"{option} is not valid JSON: {exc}") from None
+
+
+def _paths(args: argparse.Namespace) -> StatePaths:
+    return StatePaths.resolve(args.state_dir)
+
+
+def _client(args: argparse.Namespace) -> Client:
+    return Client(_paths(args), timeout=_timeout(args), client_id=client_id())
+
+
+def client_id() -> str:
+    """Who this CLI is to the host: ``$PIWF_CLIENT_ID``, else ``cli:<user>``. It is stable,
+    so a command repeated with the same ``--request-id`` is a retry (``adopted``), and a
+    decision records a person, not a process, as who answered."""
+    given = os.environ.get("PIWF_CLIENT_ID")
+    if given:
+        return given
+    try:
+        import getpass
+
+        return f"cli:{getpass.getuser()}"
+    except (KeyError, OSError):
+        return f"cli:uid-{os.getuid()}"
+
+
+
+def _timeout(args: argparse.Namespace) -> float:
+    if args.timeout is not None:
+        return float(args.timeout)
+    if not (text := os.environ.get("PIWF_TIMEOUT")):
+        return DEFAULT_TIMEOUT_S
+    try:
+        return _seconds(text)
+    except argparse.ArgumentTypeError as exc:
+        raise UsageError(f"PIWF_TIMEOUT: {exc}") from None
+
+
+def _ok(response: HostResponse) -> Any:
+    if response.outcome not in ("accepted", "adopted"):
+        raise HostReplied(response.outcome, response.error)
+    return response.receipt
+
+
+def _print(args: argparse.Namespace, value: Any, human: Any) -> None:
+    if args.json:
+        _emit(value)
+    else:
+        text = human(value)
+        if text:
+            print(text)
+
+
+def _emit(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, indent=2, sort_keys=True) + "\n")
