@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import apsw
+import msgspec
 import pytest
 
 from piwf.clock import ManualClock
@@ -42,7 +43,8 @@ def test_a_scope_is_made_once_with_change_0(db: Database, clock: ManualClock) ->
     again = settings.ensure_scope(db, "r1", settings={"budget": 9}, mutable=[], patch=None, actor_id=None, now=1)
     assert again == scope
     shown = settings.get_settings(db, "r1")
-    assert (shown.changeNumber, shown.settings, shown.mutable) == (0, {"budget": 1}, ["budget"])
+    # made once; its mutable paths are the workflow's as it is now (a run resumed on an edited file)
+    assert (shown.changeNumber, shown.settings, shown.mutable) == (0, {"budget": 1}, [])
     assert [(c.changeNumber, c.actor, c.patch) for c in shown.changes] == [(0, "start", {})]
     assert settings.find_scope(db, "r1", scope) == (scope, 0, {"budget": 1})
 
@@ -112,7 +114,7 @@ def test_each_attempt_records_the_change_it_started_under(db: Database, clock: M
 def test_merge_patches_and_mutable_paths() -> None:
     assert engine_settings.merge_patch({"a": 1, "b": {"c": 2, "d": 3}}, {"b": {"c": None, "e": 4}, "f": [1]}) == {
         "a": 1, "b": {"d": 3, "e": 4}, "f": [1]}
-    assert sorted(engine_settings.touched_paths({"a": 1, "b": {"c": None, "d": {}}})) == ["a", "b.c", "b.d"]
+    assert sorted(engine_settings.touched_paths({"a": 1, "b": {"c": None, "d": {}}})) == ["a", "b.c"]
     assert engine_settings.allowed("limits.max", ["limits"]) and engine_settings.allowed("budget", ["budget"])
     assert not engine_settings.allowed("limits", ["limits.max"]) and not engine_settings.allowed("budgets", ["budget"])
 
@@ -197,3 +199,31 @@ def test_stored_settings_that_no_longer_fit_the_type_fail_the_node_saying_so() -
     with pytest.raises(NodeFailed, match=r"Expected `int`, got `str` - at `\$.budget`"):
         execute(workflow, run_id="r", project_path="/p", input=None, accepted=[], journal=journal)
     assert [e[0] for e in journal.events] == ["start", "fail"]
+
+
+def test_a_request_key_names_one_change(db: Database, clock: ManualClock) -> None:
+    scope = new_run(db, clock)
+    assert change(db, clock, scope, 0, 5, key="k") == (1, False)
+    assert change(db, clock, scope, 1, 5, key="k") == (1, True)  # the same change again: adopted
+    with pytest.raises(Conflict, match="request key 'k' was used for another settings patch"):
+        change(db, clock, scope, 1, 6, key="k")
+    assert settings.get_settings(db, "r1").settings == {"budget": 5}
+
+
+class Limits(msgspec.Struct, frozen=True):
+    max_items: int = 10
+
+
+class Settings(msgspec.Struct):
+    budget: int = 1
+    limits: Limits = Limits()
+
+
+def test_a_patch_that_changes_nothing_is_refused_and_an_empty_object_touches_no_path() -> None:
+    assert list(engine_settings.touched_paths({"limits": {}})) == []
+    with pytest.raises(Rejected, match="changes nothing"):
+        engine_settings.resolve("w", Settings, ["budget"], None, {"limits": {}}, mutable_only=True)
+    with pytest.raises(Rejected, match="changes nothing"):
+        engine_settings.resolve("w", Settings, ["budget"], None, {}, mutable_only=True)
+    assert engine_settings.resolve("w", Settings, ["budget"], None, {"budget": 3}, mutable_only=True) == {
+        "budget": 3, "limits": {"max_items": 10}}

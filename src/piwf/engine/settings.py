@@ -82,7 +82,7 @@ def touched_paths(patch: dict[str, Any], prefix: str = "") -> Iterator[str]:
     """The dotted paths a merge patch sets or removes: a nested object is followed down."""
     for key, value in patch.items():
         path = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
+        if isinstance(value, dict):  # followed down; an empty one changes nothing (RFC 7396)
             yield from touched_paths(value, path + ".")
         else:
             yield path
@@ -103,6 +103,8 @@ def resolve(name: str, settings: type[msgspec.Struct] | None, mutable: Iterable[
         raise Rejected("settings must be a JSON object (a merge patch)")
     if mutable_only:
         mutable = tuple(mutable)
+        if not list(touched_paths(patch)):
+            raise Rejected("the settings patch changes nothing")
         refused = [path for path in touched_paths(patch) if not allowed(path, mutable)]
         if refused:
             may = ", ".join(mutable) or "none"

@@ -42,7 +42,7 @@ async def prepare(host: HostState, active: ActiveReconcile, message: WorkerMessa
         return None
     p = message.payload
     _check_owned(host, active, p.runId)
-    prior = settings.prior_change(host.db, p.runId, p.requestKey, p.scopeId)
+    prior = settings.prior_change(host.db, p.runId, p.requestKey, p.scopeId, p.patch)
     if prior is not None:
         return prior
     return await settings_operations.proposal(host, p.runId, p.patch, scope_id=p.scopeId,

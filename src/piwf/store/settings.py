@@ -26,7 +26,7 @@ ROOT = ""  # the mount path of a run's own scope
 def _json(value: Any, what: str) -> str:
     text = canonical_json(value).decode()
     if len(text.encode()) > SETTINGS_LIMIT:
-        raise Rejected(f"{what} is {len(text.encode())} bytes as JSON; the limit is {SETTINGS_LIMIT}")
+        raise Rejected(f"{what}: {len(text.encode())} bytes as JSON, over the limit of {SETTINGS_LIMIT}")
     return text
 
 
@@ -36,7 +36,9 @@ def ensure_scope(db: Database, run_id: str, *, settings: Any, mutable: list[str]
     initial settings as the start request gave them) unless it exists; its id."""
     with db.write():
         found = db.scalar("SELECT scope_id FROM settings_scopes WHERE run_id = ? AND mount_path = ?", (run_id, ROOT))
-        if found is not None:
+        if found is not None:  # a run resumed on an edited workflow: its mutable paths are the file's now
+            db.execute("UPDATE settings_scopes SET mutable_json = ? WHERE scope_id = ?",
+                       (canonical_json(mutable).decode(), found))
             return found
         scope_id = "settings-" + secrets.token_hex(8)
         stored = _json(settings, "the settings")
@@ -88,15 +90,18 @@ def settings_at_change(db: Database, scope_id: str, change_number: int) -> Any:
     return decode_json(found.encode())
 
 
-def prior_change(db: Database, run_id: str, request_key: str,
-                 scope_id: str | None = None) -> ChangeSettingsReceipt | None:
-    """The change made earlier under ``request_key`` (a controller's retry), if any."""
+def prior_change(db: Database, run_id: str, request_key: str, scope_id: str | None = None,
+                 patch: Any = None) -> ChangeSettingsReceipt | None:
+    """The change made earlier under ``request_key`` (a controller's retry), if any; a
+    ``conflict`` when that change was another patch (a request key names one change)."""
     with db.read():
         found, _, _ = find_scope(db, run_id, scope_id)
-        row = db.one("SELECT change_number, settings_json FROM settings_changes WHERE scope_id = ? AND request_key = ?",
-                     (found, request_key))
+        row = db.one("SELECT change_number, settings_json, patch_json FROM settings_changes "
+                     "WHERE scope_id = ? AND request_key = ?", (found, request_key))
     if row is None:
         return None
+    if patch is not None and canonical_json(patch).decode() != row[2]:
+        raise Conflict(f"request key {request_key!r} was used for another settings patch (change {row[0]})")
     return ChangeSettingsReceipt(runId=run_id, scopeId=found, changeNumber=row[0],
                                  settings=decode_json(row[1].encode()))
 
@@ -112,7 +117,7 @@ def change_settings(db: Database, run_id: str, *, scope_id: str, base: int, expe
         if status is None:
             raise NotFound(f"run {run_id} not found")
         if request_key is not None:
-            prior = prior_change(db, run_id, request_key, scope_id)
+            prior = prior_change(db, run_id, request_key, scope_id, patch)
             if prior is not None:
                 return prior, True
         if status in ENDED:
