@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -40,8 +41,7 @@ class InteractionCalls:
     make a retry safe, as with any write (the interaction's own id comes first, by
     position: ``request_id=`` names the command)."""
 
-    def call(self, operation: str, **kwargs: Any) -> Any:
-        raise NotImplementedError
+    call: Callable[..., Any]  # Client.call, or AsyncClient.call (awaitable)
 
     def list_interactions(self, *, session_id: str | None = None, run_id: str | None = None,
                           open: bool = True, limit: int = 100) -> Any:
@@ -69,8 +69,7 @@ class DeliveryCalls:
     """Delivery to sessions as methods (DESIGN.md §8; docs/sessions.md): claim a
     notification or a turn, show it, then deliver or resolve it with the claim's id."""
 
-    def call(self, operation: str, **kwargs: Any) -> Any:
-        raise NotImplementedError
+    call: Callable[..., Any]  # Client.call, or AsyncClient.call (awaitable)
 
     def claim_notification(self, session_id: str, **ids: Any) -> Any:
         return self.call("notification.claim", payload={"sessionId": session_id}, **ids)

@@ -7,13 +7,12 @@ checks a controller this way on ``controller.apply``, so user code never runs in
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
-import traceback
 from pathlib import Path
 from typing import Any
 
+from ..engine.loader import import_user_file
 from ..errors import ControllerLoadError, PiwfError
 from ..wire import canonical_json
 from . import Controller
@@ -31,19 +30,7 @@ def load_controller(project: str | Path, name: str) -> Controller:
     path = controller_path(project, name)
     if not path.is_file():
         raise ControllerLoadError(f"no controller {name!r}: {path} does not exist")
-    module_name = f"piwf_controller_{name.replace('-', '_')}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise ControllerLoadError(f"cannot import {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except (Exception, SystemExit) as exc:
-        tail = traceback.format_exception_only(exc)[-1].strip()
-        raise ControllerLoadError(f"{path} failed to import: {tail}") from exc
-    finally:
-        sys.modules.pop(module_name, None)
+    module = import_user_file(path, f"piwf_controller_{name.replace('-', '_')}", ControllerLoadError)
     controller = getattr(module, "controller", None)
     if not isinstance(controller, Controller):
         raise ControllerLoadError(f"{path} defines no module-level `controller = Controller(...)`")

@@ -6,8 +6,9 @@ import importlib.util
 import sys
 import traceback
 from pathlib import Path
+from types import ModuleType
 
-from ..errors import DefinitionError, WorkflowLoadError
+from ..errors import DefinitionError, PiwfError, WorkflowLoadError
 from .definition import Workflow
 
 WORKFLOW_DIR = Path(".piwf") / "workflows"
@@ -26,25 +27,33 @@ def workflow_names(project: str | Path) -> list[str]:
     return sorted(p.stem for p in directory.glob("*.py") if not p.name.startswith("_"))
 
 
-def load_workflow(project: str | Path, name: str) -> Workflow:
-    path = workflow_path(project, name)
-    if not path.is_file():
-        raise WorkflowLoadError(f"no workflow {name!r}: {path} does not exist")
-    module_name = f"piwf_workflow_{name.replace('-', '_')}"
+def import_user_file(path: Path, module_name: str, error: type[PiwfError], *,
+                     definitions: bool = False) -> ModuleType:
+    """Import a project's file (a workflow or a controller) as ``module_name``; whatever it
+    raises on import (``sys.exit()`` too) becomes one ``error`` line naming the file. With
+    ``definitions``, a ``DefinitionError`` stays one, prefixed with the file."""
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
-        raise WorkflowLoadError(f"cannot import {path}")
+        raise error(f"cannot import {path}")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)
-    except DefinitionError as exc:
-        raise DefinitionError(f"{path}: {exc}") from exc
-    except (Exception, SystemExit) as exc:  # a module calling sys.exit() did not load either
+    except (Exception, SystemExit) as exc:
+        if definitions and isinstance(exc, DefinitionError):
+            raise DefinitionError(f"{path}: {exc}") from exc
         tail = traceback.format_exception_only(exc)[-1].strip()
-        raise WorkflowLoadError(f"{path} failed to import: {tail}") from exc
+        raise error(f"{path} failed to import: {tail}") from exc
     finally:
         sys.modules.pop(module_name, None)
+    return module
+
+
+def load_workflow(project: str | Path, name: str) -> Workflow:
+    path = workflow_path(project, name)
+    if not path.is_file():
+        raise WorkflowLoadError(f"no workflow {name!r}: {path} does not exist")
+    module = import_user_file(path, f"piwf_workflow_{name.replace('-', '_')}", WorkflowLoadError, definitions=True)
     workflow = getattr(module, "workflow", None)
     if not isinstance(workflow, Workflow):
         raise WorkflowLoadError(f"{path} defines no module-level `workflow = Workflow(...)`")

@@ -73,21 +73,30 @@ class Catalog:
 async def _inspect(project: str, name: str, settings: bytes | None = None) -> dict[str, Any]:
     """One ``python -m piwf.engine.inspect`` run; its one JSON result, or ``Rejected``."""
     mode = [] if settings is None else ["--settings"]
+    return await run_isolated(["piwf.engine.inspect", *mode, project, name], project, f"workflow {name!r}",
+                              "inspected", stdin=settings or b"")
+
+
+async def run_isolated(module_args: list[str], project: str, what: str, verb: str,
+                       stdin: bytes = b"") -> dict[str, Any]:
+    """``python -m MODULE ARGS`` in a throwaway process in ``project`` (user code never runs
+    in the host), within INSPECT_TIMEOUT_S: the one JSON line it prints last, or
+    ``Rejected`` saying why ``what`` could not be ``verb``."""
     try:
         with trio.move_on_after(INSPECT_TIMEOUT_S) as timeout:
             done = await trio.run_process(
-                [sys.executable, "-m", "piwf.engine.inspect", *mode, project, name], stdin=settings or b"",
+                [sys.executable, "-m", *module_args], stdin=stdin,
                 capture_stdout=True, capture_stderr=True, check=False, cwd=Path(project),
             )
     except OSError as exc:
-        raise Rejected(f"workflow {name!r} could not be inspected: {exc}") from None
+        raise Rejected(f"{what} could not be {verb}: {exc}") from None
     if timeout.cancelled_caught:
-        raise Rejected(f"workflow {name!r} took over {INSPECT_TIMEOUT_S} s to load")
+        raise Rejected(f"{what} took over {INSPECT_TIMEOUT_S} s to load")
     try:
         result = decode_json(done.stdout.strip().splitlines()[-1])
     except (PiwfError, IndexError):
         tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
-        raise Rejected(f"workflow {name!r} could not be inspected: {tail[0]}") from None
+        raise Rejected(f"{what} could not be {verb}: {tail[0]}") from None
     if "error" in result:
         raise Rejected(result["error"])
     return result

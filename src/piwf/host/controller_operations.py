@@ -9,9 +9,8 @@ the controller dispatcher after they commit.
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any
 
 import trio
@@ -23,10 +22,9 @@ from ..protocol import (
 )
 from ..controller_wire import ResolveResourceEffectReceipt, ResourceDetail, ResourceSummary
 from ..store import controller_effects, controllers
-from ..wire import HostResponse, decode_json, sha256_hex
+from ..wire import HostResponse, sha256_hex
+from .catalog import run_isolated
 from .state import HostState, log
-
-INSPECT_TIMEOUT_S = 30
 
 
 @dataclass(frozen=True)
@@ -57,18 +55,7 @@ class ControllerCatalog:
 
 
 async def _load_isolated(project: str, name: str) -> ControllerInfo:
-    with trio.move_on_after(INSPECT_TIMEOUT_S) as timeout:
-        done = await trio.run_process([sys.executable, "-m", "piwf.controllers.loader", project, name],
-                                      capture_stdout=True, capture_stderr=True, check=False, cwd=Path(project))
-    if timeout.cancelled_caught:
-        raise Rejected(f"controller {name!r} took over {INSPECT_TIMEOUT_S} s to load")
-    try:
-        result = decode_json(done.stdout.strip().splitlines()[-1])
-    except (PiwfError, IndexError):
-        tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
-        raise Rejected(f"controller {name!r} could not be loaded: {tail[0]}") from None
-    if "error" in result:
-        raise Rejected(result["error"])
+    result = await run_isolated(["piwf.controllers.loader", project, name], project, f"controller {name!r}", "loaded")
     return ControllerInfo(result["name"], result["timeoutS"], result["initialStatus"])
 
 

@@ -170,7 +170,7 @@ def retry_unrecorded(host: HostState) -> None:
 def _write_end(host: HostState, end: WorkerEnd) -> bool:
     active, process = end.active, end.process
     try:
-        crashes = supervision.end_worker(
+        ended = supervision.end_worker(
             host.db, worker_epoch=active.worker_epoch, run_id=active.run_id, token=active.claim.token,
             status=end.status, now=host.now(), exit_code=process.exit_code, signal=process.signal,
             diagnostic=process.diagnostic or None, park=end.park, max_crashes=host.config.max_crashes,
@@ -179,8 +179,9 @@ def _write_end(host: HostState, end: WorkerEnd) -> bool:
         log.error("run %s: could not record the end of its worker (%s): %s; will retry", active.run_id,
                   end.status, exc)
         return False
-    _back_off(host, active.run_id, crashes, end.status)
-    host.interactions_changed()  # its run may wait again (a validation ended): deadlines apply again
+    _back_off(host, active.run_id, ended.crashes, end.status)
+    if ended.waiting_again:
+        host.interactions_changed()
     return True
 
 

@@ -172,9 +172,9 @@ def park_if_waiting(db: Database, run_id: str, token: str, worker_status: str, n
     that submission is rejected and the run waits again. False when no request is open, or
     the run was paused (the submission stays, validated once the run is resumed)."""
     request_id = db.scalar(f"SELECT request_id FROM interaction_requests WHERE run_id = ? AND {OPEN}", (run_id,))
-    if db.scalar("SELECT paused FROM runs WHERE run_id = ?", (run_id,)):
+    if request_id is None or db.scalar("SELECT paused FROM runs WHERE run_id = ?", (run_id,)):
         return False
-    if request_id is None or not db.one(f"SELECT 1 FROM run_queue WHERE run_id = ? AND claim_token = ? AND {LIVE}",
+    if not db.one(f"SELECT 1 FROM run_queue WHERE run_id = ? AND claim_token = ? AND {LIVE}",
                                         (run_id, token)):
         return False
     for (submission_id,) in db.execute("""SELECT submission_id FROM interaction_submissions

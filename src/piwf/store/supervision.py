@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+from typing import NamedTuple
 
 from ..status import CRASHES, Hold, WorkerStatus
 from . import interactions, queue, workers
@@ -30,21 +31,27 @@ def claim_runs(db: Database, *, room: int, exclude: frozenset[str], runner_id: s
     return taken
 
 
+class WorkerEnded(NamedTuple):
+    crashes: int  # in a row, this end included (0: it was no crash)
+    waiting_again: bool  # its run waits for a person again: deadlines apply to it again
+
+
 def end_worker(db: Database, *, worker_epoch: str, run_id: str, token: str, status: WorkerStatus, now: int,
                exit_code: int | None, signal: int | None, diagnostic: str | None, park: bool,
-               max_crashes: int, last_output: str = "") -> int:
+               max_crashes: int, last_output: str = "") -> WorkerEnded:
     """Record how a worker ended and, with ``park``, release its run's claim. A crash is
     counted on the run (durably: a run that keeps killing what runs it is held however
     often the host restarts); the ``max_crashes``-th in a row holds it with the worker's
     last output. Once the run has ended, the answers stored for its ended workers are
-    deleted. Returns the run's crashes in a row (0 when this end was no crash)."""
+    deleted. Returns the run's crashes in a row (0 when this end was no crash), and whether
+    its run waits for a person again (the worker was validating a submission)."""
     with db.write():
         workers.finish(db, worker_epoch, run_id, status, now, exit_code=exit_code, signal=signal,
                        diagnostic=diagnostic)
         # A worker that ended while validating a submission: it is rejected and the run waits
         # again; unless its host stopped (a planned stop keeps the value: the next host validates it).
         if park and status != WorkerStatus.STOPPED and interactions.park_if_waiting(db, run_id, token, status, now):
-            return 0
+            return WorkerEnded(crashes=0, waiting_again=True)
         crashes = 0
         if status in CRASHES:
             crashes = queue.count_crash(db, run_id, token)
@@ -53,4 +60,4 @@ def end_worker(db: Database, *, worker_epoch: str, run_id: str, token: str, stat
         parked = park and queue.park_run(db, run_id, token, now, hold=Hold.CRASHED if held else None, detail=detail)
         if not parked:  # the run has ended (or is another's): no worker of it will repeat a message
             workers.forget_messages(db, run_id)
-        return crashes
+        return WorkerEnded(crashes=crashes, waiting_again=False)
