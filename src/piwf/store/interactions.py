@@ -79,7 +79,7 @@ def open_request(db: Database, run_id: str, token: str, payload: InteractionOpen
          canonical_json(spec).decode(), None if payload.deadlineMs is None else now + payload.deadlineMs, now, now),
     )
     db.execute("UPDATE node_attempts SET status = 'waiting' WHERE attempt_id = ?", (payload.attemptId,))
-    _park_waiting(db, run_id, token, now, f"waiting for {payload.kind} {request_id}: {spec.title[:200]}")
+    _park_waiting(db, run_id, token, now, _waiting_for(payload.kind, request_id, spec))
     add_event(db, run_id, "waiting", {"requestId": request_id, "kind": payload.kind, "node": node}, now)
     return request_id
 
@@ -192,8 +192,12 @@ def _detail(db: Database, run_id: str) -> str:
                  (run_id,))
     if row is None:
         return "waiting"
-    spec = msgspec.json.decode(row[2], type=Spec)
-    return f"waiting for {row[1]} {row[0]}: {spec.title[:200]}"
+    return _waiting_for(row[1], row[0], msgspec.json.decode(row[2], type=Spec))
+
+
+def _waiting_for(kind: str, request_id: str, spec: Spec) -> str:
+    """A waiting run's status detail."""
+    return f"waiting for {kind} {request_id}: {spec.title[:200]}"
 
 
 # --- answered by clients ------------------------------------------------------------------
@@ -302,11 +306,17 @@ def _continue(db: Database, run_id: str, attempt_id: str, output: Any, exit_name
     add_event(db, run_id, "attempt.accepted", {"attemptId": attempt_id, "exit": exit_name}, now)
 
 
-def _release(db: Database, run_id: str, now: int) -> None:
-    """Make a waiting run claimable; its engine status is running again."""
+def _unhold(db: Database, run_id: str, now: int) -> None:
+    """Lift a waiting run's hold so the dispatcher claims it (held as paused if it was
+    paused while it waited)."""
     db.execute("""UPDATE run_queue SET hold = CASE WHEN (SELECT paused FROM runs WHERE run_id = ?) != 0
                     THEN 'paused' ELSE NULL END, updated_at = ?
                   WHERE run_id = ? AND status = 'parked' AND hold = 'waiting'""", (run_id, now, run_id))
+
+
+def _release(db: Database, run_id: str, now: int) -> None:
+    """Make a waiting run claimable; its engine status is running again."""
+    _unhold(db, run_id, now)
     db.execute("""UPDATE runs SET status = 'running', status_detail = CASE WHEN paused != 0 THEN 'paused' END,
                     revision = revision + 1, updated_at = ? WHERE run_id = ? AND status = 'waiting'""",
                (now, run_id))
@@ -332,9 +342,7 @@ def submit(db: Database, *, request_id: str, value: Any, session_id: str | None,
                  session_id, created_at) VALUES (?, ?, 'validating', ?, ?, ?, ?)""",
             (submission_id, request_id, canonical_json(value).decode(), submitted_by, session_id, now),
         )
-        db.execute("""UPDATE run_queue SET hold = CASE WHEN (SELECT paused FROM runs WHERE run_id = ?) != 0
-                        THEN 'paused' ELSE NULL END, updated_at = ?
-                      WHERE run_id = ? AND status = 'parked' AND hold = 'waiting'""", (run_id, now, run_id))
+        _unhold(db, run_id, now)  # the dispatcher claims it, and a worker validates the value
         add_event(db, run_id, "submission.received", {"requestId": request_id, "submissionId": submission_id}, now)
         return SubmitReceipt(requestId=request_id, runId=run_id, submissionId=submission_id,
                              status=SubmissionStatus.VALIDATING)
