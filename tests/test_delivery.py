@@ -414,7 +414,7 @@ async def _read_until(follower: Follower, delivered: Callable[[], list[str]], wa
 
 async def test_the_follower_claims_no_turn_while_its_runs_notification_is_claimed_elsewhere(
         host: Any, paths: StatePaths, project: Path) -> None:
-    from piwf.cli_deliver import RACED_WAIT_MS, deliver_available
+    from piwf.cli.deliver import RACED_WAIT_MS, deliver_available
     from piwf.client import Client
 
     write_workflow(project, "talk", TALK)

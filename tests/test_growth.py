@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from piwf.paths import StatePaths
 from piwf.status import QueueStatus, RunStatus
 from piwf.store import Database, queue, runs, workers
-from piwf.worker_protocol import WorkerResponse, parse_worker_message
+from piwf.protocol.worker import WorkerResponse, parse_worker_message
 from piwf.wire import canonical_json
 
 from .conftest import wait_for

@@ -13,8 +13,9 @@ import pytest
 from piwf.client import AsyncClient, make_request
 from piwf.host.operations import READS, WRITES
 from piwf.protocol import OPERATIONS, REQUEST_TYPES, RunEvent, StartRun
-from piwf.protocol_doc import DOC_BEGIN, DOC_END, reference, with_reference
-from piwf.wire import HOST_REQUEST, canonical_json, read_request, request_fingerprint
+from piwf.protocol.doc import DOC_BEGIN, DOC_END, reference, with_reference
+from piwf.protocol import read_request
+from piwf.wire import HOST_REQUEST, canonical_json, request_fingerprint
 
 ROOT = Path(__file__).resolve().parents[1]
 PROTOCOL_DOC = ROOT / "docs" / "protocol.md"
@@ -126,7 +127,7 @@ def _literal_keys(node: ast.expr, path: Path) -> set[str]:
 def test_the_protocol_reference_is_generated_from_the_structs() -> None:
     text = PROTOCOL_DOC.read_text()
     assert DOC_BEGIN in text and DOC_END in text
-    assert with_reference(text) == text, "stale: run python -m piwf.protocol_doc --write docs/protocol.md"
+    assert with_reference(text) == text, "stale: run python -m piwf.protocol.doc --write docs/protocol.md"
     for operation in OPERATIONS:
         assert f"#### `{operation}` (" in reference()
 

@@ -212,7 +212,7 @@ def test_the_queries_of_a_runs_end_use_an_index_of_turns(db: Database, clock: Ma
 
 def test_a_timed_out_run_gets_its_turn_with_the_deadline_expiry(db: Database, clock: ManualClock) -> None:
     token, attempt = running(db, clock)
-    from piwf.worker_protocol import InteractionOpenPayload
+    from piwf.protocol.worker import InteractionOpenPayload
 
     with db.write():
         interactions.open_request(db, "r1", token, InteractionOpenPayload(

@@ -10,7 +10,7 @@ from piwf.errors import HostAlreadyRunning, Rejected
 from piwf.store import Database, commands, workers
 from piwf.store.hosts import acquire_lease, read_lease, release_lease, renew_lease
 from piwf.wire import HostResponse
-from piwf.worker_protocol import AttemptStart, AttemptStartPayload, WorkerResponse
+from piwf.protocol.worker import AttemptStart, AttemptStartPayload, WorkerResponse
 
 LEASE = 30_000
 

@@ -9,7 +9,7 @@ from piwf.errors import Conflict, NotFound, Rejected
 from piwf.protocol import ChoiceSpec, DefaultAnswer, TextInputSpec, UpdateAction
 from piwf.status import WorkerStatus
 from piwf.store import Database, interactions, queue, runs, supervision
-from piwf.worker_protocol import InteractionOpenPayload
+from piwf.protocol.worker import InteractionOpenPayload
 
 LEASE = 30_000
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from piwf.controller_protocol import RECONCILE_OPERATIONS
-from piwf.worker_protocol import WORKER_OPERATIONS
+from piwf.protocol.reconcile import RECONCILE_OPERATIONS
+from piwf.protocol.worker import WORKER_OPERATIONS
 
 ROOT = Path(__file__).resolve().parents[1]
 HOST = sorted((ROOT / "src" / "piwf" / "host").glob("*.py"))
@@ -30,7 +30,7 @@ def test_every_store_operation_the_host_calls_is_listed_on_the_architecture_page
     source = _host_source()
     called = {f"{module}.{name}" for module, name in
               re.findall(rf"(?<![\w.])({'|'.join(STORE_MODULES)})\.([a-z_]+)\(", source)}
-    called |= {f"hosts.{name}" for name in re.findall(r"from \.\.store\.hosts import ([\w, ]+)", source)[0].split(", ")}
+    called |= {f"hosts.{name}" for name in re.findall(r"from piwf\.store\.hosts import ([\w, ]+)", source)[0].split(", ")}
     page = (ROOT / "docs" / "architecture.md").read_text()
     missing = sorted(name for name in called if f"`{name}`" not in page)
     assert not missing, f"docs/architecture.md does not list: {missing}"

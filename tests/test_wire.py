@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from piwf.client import make_request
 from piwf.errors import ProtocolError
-from piwf.wire import LineBuffer, canonical_json, decode_json, read_request, readable_request_id, request_fingerprint
+from piwf.protocol import read_request
+from piwf.wire import LineBuffer, canonical_json, decode_json, readable_request_id, request_fingerprint
 
 GOOD = {"schema": "piwf.host-request.v1", "requestId": "r1", "clientId": "c", "idempotencyKey": "k",
         "operation": "run.list", "payload": {}}

@@ -15,7 +15,7 @@ from piwf.store import Database, queue, runs, workers
 from piwf.store.hosts import acquire_lease
 from piwf.errors import ProtocolError
 from piwf.wire import canonical_json
-from piwf.worker_protocol import WorkerMessage, parse_worker_message
+from piwf.protocol.worker import WorkerMessage, parse_worker_message
 
 from .conftest import config
 

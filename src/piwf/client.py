@@ -14,9 +14,9 @@ from typing import Any
 
 import msgspec
 
-from .errors import HostTimeout, HostUnavailable, RequestTooLarge
-from .paths import StatePaths
-from .wire import HOST_REQUEST, MAX_LINE, HostRequest, HostResponse, LineBuffer, decode_with, encode_line
+from piwf.errors import HostTimeout, HostUnavailable, RequestTooLarge
+from piwf.paths import StatePaths
+from piwf.wire import HOST_REQUEST, MAX_LINE, HostRequest, HostResponse, LineBuffer, decode_with, encode_line
 
 
 def make_request(

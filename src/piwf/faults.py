@@ -17,7 +17,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from .errors import PiwfError
+from piwf.errors import PiwfError
 
 FAULT_EXIT_STATUS = 86
 ACTIONS = ("exit", "raise", "sleep")

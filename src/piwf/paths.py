@@ -7,7 +7,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import StateDirError
+from piwf.errors import StateDirError
 
 MAX_SOCKET_PATH = 108  # sizeof(sockaddr_un.sun_path) on Linux
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from xml.parsers.expat import ExpatError
 
-from .errors import ServiceError, UsageError
-from .paths import StatePaths
+from piwf.errors import ServiceError, UsageError
+from piwf.paths import StatePaths
 
 PLATFORMS = ("linux", "macos")
 MARKER = "# Written by `piwf service install`; `piwf service uninstall` removes it."

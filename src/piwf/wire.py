@@ -1,21 +1,20 @@
-"""Messages and NDJSON framing shared by host, worker and client.
+"""Messages and NDJSON framing shared by host, worker and client: the bottom layer.
 
-A request line decodes straight into its operation's Struct (``protocol.AnyRequest``),
-whose validation errors name the offending field. Only a refused line is decoded again,
-as plain JSON, so the refusal can carry its ``requestId`` and an unknown operation can be
-told apart from a bad field.
+It imports nothing of piwf but the error hierarchy (``piwf.errors``, which imports
+nothing at all). Reading a request line into its operation's Struct is the protocol's
+(``piwf.protocol.read_request``).
 """
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import re
 from typing import Any, TypeVar
 
 import msgspec
 
-from .errors import ProtocolError
-from .protocol import OPERATIONS, AnyRequest, Outcome, Request
+from piwf.errors import ProtocolError
 
 T = TypeVar("T")
 
@@ -24,6 +23,20 @@ MAX_ID_BYTES = 256
 
 HOST_REQUEST = "piwf.host-request.v1"
 HOST_RESPONSE = "piwf.host-response.v1"
+
+
+
+class Outcome(enum.StrEnum):
+    """How the host answered a request (docs/protocol.md, "Outcomes")."""
+
+    ACCEPTED = "accepted"
+    ADOPTED = "adopted"
+    REJECTED = "rejected"
+    CONFLICT = "conflict"
+    NOT_FOUND = "notFound"
+    CLAIM_LOST = "claimLost"
+    UNAVAILABLE = "unavailable"
+
 
 OUTCOMES = tuple(outcome.value for outcome in Outcome)
 
@@ -98,7 +111,7 @@ def decode_json(line: bytes) -> Any:
         raise ProtocolError(f"line is not valid JSON: {exc}") from exc
 
 
-def request_fingerprint(request: Request | HostRequest) -> bytes:
+def request_fingerprint(request: msgspec.Struct) -> bytes:
     """Everything but ``requestId``: a retry under a new id with the same body matches.
     A typed request's payload has its defaults filled in, so leaving out a field and
     sending its default are the same body."""
@@ -123,46 +136,6 @@ def readable_request_id(obj: Any) -> str | None:
         if isinstance(value, str) and 0 < len(value.encode()) <= MAX_ID_BYTES:
             return value  # echoed as JSON, where a control character is escaped
     return None
-
-
-_request_decoder = msgspec.json.Decoder(AnyRequest)
-_envelope_decoder = msgspec.json.Decoder(HostRequest)
-
-
-def read_request(line: bytes) -> Request:
-    """A request line straight into its operation's Struct, or a ProtocolError (with the
-    request id when one can be read)."""
-    check_nesting(line)
-    try:
-        request = _request_decoder.decode(line)
-    except msgspec.DecodeError as exc:
-        raise _refusal(line, exc) from exc
-    try:
-        return _check_request(request)
-    except ProtocolError as exc:
-        exc.request_id = readable_request_id({"requestId": request.requestId})
-        raise
-
-
-def _refusal(line: bytes, exc: msgspec.DecodeError) -> ProtocolError:
-    request_id = readable_request_id(decode_json(line))  # not JSON at all: ProtocolError without an id
-    try:
-        operation = _envelope_decoder.decode(line).operation
-    except msgspec.DecodeError:
-        operation = None
-    if operation is not None and operation not in OPERATIONS:
-        return ProtocolError(f"unknown operation {operation!r}; known: {', '.join(sorted(OPERATIONS))}", request_id)
-    return ProtocolError(f"bad request: {exc}", request_id)
-
-
-def _check_request(request: Request) -> Request:
-    if request.schema != HOST_REQUEST:
-        raise ProtocolError(f"unknown schema {request.schema!r}; expected {HOST_REQUEST!r}")
-    for field in ("requestId", "clientId", "idempotencyKey"):
-        check_id(getattr(request, field), field)
-    if request.runId is not None:
-        check_id(request.runId, "runId")
-    return request
 
 
 def decode_as(line: bytes, kind: type[T], what: str) -> T:

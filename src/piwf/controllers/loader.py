@@ -12,10 +12,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..engine.loader import import_user_file
-from ..errors import ControllerLoadError, PiwfError
-from ..wire import canonical_json
-from . import Controller
+from piwf.engine.loader import import_user_file
+from piwf.errors import ControllerLoadError, PiwfError
+from piwf.wire import canonical_json
+from piwf.controllers import Controller
 
 CONTROLLER_DIR = Path(".piwf") / "controllers"
 

@@ -10,9 +10,9 @@ from typing import Any
 
 import msgspec
 
-from ..errors import DefinitionError
-from ..wire import canonical_json
-from . import settings as run_settings
+from piwf.errors import DefinitionError
+from piwf.wire import canonical_json
+from piwf.engine import settings as run_settings
 
 DEFAULT_EXIT = "next"
 

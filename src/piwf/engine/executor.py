@@ -23,10 +23,10 @@ from typing import Any, Protocol
 
 import msgspec
 
-from ..errors import ClaimLost, DefinitionError, HostRefused, Invalid, NodeFailed, ProtocolError
-from ..wire import canonical_json, check_nesting
-from .definition import DEFAULT_EXIT, TIMEOUT_EXIT, Ask, Compute, Decision, Route, Shell, Workflow
-from .settings import as_value
+from piwf.errors import ClaimLost, DefinitionError, HostRefused, Invalid, NodeFailed, ProtocolError
+from piwf.wire import canonical_json, check_nesting
+from piwf.engine.definition import DEFAULT_EXIT, TIMEOUT_EXIT, Ask, Compute, Decision, Route, Shell, Workflow
+from piwf.engine.settings import as_value
 
 TRACEBACK_TAIL = 4000
 

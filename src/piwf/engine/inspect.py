@@ -26,10 +26,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from ..errors import PiwfError
-from ..wire import canonical_json
-from . import settings as run_settings
-from .loader import load_workflow
+from piwf.errors import PiwfError
+from piwf.wire import canonical_json
+from piwf.engine import settings as run_settings
+from piwf.engine.loader import load_workflow
 
 PARALLEL = 8  # workflows loaded at once by inspect_all
 

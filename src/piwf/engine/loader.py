@@ -8,8 +8,8 @@ import traceback
 from pathlib import Path
 from types import ModuleType
 
-from ..errors import DefinitionError, PiwfError, WorkflowLoadError
-from .definition import Workflow
+from piwf.errors import DefinitionError, PiwfError, WorkflowLoadError
+from piwf.engine.definition import Workflow
 
 WORKFLOW_DIR = Path(".piwf") / "workflows"
 

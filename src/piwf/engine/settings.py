@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from ..errors import DefinitionError, Rejected
+from piwf.errors import DefinitionError, Rejected
 
 MAX_PATH = 256  # characters of one mutable path
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import trio
 
-from ..engine.loader import workflow_path
-from ..errors import PiwfError, Rejected
-from ..wire import canonical_json, decode_json, sha256_hex
+from piwf.engine.loader import workflow_path
+from piwf.errors import PiwfError, Rejected
+from piwf.wire import canonical_json, decode_json, sha256_hex
 
 INSPECT_TIMEOUT_S = 30
 

@@ -15,16 +15,16 @@ from typing import Any
 
 import trio
 
-from ..controllers.loader import controller_path
-from ..errors import PiwfError, Rejected
-from ..protocol import (
+from piwf.controllers.loader import controller_path
+from piwf.errors import PiwfError, Rejected
+from piwf.protocol import (
     ApplyResource, DeleteResource, GetResource, ListResources, Outcome, ReconcileResource, ResolveResourceEffect,
 )
-from ..controller_wire import ResolveResourceEffectReceipt, ResourceDetail, ResourceSummary
-from ..store import controller_effects, controllers
-from ..wire import HostResponse, sha256_hex
-from .catalog import run_isolated
-from .state import HostState, log
+from piwf.protocol.resources import ResolveResourceEffectReceipt, ResourceDetail, ResourceSummary
+from piwf.store import controller_effects, controllers
+from piwf.wire import HostResponse, sha256_hex
+from piwf.host.catalog import run_isolated
+from piwf.host.state import HostState, log
 
 
 @dataclass(frozen=True)

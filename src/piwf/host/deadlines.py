@@ -14,9 +14,9 @@ import math
 
 import trio
 
-from .. import faults
-from ..store import interactions
-from .state import HostState, log
+from piwf import faults
+from piwf.store import interactions
+from piwf.host.state import HostState, log
 
 RETRY_S = 1.0  # after a store error (a full disk): try again this soon, doubling up to MAX_WAIT_S
 MAX_WAIT_S = 60.0  # deadlines are wall-clock times: look again at least this often (a suspend, a clock step)

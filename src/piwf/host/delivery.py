@@ -12,13 +12,13 @@ import contextvars
 
 import trio
 
-from ..protocol import (
+from piwf.protocol import (
     ClaimNotification, ClaimTurn, DeliverNotification, DeliveryPage, ListDelivery, Outcome, QueueFollowUp,
     RemoveFollowUp, Request, ResolveTurn, WatchPage, WatchRuns,
 )
-from ..store import delivery, runs, updates
-from ..wire import HostResponse, check_id
-from .state import HostState
+from piwf.store import delivery, runs, updates
+from piwf.wire import HostResponse, check_id
+from piwf.host.state import HostState
 
 
 # The server's scope for the run.watch it is answering: cancelled when the client sends

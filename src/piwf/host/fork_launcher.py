@@ -25,11 +25,11 @@ import msgspec
 import trio
 import trio_util
 
-from .. import processes
-from ..worker_protocol import (
+from piwf import processes
+from piwf.protocol.worker import (
     Exited, Fork, Forked, ForkFailed, Reap, TemplateMessage, TemplateReady, from_template,
 )
-from .launcher import ForkedWorker, Launch, LauncherUnavailable, WorkerHandle, _pidfd
+from piwf.host.launcher import ForkedWorker, Launch, LauncherUnavailable, WorkerHandle, _pidfd
 
 log = logging.getLogger("piwf.host")
 

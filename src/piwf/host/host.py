@@ -31,24 +31,24 @@ import signal
 import trio
 import trio_util
 
-from ..clock import Clock, WallClock
-from ..errors import HostAlreadyRunning, PiwfError
-from ..paths import StatePaths
-from ..status import StopReason
-from ..store import commands, delivery, queue, workers
-from ..store.group import GroupCommit
-from ..store.hosts import acquire_lease, open_state, read_lease, release_lease, renew_lease
-from .. import faults, logs, processes
-from .fork_launcher import ForkLauncher
-from .launcher import fork_available
-from .lock import HostLock
-from .notify import Notifier, open_notifier
-from .deadlines import serve_deadlines
-from .reconciles import serve_controllers
-from .runs import serve_dispatcher
-from .server import adopt_listener, check_socket_path, open_listener, serve_socket
-from .state import HostConfig, HostState, log
-from .worker_process import reap_registered
+from piwf.clock import Clock, WallClock
+from piwf.errors import HostAlreadyRunning, PiwfError
+from piwf.paths import StatePaths
+from piwf.status import StopReason
+from piwf.store import commands, delivery, queue, workers
+from piwf.store.group import GroupCommit
+from piwf.store.hosts import acquire_lease, open_state, read_lease, release_lease, renew_lease
+from piwf import faults, logs, processes
+from piwf.host.fork_launcher import ForkLauncher
+from piwf.host.launcher import fork_available
+from piwf.host.lock import HostLock
+from piwf.host.notify import Notifier, open_notifier
+from piwf.host.deadlines import serve_deadlines
+from piwf.host.reconciles import serve_controllers
+from piwf.host.runs import serve_dispatcher
+from piwf.host.server import adopt_listener, check_socket_path, open_listener, serve_socket
+from piwf.host.state import HostConfig, HostState, log
+from piwf.host.worker_process import reap_registered
 
 PRUNE_INTERVAL_S = 3600
 

@@ -27,7 +27,7 @@ from typing import Protocol
 import trio
 import trio_util
 
-from .. import processes
+from piwf import processes
 
 
 @dataclass

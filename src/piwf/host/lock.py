@@ -12,8 +12,8 @@ import os
 
 import trio
 
-from ..errors import HostAlreadyRunning
-from ..paths import StatePaths
+from piwf.errors import HostAlreadyRunning
+from piwf.paths import StatePaths
 
 
 class HostLock:

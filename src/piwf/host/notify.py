@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator, Mapping
 import trio
 import trio_util
 
-from .state import HostState, log
+from piwf.host.state import HostState, log
 
 STATUS_INTERVAL_S = 5.0  # how often STATUS= is refreshed when there is no watchdog to ping
 

@@ -23,23 +23,23 @@ import msgspec
 import psutil
 import trio
 
-from .. import faults
-from ..errors import PiwfError, Rejected
-from ..protocol import (
+from piwf import faults
+from piwf.errors import PiwfError, Rejected
+from piwf.protocol import (
     AnswerDecision, CancelReceipt, CancelRun, GetHostStatus, GetRun, GetRunEvents, HoldReceipt, HostStatus,
     InteractionsPage, ListInteractions, ListRuns, Outcome, PauseRun, Request, ResolveEffect, ResolveReceipt,
     ResumeRun, RunDetail, RunEventsPage, RunSummary, StartReceipt, StartRun, StopHost, StopReceipt,
     SubmitInteraction, UpdateInteraction, WaitReceipt, WaitRun,
 )
-from ..status import AT_REST, QueueStatus, StopReason
-from ..store import commands, effects, interactions, queue, runs
-from ..store.hosts import read_lease
-from ..wire import HostResponse, check_id, request_fingerprint
-from . import controller_operations
-from . import delivery
-from . import settings_operations
-from .catalog import WorkflowInfo
-from .state import HostState, log
+from piwf.status import AT_REST, QueueStatus, StopReason
+from piwf.store import commands, effects, interactions, queue, runs
+from piwf.store.hosts import read_lease
+from piwf.wire import HostResponse, check_id, request_fingerprint
+from piwf.host import controller_operations
+from piwf.host import delivery
+from piwf.host import settings_operations
+from piwf.host.catalog import WorkflowInfo
+from piwf.host.state import HostState, log
 
 After = list[Callable[[], None]]
 

@@ -14,22 +14,22 @@ from typing import Any
 
 import trio
 
-from .. import faults
-from ..controller_protocol import (
+from piwf import faults
+from piwf.protocol.reconcile import (
     ChildRun, ReconcileFail, ReconcileFinish, ReconcileLog, ReconcileReady, ReconcileStart, WorkflowEnsure,
     parse_reconcile_message,
 )
-from ..errors import ClaimLost, PiwfError, ProtocolError, Rejected
-from ..store import controller_effects, controller_queue, controllers, runs
-from ..wire import LineBuffer, check_id, encode_line
-from ..worker_protocol import (
+from piwf.errors import ClaimLost, PiwfError, ProtocolError, Rejected
+from piwf.store import controller_effects, controller_queue, controllers, runs
+from piwf.wire import LineBuffer, check_id, encode_line
+from piwf.protocol.worker import (
     MAX_WORKER_LINE, EffectApply, EffectReserve, EffectSettle, EffectState, Result, WorkerMessage, WorkerResponse,
 )
-from . import reconcile_steering, settings_operations
-from .catalog import WorkflowInfo
-from .controller_state import ActiveReconcile, ReconcileStop
-from .state import Conclusion, HostState, log
-from .worker_process import receive_before
+from piwf.host import reconcile_steering, settings_operations
+from piwf.host.catalog import WorkflowInfo
+from piwf.host.controller_state import ActiveReconcile, ReconcileStop
+from piwf.host.state import Conclusion, HostState, log
+from piwf.host.worker_process import receive_before
 
 NOTHING = Result()
 Outcome = tuple[Result, Conclusion | None]

@@ -15,16 +15,16 @@ from typing import Any
 
 import msgspec
 
-from ..controller_steering import (
+from piwf.protocol.steering import (
     FollowUpQueued, SettingsChanged, WorkflowChangeSettings, WorkflowQueueFollowUp, WorkflowRemoveFollowUp,
 )
-from ..errors import Rejected
-from ..protocol import ChangeSettingsReceipt, FollowUpReceipt
-from ..store import delivery, settings
-from ..worker_protocol import Result, WorkerMessage
-from . import settings_operations
-from .controller_state import ActiveReconcile
-from .state import Conclusion, HostState
+from piwf.errors import Rejected
+from piwf.protocol import ChangeSettingsReceipt, FollowUpReceipt
+from piwf.store import delivery, settings
+from piwf.protocol.worker import Result, WorkerMessage
+from piwf.host import settings_operations
+from piwf.host.controller_state import ActiveReconcile
+from piwf.host.state import Conclusion, HostState
 
 Outcome = tuple[Result, Conclusion | None]
 

@@ -22,14 +22,14 @@ from collections.abc import Callable
 import trio
 import trio_util
 
-from .. import faults, processes
-from ..controller_protocol import LAUNCH_VAR, ReconcileLaunch
-from ..errors import PiwfError
-from ..store import controller_effects, controller_queue
-from .controller_state import ActiveReconcile, ReconcileStop
-from .reconcile_messages import pump
-from .state import Conclusion, HostState, ProcessEnd, log
-from .worker_process import run_worker
+from piwf import faults, processes
+from piwf.protocol.reconcile import LAUNCH_VAR, ReconcileLaunch
+from piwf.errors import PiwfError
+from piwf.store import controller_effects, controller_queue
+from piwf.host.controller_state import ActiveReconcile, ReconcileStop
+from piwf.host.reconcile_messages import pump
+from piwf.host.state import Conclusion, HostState, ProcessEnd, log
+from piwf.host.worker_process import run_worker
 
 MIN_WAIT_S = 0.05  # the dispatcher never spins: a due row it cannot take waits this long
 

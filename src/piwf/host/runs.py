@@ -15,14 +15,14 @@ import contextlib
 import trio
 import trio_util
 
-from .. import faults
-from ..errors import PiwfError
-from ..status import CRASHES, STOPPED_AS, StopReason, WorkerStatus
-from ..store import queue, runs, supervision
-from ..store.queue import Claim
-from ..worker_protocol import LaunchEnvelope
-from .state import ActiveRun, Conclusion, HostState, ProcessEnd, WorkerEnd, log
-from .worker_process import run_worker
+from piwf import faults
+from piwf.errors import PiwfError
+from piwf.status import CRASHES, STOPPED_AS, StopReason, WorkerStatus
+from piwf.store import queue, runs, supervision
+from piwf.store.queue import Claim
+from piwf.protocol.worker import LaunchEnvelope
+from piwf.host.state import ActiveRun, Conclusion, HostState, ProcessEnd, WorkerEnd, log
+from piwf.host.worker_process import run_worker
 
 MAX_BACKOFF_S = 60.0
 

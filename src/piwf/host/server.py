@@ -27,12 +27,13 @@ from typing import Any
 
 import trio
 
-from .. import faults
-from ..errors import ProtocolError, ServiceError, StateDirError
-from ..wire import HostResponse, LineBuffer, encode_line, read_request
-from .delivery import WATCH_ENDS_EARLY
-from .operations import handle_request
-from .state import HostState, log
+from piwf import faults
+from piwf.errors import ProtocolError, ServiceError, StateDirError
+from piwf.protocol import read_request
+from piwf.wire import HostResponse, LineBuffer, encode_line
+from piwf.host.delivery import WATCH_ENDS_EARLY
+from piwf.host.operations import handle_request
+from piwf.host.state import HostState, log
 
 
 def check_socket_path(path: Path) -> None:

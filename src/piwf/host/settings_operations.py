@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import Conflict, Rejected
-from ..protocol import SETTINGS_LIMIT, ChangeSettings, GetSettings, Outcome, RunSettings, StartRunPayload
-from ..status import ENDED
-from ..store import runs, settings
-from ..store.db import Database
-from ..wire import HostResponse, canonical_json
-from .catalog import WorkflowInfo
-from .state import HostState
+from piwf.errors import Conflict, Rejected
+from piwf.protocol import SETTINGS_LIMIT, ChangeSettings, GetSettings, Outcome, RunSettings, StartRunPayload
+from piwf.status import ENDED
+from piwf.store import runs, settings
+from piwf.store.db import Database
+from piwf.wire import HostResponse, canonical_json
+from piwf.host.catalog import WorkflowInfo
+from piwf.host.state import HostState
 
 After = list[Any]
 

@@ -12,16 +12,16 @@ from enum import Enum
 import trio
 import trio_util
 
-from ..clock import Clock, WallClock
-from ..paths import StatePaths
-from ..status import StopReason, WorkerStatus
-from ..store import Database
-from ..store.group import GroupCommit
-from ..store.hosts import HostClaim
-from ..store.queue import Claim
-from .catalog import Catalog
-from .controller_state import ControllerState
-from .launcher import Launcher, SpawnLauncher
+from piwf.clock import Clock, WallClock
+from piwf.paths import StatePaths
+from piwf.status import StopReason, WorkerStatus
+from piwf.store import Database
+from piwf.store.group import GroupCommit
+from piwf.store.hosts import HostClaim
+from piwf.store.queue import Claim
+from piwf.host.catalog import Catalog
+from piwf.host.controller_state import ControllerState
+from piwf.host.launcher import Launcher, SpawnLauncher
 
 log = logging.getLogger("piwf.host")
 

@@ -1,6 +1,6 @@
 """Answering a worker: each message is one store operation, fenced by the claim token,
 checked against the run revision, and recorded so a repeated message id gets the stored
-answer (seed 001). Messages arrive typed (``piwf.worker_protocol``): a payload that does
+answer (seed 001). Messages arrive typed (``piwf.protocol.worker``): a payload that does
 not fit its operation never reaches here.
 """
 
@@ -9,17 +9,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from .. import faults
-from ..errors import ClaimLost, PiwfError
-from ..status import Hold
-from ..store import delivery, effects, interactions, queue, runs, settings, updates, workers
-from ..worker_protocol import (
+from piwf import faults
+from piwf.errors import ClaimLost, PiwfError
+from piwf.status import Hold
+from piwf.store import delivery, effects, interactions, queue, runs, settings, updates, workers
+from piwf.protocol.worker import (
     AcceptedStep, AttemptAccept, AttemptFail, AttemptStart, AttemptStartResult, EffectApply, EffectReserve,
     EffectSettle, EffectState, InteractionOpen, NotificationSend, PresentationRequest, ProcessRegister,
     ProcessUnregister, Ready, ReadyResult, Result, RunComplete, RunFail, StartedAttempt, StepsPage, StepsRead,
     SubmissionReject, UpdatePublish, WorkerMessage, WorkerResponse,
 )
-from .state import ActiveRun, Conclusion, HostState, log
+from piwf.host.state import ActiveRun, Conclusion, HostState, log
 
 # A handler makes store calls only, inside the message's transaction, and returns its
 # result and, when the answer ends the worker's part, why.

@@ -19,15 +19,15 @@ from typing import Any
 
 import trio
 
-from .. import faults, processes
-from ..errors import PiwfError, ProtocolError
-from ..status import StopReason
-from ..store import workers
-from ..wire import LineBuffer, canonical_json, encode_line
-from ..worker_protocol import MAX_WORKER_LINE, LaunchEnvelope, parse_worker_message
-from .launcher import Launch, LauncherUnavailable, WorkerHandle
-from .state import ActiveRun, Conclusion, HostState, ProcessEnd, log
-from .worker_messages import handle
+from piwf import faults, processes
+from piwf.errors import PiwfError, ProtocolError
+from piwf.status import StopReason
+from piwf.store import workers
+from piwf.wire import LineBuffer, canonical_json, encode_line
+from piwf.protocol.worker import MAX_WORKER_LINE, LaunchEnvelope, parse_worker_message
+from piwf.host.launcher import Launch, LauncherUnavailable, WorkerHandle
+from piwf.host.state import ActiveRun, Conclusion, HostState, ProcessEnd, log
+from piwf.host.worker_messages import handle
 
 DIAGNOSTIC_BYTES = 64 * 1024
 REAP_S = 5.0  # after SIGKILL, how long reaping may take before the cleanup gives up

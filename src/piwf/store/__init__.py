@@ -1,5 +1,5 @@
 """All SQL lives in this package; the rest of piwf calls its named functions."""
 
-from .db import Database
+from piwf.store.db import Database
 
 __all__ = ["Database"]

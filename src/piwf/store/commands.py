@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ..wire import HostRequest, HostResponse, request_fingerprint
-from .db import Database
+from piwf.wire import HostRequest, HostResponse, request_fingerprint
+from piwf.store.db import Database
 
 RETENTION_MS = 7 * 24 * 3600 * 1000
 

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import NotFound, Rejected
-from ..status import EffectStatus as E
-from ..wire import canonical_json, decode_json, sha256_hex
-from .controller_queue import hold_for_effect, release_effect_hold, set_workflow_run
-from .controllers import add_resource_event, enqueue
-from .db import Database
+from piwf.errors import NotFound, Rejected
+from piwf.status import EffectStatus as E
+from piwf.wire import canonical_json, decode_json, sha256_hex
+from piwf.store.controller_queue import hold_for_effect, release_effect_hold, set_workflow_run
+from piwf.store.controllers import add_resource_event, enqueue
+from piwf.store.db import Database
 
 WHERE = "uid = ? AND spec_generation = ? AND effect_key = ?"
 

@@ -18,12 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..controller_wire import MAX_ERROR_CHARS
-from ..errors import ClaimLost, Rejected
-from ..wire import canonical_json, decode_json
-from .controllers import add_resource_event, check_json_size, delete_resource
-from .db import Database
-from .timefmt import iso
+from piwf.protocol.resources import MAX_ERROR_CHARS
+from piwf.errors import ClaimLost, Rejected
+from piwf.wire import canonical_json, decode_json
+from piwf.store.controllers import add_resource_event, check_json_size, delete_resource
+from piwf.store.db import Database
+from piwf.store.timefmt import iso
 
 FREE_CLAIM = "(claim_token IS NULL OR claim_expires_at <= ?)"
 MIN_REQUEUE_MS = 1000  # Result.requeue() and short requeue_after(ms): at most one pass a second

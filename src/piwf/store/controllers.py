@@ -13,14 +13,14 @@ from typing import Any
 
 import msgspec
 
-from ..controller_wire import (
+from piwf.protocol.resources import (
     MAX_KEY_BYTES, MAX_SPEC_BYTES, RECENT_EVENTS, ApplyReceipt, ResourceDetail, ResourceEvent, ResourceRef,
     ResourceSummary,
 )
-from ..errors import Conflict, NotFound, Rejected
-from ..wire import canonical_json, decode_json, sha256_hex
-from .db import Database
-from .timefmt import iso
+from piwf.errors import Conflict, NotFound, Rejected
+from piwf.wire import canonical_json, decode_json, sha256_hex
+from piwf.store.db import Database
+from piwf.store.timefmt import iso
 
 RESOURCE_COLUMNS = """r.uid, r.project_path, r.controller, r.resource_key, r.resource_version, r.generation,
   r.spec_json, r.spec_hash, r.status_json, r.status_hash, r.finalizers_json, r.deletion_requested_at,

@@ -13,10 +13,10 @@ from typing import Any
 
 import apsw
 
-from ..errors import (ConstraintViolation, CorruptStateError, SchemaError, StorageFull, StorageUnavailable,
+from piwf.errors import (ConstraintViolation, CorruptStateError, SchemaError, StorageFull, StorageUnavailable,
                       StoreError)
-from ..wire import canonical_json, decode_json, sha256_hex
-from .schema import APPLICATION_ID, MIGRATIONS, REQUIRED_TABLES, SCHEMA_SQL, SCHEMA_VERSION
+from piwf.wire import canonical_json, decode_json, sha256_hex
+from piwf.store.schema import APPLICATION_ID, MIGRATIONS, REQUIRED_TABLES, SCHEMA_SQL, SCHEMA_VERSION
 
 INLINE_JSON_LIMIT = 4096
 BUSY_TIMEOUT_MS = 5000

@@ -23,16 +23,16 @@ from typing import Any
 
 import msgspec
 
-from ..errors import Conflict, NotFound, Rejected
-from ..protocol import (
+from piwf.errors import Conflict, NotFound, Rejected
+from piwf.protocol import (
     CONTENT_LIMIT, DeliverReceipt, FollowUp, FollowUpReceipt, Notification, NotificationClaim, ResolveTurnReceipt,
     Turn, TurnClaim, TurnFacts,
 )
-from ..status import ENDED, FollowUpState, Hold, NotificationKind, RunStatus, TurnCause, TurnResolution
-from ..wire import canonical_json, decode_json
-from .db import Database
-from . import queue
-from .timefmt import iso
+from piwf.status import ENDED, FollowUpState, Hold, NotificationKind, RunStatus, TurnCause, TurnResolution
+from piwf.wire import canonical_json, decode_json
+from piwf.store.db import Database
+from piwf.store import queue
+from piwf.store.timefmt import iso
 
 FACT_LIMIT = 4096  # each text fact (error, output, detail), in characters
 ENDS = {RunStatus.COMPLETED: TurnCause.COMPLETED, RunStatus.FAILED: TurnCause.FAILED,

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import NotFound, Rejected
-from ..status import EffectStatus as E, Hold
-from ..protocol import EffectSummary
-from ..wire import canonical_json, decode_json
-from .db import Database
-from .queue import add_event
+from piwf.errors import NotFound, Rejected
+from piwf.status import EffectStatus as E, Hold
+from piwf.protocol import EffectSummary
+from piwf.wire import canonical_json, decode_json
+from piwf.store.db import Database
+from piwf.store.queue import add_event
 
 
 

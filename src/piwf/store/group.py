@@ -24,9 +24,9 @@ import threading
 import trio
 import trio_util
 
-from .. import faults
-from ..errors import StorageUnavailable
-from .db import Database
+from piwf import faults
+from piwf.errors import StorageUnavailable
+from piwf.store.db import Database
 
 FAILED = sys.maxsize  # the synced mark once an fsync failed: every waiter wakes and raises
 

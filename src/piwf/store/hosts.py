@@ -8,8 +8,8 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import HostAlreadyRunning, StoreError
-from .db import Database
+from piwf.errors import HostAlreadyRunning, StoreError
+from piwf.store.db import Database
 
 
 @dataclass(frozen=True)

@@ -15,19 +15,19 @@ from typing import Any
 
 import msgspec
 
-from ..errors import Conflict, NotFound, PiwfError, Rejected
-from ..protocol import (
+from piwf.errors import Conflict, NotFound, PiwfError, Rejected
+from piwf.protocol import (
     AnswerReceipt, ChoiceSpec, DefaultAnswer, InteractionRequest, Resolution, SubmissionInfo, SubmitReceipt,
     UpdateAction, UpdateReceipt,
 )
-from ..status import AttemptStatus, Provenance, RequestStatus, SubmissionStatus
-from ..wire import canonical_json, decode_json
-from ..worker_protocol import InteractionOpenPayload, PendingSubmission
-from . import delivery
-from .db import Database
-from .queue import LIVE, add_event, require_claim
-from .schema import one_of
-from .timefmt import iso
+from piwf.status import AttemptStatus, Provenance, RequestStatus, SubmissionStatus
+from piwf.wire import canonical_json, decode_json
+from piwf.protocol.worker import InteractionOpenPayload, PendingSubmission
+from piwf.store import delivery
+from piwf.store.db import Database
+from piwf.store.queue import LIVE, add_event, require_claim
+from piwf.store.schema import one_of
+from piwf.store.timefmt import iso
 
 OPEN = f"status IN ({one_of((RequestStatus.PENDING, RequestStatus.PRESENTING))})"
 # A deadline applies to a request whose run waits idle: parked, unclaimed, and with no

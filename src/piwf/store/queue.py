@@ -9,12 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ClaimLost
-from ..wire import canonical_json
-from ..status import ACTIVE_QUEUE, QueueStatus
-from . import delivery
-from .db import Database
-from .schema import one_of
+from piwf.errors import ClaimLost
+from piwf.wire import canonical_json
+from piwf.status import ACTIVE_QUEUE, QueueStatus
+from piwf.store import delivery
+from piwf.store.db import Database
+from piwf.store.schema import one_of
 
 LIVE = f"status IN ({one_of(ACTIVE_QUEUE)})"
 READY = "(q.status IN ('queued', 'parked') AND q.hold IS NULL)"
@@ -261,7 +261,7 @@ def _close_interactions(db: Database, run_id: str, status: str, now: int) -> Non
     is refused, and nothing is left pending for a run that will never take it. (An open
     request always has its attempt waiting: one indexed look-up for every other run.)"""
     if db.one("SELECT 1 FROM node_attempts WHERE run_id = ? AND status = 'waiting' LIMIT 1", (run_id,)):
-        from .interactions import close_open  # interactions builds on this module
+        from piwf.store.interactions import close_open  # interactions builds on this module
 
         close_open(db, run_id, now, f"the run ended ({status})")
 

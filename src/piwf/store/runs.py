@@ -6,18 +6,18 @@ import secrets
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import Conflict, ConstraintViolation, NotFound, Rejected
-from ..protocol import EVENTS_PAGE, RunDetail, RunEvent, RunEventsPage, RunSummary, Step
-from ..wire import canonical_json, decode_json, sha256_hex
-from ..status import ENDED, Hold, RunStatus
-from .db import Database
-from .effects import list_effects
-from . import delivery, updates
-from .interactions import count_open, list_requests
-from .queue import add_event, require_claim, revision_of
-from .schema import lifecycle_contradicts
-from .timefmt import iso
-from .workers import worker_summaries
+from piwf.errors import Conflict, ConstraintViolation, NotFound, Rejected
+from piwf.protocol import EVENTS_PAGE, RunDetail, RunEvent, RunEventsPage, RunSummary, Step
+from piwf.wire import canonical_json, decode_json, sha256_hex
+from piwf.status import ENDED, Hold, RunStatus
+from piwf.store.db import Database
+from piwf.store.effects import list_effects
+from piwf.store import delivery, updates
+from piwf.store.interactions import count_open, list_requests
+from piwf.store.queue import add_event, require_claim, revision_of
+from piwf.store.schema import lifecycle_contradicts
+from piwf.store.timefmt import iso
+from piwf.store.workers import worker_summaries
 
 
 def create_run(

@@ -3,7 +3,7 @@ them: the full layout (``schema.SCHEMA_SQL``) and each migration use the same te
 
 from collections.abc import Iterable
 
-from ..status import FollowUpState, NotificationKind, RequestStatus, SubmissionStatus, TurnCause, TurnResolution
+from piwf.status import FollowUpState, NotificationKind, RequestStatus, SubmissionStatus, TurnCause, TurnResolution
 
 
 def one_of(values: Iterable[str]) -> str:

@@ -11,13 +11,13 @@ from __future__ import annotations
 import secrets
 from typing import Any, Literal
 
-from ..errors import Conflict, NotFound, Rejected
-from ..protocol import SETTINGS_LIMIT, ChangeSettingsReceipt, RunSettings, SettingsChange
-from ..status import ENDED
-from ..wire import canonical_json, decode_json
-from .db import Database
-from .queue import add_event
-from .timefmt import iso
+from piwf.errors import Conflict, NotFound, Rejected
+from piwf.protocol import SETTINGS_LIMIT, ChangeSettingsReceipt, RunSettings, SettingsChange
+from piwf.status import ENDED
+from piwf.wire import canonical_json, decode_json
+from piwf.store.db import Database
+from piwf.store.queue import add_event
+from piwf.store.timefmt import iso
 
 Actor = Literal["start", "client", "controller"]
 ROOT = ""  # the mount path of a run's own scope

@@ -5,10 +5,10 @@ from __future__ import annotations
 import secrets
 from typing import NamedTuple
 
-from ..status import CRASHES, Hold, WorkerStatus
-from . import interactions, queue, workers
-from .db import Database
-from .queue import Claim
+from piwf.status import CRASHES, Hold, WorkerStatus
+from piwf.store import interactions, queue, workers
+from piwf.store.db import Database
+from piwf.store.queue import Claim
 
 
 def claim_runs(db: Database, *, room: int, exclude: frozenset[str], runner_id: str, lease_ms: int, now: int,

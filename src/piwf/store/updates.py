@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import Rejected
-from ..protocol import CONTENT_LIMIT, RunEvent, RunUpdate, WatchedRun, WatchEvent, WatchPage
-from ..wire import canonical_json, decode_json
-from . import queue, runs
-from .db import Database
-from .interactions import list_requests
-from .timefmt import iso
+from piwf.errors import Rejected
+from piwf.protocol import CONTENT_LIMIT, RunEvent, RunUpdate, WatchedRun, WatchEvent, WatchPage
+from piwf.wire import canonical_json, decode_json
+from piwf.store import queue, runs
+from piwf.store.db import Database
+from piwf.store.interactions import list_requests
+from piwf.store.timefmt import iso
 
 TYPE_LIMIT, KEY_LIMIT = 64, 128
 

@@ -7,14 +7,14 @@ from typing import Any
 
 import msgspec
 
-from ..errors import Rejected
-from ..protocol import WorkerSummary
-from ..status import ENDED, LIVE_WORKER
-from ..wire import canonical_json
-from ..worker_protocol import WorkerMessage, WorkerResponse, worker_fingerprint
-from .db import Database
-from .queue import add_event, fenced_revision, revision_of
-from .schema import one_of
+from piwf.errors import Rejected
+from piwf.protocol import WorkerSummary
+from piwf.status import ENDED, LIVE_WORKER
+from piwf.wire import canonical_json
+from piwf.protocol.worker import WorkerMessage, WorkerResponse, worker_fingerprint
+from piwf.store.db import Database
+from piwf.store.queue import add_event, fenced_revision, revision_of
+from piwf.store.schema import one_of
 
 ACTIVE = "status IN ('starting', 'running')"
 

@@ -17,10 +17,10 @@ from typing import NoReturn, TypeVar
 
 import msgspec
 
-from .. import faults
-from ..errors import ClaimLost, HostRefused
-from ..wire import LineBuffer, encode_line
-from ..worker_protocol import MAX_WORKER_LINE, Payload, WorkerMessage, parse_worker_response
+from piwf import faults
+from piwf.errors import ClaimLost, HostRefused
+from piwf.wire import LineBuffer, encode_line
+from piwf.protocol.worker import MAX_WORKER_LINE, Payload, WorkerMessage, parse_worker_response
 
 
 R = TypeVar("R")

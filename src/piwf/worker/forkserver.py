@@ -21,7 +21,7 @@ per packet, descriptors passed with SCM_RIGHTS:
                      Exited {pid, returncode}        when a child ends (negative: its signal)
     host → template  Reap {pid}                      the host is done with that pid
 
-(msgspec Structs in ``piwf.worker_protocol``, tagged by ``type``).
+(msgspec Structs in ``piwf.protocol.worker``, tagged by ``type``).
 
 A child that has ended is left unreaped (a zombie) until the host says ``reap``: while
 it is, its pid and the process group it names cannot be given to another process, so
@@ -42,12 +42,12 @@ import sys
 
 import msgspec
 
-from ..wire import canonical_json, decode_as, encode_line
-from ..worker_protocol import (
+from piwf.wire import canonical_json, decode_as, encode_line
+from piwf.protocol.worker import (
     Exited, Fork, Forked, ForkFailed, LaunchEnvelope, Ready, Reap, TemplateMessage, TemplateReady, WorkerResponse,
     parse_worker_response, to_template,
 )
-from . import __main__ as worker_main
+from piwf.worker import main as worker_main
 
 MAX_MESSAGE = 1 << 20  # the environment of a run fits easily
 FD_COUNT = 3

@@ -18,22 +18,22 @@ from typing import Any
 
 import msgspec
 
-from ..controller_protocol import (
+from piwf.protocol.reconcile import (
     EFFECT_NODE, LAUNCH_VAR, ChildRun, ReconcileFail, ReconcileFailPayload, ReconcileFinish, ReconcileFinishPayload,
     ReconcileLaunch, ReconcileLog, ReconcileLogPayload, ReconcileReady, ReconcileReadyPayload, ReconcileStart,
     WorkflowEnsure, WorkflowEnsurePayload,
 )
-from ..controller_steering import (
+from piwf.protocol.steering import (
     ChangeSettingsPayload, FollowUpQueued, QueueFollowUpPayload, RemoveFollowUpPayload, SettingsChanged,
     WorkflowChangeSettings, WorkflowQueueFollowUp, WorkflowRemoveFollowUp,
 )
-from ..controllers import Controller, Resource, Result
-from ..controllers.loader import load_controller
-from ..engine.executor import EffectRejected, Stop
-from ..errors import ClaimLost, PermanentError, PiwfError, TemporaryError
-from ..wire import canonical_json
-from .__main__ import HostJournal
-from .channel import Channel
+from piwf.controllers import Controller, Resource, Result
+from piwf.controllers.loader import load_controller
+from piwf.engine.executor import EffectRejected, Stop
+from piwf.errors import ClaimLost, PermanentError, PiwfError, TemporaryError
+from piwf.wire import canonical_json
+from piwf.worker.main import HostJournal
+from piwf.worker.channel import Channel
 
 TRACEBACK_TAIL = 4000
 

@@ -7,11 +7,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from . import cli_interact
-from .cli_common import WAIT_S, _client, _json_arg, _ok, _print
-from .client import Client
-from .errors import ExitCode, HostUnavailable, UsageError
-from .status import UNSUCCESSFUL
+from piwf.cli import interact as cli_interact
+from piwf.cli.common import WAIT_S, _client, _json_arg, _ok, _print
+from piwf.client import Client
+from piwf.errors import ExitCode, HostUnavailable, UsageError
+from piwf.status import UNSUCCESSFUL
 
 
 def cmd_run_start(args: argparse.Namespace) -> int:

@@ -12,10 +12,10 @@ import random
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from .client import make_request
+from piwf.client import make_request
 
 if TYPE_CHECKING:
-    from .chaos import Chaos
+    from piwf.chaos.harness import Chaos
 
 # People in the loop: a decision, then an ask whose validator refuses odd numbers. A
 # simulated person answers both while the kills go on (see Person).

@@ -22,7 +22,7 @@ import sys
 import time
 from typing import Any
 
-from .errors import HostReplied, HostUnavailable, UsageError
+from piwf.errors import HostReplied, HostUnavailable, UsageError
 
 IDLE_WAIT_MS = 60_000  # one run.watch while nothing is claimable and no claim is due to expire
 RACED_WAIT_MS = 1_000  # look again this soon when what looked free could not be claimed
@@ -31,7 +31,7 @@ RECONNECT_BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0)  # between tries to reach a lost
 
 def add_delivery(client: Any, args: argparse.Namespace, page: dict[str, Any]) -> None:
     """The session's (or run's) undelivered notifications and unresolved turns, into ``page``."""
-    from .cli import _ok
+    from piwf.cli.common import _ok
 
     found = _ok(client.list_delivery(session_id=args.session, run_id=args.run))
     page["notifications"], page["turns"] = found["notifications"], found["turns"]
@@ -60,8 +60,8 @@ def format_turn(t: dict[str, Any]) -> str:
 
 def follow(args: argparse.Namespace) -> int:
     """Deliver the session's notifications and turns as they arrive, until interrupted."""
-    from .cli import WAIT_S, _ok, _paths, _timeout, client_id
-    from .client import Client
+    from piwf.cli.common import WAIT_S, _ok, _paths, _timeout, client_id
+    from piwf.client import Client
 
     if not args.session:
         raise UsageError("--follow needs --session ID: it delivers one session's notifications and turns")
@@ -92,7 +92,7 @@ def lost_host(exc: Exception) -> bool:
 def until_host_is_back(client: Any, exc: Exception) -> None:
     """A long-running client's answer to a lost host: one line to stderr, then try again
     with a short back-off until the host answers, and one line when it does."""
-    from .cli import _ok
+    from piwf.cli.common import _ok
 
     print(f"piwf: lost the host ({exc}); reconnecting", file=sys.stderr, flush=True)
     for attempt in itertools.count():
@@ -113,7 +113,7 @@ def deliver_available(client: Any, session: str, as_json: bool) -> int | None:
     delivered (look again at once); else ms until a claim held elsewhere expires, or None.
     It claims nothing that the listing shows cannot be had, so while another client holds
     what comes first it sends no writes."""
-    from .cli import _ok
+    from piwf.cli.common import _ok
 
     page = _ok(client.list_delivery(session_id=session, limit=1))
     waits = []
@@ -139,7 +139,7 @@ def _deliver_one(client: Any, kind: str, session: str, as_json: bool) -> bool:
     """Claim, print, deliver (resolve); False when another client claimed it first. A
     ``conflict`` on delivering (the claim expired, or the turn changed under it: a later
     end of its run) is no error: the item is handed out again, as at least once means."""
-    from .cli import _ok
+    from piwf.cli.common import _ok
 
     if kind == "notification":
         claim = _ok(client.claim_notification(session))
@@ -159,7 +159,7 @@ def _deliver_one(client: Any, kind: str, session: str, as_json: bool) -> bool:
 
 
 def _accepted_or_conflict(response: Any) -> None:
-    from .cli import _ok
+    from piwf.cli.common import _ok
 
     if response.outcome != "conflict":
         _ok(response)

@@ -12,41 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .errors import UsageError
-
-
-def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
-    group = commands.add_parser("controller", parents=[common], help="controller resources").add_subparsers(
-        dest="sub", required=True, metavar="SUBCOMMAND")
-    apply = _keyed(group, common, "apply", "create a resource or change its spec", cmd_apply)
-    apply.add_argument("--spec", required=True, metavar="JSON",
-                       help="the resource's spec as JSON; @FILE reads it from FILE, - from standard input")
-    apply.add_argument("--resource-version", type=int, metavar="N",
-                       help="refuse (conflict) unless the resource is at this resourceVersion")
-    _keyed(group, common, "get", "a resource: spec, status, conditions, errors, next attempt, events", cmd_get)
-    delete = _keyed(group, common, "delete", "request deletion (finalizers run first)", cmd_delete)
-    delete.add_argument("--force", action="store_true",
-                        help="remove it now with its finalizers, without a reconcile: nothing is cleaned up")
-    _keyed(group, common, "reconcile", "queue a reconcile now", cmd_reconcile)
-    listing = group.add_parser("list", parents=[common], help="resources, of one controller or all")
-    listing.add_argument("name", nargs="?", metavar="NAME")
-    listing.add_argument("--project", metavar="DIR", help="only this project's (default: every project)")
-    listing.set_defaults(handler=cmd_list)
-    resolve = _keyed(group, common, "resolve-effect", "say whether an ambiguous effect was applied", cmd_resolve)
-    resolve.add_argument("effect_key", metavar="EFFECT_KEY")
-    outcome = resolve.add_mutually_exclusive_group(required=True)
-    outcome.add_argument("--applied", action="store_true", help="it was applied (its result: --result)")
-    outcome.add_argument("--not-applied", action="store_true", help="it was not: the next pass applies it")
-    resolve.add_argument("--result", metavar="JSON", help="the effect's result as JSON, with --applied")
-
-
-def _keyed(group: Any, common: argparse.ArgumentParser, name: str, text: str, handler: Any) -> Any:
-    sub = group.add_parser(name, parents=[common], help=text)
-    sub.add_argument("name", metavar="NAME", help="the controller (.piwf/controllers/NAME.py)")
-    sub.add_argument("key", metavar="KEY", help="the resource's key")
-    sub.add_argument("--project", default=".", metavar="DIR", help="project directory (default .)")
-    sub.set_defaults(handler=handler)
-    return sub
+from piwf.errors import UsageError
 
 
 def _target(args: argparse.Namespace) -> dict[str, Any]:
@@ -54,21 +20,21 @@ def _target(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _call(args: argparse.Namespace, operation: str, payload: dict[str, Any]) -> Any:
-    from .cli import _client, _ok
+    from piwf.cli.common import _client, _ok
 
     with _client(args) as client:
         return _ok(client.call(operation, payload=payload))
 
 
 def _show(args: argparse.Namespace, value: Any, human: Any) -> int:
-    from .cli import _print
+    from piwf.cli.common import _print
 
     _print(args, value, human)
     return 0
 
 
 def cmd_apply(args: argparse.Namespace) -> int:
-    from .cli import _json_arg
+    from piwf.cli.common import _json_arg
 
     payload = {**_target(args), "spec": _json_arg(_spec_text(args.spec), "--spec")}
     if args.resource_version is not None:
@@ -122,7 +88,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_resolve(args: argparse.Namespace) -> int:
-    from .cli import _json_arg
+    from piwf.cli.common import _json_arg
 
     if args.result is not None and not args.applied:
         raise UsageError("--result goes with --applied")

@@ -6,24 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from . import service
-from .paths import StatePaths
-
-
-def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
-    group = commands.add_parser("service", parents=[common], help="run the host as a background service "
-                                "(systemd user unit, launchd agent)").add_subparsers(
-        dest="sub", required=True, metavar="SUBCOMMAND")
-    for name, handler, text in (
-        ("install", cmd_install, "write the service files and start the service"),
-        ("uninstall", cmd_uninstall, "stop the service and remove the files install wrote"),
-        ("status", cmd_status, "the service files and what the service manager says"),
-    ):
-        sub = group.add_parser(name, parents=[common], help=text)
-        if name != "status":
-            sub.add_argument("--dry-run", action="store_true", help="print what would be done; change nothing")
-        sub.add_argument("--platform", choices=service.PLATFORMS, help=argparse.SUPPRESS)  # for tests: files only
-        sub.set_defaults(handler=handler)
+from piwf import service
+from piwf.paths import StatePaths
 
 
 def _plan(args: argparse.Namespace) -> service.Plan:
@@ -93,7 +77,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _print(args: argparse.Namespace, report: dict[str, Any], human: Any) -> None:
-    from .cli import _print as print_report
+    from piwf.cli.common import _print as print_report
 
     print_report(args, report, human)
 

@@ -15,10 +15,10 @@ import time
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
-from .client import make_request
+from piwf.client import make_request
 
 if TYPE_CHECKING:
-    from .chaos import Chaos
+    from piwf.chaos.harness import Chaos
 
 CONTROLLER = """
     import os

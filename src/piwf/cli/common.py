@@ -9,10 +9,10 @@ import os
 import sys
 from typing import Any
 
-from .client import Client
-from .errors import HostReplied, ProtocolError, UsageError
-from .paths import StatePaths
-from .wire import HostResponse, decode_json
+from piwf.client import Client
+from piwf.errors import HostReplied, ProtocolError, UsageError
+from piwf.paths import StatePaths
+from piwf.wire import HostResponse, decode_json
 
 DEFAULT_TIMEOUT_S = 30.0  # how long the host has to answer one request (--timeout, $PIWF_TIMEOUT)
 WAIT_S = 600  # one run.wait request's own limit (the host's maximum)

@@ -17,8 +17,8 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from .protocol import ChoiceSpec, DefaultAnswer
-from .wire import canonical_json, decode_with
+from piwf.protocol.host import ChoiceSpec, DefaultAnswer
+from piwf.wire import canonical_json, decode_with
 
 MAX_WORKER_LINE = 16 * 1024 * 1024
 

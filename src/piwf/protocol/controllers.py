@@ -1,5 +1,5 @@
 """The host protocol's controller operations (DESIGN.md §9): ``controller.apply|get|list|
-delete|reconcile|resolve``; their payloads and receipts are in ``piwf.controller_wire``.
+delete|reconcile|resolve``; their payloads and receipts are in ``piwf.protocol.resources``.
 
 Imported by ``piwf.protocol`` (which re-exports every name here and puts the requests in
 its union); import them from there.
@@ -7,11 +7,11 @@ its union); import them from there.
 
 from __future__ import annotations
 
-from .controller_wire import (
+from piwf.protocol.resources import (
     ApplyReceipt, ApplyResourcePayload, DeleteResourcePayload, ListResourcesPayload, ResolveResourceEffectPayload,
     ResolveResourceEffectReceipt, ResourceDetail, ResourcePayload, ResourceRef, ResourceSummary,
 )
-from .protocol import Request
+from piwf.protocol.host import Request
 
 __all__ = ["ApplyResource", "DeleteResource", "GetResource", "ListResources", "ReconcileResource",
            "ResolveResourceEffect"]

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from msgspec import Meta, Struct
 
-from .protocol import NoPayload, RunRequest
+from piwf.protocol.host import NoPayload, RunRequest
 
 __all__ = [
     "SETTINGS_LIMIT", "SETTINGS_REQUESTS", "ChangeSettings", "ChangeSettingsPayload", "ChangeSettingsReceipt",

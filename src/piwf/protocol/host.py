@@ -4,10 +4,9 @@ A request line decodes straight into ``Request`` union member chosen by its
 ``operation`` (the union's tag), so a bad payload is refused by msgspec with the field
 named (``Expected `str`, got `int` - at `$.payload.workflow```). Receipts are Structs the
 store builds directly; their JSON is what clients read. The reference part of
-docs/protocol.md is generated from these classes (``piwf.protocol_doc``).
+docs/protocol.md is generated from these classes (``piwf.protocol.doc``).
 
-This module is part of the wire layer: it imports only msgspec, the standard library and
-``piwf.status``.
+It imports only msgspec, the standard library, ``piwf.status`` and ``piwf.wire``.
 """
 
 from __future__ import annotations
@@ -17,23 +16,14 @@ from typing import Annotated, Any, ClassVar
 
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from .status import (
+from piwf.wire import Outcome  # noqa: F401 - part of the host protocol
+from piwf.status import (
     EffectStatus, Hold, Provenance, QueueStatus, RequestStatus, RunStatus, SubmissionStatus, WorkerStatus,
 )
 
 WAIT_LIMIT_MS = 600_000
 
 
-class Outcome(enum.StrEnum):
-    """How the host answered a request (docs/protocol.md, "Outcomes")."""
-
-    ACCEPTED = "accepted"
-    ADOPTED = "adopted"
-    REJECTED = "rejected"
-    CONFLICT = "conflict"
-    NOT_FOUND = "notFound"
-    CLAIM_LOST = "claimLost"
-    UNAVAILABLE = "unavailable"
 
 
 # --- payloads ---------------------------------------------------------------------------
@@ -538,31 +528,3 @@ class AnswerDecision(Request, tag="decision.answer"):
 
     payload: AnswerDecisionPayload
     receipt_type = AnswerReceipt
-
-
-
-# Controllers (DESIGN.md §9), delivery to sessions (§8) and run settings (§9b) live in
-# modules of their own, which build on the classes above.
-from .protocol_controllers import *  # noqa: E402, F403
-from .protocol_controllers import (  # noqa: E402
-    ApplyResource, DeleteResource, GetResource, ListResources, ReconcileResource, ResolveResourceEffect,
-)
-from .protocol_delivery import *  # noqa: E402, F403
-from .protocol_delivery import (  # noqa: E402
-    ClaimNotification, ClaimTurn, DeliverNotification, ListDelivery, QueueFollowUp, RemoveFollowUp, ResolveTurn,
-    WatchRuns,
-)
-from .protocol_settings import *  # noqa: E402, F403
-from .protocol_settings import ChangeSettings, GetSettings  # noqa: E402
-
-AnyRequest = (GetHostStatus | StopHost | StartRun | ListRuns | GetRun | GetRunEvents | WaitRun | CancelRun
-              | PauseRun | ResumeRun | ResolveEffect | ListInteractions | UpdateInteraction | SubmitInteraction
-              | AnswerDecision
-              | ApplyResource | GetResource | ListResources | DeleteResource | ReconcileResource
-              | ResolveResourceEffect
-              | ClaimNotification | DeliverNotification | ClaimTurn | ResolveTurn | QueueFollowUp
-              | RemoveFollowUp | ListDelivery | WatchRuns
-              | ChangeSettings | GetSettings)
-REQUEST_TYPES: tuple[type[Request], ...] = AnyRequest.__args__
-OPERATIONS: dict[str, type[Request]] = {kind.__struct_config__.tag: kind for kind in REQUEST_TYPES}  # type: ignore[misc]
-

@@ -1,7 +1,7 @@
 """Reconcile worker messages that steer the runs a resource started (DESIGN.md §9b):
 ``ctx.workflows.change_settings``, ``queue_follow_up`` and ``remove_follow_up``.
 
-Part of the host ↔ reconcile worker protocol (``piwf.controller_protocol`` puts them in
+Part of the host ↔ reconcile worker protocol (``piwf.protocol.reconcile`` puts them in
 its union); each is idempotent by its request key, and refused for a run the resource did
 not start.
 """
@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from .worker_protocol import Count, Payload, Result, Text, WorkerMessage
+from piwf.protocol.worker import Count, Payload, Result, Text, WorkerMessage
 
 
 class ChangeSettingsPayload(Payload):

@@ -9,42 +9,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .errors import ExitCode, HostTimeout
+from piwf.errors import ExitCode, HostTimeout
 
 ANSWER_POLL_S = 0.1  # how often `piwf answer --wait` asks whether its submission was validated
 
 
-def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
-    inbox = commands.add_parser("inbox", parents=[common], help="decisions and asks waiting for an answer")
-    inbox.add_argument("--session", metavar="ID", help="only requests of runs started by this session")
-    inbox.add_argument("--run", metavar="RUN_ID", help="only this run's requests")
-    inbox.add_argument("--all", action="store_true", help="closed requests too (settled, expired, cancelled)")
-    inbox.add_argument("--follow", action="store_true", help="with --session: print the session's notifications "
-                       "and turns as they arrive, delivering each (the reference client, docs/sessions.md)")
-    inbox.set_defaults(handler=cmd_inbox)
-    decide = commands.add_parser("decide", parents=[common], help="answer a decision; the first answer wins")
-    decide.add_argument("request_id", metavar="REQUEST_ID")
-    decide.add_argument("choice", metavar="CHOICE", help="one of the decision's choice ids")
-    decide.add_argument("--input", metavar="TEXT", help="the text a choice with input takes (kept exactly)")
-    decide.add_argument("--request-id", dest="command_id", metavar="ID",
-                        help="this command's request id: the same id again is a safe retry")
-    decide.set_defaults(handler=cmd_decide)
-    answer = commands.add_parser("answer", parents=[common], help="submit a value to an ask; the workflow "
-                                 "validates it")
-    answer.add_argument("request_id", metavar="REQUEST_ID")
-    answer.add_argument("--value", required=True, metavar="JSON", help="the value, as JSON; `-` reads it from "
-                        "stdin, `@FILE` from FILE (a JSON string needs its quotes: '\"text\"')")
-    answer.add_argument("--session", metavar="ID", help="the submitting session (the run's origin session, if any)")
-    answer.add_argument("--wait", action="store_true", help="wait until it is validated; exit 1 with the reason "
-                        "when it is rejected")
-    answer.add_argument("--request-id", dest="command_id", metavar="ID",
-                        help="this command's request id: the same id again is a safe retry")
-    answer.set_defaults(handler=cmd_answer)
-
-
 def cmd_inbox(args: argparse.Namespace) -> int:
-    from . import cli_deliver
-    from .cli import _client, _ok, _print
+    from piwf.cli import deliver as cli_deliver
+    from piwf.cli.common import _client, _ok, _print
 
     if args.follow:
         return cli_deliver.follow(args)
@@ -103,7 +75,7 @@ def format_request(r: dict[str, Any]) -> str:
 
 
 def cmd_decide(args: argparse.Namespace) -> int:
-    from .cli import _client, _ok, _print
+    from piwf.cli.common import _client, _ok, _print
 
     payload: dict[str, Any] = {"requestId": args.request_id, "choice": args.choice}
     if args.input is not None:
@@ -115,7 +87,7 @@ def cmd_decide(args: argparse.Namespace) -> int:
 
 
 def cmd_answer(args: argparse.Namespace) -> int:
-    from .cli import _client, _json_arg, _ok, _print
+    from piwf.cli.common import _client, _json_arg, _ok, _print
 
     value = _json_arg(_read_value(args.value), "--value")
     payload: dict[str, Any] = {"requestId": args.request_id, "value": value}
@@ -133,7 +105,7 @@ def cmd_answer(args: argparse.Namespace) -> int:
 
 
 def _read_value(text: str) -> str:
-    from .errors import UsageError
+    from piwf.errors import UsageError
 
     if text != "-" and not text.startswith("@"):
         return text
@@ -147,7 +119,7 @@ def _read_value(text: str) -> str:
 
 def _wait_validated(client: Any, receipt: dict[str, Any], timeout: float | None) -> dict[str, Any]:
     """Ask until the submission is no longer being validated (or ``timeout`` passes)."""
-    from .cli import DEFAULT_TIMEOUT_S, _ok
+    from piwf.cli.common import DEFAULT_TIMEOUT_S, _ok
 
     deadline = time.monotonic() + (timeout or DEFAULT_TIMEOUT_S)
     while True:

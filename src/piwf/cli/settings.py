@@ -6,36 +6,12 @@ import argparse
 import json
 from typing import Any
 
-from .errors import UsageError
-
-
-def add_parsers(run: Any, common: argparse.ArgumentParser) -> None:
-    sub = run.add_parser("settings", parents=[common], help="show a run's settings, or change them with --set")
-    sub.add_argument("run_id", metavar="RUN_ID")
-    sub.add_argument("--set", dest="assignments", action="append", default=[], metavar="PATH=JSON",
-                     help="set a mutable path (dotted, like limits.max) to a JSON value; null removes it "
-                          "(back to its default); repeat for several")
-    sub.add_argument("--expect", type=_change_number, metavar="N",
-                     help="refuse (conflict) unless the settings are at change N")
-    sub.add_argument("--scope", metavar="ID", help="the settings scope (default: the run's)")
-    sub.add_argument("--request-id", dest="command_id", metavar="ID",
-                     help="this command's request id: the same id again is a safe retry")
-    sub.set_defaults(handler=cmd_run_settings)
-
-
-def _change_number(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a change number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError("a change number is 0 or more")
-    return value
+from piwf.errors import UsageError
 
 
 def build_patch(assignments: list[str]) -> dict[str, Any]:
     """``["a.b=1", "c=\"x\""]`` as the merge patch ``{"a": {"b": 1}, "c": "x"}``."""
-    from .cli import _json_arg
+    from piwf.cli.common import _json_arg
 
     patch: dict[str, Any] = {}
     for assignment in assignments:
@@ -57,7 +33,7 @@ def build_patch(assignments: list[str]) -> dict[str, Any]:
 
 
 def cmd_run_settings(args: argparse.Namespace) -> int:
-    from .cli import _client, _ok, _print
+    from piwf.cli.common import _client, _ok, _print
 
     if args.expect is not None and not args.assignments:
         raise UsageError("--expect goes with --set: it guards a change")

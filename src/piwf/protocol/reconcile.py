@@ -1,5 +1,5 @@
 """The host ↔ reconcile worker protocol: the same framing, envelope fields and answers as
-a run's worker (``piwf.worker_protocol``), with its own operations.
+a run's worker (``piwf.protocol.worker``), with its own operations.
 
 A reconcile worker is launched with ``$PIWF_RECONCILE_LAUNCH`` (``ReconcileLaunch``) and
 speaks for one claim of one resource: ``generation`` is the claim's number. Its effects use
@@ -13,9 +13,9 @@ from typing import Annotated, Any
 
 import msgspec
 
-from .controller_steering import WorkflowChangeSettings, WorkflowQueueFollowUp, WorkflowRemoveFollowUp
-from .wire import decode_with
-from .worker_protocol import (
+from piwf.protocol.steering import WorkflowChangeSettings, WorkflowQueueFollowUp, WorkflowRemoveFollowUp
+from piwf.wire import decode_with
+from piwf.protocol.worker import (
     Count, EffectApply, EffectReserve, EffectSettle, Payload, Result, Text, WorkerMessage,
 )
 

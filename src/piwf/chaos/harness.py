@@ -12,7 +12,7 @@ own session (and so gets a turn when it ends). Afterwards it plays the operator 
 held as ambiguous (the ledger says what happened), waits for every run, and prints one JSON
 summary on stdout: no run lost or done twice, each run's notification and turn stored
 exactly once, every hostile run held or failed with its reason, and the host never exiting
-but when killed; with ``--resources`` (``chaos_controllers``) every controller resource
+but when killed; with ``--resources`` (``piwf.chaos.controllers``) every controller resource
 converged and no effect of a reconcile applied twice. Progress goes to stderr.
 """
 
@@ -39,15 +39,15 @@ from typing import Any
 
 import psutil
 
-from . import chaos_people as people
-from .chaos_controllers import ControllerChaos, bad as controllers_bad
-from .chaos_people import Person
-from .client import Client, make_request
-from .errors import HostUnavailable
-from .faults import POINTS
-from .paths import StatePaths
-from .store import Database
-from .wire import HostRequest, HostResponse
+from piwf.chaos import people
+from piwf.chaos.controllers import ControllerChaos, bad as controllers_bad
+from piwf.chaos.people import Person
+from piwf.client import Client, make_request
+from piwf.errors import HostUnavailable
+from piwf.faults import POINTS
+from piwf.paths import StatePaths
+from piwf.store import Database
+from piwf.wire import HostRequest, HostResponse
 
 WORKFLOW = """
     import os
@@ -473,7 +473,7 @@ def _is_worker(process: psutil.Process, host_pid: int) -> bool:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m piwf.chaos", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m piwf.chaos", description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=50, help="workflow runs to submit (default 50)")
     parser.add_argument("--kills", type=int, default=20, help="host and worker kills (default 20)")
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: random, printed)")
@@ -520,6 +520,3 @@ def main(argv: list[str] | None = None) -> int:
         or summary["turns_duplicated"] or controllers_bad(summary)
     return 1 if bad else 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -24,15 +24,6 @@ PIPE_WIDTH = 10_000  # into a pipe or a file: wide enough that nothing wraps
 ENDED = ("done", "failed", "cancelled")
 
 
-def add_parsers(commands: Any, common: argparse.ArgumentParser) -> None:
-    watch = commands.add_parser("watch", parents=[common], help="a live view of runs: current nodes, latest "
-                                "updates, waiting requests, recent events")
-    watch.add_argument("run_id", nargs="?", metavar="RUN", help="only this run")
-    watch.add_argument("--once", action="store_true", help="print one snapshot and exit (with --json: the "
-                       "run.watch receipt; without --once, --json prints one receipt per line as changes come)")
-    watch.set_defaults(handler=cmd_watch)
-
-
 @dataclass
 class View:
     """What the screen shows, kept up to date from ``run.watch`` answers."""
@@ -110,7 +101,7 @@ def _event_line(item: dict[str, Any]) -> str:
 def cmd_watch(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from .cli import WAIT_S, _client, _emit, _ok
+    from piwf.cli.common import WAIT_S, _client, _emit, _ok
 
     view = View()
     with _client(args) as client:
@@ -148,9 +139,9 @@ def cmd_watch(args: argparse.Namespace) -> int:
 def _next_page(client: Any, args: argparse.Namespace, view: View) -> dict[str, Any]:
     """The next ``run.watch`` answer after the view's cursor; a lost host (stopped,
     restarting) is waited for, saying so on stderr, and the watch goes on from the cursor."""
-    from .cli import _ok
-    from .cli_deliver import lost_host, until_host_is_back
-    from .errors import HostReplied, HostUnavailable
+    from piwf.cli.common import _ok
+    from piwf.cli.deliver import lost_host, until_host_is_back
+    from piwf.errors import HostReplied, HostUnavailable
 
     while True:
         try:

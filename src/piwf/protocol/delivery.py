@@ -11,10 +11,10 @@ from typing import Annotated
 
 from msgspec import Meta, Struct
 
-from .protocol import (
+from piwf.protocol.host import (
     WAIT_LIMIT_MS, InteractionRequest, NoPayload, Request, RunEvent, RunRequest, RunSummary, RunUpdate,
 )
-from .status import FollowUpState, NotificationKind, TurnCause, TurnResolution
+from piwf.status import FollowUpState, NotificationKind, TurnCause, TurnResolution
 
 __all__ = [
     "CONTENT_LIMIT", "DELIVERY_REQUESTS", "ClaimNotification", "ClaimPayload", "ClaimTurn", "DeliverNotification",

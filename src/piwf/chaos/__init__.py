@@ -1,0 +1,2 @@
+"""The chaos harness (``python -m piwf.chaos``): ``harness`` drives the host while killing it;
+``people`` and ``controllers`` add the people in the loop and the controllers."""

@@ -1,0 +1,203 @@
+"""The host's own commands: ``serve``, ``status``, ``stop`` and ``workflows list``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from piwf.cli.common import _paths, _print, _timeout, _client, _ok
+from piwf.errors import ExitCode, HostTimeout, HostUnavailable, InternalError, PiwfError
+from piwf.host.lock import read_record
+from piwf.paths import StatePaths
+
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import logging
+
+    import trio
+
+    from piwf.host.host import Host
+    from piwf.host.state import HostConfig
+
+    from piwf import faults, logs
+
+    faults.configure()
+    logs.configure(args.log_format, args.log_level)
+    config = HostConfig(StatePaths.resolve(args.state_dir), max_workers=args.max_workers,
+                        durability=args.durability, worker_startup_s=args.worker_startup_timeout,
+                        kill_grace_s=args.kill_grace, worker_start=args.worker_start,
+                        drain_timeout_s=args.drain_timeout, request_timeout_s=args.request_timeout,
+                        reply_timeout_s=args.reply_timeout, standby=args.standby,
+                        max_controller_workers=args.max_controller_workers,
+                        presentation_lease_ms=max(1, int(args.presentation_lease * 1000)),
+                        delivery_lease_ms=max(1, int(args.delivery_lease * 1000)),
+                        **service_manager_settings())
+    try:
+        trio.run(Host(config).serve)
+    except PiwfError:
+        raise
+    except Exception as exc:  # the traceback goes to the log; the last line stays one line
+        logging.getLogger("piwf").exception("the host stopped on an unexpected error")
+        raise InternalError(f"internal error: {type(exc).__name__}: {exc}") from exc
+    return 0
+
+
+# What a service manager passes in the environment; taken out of it so that no worker or
+# shell node inherits them (sd_listen_fds(3) and sd_notify(3) with unset_environment).
+SERVICE_MANAGER_VARIABLES = ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES", "NOTIFY_SOCKET", "WATCHDOG_USEC",
+                             "WATCHDOG_PID")
+
+
+def service_manager_settings() -> dict[str, Any]:
+    """``HostConfig`` fields from systemd's variables: the inherited socket, sd_notify."""
+    from piwf.host.notify import Notifier
+    from piwf.host.server import inherited_listener_fd
+
+    environ = {name: os.environ.pop(name) for name in SERVICE_MANAGER_VARIABLES if name in os.environ}
+    notifier = Notifier.from_env(environ, os.getpid())
+    return {"listen_fd": inherited_listener_fd(environ, os.getpid()), "notify_socket": notifier.address,
+            "watchdog_s": notifier.watchdog_s}
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    paths = _paths(args)
+    try:
+        with _client(args) as client:
+            receipt = _ok(client.call("host.status"))
+    except HostTimeout:
+        receipt = offline_status(paths, waited_s=_timeout(args))
+    except HostUnavailable:
+        receipt = offline_status(paths)
+    _print(args, receipt, _format_status)
+    return 0
+
+
+def offline_status(paths: StatePaths, waited_s: float | None = None) -> dict[str, Any]:
+    """What the state directory says when no host answers (read-only; nothing is written).
+
+    ``stale``: a host process still holds the state directory (its lock record names a
+    process that is still running: frozen, hung, or starting) or its lease has not yet
+    expired (it has just died), yet it did not answer. ``stopped``: neither.
+    """
+    status: dict[str, Any] = {"state": "uninitialized", "stateDir": str(paths.root), "socketAvailable": False}
+    if paths.db.exists():
+        status.update(_stored_status(paths))
+    if (holder := _live_holder(paths)) is not None:
+        waited = f" within {waited_s:g} s" if waited_s is not None else " on its socket"
+        status.update(state="stale", detail=f"the host (pid {holder}) does not answer{waited}")
+    return status
+
+
+def _stored_status(paths: StatePaths) -> dict[str, Any]:
+    from piwf.clock import WallClock
+    from piwf.store import Database, runs
+    from piwf.store.hosts import read_lease
+
+    db = Database.open_readonly(paths.db)
+    try:
+        now = WallClock().now_ms()
+        lease = read_lease(db)
+        status = {"state": "stopped", **lease.as_json(now), "activeWorkers": 0, **runs.status_counts(db, now)}
+    finally:
+        db.close()
+    if lease.live(now):
+        status.update(state="stale", detail=f"the host (pid {lease.pid}) is gone; its lease expires in "
+                      f"{((lease.expires_at or now) - now) / 1000:.0f} s, or at once when a new `piwf serve` starts")
+    return status
+
+
+def _live_holder(paths: StatePaths) -> int | None:
+    """The pid of the host process holding the state directory, if that process still runs."""
+    from piwf.processes import alive
+
+    record = read_record(paths)
+    if not record or not isinstance(record.get("pid"), int):
+        return None
+    return record["pid"] if alive(record["pid"], str(record.get("identity"))) else None
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    paths = _paths(args)
+    try:
+        with _client(args) as client:
+            holder = read_record(paths)
+            _ok(client.call("host.stop"))
+        stopped = True
+    except HostTimeout:
+        raise  # a host is there, but it did not answer: it was not asked to stop
+    except HostUnavailable:
+        stopped = False
+    if stopped and holder:
+        _wait_for_exit(int(holder["pid"]), str(holder.get("identity")))
+    _print(args, {"stopped": stopped}, lambda r: "host stopped" if stopped else "no host was running")
+    return 0
+
+
+def _wait_for_exit(pid: int, identity: str, timeout_s: float = 60.0) -> None:
+    """Return once the host process (that very process, not a reuse of its pid) is gone."""
+    import time
+
+    from piwf.processes import alive
+
+    deadline = time.monotonic() + timeout_s
+    while alive(pid, identity):
+        if time.monotonic() > deadline:
+            raise HostTimeout(f"the host (pid {pid}) is still draining after {timeout_s:.0f} s")
+        time.sleep(0.02)
+
+
+def cmd_workflows_list(args: argparse.Namespace) -> int:
+    """Each workflow is loaded in a child process of its own, with a time limit."""
+    from piwf.engine.inspect import inspect_all
+    from piwf.engine.loader import WORKFLOW_DIR, workflow_names
+
+    project = Path(args.project).absolute()
+    names = workflow_names(project)
+    rows = [_workflow_row(name, result) for name, result in zip(names, inspect_all(project, names, _timeout(args)),
+                                                                    strict=True)]
+    _print(args, rows, lambda rs: "\n".join(
+        f"{r['name']:20} " + (f"ERROR {r['error']}" if r["error"] else f"{r['nodes']} nodes, starts at {r['startAt']}")
+        for r in rs) or f"no workflows in {project / WORKFLOW_DIR}")
+    failed = [r["name"] for r in rows if r["error"]]
+    if failed:
+        print(f"piwf: {len(failed)} of {len(rows)} workflows did not load: {', '.join(failed)}", file=sys.stderr)
+        return ExitCode.WORKFLOW_INVALID
+    return 0
+
+
+def _workflow_row(name: str, result: dict[str, Any]) -> dict[str, Any]:
+    if "error" in result:
+        return {"name": name, "error": " ".join(str(result["error"]).split())}
+    return {"name": name, "nodes": len(result["nodes"]), "startAt": result["startAt"], "digest": result["digest"],
+            "error": None}
+
+
+# --- printing ---------------------------------------------------------------------------------
+
+
+def _format_status(s: dict[str, Any]) -> str:
+    lines = [f"host:      {s['state']}" + (f" (pid {s['pid']}, epoch {s['epoch']})" if s.get("pid") else ""),
+             f"state dir: {s['stateDir']}"]
+    if s.get("detail"):
+        lines.append(f"detail:    {s['detail']}")
+    if "queuedRuns" in s:
+        lines.append(f"runs:      {s['queuedRuns']} queued, {s['runningRuns']} running, {s['parkedRuns']} parked, "
+                     f"{s['waitingRuns']} waiting, {s['completedRuns']} completed, {s['failedRuns']} failed, "
+                     f"{s['cancelledRuns']} cancelled")
+        if s.get("pendingInteractions"):
+            lines.append(f"inbox:     {s['pendingInteractions']} open request(s): piwf inbox")
+        if s.get("undeliveredNotifications") or s.get("unresolvedTurns"):
+            lines.append(f"sessions:  {s['undeliveredNotifications']} undelivered notification(s), "
+                         f"{s['unresolvedTurns']} unresolved turn(s): piwf inbox --session ID")
+        lines.append(f"workers:   {s.get('activeWorkers', 0)} active")
+        if "pendingControllers" in s:
+            lines.append(f"resources: {s['pendingControllers']} queued, {s.get('activeControllerWorkers', 0)} "
+                         f"reconciling, {s['heldControllers']} held")
+        if s["lifecycleContradictions"]:
+            lines.append(f"WARNING:   {s['lifecycleContradictions']} lifecycle contradictions")
+    return "\n".join(lines)
+

@@ -1,0 +1,257 @@
+"""The ``piwf`` command line: every command's arguments, and the handler each one runs.
+
+A handler is named ``"module:function"`` (a module of ``piwf.cli``) and imported only when
+its command runs, so building the parser imports no command's module: ``piwf status``
+does not pay for trio, the host or the engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any, NoReturn
+
+from piwf.cli.common import DEFAULT_TIMEOUT_S, _seconds
+from piwf.errors import UsageError
+
+PLATFORMS = ("linux", "macos")  # piwf.service.PLATFORMS, without importing it (a test checks)
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with its errors one line long and reported like every other failure."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="piwf", description="A durable workflow host for one machine.")
+    _add_common(parser, defaults=True)
+    common = Parser(add_help=False)
+    _add_common(common, defaults=False)  # on subcommands too, without overriding the top level
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser("serve", parents=[common], help="run the host in the foreground")
+    serve.add_argument("--max-workers", type=_positive, default=4, metavar="N", help="concurrent runs (default 4)")
+    serve.add_argument("--durability", choices=("full", "normal"), default="full",
+                       help="SQLite synchronous setting (default full)")
+    serve.add_argument("--worker-startup-timeout", type=_seconds, default=15.0, metavar="S",
+                       help="seconds a worker has to report ready (default 15)")
+    serve.add_argument("--drain-timeout", type=_seconds, default=15.0, metavar="S",
+                       help="seconds a stop may take to stop workers and park their runs (default 15)")
+    serve.add_argument("--kill-grace", type=_seconds, default=2.0, metavar="S",
+                       help="seconds between SIGTERM and SIGKILL when stopping a worker (default 2)")
+    serve.add_argument("--request-timeout", type=_seconds, default=10.0, metavar="S",
+                       help="seconds a client has to send a whole request once it began (default 10)")
+    serve.add_argument("--reply-timeout", type=_seconds, default=10.0, metavar="S",
+                       help="seconds a client has to take a reply before it is disconnected (default 10)")
+    serve.add_argument("--presentation-lease", type=_seconds, default=10.0, metavar="S",
+                       help="seconds a client presenting a decision or ask holds it (default 10)")
+    serve.add_argument("--max-controller-workers", type=_positive, default=4, metavar="N",
+                       help="concurrent reconciles (default 4)")
+    serve.add_argument("--delivery-lease", type=_seconds, default=10.0, metavar="S",
+                       help="seconds a client delivering a notification or turn holds it (default 10)")
+    serve.add_argument("--worker-start", choices=("fork", "spawn"), default="fork",
+                       help="fork workers from a preloaded template process (default; Linux) "
+                            "or spawn a new interpreter for each")
+    serve.add_argument("--log-format", choices=("auto", "text", "json"), default="auto",
+                       help="text, JSON lines (ts, level, msg, epoch, runId), or auto: text on a terminal, "
+                            "JSON lines otherwise (default)")
+    serve.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
+                       help="the least severe records logged (default info)")
+    serve.add_argument("--standby", action="store_true",
+                       help="start, load everything, and wait: take over at once when the live host stops or dies")
+    serve.set_defaults(handler="host:cmd_serve")
+    commands.add_parser("status", parents=[common], help="host state and counts").set_defaults(
+        handler="host:cmd_status")
+    commands.add_parser("stop", parents=[common], help="ask the host to drain and exit").set_defaults(
+        handler="host:cmd_stop")
+
+    workflows = commands.add_parser("workflows", parents=[common], help="workflow files").add_subparsers(
+        dest="sub", required=True, metavar="SUBCOMMAND")
+    wf_list = workflows.add_parser("list", parents=[common], help="list and validate a project's workflows")
+    wf_list.add_argument("--project", default=".", metavar="DIR")
+    wf_list.set_defaults(handler="host:cmd_workflows_list")
+
+    run = commands.add_parser("run", parents=[common], help="start and manage runs").add_subparsers(
+        dest="sub", required=True, metavar="SUBCOMMAND")
+    start = run.add_parser("start", parents=[common], help="start a run of workflow NAME")
+    start.add_argument("name", metavar="NAME")
+    start.add_argument("--input", default="{}", metavar="JSON", help="run input as JSON (default {})")
+    start.add_argument("--project", default=".", metavar="DIR", help="project directory (default .)")
+    start.add_argument("--session", metavar="ID", help="origin session id (one queued or running run per session)")
+    start.add_argument("--run-id", metavar="ID", help="choose the run id (default: the host makes one)")
+    start.add_argument("--wait", action="store_true", help="wait until the run ends or waits")
+    start.add_argument("--settings", metavar="JSON", help="initial settings (merged over the workflow's defaults)")
+    start.set_defaults(handler="run:cmd_run_start")
+    listing = run.add_parser("list", parents=[common], help="recent runs")
+    listing.add_argument("--limit", type=_run_list_limit, default=50, metavar="N", help="1 to 1000 (default 50)")
+    listing.add_argument("--status", help="only runs with this engine status")
+    listing.set_defaults(handler="run:cmd_run_list")
+    for name, handler, text in (
+        ("show", "run:cmd_run_show", "one run in detail"),
+        ("events", "run:cmd_run_events", "a run's trace"),
+        ("cancel", "run:cmd_run_control", "cancel a run (its worker's processes are killed)"),
+        ("pause", "run:cmd_run_control", "park a run at its next node boundary"),
+        ("resume", "run:cmd_run_control", "let a paused or held run continue"),
+    ):
+        sub = run.add_parser(name, parents=[common], help=text)
+        sub.add_argument("run_id", metavar="RUN_ID")
+        sub.set_defaults(handler=handler)
+    logs = run.add_parser("logs", parents=[common], help="what the run's workers printed, per worker")
+    logs.add_argument("run_id", metavar="RUN_ID")
+    logs.set_defaults(handler="run:cmd_run_logs")
+    resolve = run.add_parser("resolve-effect", parents=[common],
+                             help="say whether an ambiguous effect was applied, releasing its run")
+    resolve.add_argument("run_id", metavar="RUN_ID")
+    resolve.add_argument("key", metavar="KEY")
+    outcome = resolve.add_mutually_exclusive_group(required=True)
+    outcome.add_argument("--applied", action="store_true", help="it was applied: the run goes on with --result")
+    outcome.add_argument("--not-applied", action="store_true", help="it was not applied: the run applies it again")
+    resolve.add_argument("--result", metavar="JSON", help="the effect's result as JSON, with --applied (default null)")
+    resolve.set_defaults(handler="run:cmd_run_resolve_effect")
+    _add_settings(run, common)
+    _add_interact(commands, common)
+    _add_service(commands, common)
+    _add_controller(commands, common)
+    _add_watch(commands, common)
+    return parser
+
+
+def _add_common(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
+    extra = {} if defaults else {"default": argparse.SUPPRESS}
+    parser.add_argument("--state-dir", metavar="DIR", help="state directory (default: $PIWF_STATE_DIR, "
+                        "$XDG_STATE_HOME/piwf or ~/.local/state/piwf)", **extra)
+    parser.add_argument("--json", action="store_true", help="print one JSON document and nothing else", **extra)
+    parser.add_argument("--timeout", type=_seconds, metavar="S", help="seconds the host (or, for `workflows list`, "
+                        f"each workflow's import) has to answer (default: $PIWF_TIMEOUT or {DEFAULT_TIMEOUT_S:g})",
+                        **extra)
+
+
+def _run_list_limit(text: str) -> int:
+    value = _positive(text)
+    if value > 1000:
+        raise argparse.ArgumentTypeError("must be at most 1000")
+    return value
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _add_controller(commands: Any, common: argparse.ArgumentParser) -> None:
+    group = commands.add_parser("controller", parents=[common], help="controller resources").add_subparsers(
+        dest="sub", required=True, metavar="SUBCOMMAND")
+    apply = _keyed(group, common, "apply", "create a resource or change its spec", "controller:cmd_apply")
+    apply.add_argument("--spec", required=True, metavar="JSON",
+                       help="the resource's spec as JSON; @FILE reads it from FILE, - from standard input")
+    apply.add_argument("--resource-version", type=int, metavar="N",
+                       help="refuse (conflict) unless the resource is at this resourceVersion")
+    _keyed(group, common, "get", "a resource: spec, status, conditions, errors, next attempt, events",
+           "controller:cmd_get")
+    delete = _keyed(group, common, "delete", "request deletion (finalizers run first)", "controller:cmd_delete")
+    delete.add_argument("--force", action="store_true",
+                        help="remove it now with its finalizers, without a reconcile: nothing is cleaned up")
+    _keyed(group, common, "reconcile", "queue a reconcile now", "controller:cmd_reconcile")
+    listing = group.add_parser("list", parents=[common], help="resources, of one controller or all")
+    listing.add_argument("name", nargs="?", metavar="NAME")
+    listing.add_argument("--project", metavar="DIR", help="only this project's (default: every project)")
+    listing.set_defaults(handler="controller:cmd_list")
+    resolve = _keyed(group, common, "resolve-effect", "say whether an ambiguous effect was applied",
+                     "controller:cmd_resolve")
+    resolve.add_argument("effect_key", metavar="EFFECT_KEY")
+    outcome = resolve.add_mutually_exclusive_group(required=True)
+    outcome.add_argument("--applied", action="store_true", help="it was applied (its result: --result)")
+    outcome.add_argument("--not-applied", action="store_true", help="it was not: the next pass applies it")
+    resolve.add_argument("--result", metavar="JSON", help="the effect's result as JSON, with --applied")
+
+
+def _keyed(group: Any, common: argparse.ArgumentParser, name: str, text: str, handler: Any) -> Any:
+    sub = group.add_parser(name, parents=[common], help=text)
+    sub.add_argument("name", metavar="NAME", help="the controller (.piwf/controllers/NAME.py)")
+    sub.add_argument("key", metavar="KEY", help="the resource's key")
+    sub.add_argument("--project", default=".", metavar="DIR", help="project directory (default .)")
+    sub.set_defaults(handler=handler)
+    return sub
+
+
+def _add_interact(commands: Any, common: argparse.ArgumentParser) -> None:
+    inbox = commands.add_parser("inbox", parents=[common], help="decisions and asks waiting for an answer")
+    inbox.add_argument("--session", metavar="ID", help="only requests of runs started by this session")
+    inbox.add_argument("--run", metavar="RUN_ID", help="only this run's requests")
+    inbox.add_argument("--all", action="store_true", help="closed requests too (settled, expired, cancelled)")
+    inbox.add_argument("--follow", action="store_true", help="with --session: print the session's notifications "
+                       "and turns as they arrive, delivering each (the reference client, docs/sessions.md)")
+    inbox.set_defaults(handler="interact:cmd_inbox")
+    decide = commands.add_parser("decide", parents=[common], help="answer a decision; the first answer wins")
+    decide.add_argument("request_id", metavar="REQUEST_ID")
+    decide.add_argument("choice", metavar="CHOICE", help="one of the decision's choice ids")
+    decide.add_argument("--input", metavar="TEXT", help="the text a choice with input takes (kept exactly)")
+    decide.add_argument("--request-id", dest="command_id", metavar="ID",
+                        help="this command's request id: the same id again is a safe retry")
+    decide.set_defaults(handler="interact:cmd_decide")
+    answer = commands.add_parser("answer", parents=[common], help="submit a value to an ask; the workflow "
+                                 "validates it")
+    answer.add_argument("request_id", metavar="REQUEST_ID")
+    answer.add_argument("--value", required=True, metavar="JSON", help="the value, as JSON; `-` reads it from "
+                        "stdin, `@FILE` from FILE (a JSON string needs its quotes: '\"text\"')")
+    answer.add_argument("--session", metavar="ID", help="the submitting session (the run's origin session, if any)")
+    answer.add_argument("--wait", action="store_true", help="wait until it is validated; exit 1 with the reason "
+                        "when it is rejected")
+    answer.add_argument("--request-id", dest="command_id", metavar="ID",
+                        help="this command's request id: the same id again is a safe retry")
+    answer.set_defaults(handler="interact:cmd_answer")
+
+
+def _add_service(commands: Any, common: argparse.ArgumentParser) -> None:
+    group = commands.add_parser("service", parents=[common], help="run the host as a background service "
+                                "(systemd user unit, launchd agent)").add_subparsers(
+        dest="sub", required=True, metavar="SUBCOMMAND")
+    for name, handler, text in (
+        ("install", "service:cmd_install", "write the service files and start the service"),
+        ("uninstall", "service:cmd_uninstall", "stop the service and remove the files install wrote"),
+        ("status", "service:cmd_status", "the service files and what the service manager says"),
+    ):
+        sub = group.add_parser(name, parents=[common], help=text)
+        if name != "status":
+            sub.add_argument("--dry-run", action="store_true", help="print what would be done; change nothing")
+        sub.add_argument("--platform", choices=PLATFORMS, help=argparse.SUPPRESS)  # for tests: files only
+        sub.set_defaults(handler=handler)
+
+
+def _add_settings(run: Any, common: argparse.ArgumentParser) -> None:
+    sub = run.add_parser("settings", parents=[common], help="show a run's settings, or change them with --set")
+    sub.add_argument("run_id", metavar="RUN_ID")
+    sub.add_argument("--set", dest="assignments", action="append", default=[], metavar="PATH=JSON",
+                     help="set a mutable path (dotted, like limits.max) to a JSON value; null removes it "
+                          "(back to its default); repeat for several")
+    sub.add_argument("--expect", type=_change_number, metavar="N",
+                     help="refuse (conflict) unless the settings are at change N")
+    sub.add_argument("--scope", metavar="ID", help="the settings scope (default: the run's)")
+    sub.add_argument("--request-id", dest="command_id", metavar="ID",
+                     help="this command's request id: the same id again is a safe retry")
+    sub.set_defaults(handler="settings:cmd_run_settings")
+
+
+def _change_number(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a change number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("a change number is 0 or more")
+    return value
+
+
+def _add_watch(commands: Any, common: argparse.ArgumentParser) -> None:
+    watch = commands.add_parser("watch", parents=[common], help="a live view of runs: current nodes, latest "
+                                "updates, waiting requests, recent events")
+    watch.add_argument("run_id", nargs="?", metavar="RUN", help="only this run")
+    watch.add_argument("--once", action="store_true", help="print one snapshot and exit (with --json: the "
+                       "run.watch receipt; without --once, --json prints one receipt per line as changes come)")
+    watch.set_defaults(handler="watch:cmd_watch")
