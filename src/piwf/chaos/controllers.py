@@ -102,7 +102,7 @@ class ControllerChaos:
 
     def _wait(self, index: int, deadline: float) -> dict[str, Any]:
         while True:
-            resource = self.chaos.call("controller.get", payload=self._target(index))
+            resource: dict[str, Any] = self.chaos.call("controller.get", payload=self._target(index))
             if resource["hold"] == "effect":
                 self._resolve(resource)
             elif _converged(resource) or time.monotonic() > deadline:
@@ -127,5 +127,5 @@ def _converged(resource: dict[str, Any]) -> bool:
 def bad(summary: dict[str, Any]) -> bool:
     if not summary.get("resources"):
         return False
-    return (summary["resources_converged"] != summary["resources"] or summary["resource_effects_applied_twice"] > 0
-            or summary["resources_missing_effect"] > 0)
+    return bool(summary["resources_converged"] != summary["resources"] or summary["resource_effects_applied_twice"] > 0
+                or summary["resources_missing_effect"] > 0)

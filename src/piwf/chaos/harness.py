@@ -353,7 +353,7 @@ class Chaos:
     def wait_run(self, run_id: str, deadline: float) -> dict[str, Any]:
         while True:
             left_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
-            run = self.call("run.wait", run_id=run_id, payload={"timeoutMs": min(left_ms, 600_000)})
+            run: dict[str, Any] = self.call("run.wait", run_id=run_id, payload={"timeoutMs": min(left_ms, 600_000)})
             if run.get("hold") == "effect":
                 self.tally.ambiguous_runs.add(run_id)
                 self.resolve(run)
