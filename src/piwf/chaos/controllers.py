@@ -13,12 +13,10 @@ import random
 import textwrap
 import time
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from piwf.chaos.common import Harness
 from piwf.client import make_request
-
-if TYPE_CHECKING:
-    from piwf.chaos.harness import Chaos
 
 CONTROLLER = """
     import os
@@ -53,7 +51,7 @@ CONTROLLER = """
 
 
 class ControllerChaos:
-    def __init__(self, chaos: Chaos) -> None:
+    def __init__(self, chaos: Harness) -> None:
         self.chaos = chaos
         self.count = chaos.args.resources
         self.ledger = chaos.root / "ctl-ledger.txt"

@@ -39,7 +39,7 @@ class WorkerMessage(msgspec.Struct, tag_field="operation", forbid_unknown_fields
 
     @property
     def operation(self) -> str:
-        return type(self).__struct_config__.tag  # type: ignore[return-value]
+        return type(self).__struct_config__.tag  # type: ignore[return-value]  # a tag is str | int; ours are str
 
 
 # --- payloads ------------------------------------------------------------------------------
