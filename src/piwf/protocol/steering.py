@@ -14,10 +14,12 @@ import msgspec
 
 from piwf.protocol.worker import Count, Payload, Result, Text, WorkerMessage
 
+RequestKey = Annotated[str, msgspec.Meta(min_length=1, max_length=512)]  # what makes a steering message idempotent
+
 
 class ChangeSettingsPayload(Payload, frozen=True):
     runId: Text
-    requestKey: Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
+    requestKey: RequestKey
     patch: dict[str, Any]
     expectedChangeNumber: Count | None = None
     scopeId: str | None = None
@@ -25,7 +27,7 @@ class ChangeSettingsPayload(Payload, frozen=True):
 
 class QueueFollowUpPayload(Payload, frozen=True):
     runId: Text
-    requestKey: Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
+    requestKey: RequestKey
     prompt: Text
 
 
