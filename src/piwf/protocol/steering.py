@@ -14,12 +14,10 @@ import msgspec
 
 from piwf.protocol.worker import Count, Payload, Result, Text, WorkerMessage
 
-RequestKey = Annotated[str, msgspec.Meta(min_length=1, max_length=512)]  # what makes a steering message idempotent
-
 
 class ChangeSettingsPayload(Payload, frozen=True):
     runId: Text
-    requestKey: RequestKey
+    requestKey: Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
     patch: dict[str, Any]
     expectedChangeNumber: Count | None = None
     scopeId: str | None = None
@@ -27,7 +25,7 @@ class ChangeSettingsPayload(Payload, frozen=True):
 
 class QueueFollowUpPayload(Payload, frozen=True):
     runId: Text
-    requestKey: RequestKey
+    requestKey: Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
     prompt: Text
 
 
