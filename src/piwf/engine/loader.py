@@ -1,4 +1,8 @@
-"""Finding and importing workflow files: ``<project>/.piwf/workflows/<name>.py``."""
+"""Finding and importing workflow files: ``<project>/.piwf/workflows/<name>.py``.
+
+How a project's named file is found, imported and checked (``user_file_path``,
+``import_user_file``, ``load_named``) is written once here; ``piwf.controllers.loader``
+loads controller files with the same functions."""
 
 from __future__ import annotations
 
