@@ -63,13 +63,6 @@ def claim_due(db: Database, *, room: int, exclude: frozenset[str], lease_ms: int
         return claims
 
 
-def answer(db: Database, uid: str, token: str, *, lease_ms: int, now: int, apply: Any) -> Any:
-    """Carry out one reconcile worker message in one transaction, fenced by the claim
-    (which it renews); ``apply`` makes store calls only. Raises ClaimLost, or the store
-    errors; then nothing was changed."""
-    with db.write():
-        fence(db, uid, token, lease_ms, now)
-        return apply()
 
 
 def attach_worker(db: Database, uid: str, token: str, pid: int, identity: str) -> None:
