@@ -39,6 +39,7 @@ from piwf.store.api import UnitOfWork
 from piwf.wire import HostResponse, check_id, request_fingerprint
 from piwf.host import controller_operations
 from piwf.host import delivery
+from piwf.host.delivery import until_changed
 from piwf.host import settings_operations
 from piwf.host.catalog import WorkflowInfo
 from piwf.host.state import HostState, log
@@ -132,7 +133,7 @@ async def _run_wait(host: HostState, request: WaitRun) -> WaitReceipt:
     beside a worker still `running`."""
     run_id = request.runId
     with trio.move_on_after(request.payload.timeoutMs / 1000):  # changed: every change, and a run leaving host.active
-        await delivery.until_changed(host, lambda: _summary_settled(host, run_id))
+        await until_changed(host, lambda: _summary_settled(host, run_id))
     run = await host.store.runs.get_run(run_id, host.now())
     return WaitReceipt(**msgspec.structs.asdict(run), atRest=_settled(host, run))
 
