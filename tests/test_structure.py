@@ -14,15 +14,10 @@ ROOT = Path(__file__).resolve().parents[1]
 HOST = sorted((ROOT / "src" / "piwf" / "host").glob("*.py"))
 STORE_MODULES = ("hosts", "queue", "runs", "workers", "effects", "commands", "supervision", "controllers",
                  "controller_queue", "controller_effects", "delivery", "updates", "interactions", "settings")
-# host/ files still calling the SQLite backend directly (through the transitional
-# ``HostState.db``): the control lane of issue 19, ported separately. Remove a file from
-# here once it goes through ``host.store``; the list must end empty, and ``HostState.db`` go.
-NOT_YET_PORTED = {"operations.py", "server.py", "delivery.py", "settings_operations.py", "controller_operations.py",
-                  "catalog.py", "reconcile_steering.py"}
-# Ported files that still hand ``host.db`` to a function of those (reconcile_messages: to
-# settings_operations.start_scope and reconcile_steering's handlers), and HostState's
-# transitional ``db`` property itself (state.py).
-STILL_ON_HOST_DB = {"reconcile_messages.py", "state.py"}
+# host/ files still calling the SQLite backend directly: none (the list must stay empty).
+NOT_YET_PORTED: set[str] = set()
+# HostState's transitional ``db`` property (state.py), until it goes.
+STILL_ON_HOST_DB = {"state.py"}
 
 
 def _host_source() -> str:
