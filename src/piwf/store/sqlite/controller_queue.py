@@ -14,30 +14,20 @@ Holds (``permanent``, ``effect``) keep a row from being claimed until someone ac
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from piwf.protocol.resources import MAX_ERROR_CHARS
 from piwf.errors import ClaimLost, Rejected
 from piwf.wire import canonical_json, decode_json
-from piwf.store.controllers import add_resource_event, check_json_size, delete_resource
-from piwf.store.db import Database
-from piwf.store.timefmt import iso
+from piwf.store.sqlite.controllers import add_resource_event, check_json_size, delete_resource
+from piwf.store.sqlite.db import Database, atomic
+from piwf.store.api.types import ControllerClaim, Delay
+from piwf.store.sqlite.timefmt import iso
 
 FREE_CLAIM = "(claim_token IS NULL OR claim_expires_at <= ?)"
 MIN_REQUEUE_MS = 1000  # Result.requeue() and short requeue_after(ms): at most one pass a second
 HOST_REASONS = ("PermanentError", "EffectAmbiguous")  # a Ready=False set by the host, not by the controller
 
-
-@dataclass(frozen=True)
-class ControllerClaim:
-    uid: str
-    token: str
-    generation: int  # this claim's number: the worker's messages carry it
-    project: str
-    controller: str
-    key: str
 
 
 def claim_due(db: Database, *, room: int, exclude: frozenset[str], lease_ms: int, now: int,
@@ -58,24 +48,21 @@ def claim_due(db: Database, *, room: int, exclude: frozenset[str], lease_ms: int
             if uid in exclude or len(claims) >= room:
                 continue
             token = secrets.token_hex(16)
-            generation = db.scalar(
+            generation = db.scalar(  # still due, checked in the UPDATE: another writer may have taken it
                 """UPDATE controller_queue SET claim_token = ?, claim_expires_at = ?, claim_version = version,
                      claim_generation = claim_generation + 1, claim_epoch = ?, claim_resource_version = NULL,
                      worker_pid = NULL, worker_identity = NULL, available_at = NULL, updated_at = ?
-                   WHERE uid = ? RETURNING claim_generation""",
+                   WHERE uid = ? AND hold IS NULL AND ((claim_token IS NULL AND available_at <= ?4)
+                                                       OR (claim_token IS NOT NULL AND claim_expires_at <= ?4))
+                   RETURNING claim_generation""",
                 (token, now + lease_ms, epoch, now, uid))
+            if generation is None:
+                continue
             add_resource_event(db, uid, "reconcile_started", {"claim": generation}, now)
             claims.append(ControllerClaim(uid, token, generation, project, controller, key))
         return claims
 
 
-def answer(db: Database, uid: str, token: str, *, lease_ms: int, now: int, apply: Any) -> Any:
-    """Carry out one reconcile worker message in one transaction, fenced by the claim
-    (which it renews); ``apply`` makes store calls only. Raises ClaimLost, or the store
-    errors; then nothing was changed."""
-    with db.write():
-        fence(db, uid, token, lease_ms, now)
-        return apply()
 
 
 def attach_worker(db: Database, uid: str, token: str, pid: int, identity: str) -> None:
@@ -124,6 +111,7 @@ def fence(db: Database, uid: str, token: str, lease_ms: int, now: int) -> None:
         raise ClaimLost(f"the claim on resource {uid} is no longer held")
 
 
+@atomic
 def reconcile_view(db: Database, uid: str) -> dict[str, Any]:
     """What a reconcile starts from; the ``resourceVersion`` shown becomes the claim's
     compare-and-set token. Call fenced."""
@@ -143,6 +131,7 @@ def reconcile_view(db: Database, uid: str) -> dict[str, Any]:
 # --- results --------------------------------------------------------------------------------
 
 
+@atomic
 def finish_success(db: Database, uid: str, token: str, *, requeue_after_ms: int | None, settled: bool,
                    controller_status: Any, conditions: list[dict[str, Any]], finalizers: list[str] | None,
                    keep_status: bool, now: int) -> str:
@@ -179,9 +168,9 @@ def finish_success(db: Database, uid: str, token: str, *, requeue_after_ms: int 
     return "settled" if settled else "requeued"
 
 
-Delay = int | Callable[[int], int]  # ms, or ms as a function of the failures in a row before this one
 
 
+@atomic
 def finish_failure(db: Database, uid: str, token: str, *, error: str, delay_ms: Delay, permanent: bool,
                    now: int, counted: bool = True) -> int:
     """Record a failed reconcile: the error, the count in a row, and the next attempt
@@ -213,8 +202,10 @@ def record_failure(db: Database, uid: str, token: str, *, error: str, delay_ms: 
     the host after its worker is gone; None when the claim was lost meanwhile. Not
     ``counted``: its worker could not even start (not the resource's fault)."""
     with db.write():
-        live = db.scalar("SELECT 1 FROM controller_queue WHERE uid = ? AND claim_token = ?", (uid, token))
-        if live is None:
+        # the fence: a write of the claim's row, so it holds for the rest of the transaction
+        db.execute("UPDATE controller_queue SET claim_token = claim_token WHERE uid = ? AND claim_token = ?",
+                   (uid, token))
+        if db.changes() != 1:
             return None
         return finish_failure(db, uid, token, error=error, delay_ms=delay_ms, permanent=False, now=now,
                               counted=counted)

@@ -9,17 +9,17 @@ operation is one transaction.
 from __future__ import annotations
 
 import secrets
-from typing import Any, Literal
+from typing import Any
 
 from piwf.errors import Conflict, NotFound, Rejected
 from piwf.protocol import SETTINGS_LIMIT, ChangeSettingsReceipt, RunSettings, SettingsChange
 from piwf.status import ENDED
 from piwf.wire import canonical_json, decode_json
-from piwf.store.db import Database
-from piwf.store.queue import add_event
-from piwf.store.timefmt import iso
+from piwf.store.api.types import Actor
+from piwf.store.sqlite.db import Database
+from piwf.store.sqlite.queue import add_event
+from piwf.store.sqlite.timefmt import iso
 
-Actor = Literal["start", "client", "controller"]
 ROOT = ""  # the mount path of a run's own scope
 
 
@@ -130,8 +130,10 @@ def change_settings(db: Database, run_id: str, *, scope_id: str, base: int, expe
                            f"(now at change {current}); try again")
         stored = _json(settings, "the settings")
         number = current + 1
-        db.execute("UPDATE settings_scopes SET settings_json = ?, change_number = ?, updated_at = ? WHERE scope_id = ?",
-                   (stored, number, now, found))
+        db.execute("""UPDATE settings_scopes SET settings_json = ?, change_number = ?, updated_at = ?
+                      WHERE scope_id = ? AND change_number = ?""", (stored, number, now, found, current))
+        if db.changes() != 1:  # the compare-and-set is in the write: another writer changed it since the read
+            raise Conflict(f"the settings of run {run_id} changed while the patch was checked; try again")
         db.execute("""INSERT INTO settings_changes (scope_id, change_number, request_key, actor_type, actor_id,
                         patch_json, settings_json, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)""",
                    (found, number, request_key, actor, actor_id, _json(patch, "the settings patch"), stored, now))

@@ -6,15 +6,15 @@ projection (``lifecycle_contradictions``) always holds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-from piwf.errors import ClaimLost
+from piwf.errors import ClaimLost, Conflict, NotFound
 from piwf.wire import canonical_json
 from piwf.status import ACTIVE_QUEUE, QueueStatus
-from piwf.store import delivery
-from piwf.store.db import Database
-from piwf.store.schema import one_of
+from piwf.store.sqlite import delivery
+from piwf.store.sqlite.db import Database
+from piwf.store.api.types import Claim
+from piwf.store.sqlite.schema import one_of
 
 LIVE = f"status IN ({one_of(ACTIVE_QUEUE)})"
 READY = "(q.status IN ('queued', 'parked') AND q.hold IS NULL)"
@@ -27,13 +27,6 @@ SESSION_FREE = """(
     SELECT 1 FROM run_queue o WHERE o.origin_session_id = q.origin_session_id
       AND o.run_id != q.run_id AND o.status IN ('queued', 'starting', 'running')))"""
 
-
-@dataclass(frozen=True)
-class Claim:
-    run_id: str
-    token: str
-    generation: int
-    expires_at: int
 
 
 def claim_next_run(
@@ -66,14 +59,24 @@ def claim_run(
         return None if row is None else _take(db, run_id, runner_id, token, lease_ms, now, epoch)
 
 
-def _take(db: Database, run_id: str, runner_id: str, token: str, lease_ms: int, now: int, epoch: int) -> Claim:
+# CLAIMABLE for one row, in an UPDATE: the claim is taken only while the run is claimable.
+STILL_CLAIMABLE = """((status IN ('queued', 'parked') AND hold IS NULL)
+  OR (status IN ('starting', 'running') AND claim_expires_at IS NOT NULL AND claim_expires_at <= ?))"""
+
+
+def _take(db: Database, run_id: str, runner_id: str, token: str, lease_ms: int, now: int,
+          epoch: int) -> Claim | None:
+    """Claim the run found claimable; the check is in the UPDATE too (None: another writer
+    took it first)."""
     generation = db.scalar(
-        """UPDATE run_queue SET status = 'starting', runner_id = ?, claim_token = ?,
-             claim_expires_at = ?, generation = generation + 1, owner_epoch = ?,
-             started_at = COALESCE(started_at, ?), updated_at = ?
-           WHERE run_id = ? RETURNING generation""",
-        (runner_id, token, now + lease_ms, epoch, now, now, run_id),
+        f"""UPDATE run_queue SET status = 'starting', runner_id = ?, claim_token = ?,
+              claim_expires_at = ?, generation = generation + 1, owner_epoch = ?,
+              started_at = COALESCE(started_at, ?), updated_at = ?
+            WHERE run_id = ? AND {STILL_CLAIMABLE} RETURNING generation""",
+        (runner_id, token, now + lease_ms, epoch, now, now, run_id, now),
     )
+    if generation is None:
+        return None
     # a waiting run is claimed once a submission to it awaits validation
     db.execute("UPDATE runs SET status = 'running', updated_at = ? "
                "WHERE run_id = ? AND status IN ('queued', 'waiting')", (now, run_id))
@@ -110,13 +113,17 @@ def verify_claim(db: Database, run_id: str, token: str, now: int) -> bool:
     return row is not None
 
 
+# The fence: a write of the claim's row that changes nothing, taken only while the claim is
+# live. Being a write, it holds the row for the rest of the transaction however many
+# writers there are (a read would not: the claim could move on between it and the writes).
+FENCE = f"""UPDATE run_queue SET claim_token = claim_token
+  WHERE run_id = ? AND claim_token = ? AND {LIVE} AND claim_expires_at > ?"""
+
+
 def fenced_revision(db: Database, run_id: str, token: str, now: int) -> int:
-    """The run's revision, read under its live claim; ClaimLost otherwise."""
-    revision = db.scalar(
-        f"""SELECT r.revision FROM run_queue q JOIN runs r ON r.run_id = q.run_id
-            WHERE q.run_id = ? AND q.claim_token = ? AND q.{LIVE} AND q.claim_expires_at > ?""",
-        (run_id, token, now),
-    )
+    """The run's revision under its live claim, fenced (``FENCE``); ClaimLost otherwise."""
+    revision = db.scalar(f"{FENCE} RETURNING (SELECT revision FROM runs r WHERE r.run_id = run_queue.run_id)",
+                         (run_id, token, now))
     if revision is None:
         raise ClaimLost(f"the claim on run {run_id} is no longer live")
     return revision
@@ -127,8 +134,16 @@ def revision_of(db: Database, run_id: str) -> int | None:
     return db.scalar("SELECT revision FROM runs WHERE run_id = ?", (run_id,))
 
 
+def holds_claim(db: Database, run_id: str, token: str, now: int) -> bool:
+    """Whether the claim is live, checked by the fence (``FENCE``): call inside the write
+    transaction it guards."""
+    db.execute(FENCE, (run_id, token, now))
+    return db.changes() == 1
+
+
 def require_claim(db: Database, run_id: str, token: str, now: int) -> None:
-    if not verify_claim(db, run_id, token, now):
+    """The fence (``FENCE``), or ClaimLost."""
+    if not holds_claim(db, run_id, token, now):
         raise ClaimLost(f"the claim on run {run_id} is no longer live")
 
 
@@ -210,20 +225,37 @@ def fail_run(db: Database, run_id: str, token: str, error: dict[str, Any], now: 
 def _end_claimed(db: Database, run_id: str, token: str, status: str, now: int,
                     error: dict[str, Any] | None = None) -> None:
     """Settle the queue row only while the claim is live: the fence is in the UPDATE."""
-    _end_queue_row(db, run_id, status, now, error,
-                  fence=(f"AND claim_token = ? AND {LIVE} AND claim_expires_at > ?", (token, now)))
-    if db.changes() != 1:
+    if not _end_queue_row(db, run_id, status, now, error,
+                          fence=(f"AND claim_token = ? AND {LIVE} AND claim_expires_at > ?", (token, now))):
         raise ClaimLost(f"the claim on run {run_id} is no longer live")
 
 
-def cancel_run(db: Database, run_id: str, now: int, *, token: str | None = None) -> bool:
-    """Cancel a run. Without a token only unclaimed runs (queued, parked) can be cancelled."""
+# In a write of run_queue: the run is at the revision a request expected (? IS NULL: any).
+AT_REVISION = "AND (? IS NULL OR (SELECT r.revision FROM runs r WHERE r.run_id = run_queue.run_id) = ?)"
+
+
+def refuse_revision(db: Database, run_id: str, expected: int | None) -> None:
+    """After a write guarded by AT_REVISION changed nothing, say why if the revision is the
+    reason: NotFound for an unknown run, Conflict for one not at ``expected``."""
+    current = revision_of(db, run_id)
+    if current is None:
+        raise NotFound(f"run {run_id} not found")
+    if expected is not None and expected != current:
+        raise Conflict(f"run {run_id} is at revision {current}, not {expected}")
+
+
+def cancel_run(db: Database, run_id: str, now: int, *, token: str | None = None,
+               expected_revision: int | None = None) -> bool:
+    """Cancel a run. Without a token only unclaimed runs (queued, parked) can be cancelled;
+    ``expected_revision``, a compare-and-set on the run's revision, is checked in the same
+    UPDATE (NotFound, Conflict)."""
     with db.write():
-        where = f"claim_token = :token AND {LIVE}" if token else "status IN ('queued', 'parked')"
-        row = db.one(f"SELECT 1 FROM run_queue WHERE run_id = :run AND {where}", {"run": run_id, "token": token})
-        if row is None:
+        where, params = ((f"AND claim_token = ? AND {LIVE}", (token,)) if token
+                         else ("AND status IN ('queued', 'parked')", ()))
+        fence = (f"{where} {AT_REVISION}", (*params, expected_revision, expected_revision))
+        if not _end_queue_row(db, run_id, QueueStatus.CANCELLED, now, fence=fence):  # the fence is in the UPDATE
+            refuse_revision(db, run_id, expected_revision)
             return False
-        _end_queue_row(db, run_id, QueueStatus.CANCELLED, now)
         db.execute(
             """UPDATE runs SET status = 'cancelled', status_detail = NULL, finished_at = ?,
                  updated_at = ?, revision = revision + 1 WHERE run_id = ?""",
@@ -243,7 +275,8 @@ def _interrupt_attempts(db: Database, run_id: str, now: int) -> None:
 
 
 def _end_queue_row(db: Database, run_id: str, status: str, now: int, error: dict[str, Any] | None = None,
-                  fence: tuple[str, tuple[Any, ...]] = ("", ())) -> None:
+                  fence: tuple[str, tuple[Any, ...]] = ("", ())) -> bool:
+    """End the queue row (where ``fence`` holds); whether it did."""
     db.execute(
         f"""UPDATE run_queue SET status = ?, runner_id = NULL, claim_token = NULL,
               claim_expires_at = NULL, hold = NULL, error_code = ?, error_message = ?,
@@ -252,8 +285,10 @@ def _end_queue_row(db: Database, run_id: str, status: str, now: int, error: dict
         (status, error and error.get("type"), error and str(error.get("message", ""))[:2048], now, now, run_id,
          *fence[1]),
     )
-    if db.changes() == 1:
-        _close_interactions(db, run_id, status, now)
+    if db.changes() != 1:
+        return False
+    _close_interactions(db, run_id, status, now)
+    return True
 
 
 def _close_interactions(db: Database, run_id: str, status: str, now: int) -> None:
@@ -261,7 +296,7 @@ def _close_interactions(db: Database, run_id: str, status: str, now: int) -> Non
     is refused, and nothing is left pending for a run that will never take it. (An open
     request always has its attempt waiting: one indexed look-up for every other run.)"""
     if db.one("SELECT 1 FROM node_attempts WHERE run_id = ? AND status = 'waiting' LIMIT 1", (run_id,)):
-        from piwf.store.interactions import close_open  # interactions builds on this module
+        from piwf.store.sqlite.interactions import close_open  # interactions builds on this module
 
         close_open(db, run_id, now, f"the run ended ({status})")
 
