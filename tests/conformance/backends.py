@@ -1,0 +1,42 @@
+"""The backends the conformance suite runs against: one entry per backend in BACKENDS.
+
+A backend opens stores on one database of its own (a test's tmp_path for SQLite); every
+store it opens sees the same data, as several hosts sharing one database would. Stores
+take the test's clock: a ManualClock decides every expiry.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+from piwf.clock import Clock
+
+
+class Backend(Protocol):
+    name: str
+
+    async def open(self, clock: Clock) -> Any:
+        """A new store on this backend's database."""
+
+    async def close(self, store: Any) -> None: ...
+
+
+class SqliteBackend:
+    name = "sqlite"
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.path = tmp_path / "conformance.db"
+
+    async def open(self, clock: Clock) -> Any:
+        from piwf.store.sqlite import open_store  # the one backend import of the suite
+
+        return open_store(self.path, clock=clock)
+
+    async def close(self, store: Any) -> None:
+        await store.close()
+
+
+BACKENDS: dict[str, type[Backend]] = {
+    "sqlite": SqliteBackend,
+}
