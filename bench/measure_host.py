@@ -20,7 +20,7 @@ import measure_echo
 from piwf.client import Client, make_request
 from piwf.errors import HostUnavailable
 from piwf.paths import StatePaths
-from piwf.store import Database
+from piwf.store.sqlite import Database
 from piwf.wire import encode_line
 
 NOOP = """

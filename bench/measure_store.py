@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from piwf.store import Database, queue, runs
+from piwf.store.sqlite import Database, queue, runs
 
 LEASE_MS = 30_000
 

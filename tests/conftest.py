@@ -20,7 +20,7 @@ from piwf.errors import HostUnavailable
 from piwf.host.host import Host
 from piwf.host.state import HostConfig, HostState
 from piwf.paths import StatePaths
-from piwf.store import Database
+from piwf.store.sqlite import Database
 
 WORKFLOWS = {
     "greet": """

@@ -23,7 +23,7 @@ from piwf.client import AsyncClient
 from piwf.host.host import Host
 from piwf.host.state import HostState
 from piwf.paths import StatePaths
-from piwf.store import Database
+from piwf.store.sqlite import Database
 
 from .conftest import HostProcess, config, wait_for
 from .test_launcher import templates

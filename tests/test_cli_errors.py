@@ -309,7 +309,7 @@ async def test_a_wait_whose_host_dies_still_names_the_run_it_started(
 
 
 def _a_run_is_running(paths: StatePaths) -> bool:
-    from piwf.store import Database
+    from piwf.store.sqlite import Database
 
     try:
         db = Database.open_readonly(paths.db)

@@ -289,8 +289,8 @@ async def test_a_host_stop_requeues_the_reconcile_at_once(host_process: Any, pat
     await wait_for(lambda: trace.exists() and "start" in trace.read_text())
     first.signal(signal.SIGTERM)
     assert await first.wait() == 0
-    from piwf.store import Database
-    from piwf.store.controllers import get_resource
+    from piwf.store.sqlite import Database
+    from piwf.store.sqlite.controllers import get_resource
 
     db = Database.open_readonly(paths.db)
     try:
@@ -333,7 +333,7 @@ async def test_a_lost_claim_stops_exactly_that_reconcile(paths: StatePaths, proj
     import psutil
 
     from piwf.host.host import Host
-    from piwf.store import Database
+    from piwf.store.sqlite import Database
 
     from .conftest import config
 

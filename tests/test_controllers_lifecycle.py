@@ -17,7 +17,7 @@ import trio
 from piwf import processes
 from piwf.client import AsyncClient
 from piwf.paths import StatePaths
-from piwf.store import Database
+from piwf.store.sqlite import Database
 
 from .conftest import HostProcess, piwf, wait_for, write_workflow
 from .test_controllers import MIRROR, ctl, get, ready, refused, write_controller

@@ -15,9 +15,9 @@ import trio
 
 from piwf.errors import CorruptStateError
 from piwf.paths import StatePaths
-from piwf.store import Database, queue, runs
-from piwf.store.hosts import open_state
-from piwf.store.schema import SCHEMA_VERSION
+from piwf.store.sqlite import Database, queue, runs
+from piwf.store.sqlite.hosts import open_state
+from piwf.store.sqlite.schema import SCHEMA_VERSION
 
 from .conftest import HostProcess, piwf
 

@@ -16,8 +16,8 @@ import trio
 from piwf.client import AsyncClient
 from piwf.errors import StoreError
 from piwf.paths import StatePaths
-from piwf.store import Database
-from piwf.store.runs import LIFECYCLE_CONTRADICTIONS
+from piwf.store.sqlite import Database
+from piwf.store.sqlite.runs import LIFECYCLE_CONTRADICTIONS
 
 from .conftest import HostProcess, piwf, wait_for
 

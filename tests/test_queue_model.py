@@ -18,8 +18,8 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, initialize, invar
 
 from piwf.clock import ManualClock
 from piwf.errors import ClaimLost, Rejected
-from piwf.store import Database, queue, runs
-from piwf.store.runs import LIFECYCLE_CONTRADICTIONS
+from piwf.store.sqlite import Database, queue, runs
+from piwf.store.sqlite.runs import LIFECYCLE_CONTRADICTIONS
 
 LEASE = 1000
 LIVE = ("starting", "running")

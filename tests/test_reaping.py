@@ -17,7 +17,7 @@ import trio
 from piwf.engine.definition import shell
 from piwf.engine.executor import Context, run_shell
 from piwf.paths import StatePaths
-from piwf.store import Database, queue, runs
+from piwf.store.sqlite import Database, queue, runs
 
 from .conftest import HostProcess, config, wait_for, write_workflow
 from .test_engine import RecordingJournal
@@ -172,7 +172,7 @@ async def test_a_host_that_lost_its_lease_stops_without_touching_the_runs_it_no_
     paths: StatePaths, project: Path
 ) -> None:
     from piwf.host.host import Host
-    from piwf.store.hosts import acquire_lease
+    from piwf.store.sqlite.hosts import acquire_lease
 
     host_config = config(paths, host_lease_ms=300)  # the heartbeat looks every 100 ms
     async with trio.open_nursery() as nursery:

@@ -8,10 +8,10 @@ import pytest
 
 from piwf.clock import ManualClock
 from piwf.errors import ClaimLost, Conflict, NotFound, Rejected
-from piwf.store import Database
-from piwf.store import controller_effects as effects
-from piwf.store import controller_queue as cq
-from piwf.store import controllers as res
+from piwf.store.sqlite import Database
+from piwf.store.sqlite import controller_effects as effects
+from piwf.store.sqlite import controller_queue as cq
+from piwf.store.sqlite import controllers as res
 
 P, C = "/project", "mirror"
 LEASE = 120_000

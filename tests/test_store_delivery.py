@@ -11,8 +11,8 @@ import pytest
 from piwf.clock import ManualClock
 from piwf.errors import ClaimLost, Conflict, NotFound, Rejected
 from piwf.status import Hold, NotificationKind, TurnCause, TurnResolution
-from piwf.store import Database, delivery, interactions, queue, runs, updates
-from piwf.store.schema import APPLICATION_ID, SCHEMA_VERSION
+from piwf.store.sqlite import Database, delivery, interactions, queue, runs, updates
+from piwf.store.sqlite.schema import APPLICATION_ID, SCHEMA_VERSION
 
 LEASE = 30_000
 DELIVERY = 10_000

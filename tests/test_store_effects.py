@@ -6,7 +6,7 @@ import pytest
 
 from piwf.clock import ManualClock
 from piwf.errors import NotFound, Rejected
-from piwf.store import Database, effects, queue, runs
+from piwf.store.sqlite import Database, effects, queue, runs
 
 from .test_store_queue import claim, new_run
 

@@ -7,8 +7,8 @@ import pytest
 from piwf.client import make_request
 from piwf.clock import ManualClock
 from piwf.errors import HostAlreadyRunning, Rejected
-from piwf.store import Database, commands, workers
-from piwf.store.hosts import acquire_lease, read_lease, release_lease, renew_lease
+from piwf.store.sqlite import Database, commands, workers
+from piwf.store.sqlite.hosts import acquire_lease, read_lease, release_lease, renew_lease
 from piwf.wire import HostResponse
 from piwf.protocol.worker import AttemptStart, AttemptStartPayload, WorkerResponse
 

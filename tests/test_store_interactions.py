@@ -8,7 +8,7 @@ from piwf.clock import ManualClock
 from piwf.errors import Conflict, NotFound, Rejected
 from piwf.protocol import ChoiceSpec, DefaultAnswer, TextInputSpec, UpdateAction
 from piwf.status import WorkerStatus
-from piwf.store import Database, interactions, queue, runs, supervision
+from piwf.store.sqlite import Database, interactions, queue, runs, supervision
 from piwf.protocol.worker import InteractionOpenPayload
 
 LEASE = 30_000

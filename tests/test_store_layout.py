@@ -11,8 +11,8 @@ import apsw
 import pytest
 
 from piwf.errors import CorruptStateError, SchemaError, StoreError
-from piwf.store import Database
-from piwf.store.schema import APPLICATION_ID, SCHEMA_VERSION
+from piwf.store.sqlite import Database
+from piwf.store.sqlite.schema import APPLICATION_ID, SCHEMA_VERSION
 
 
 def digest(path: Path) -> str:
@@ -118,7 +118,7 @@ def test_a_layout_1_database_is_migrated_with_its_runs_intact(tmp_path: Path) ->
 def test_a_layout_3_database_is_migrated_with_its_run_counts_filled(tmp_path: Path) -> None:
     """Layout 4 counts runs as they change; the migration counts the runs already there,
     contradictions and paused runs included, in the same transaction."""
-    from piwf.store import runs
+    from piwf.store.sqlite import runs
 
     path = tmp_path / "v3.db"
     conn = apsw.Connection(str(path))
@@ -148,7 +148,7 @@ def test_a_layout_3_database_is_migrated_with_its_run_counts_filled(tmp_path: Pa
 def test_a_layout_5_database_is_migrated_keeping_runs_steps_and_counts(tmp_path: Path) -> None:
     """Layout 6 rebuilds run_queue and node_attempts (new CHECK lists) under the run-count
     triggers; rows, counts and indexes come through, and the new words are allowed."""
-    from piwf.store import runs
+    from piwf.store.sqlite import runs
 
     path = tmp_path / "v5.db"
     conn = apsw.Connection(str(path))

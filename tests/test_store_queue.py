@@ -6,7 +6,7 @@ import pytest
 
 from piwf.clock import ManualClock
 from piwf.errors import ClaimLost, NotFound, Rejected
-from piwf.store import Database, queue, runs
+from piwf.store.sqlite import Database, queue, runs
 
 LEASE = 30_000
 

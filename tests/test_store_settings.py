@@ -13,8 +13,8 @@ import pytest
 from piwf.clock import ManualClock
 from piwf.engine import settings as engine_settings
 from piwf.errors import Conflict, DefinitionError, NotFound, Rejected
-from piwf.store import Database, queue, runs, settings
-from piwf.store.schema import APPLICATION_ID, SCHEMA_VERSION
+from piwf.store.sqlite import Database, queue, runs, settings
+from piwf.store.sqlite.schema import APPLICATION_ID, SCHEMA_VERSION
 
 LEASE = 30_000
 

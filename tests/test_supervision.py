@@ -15,8 +15,8 @@ from piwf.host.runs import renew_claims
 from piwf.host.state import ActiveRun, Conclusion, HostState
 from piwf.paths import StatePaths
 from piwf.status import StopReason
-from piwf.store import Database, queue, runs
-from piwf.store.hosts import acquire_lease, read_lease
+from piwf.store.sqlite import Database, queue, runs
+from piwf.store.sqlite.hosts import acquire_lease, read_lease
 
 from .conftest import config, wait_for, write_workflow
 

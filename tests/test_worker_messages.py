@@ -11,8 +11,8 @@ from piwf.clock import ManualClock
 from piwf.host.state import ActiveRun, Conclusion, HostState
 from piwf.host.worker_messages import handle
 from piwf.paths import StatePaths
-from piwf.store import Database, queue, runs, workers
-from piwf.store.hosts import acquire_lease
+from piwf.store.sqlite import Database, queue, runs, workers
+from piwf.store.sqlite.hosts import acquire_lease
 from piwf.errors import ProtocolError
 from piwf.wire import canonical_json
 from piwf.protocol.worker import WorkerMessage, parse_worker_message

@@ -46,7 +46,7 @@ from piwf.client import Client, make_request
 from piwf.errors import HostUnavailable
 from piwf.faults import POINTS
 from piwf.paths import StatePaths
-from piwf.store import Database
+from piwf.store.sqlite import Database
 from piwf.wire import HostRequest, HostResponse
 
 WORKFLOW = """

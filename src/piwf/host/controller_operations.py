@@ -21,7 +21,7 @@ from piwf.protocol import (
     ApplyResource, DeleteResource, GetResource, ListResources, Outcome, ReconcileResource, ResolveResourceEffect,
 )
 from piwf.protocol.resources import ResolveResourceEffectReceipt, ResourceDetail, ResourceSummary
-from piwf.store import controller_effects, controllers
+from piwf.store.sqlite import controller_effects, controllers
 from piwf.wire import HostResponse, sha256_hex
 from piwf.host.catalog import run_isolated
 from piwf.host.state import HostState, log

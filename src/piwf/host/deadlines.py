@@ -15,7 +15,7 @@ import math
 import trio
 
 from piwf import faults
-from piwf.store import interactions
+from piwf.store.sqlite import interactions
 from piwf.host.state import HostState, log
 
 RETRY_S = 1.0  # after a store error (a full disk): try again this soon, doubling up to MAX_WAIT_S

@@ -16,7 +16,7 @@ from piwf.protocol import (
     ClaimNotification, ClaimTurn, DeliverNotification, DeliveryPage, ListDelivery, Outcome, QueueFollowUp,
     RemoveFollowUp, Request, ResolveTurn, WatchPage, WatchRuns,
 )
-from piwf.store import delivery, runs, updates
+from piwf.store.sqlite import delivery, runs, updates
 from piwf.wire import HostResponse, check_id
 from piwf.host.state import HostState
 

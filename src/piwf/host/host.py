@@ -35,9 +35,9 @@ from piwf.clock import Clock, WallClock
 from piwf.errors import HostAlreadyRunning, PiwfError
 from piwf.paths import StatePaths
 from piwf.status import StopReason
-from piwf.store import commands, delivery, queue, workers
-from piwf.store.group import GroupCommit
-from piwf.store.hosts import acquire_lease, open_state, read_lease, release_lease, renew_lease
+from piwf.store.sqlite import commands, delivery, queue, workers
+from piwf.store.sqlite.group import GroupCommit
+from piwf.store.sqlite.hosts import acquire_lease, open_state, read_lease, release_lease, renew_lease
 from piwf import faults, logs, processes
 from piwf.host.fork_launcher import ForkLauncher
 from piwf.host.launcher import fork_available

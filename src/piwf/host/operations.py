@@ -32,8 +32,8 @@ from piwf.protocol import (
     SubmitInteraction, UpdateInteraction, WaitReceipt, WaitRun,
 )
 from piwf.status import AT_REST, QueueStatus, StopReason
-from piwf.store import commands, effects, interactions, queue, runs
-from piwf.store.hosts import read_lease
+from piwf.store.sqlite import commands, effects, interactions, queue, runs
+from piwf.store.sqlite.hosts import read_lease
 from piwf.wire import HostResponse, check_id, request_fingerprint
 from piwf.host import controller_operations
 from piwf.host import delivery

@@ -20,7 +20,7 @@ from piwf.protocol.reconcile import (
     parse_reconcile_message,
 )
 from piwf.errors import ClaimLost, PiwfError, ProtocolError, Rejected
-from piwf.store import controller_effects, controller_queue, controllers, runs
+from piwf.store.sqlite import controller_effects, controller_queue, controllers, runs
 from piwf.wire import LineBuffer, check_id, encode_line
 from piwf.protocol.worker import (
     MAX_WORKER_LINE, EffectApply, EffectReserve, EffectSettle, EffectState, Result, WorkerMessage, WorkerResponse,

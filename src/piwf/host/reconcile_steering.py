@@ -20,7 +20,7 @@ from piwf.protocol.steering import (
 )
 from piwf.errors import Rejected
 from piwf.protocol import ChangeSettingsReceipt, FollowUpReceipt
-from piwf.store import delivery, settings
+from piwf.store.sqlite import delivery, settings
 from piwf.protocol.worker import Result, WorkerMessage
 from piwf.host import settings_operations
 from piwf.host.controller_state import ActiveReconcile

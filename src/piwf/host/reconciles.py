@@ -25,7 +25,7 @@ import trio_util
 from piwf import faults, processes
 from piwf.protocol.reconcile import LAUNCH_VAR, ReconcileLaunch
 from piwf.errors import PiwfError
-from piwf.store import controller_effects, controller_queue
+from piwf.store.sqlite import controller_effects, controller_queue
 from piwf.host.controller_state import ActiveReconcile, ReconcileStop
 from piwf.host.reconcile_messages import pump
 from piwf.host.state import Conclusion, HostState, ProcessEnd, log

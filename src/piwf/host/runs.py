@@ -18,8 +18,8 @@ import trio_util
 from piwf import faults
 from piwf.errors import PiwfError
 from piwf.status import CRASHES, STOPPED_AS, StopReason, WorkerStatus
-from piwf.store import queue, runs, supervision
-from piwf.store.queue import Claim
+from piwf.store.sqlite import queue, runs, supervision
+from piwf.store.sqlite.queue import Claim
 from piwf.protocol.worker import LaunchEnvelope
 from piwf.host.state import ActiveRun, Conclusion, HostState, ProcessEnd, WorkerEnd, log
 from piwf.host.worker_process import run_worker

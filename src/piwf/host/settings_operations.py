@@ -14,8 +14,8 @@ from typing import Any
 from piwf.errors import Conflict, Rejected
 from piwf.protocol import SETTINGS_LIMIT, ChangeSettings, GetSettings, Outcome, RunSettings, StartRunPayload
 from piwf.status import ENDED
-from piwf.store import runs, settings
-from piwf.store.db import Database
+from piwf.store.sqlite import runs, settings
+from piwf.store.sqlite.db import Database
 from piwf.wire import HostResponse, canonical_json
 from piwf.host.catalog import WorkflowInfo
 from piwf.host.state import HostState

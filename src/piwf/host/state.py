@@ -15,10 +15,10 @@ import trio_util
 from piwf.clock import Clock, WallClock
 from piwf.paths import StatePaths
 from piwf.status import StopReason, WorkerStatus
-from piwf.store import Database
-from piwf.store.group import GroupCommit
-from piwf.store.hosts import HostClaim
-from piwf.store.queue import Claim
+from piwf.store.sqlite import Database
+from piwf.store.sqlite.group import GroupCommit
+from piwf.store.sqlite.hosts import HostClaim
+from piwf.store.sqlite.queue import Claim
 from piwf.host.catalog import Catalog
 from piwf.host.controller_state import ControllerState
 from piwf.host.launcher import Launcher, SpawnLauncher

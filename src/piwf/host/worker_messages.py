@@ -12,7 +12,7 @@ from typing import Any
 from piwf import faults
 from piwf.errors import ClaimLost, PiwfError
 from piwf.status import Hold
-from piwf.store import delivery, effects, interactions, queue, runs, settings, updates, workers
+from piwf.store.sqlite import delivery, effects, interactions, queue, runs, settings, updates, workers
 from piwf.protocol.worker import (
     AcceptedStep, AttemptAccept, AttemptFail, AttemptStart, AttemptStartResult, EffectApply, EffectReserve,
     EffectSettle, EffectState, InteractionOpen, NotificationSend, PresentationRequest, ProcessRegister,

@@ -22,7 +22,7 @@ import trio
 from piwf import faults, processes
 from piwf.errors import PiwfError, ProtocolError
 from piwf.status import StopReason
-from piwf.store import workers
+from piwf.store.sqlite import workers
 from piwf.wire import LineBuffer, canonical_json, encode_line
 from piwf.protocol.worker import MAX_WORKER_LINE, LaunchEnvelope, parse_worker_message
 from piwf.host.launcher import Launch, LauncherUnavailable, WorkerHandle

@@ -1,5 +1,2 @@
-"""All SQL lives in this package; the rest of piwf calls its named functions."""
-
-from piwf.store.db import Database
-
-__all__ = ["Database"]
+"""The store: ``piwf.store.api`` is the interface the host depends on (and all it imports
+of the store); ``piwf.store.sqlite`` is the SQLite backend, with all its SQL."""

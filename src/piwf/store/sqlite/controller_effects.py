@@ -18,9 +18,9 @@ from typing import Any
 from piwf.errors import NotFound, Rejected
 from piwf.status import EffectStatus as E
 from piwf.wire import canonical_json, decode_json, sha256_hex
-from piwf.store.controller_queue import hold_for_effect, release_effect_hold, set_workflow_run
-from piwf.store.controllers import add_resource_event, enqueue
-from piwf.store.db import Database
+from piwf.store.sqlite.controller_queue import hold_for_effect, release_effect_hold, set_workflow_run
+from piwf.store.sqlite.controllers import add_resource_event, enqueue
+from piwf.store.sqlite.db import Database
 
 WHERE = "uid = ? AND spec_generation = ? AND effect_key = ?"
 

@@ -5,46 +5,12 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
-from dataclasses import dataclass
-from typing import Any
 
 from piwf.errors import HostAlreadyRunning, StoreError
-from piwf.store.db import Database
+from piwf.store.sqlite.db import Database
+from piwf.store.api.types import HostClaim, LeaseRecord
 
 
-@dataclass(frozen=True)
-class HostClaim:
-    host_id: str
-    token: str
-    epoch: int
-    pid: int
-    identity: str
-    expires_at: int
-
-
-@dataclass(frozen=True)
-class LeaseRecord:
-    epoch: int
-    host_id: str | None
-    pid: int | None
-    identity: str | None
-    started_at: int | None
-    heartbeat_at: int | None
-    expires_at: int | None
-
-    def live(self, now: int) -> bool:
-        return self.host_id is not None and self.expires_at is not None and self.expires_at > now
-
-    def as_json(self, now: int) -> dict[str, Any]:
-        return {
-            "epoch": self.epoch,
-            "hostId": self.host_id,
-            "pid": self.pid,
-            "startedAt": self.started_at,
-            "heartbeatAt": self.heartbeat_at,
-            "expiresAt": self.expires_at,
-            "live": self.live(now),
-        }
 
 
 def open_state(path: str | os.PathLike[str], *, durability: str) -> Database:

@@ -16,7 +16,7 @@ import apsw
 from piwf.errors import (ConstraintViolation, CorruptStateError, SchemaError, StorageFull, StorageUnavailable,
                       StoreError)
 from piwf.wire import canonical_json, decode_json, sha256_hex
-from piwf.store.schema import APPLICATION_ID, MIGRATIONS, REQUIRED_TABLES, SCHEMA_SQL, SCHEMA_VERSION
+from piwf.store.sqlite.schema import APPLICATION_ID, MIGRATIONS, REQUIRED_TABLES, SCHEMA_SQL, SCHEMA_VERSION
 
 INLINE_JSON_LIMIT = 4096
 BUSY_TIMEOUT_MS = 5000

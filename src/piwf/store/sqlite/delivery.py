@@ -30,9 +30,9 @@ from piwf.protocol import (
 )
 from piwf.status import ENDED, FollowUpState, Hold, NotificationKind, RunStatus, TurnCause, TurnResolution
 from piwf.wire import canonical_json, decode_json
-from piwf.store.db import Database
-from piwf.store import queue
-from piwf.store.timefmt import iso
+from piwf.store.sqlite.db import Database
+from piwf.store.sqlite import queue
+from piwf.store.sqlite.timefmt import iso
 
 FACT_LIMIT = 4096  # each text fact (error, output, detail), in characters
 ENDS = {RunStatus.COMPLETED: TurnCause.COMPLETED, RunStatus.FAILED: TurnCause.FAILED,

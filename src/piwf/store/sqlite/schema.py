@@ -1,7 +1,7 @@
 """The state database layout. Bump SCHEMA_VERSION and add a migration for any change."""
 
 from piwf.status import AttemptStatus, Hold, QueueStatus, RunStatus, WorkerStatus
-from piwf.store.schema_features import CONTROLLERS_SQL, DELIVERY_SQL, INTERACTIONS_SQL, SETTINGS_SQL, one_of
+from piwf.store.sqlite.schema_features import CONTROLLERS_SQL, DELIVERY_SQL, INTERACTIONS_SQL, SETTINGS_SQL, one_of
 
 APPLICATION_ID = 0x70697766  # "piwf"
 SCHEMA_VERSION = 9

@@ -14,13 +14,14 @@ from typing import Any
 import msgspec
 
 from piwf.protocol.resources import (
-    MAX_KEY_BYTES, MAX_SPEC_BYTES, RECENT_EVENTS, ApplyReceipt, ResourceDetail, ResourceEvent, ResourceRef,
+    RECENT_EVENTS, ApplyReceipt, ResourceDetail, ResourceEvent, ResourceRef,
     ResourceSummary,
 )
 from piwf.errors import Conflict, NotFound, Rejected
 from piwf.wire import canonical_json, decode_json, sha256_hex
-from piwf.store.db import Database
-from piwf.store.timefmt import iso
+from piwf.store.api.rules import check_json_size, check_key
+from piwf.store.sqlite.db import Database
+from piwf.store.sqlite.timefmt import iso
 
 RESOURCE_COLUMNS = """r.uid, r.project_path, r.controller, r.resource_key, r.resource_version, r.generation,
   r.spec_json, r.spec_hash, r.status_json, r.status_hash, r.finalizers_json, r.deletion_requested_at,
@@ -32,23 +33,6 @@ FROM_RESOURCES = "controller_resources r JOIN controller_queue q ON q.uid = r.ui
 
 def initial_status(controller_status: Any) -> dict[str, Any]:
     return {"observedGeneration": 0, "conditions": [], "controllerStatus": controller_status}
-
-
-def check_json_size(value: Any, what: str) -> bytes:
-    data = canonical_json(value)
-    if len(data) > MAX_SPEC_BYTES:
-        raise Rejected(f"{what} is {len(data)} bytes as JSON, over the {MAX_SPEC_BYTES}-byte limit")
-    return data
-
-
-def check_key(key: str) -> None:
-    """Keys are printed by the CLI and used by controllers as names: non-empty printable
-    text (``str.isprintable``: no newlines, control or format characters)."""
-    if not key or len(key.encode()) > MAX_KEY_BYTES:
-        raise Rejected(f"key must be non-empty text of at most {MAX_KEY_BYTES} bytes")
-    if not key.isprintable():
-        bad = next(c for c in key if not c.isprintable())
-        raise Rejected(f"key must be printable text: it contains {bad!a}")
 
 
 # --- writes on behalf of clients ------------------------------------------------------------

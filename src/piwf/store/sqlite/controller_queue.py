@@ -14,30 +14,20 @@ Holds (``permanent``, ``effect``) keep a row from being claimed until someone ac
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from piwf.protocol.resources import MAX_ERROR_CHARS
 from piwf.errors import ClaimLost, Rejected
 from piwf.wire import canonical_json, decode_json
-from piwf.store.controllers import add_resource_event, check_json_size, delete_resource
-from piwf.store.db import Database
-from piwf.store.timefmt import iso
+from piwf.store.sqlite.controllers import add_resource_event, check_json_size, delete_resource
+from piwf.store.sqlite.db import Database
+from piwf.store.api.types import ControllerClaim, Delay
+from piwf.store.sqlite.timefmt import iso
 
 FREE_CLAIM = "(claim_token IS NULL OR claim_expires_at <= ?)"
 MIN_REQUEUE_MS = 1000  # Result.requeue() and short requeue_after(ms): at most one pass a second
 HOST_REASONS = ("PermanentError", "EffectAmbiguous")  # a Ready=False set by the host, not by the controller
 
-
-@dataclass(frozen=True)
-class ControllerClaim:
-    uid: str
-    token: str
-    generation: int  # this claim's number: the worker's messages carry it
-    project: str
-    controller: str
-    key: str
 
 
 def claim_due(db: Database, *, room: int, exclude: frozenset[str], lease_ms: int, now: int,
@@ -179,7 +169,6 @@ def finish_success(db: Database, uid: str, token: str, *, requeue_after_ms: int 
     return "settled" if settled else "requeued"
 
 
-Delay = int | Callable[[int], int]  # ms, or ms as a function of the failures in a row before this one
 
 
 def finish_failure(db: Database, uid: str, token: str, *, error: str, delay_ms: Delay, permanent: bool,

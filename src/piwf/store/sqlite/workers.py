@@ -12,9 +12,9 @@ from piwf.protocol import WorkerSummary
 from piwf.status import ENDED, LIVE_WORKER
 from piwf.wire import canonical_json
 from piwf.protocol.worker import WorkerMessage, WorkerResponse, worker_fingerprint
-from piwf.store.db import Database
-from piwf.store.queue import add_event, fenced_revision, revision_of
-from piwf.store.schema import one_of
+from piwf.store.sqlite.db import Database
+from piwf.store.sqlite.queue import add_event, fenced_revision, revision_of
+from piwf.store.sqlite.schema import one_of
 
 ACTIVE = "status IN ('starting', 'running')"
 

@@ -23,11 +23,11 @@ from piwf.protocol import (
 from piwf.status import AttemptStatus, Provenance, RequestStatus, SubmissionStatus
 from piwf.wire import canonical_json, decode_json
 from piwf.protocol.worker import InteractionOpenPayload, PendingSubmission
-from piwf.store import delivery
-from piwf.store.db import Database
-from piwf.store.queue import LIVE, add_event, require_claim
-from piwf.store.schema import one_of
-from piwf.store.timefmt import iso
+from piwf.store.sqlite import delivery
+from piwf.store.sqlite.db import Database
+from piwf.store.sqlite.queue import LIVE, add_event, require_claim
+from piwf.store.sqlite.schema import one_of
+from piwf.store.sqlite.timefmt import iso
 
 OPEN = f"status IN ({one_of((RequestStatus.PENDING, RequestStatus.PRESENTING))})"
 # A deadline applies to a request whose run waits idle: parked, unclaimed, and with no

@@ -8,16 +8,17 @@ from typing import Any
 
 from piwf.errors import Conflict, ConstraintViolation, NotFound, Rejected
 from piwf.protocol import EVENTS_PAGE, RunDetail, RunEvent, RunEventsPage, RunSummary, Step
-from piwf.wire import canonical_json, decode_json, sha256_hex
+from piwf.wire import canonical_json, decode_json
 from piwf.status import ENDED, Hold, RunStatus
-from piwf.store.db import Database
-from piwf.store.effects import list_effects
-from piwf.store import delivery, updates
-from piwf.store.interactions import count_open, list_requests
-from piwf.store.queue import add_event, require_claim, revision_of
-from piwf.store.schema import lifecycle_contradicts
-from piwf.store.timefmt import iso
-from piwf.store.workers import worker_summaries
+from piwf.store.api.rules import STEPS_PAGE_BYTES, input_hash  # noqa: F401 (re-exported)
+from piwf.store.sqlite.db import Database
+from piwf.store.sqlite.effects import list_effects
+from piwf.store.sqlite import delivery, updates
+from piwf.store.sqlite.interactions import count_open, list_requests
+from piwf.store.sqlite.queue import add_event, require_claim, revision_of
+from piwf.store.sqlite.schema import lifecycle_contradicts
+from piwf.store.sqlite.timefmt import iso
+from piwf.store.sqlite.workers import worker_summaries
 
 
 def create_run(
@@ -194,7 +195,6 @@ def _bump(db: Database, run_id: str, now: int) -> int:
                      (now, run_id))
 
 
-STEPS_PAGE_BYTES = 8 * 1024 * 1024  # accepted outputs sent to a worker in one answer, at most
 
 
 def accepted_steps(db: Database, run_id: str, after_seq: int = -1,
@@ -310,10 +310,6 @@ def ready_state(db: Database, run_id: str) -> tuple[Any, str | None, bool, str]:
         raise NotFound(f"run {run_id} not found")
     inline, digest, start, paused, definition = row
     return db.get_json(inline, digest), start, bool(paused), definition
-
-
-def input_hash(value: Any) -> str:
-    return "sha256:" + sha256_hex(canonical_json(value))
 
 
 def run_events(db: Database, run_id: str, after: int = 0, limit: int = EVENTS_PAGE) -> RunEventsPage:

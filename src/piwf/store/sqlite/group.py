@@ -26,7 +26,7 @@ import trio_util
 
 from piwf import faults
 from piwf.errors import StorageUnavailable
-from piwf.store.db import Database
+from piwf.store.sqlite.db import Database
 
 FAILED = sys.maxsize  # the synced mark once an fsync failed: every waiter wakes and raises
 

@@ -13,10 +13,10 @@ from typing import Any
 from piwf.errors import Rejected
 from piwf.protocol import CONTENT_LIMIT, RunEvent, RunUpdate, WatchedRun, WatchEvent, WatchPage
 from piwf.wire import canonical_json, decode_json
-from piwf.store import queue, runs
-from piwf.store.db import Database
-from piwf.store.interactions import list_requests
-from piwf.store.timefmt import iso
+from piwf.store.sqlite import queue, runs
+from piwf.store.sqlite.db import Database
+from piwf.store.sqlite.interactions import list_requests
+from piwf.store.sqlite.timefmt import iso
 
 TYPE_LIMIT, KEY_LIMIT = 64, 128
 

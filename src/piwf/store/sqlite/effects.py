@@ -19,8 +19,8 @@ from piwf.errors import NotFound, Rejected
 from piwf.status import EffectStatus as E, Hold
 from piwf.protocol import EffectSummary
 from piwf.wire import canonical_json, decode_json
-from piwf.store.db import Database
-from piwf.store.queue import add_event
+from piwf.store.sqlite.db import Database
+from piwf.store.sqlite.queue import add_event
 
 
 

@@ -11,9 +11,9 @@ from collections.abc import Callable
 from typing import Any
 
 from piwf.wire import HostRequest, HostResponse, request_fingerprint
-from piwf.store.db import Database
+from piwf.store.api.rules import RETENTION_MS
+from piwf.store.sqlite.db import Database
 
-RETENTION_MS = 7 * 24 * 3600 * 1000
 
 
 def _stored_response(db: Database, request_id: str, row: tuple[Any, ...]) -> HostResponse:
@@ -69,19 +69,26 @@ def execute(
         if stored is not None:
             return stored
         response = operation()
-        receipt_json, receipt_hash = (None, None)
-        if response.receipt is not None:
-            receipt_json, receipt_hash = db.put_json(response.receipt, now)
-        db.execute(
-            """INSERT INTO host_commands (request_id, client_id, idempotency_key, operation,
-                 request_fingerprint, run_id, outcome, revision, receipt_json, receipt_hash,
-                 error, host_epoch, created_at)
-               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
-            (request.requestId, request.clientId, request.idempotencyKey, request.operation,
-             fingerprint, request.runId, response.outcome, response.revision, receipt_json,
-             receipt_hash, response.error, epoch, now),
-        )
+        record(db, request, fingerprint, response, epoch, now)
     return response
+
+
+def record(db: Database, request: HostRequest, fingerprint: bytes, response: HostResponse, epoch: int,
+           now: int) -> None:
+    """Record a write request's answer; call inside the unit of work that made its change
+    (after ``lookup`` found none). A request id or key recorded meanwhile: ConstraintViolation."""
+    receipt_json, receipt_hash = (None, None)
+    if response.receipt is not None:
+        receipt_json, receipt_hash = db.put_json(response.receipt, now)
+    db.execute(
+        """INSERT INTO host_commands (request_id, client_id, idempotency_key, operation,
+             request_fingerprint, run_id, outcome, revision, receipt_json, receipt_hash,
+             error, host_epoch, created_at)
+           VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+        (request.requestId, request.clientId, request.idempotencyKey, request.operation,
+         fingerprint, request.runId, response.outcome, response.revision, receipt_json,
+         receipt_hash, response.error, epoch, now),
+    )
 
 
 def prune(db: Database, now: int, retention_ms: int = RETENTION_MS) -> int:

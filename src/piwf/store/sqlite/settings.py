@@ -9,17 +9,17 @@ operation is one transaction.
 from __future__ import annotations
 
 import secrets
-from typing import Any, Literal
+from typing import Any
 
 from piwf.errors import Conflict, NotFound, Rejected
 from piwf.protocol import SETTINGS_LIMIT, ChangeSettingsReceipt, RunSettings, SettingsChange
 from piwf.status import ENDED
 from piwf.wire import canonical_json, decode_json
-from piwf.store.db import Database
-from piwf.store.queue import add_event
-from piwf.store.timefmt import iso
+from piwf.store.api.types import Actor
+from piwf.store.sqlite.db import Database
+from piwf.store.sqlite.queue import add_event
+from piwf.store.sqlite.timefmt import iso
 
-Actor = Literal["start", "client", "controller"]
 ROOT = ""  # the mount path of a run's own scope
 
 

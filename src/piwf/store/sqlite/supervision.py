@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import secrets
-from typing import NamedTuple
 
 from piwf.status import CRASHES, Hold, WorkerStatus
-from piwf.store import interactions, queue, workers
-from piwf.store.db import Database
-from piwf.store.queue import Claim
+from piwf.store.sqlite import interactions, queue, workers
+from piwf.store.sqlite.db import Database
+from piwf.store.api.types import WorkerEnded
+from piwf.store.sqlite.queue import Claim
 
 
 def claim_runs(db: Database, *, room: int, exclude: frozenset[str], runner_id: str, lease_ms: int, now: int,
@@ -30,10 +30,6 @@ def claim_runs(db: Database, *, room: int, exclude: frozenset[str], runner_id: s
             skip.add(claim.run_id)
     return taken
 
-
-class WorkerEnded(NamedTuple):
-    crashes: int  # in a row, this end included (0: it was no crash)
-    waiting_again: bool  # its run waits for a person again: deadlines apply to it again
 
 
 def end_worker(db: Database, *, worker_epoch: str, run_id: str, token: str, status: WorkerStatus, now: int,

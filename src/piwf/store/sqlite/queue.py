@@ -6,15 +6,15 @@ projection (``lifecycle_contradictions``) always holds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from piwf.errors import ClaimLost
 from piwf.wire import canonical_json
 from piwf.status import ACTIVE_QUEUE, QueueStatus
-from piwf.store import delivery
-from piwf.store.db import Database
-from piwf.store.schema import one_of
+from piwf.store.sqlite import delivery
+from piwf.store.sqlite.db import Database
+from piwf.store.api.types import Claim
+from piwf.store.sqlite.schema import one_of
 
 LIVE = f"status IN ({one_of(ACTIVE_QUEUE)})"
 READY = "(q.status IN ('queued', 'parked') AND q.hold IS NULL)"
@@ -27,13 +27,6 @@ SESSION_FREE = """(
     SELECT 1 FROM run_queue o WHERE o.origin_session_id = q.origin_session_id
       AND o.run_id != q.run_id AND o.status IN ('queued', 'starting', 'running')))"""
 
-
-@dataclass(frozen=True)
-class Claim:
-    run_id: str
-    token: str
-    generation: int
-    expires_at: int
 
 
 def claim_next_run(
@@ -261,7 +254,7 @@ def _close_interactions(db: Database, run_id: str, status: str, now: int) -> Non
     is refused, and nothing is left pending for a run that will never take it. (An open
     request always has its attempt waiting: one indexed look-up for every other run.)"""
     if db.one("SELECT 1 FROM node_attempts WHERE run_id = ? AND status = 'waiting' LIMIT 1", (run_id,)):
-        from piwf.store.interactions import close_open  # interactions builds on this module
+        from piwf.store.sqlite.interactions import close_open  # interactions builds on this module
 
         close_open(db, run_id, now, f"the run ended ({status})")
 

@@ -1,0 +1,135 @@
+"""The store interface: what the host calls, and all it knows of the store.
+
+The host holds a ``Store`` and nothing else of the store: per-aggregate interfaces
+(``store.runs``, ``store.queue``, ``store.workers``, ...; one ``typing.Protocol`` each, in
+``runs``, ``people`` and ``controllers``), every method ``async``. A backend implements them
+(``piwf.store.sqlite`` today; PostgreSQL later); the host imports no backend: the code that
+starts a host or a CLI command opens one (``piwf.store.sqlite.open_store``) and hands the
+``Store`` over.
+
+Conventions every method keeps:
+
+- **Time.** One clock per store decides every expiry, and no comparison mixes two. SQLite:
+  the caller's — every method that compares or records a time takes ``now`` (integer ms)
+  from its caller, so tests inject their clock. PostgreSQL (later): the database's, with a
+  test override; the ``now`` arguments stay in the interface.
+- **Fences.** A method acting for a claim or a lease names it: the run claim's ``token``
+  (and its ``generation`` where a worker speaks for one), a reconcile claim's ``token``, the
+  host lease's ``epoch`` or ``HostClaim``. A fence is part of the write it guards (a
+  conditional ``UPDATE ... WHERE claim_token = ?`` checked by its row count or
+  ``RETURNING``), so it holds with many writers.
+- **Errors.** One hierarchy, ``piwf.errors``, the same from every backend: ``ClaimLost`` (the
+  claim is no longer live; nothing was changed), ``Conflict`` (a compare-and-set lost: a
+  revision, a resource version, a settings change number), ``NotFound``, ``Rejected`` (the
+  request cannot be carried out as it is), ``ConstraintViolation``, ``HostAlreadyRunning``
+  (``hosts.acquire_lease``), and ``StorageUnavailable`` — the retry error: the storage failed
+  (I/O, busy past the timeout, read-only); nothing was changed, retry once it is healthy —
+  with ``StorageFull`` under it; ``StoreError`` is the root of the store's own. Each
+  method's docstring lists the refusals it means; every method may raise
+  ``StorageUnavailable`` and ``StoreError``.
+- **Results** are plain values, the store's types (``piwf.store.api.types``) or the
+  protocol's Structs the host answers with (to become store types; see the issue).
+
+**Units of work.** Each method is one commit by itself. Changes that must commit together
+(a command and its recorded answer, a worker message's changes and its answer) go in one
+unit of work the host opens explicitly::
+
+    async with store.transaction() as tx:
+        revision = await tx.queue.fenced_revision(run_id, token, now)   # the fence
+        ...                                                             # the changes, on tx
+        await tx.workers.record_message(message, response, now)
+
+``tx`` has the same aggregates as the store. Leaving the block commits; an exception
+rolls everything back and propagates. No host callback runs inside a store call.
+
+**Cancellation.** A store call that has started is never abandoned by a cancellation: it
+commits or not, and the caller learns which. SQLite runs inline on the trio loop: its
+methods never checkpoint (``async def`` wrappers of synchronous calls: no thread hop), so
+a cancellation cannot land inside one, nor inside a unit of work whose body awaits only
+store methods. Inside a unit of work nothing may await a real checkpoint (a sleep, I/O,
+another task): other tasks would run inside the open transaction. The SQLite backend
+guards the worst of it: entering a second unit of work while one is open raises
+``StoreError``. A backend that goes through threads (psycopg's async API) shields its calls
+so a started one finishes. What the host records in cleanup still runs under its shielded,
+bounded scope.
+
+**Durability.** ``await store.durable()`` returns once everything committed so far is
+durable; the host awaits it before every answer (a client's reply, reads too; a worker's).
+``store.serve`` is the store's background work (SQLite: the group commit's fsync thread);
+until it has started, commits are durable one by one and ``durable()`` returns at once.
+
+**Where backends differ** (the conformance suite tests each as the interface says):
+
+- The host lease: SQLite keeps one lease row per state directory, taken over by the host
+  that holds the directory's flock (``owner_dead``); PostgreSQL keeps one lease row per host,
+  and a host's epoch numbers it among the hosts sharing the store.
+- Time: see above.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractAsyncContextManager
+from typing import Protocol
+
+import trio
+
+from piwf.store.api.controllers import ControllerEffectsStore, ControllerQueueStore, ControllersStore
+from piwf.store.api.people import DeliveryStore, InteractionsStore, SettingsStore, UpdatesStore
+from piwf.store.api.runs import (
+    CommandsStore, EffectsStore, HostsStore, QueueStore, RunsStore, SupervisionStore, WorkersStore,
+)
+from piwf.store.api.types import Actor, Claim, ControllerClaim, Delay, HostClaim, LeaseRecord, WorkerEnded
+
+
+class UnitOfWork(Protocol):
+    """The aggregates, inside one open transaction (``Store.transaction``)."""
+
+    hosts: HostsStore
+    commands: CommandsStore
+    runs: RunsStore
+    queue: QueueStore
+    supervision: SupervisionStore
+    workers: WorkersStore
+    effects: EffectsStore
+    interactions: InteractionsStore
+    delivery: DeliveryStore
+    updates: UpdatesStore
+    settings: SettingsStore
+    controllers: ControllersStore
+    controller_queue: ControllerQueueStore
+    controller_effects: ControllerEffectsStore
+
+
+class Store(UnitOfWork, Protocol):
+    """A store: the aggregates (each call its own commit), units of work, durability."""
+
+    def transaction(self) -> AbstractAsyncContextManager[UnitOfWork]:
+        """A unit of work: ``async with store.transaction() as tx:`` — what is done on ``tx``
+        commits together when the block ends, or not at all when it raises. Raises
+        StoreError when one is open already (units of work do not nest), and
+        StorageUnavailable when the transaction cannot begin."""
+        ...
+
+    async def durable(self) -> None:
+        """Return once everything committed so far is durable. Raises StorageUnavailable
+        once an fsync failed (then nothing more is ever answered as durable)."""
+        ...
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The store's background work, for a host's nursery; runs until cancelled (SQLite:
+        from its start every commit waits for a shared fsync of the WAL, at ``full``
+        durability). Start it once the takeover has committed."""
+        ...
+
+    async def close(self) -> None:
+        """Make what was committed durable and close the store. Never checkpoints on
+        SQLite; call it shielded elsewhere."""
+        ...
+
+
+__all__ = [
+    "Actor", "Claim", "CommandsStore", "ControllerClaim", "ControllerEffectsStore", "ControllerQueueStore",
+    "ControllersStore", "Delay", "DeliveryStore", "EffectsStore", "HostClaim", "HostsStore", "InteractionsStore",
+    "LeaseRecord", "QueueStore", "RunsStore", "SettingsStore", "Store", "SupervisionStore", "UnitOfWork",
+    "UpdatesStore", "WorkerEnded", "WorkersStore",
+]

@@ -1,0 +1,35 @@
+"""Rules every backend applies the same way, and that the host may check before it writes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from piwf.errors import Rejected
+from piwf.protocol.resources import MAX_KEY_BYTES, MAX_SPEC_BYTES
+from piwf.wire import canonical_json, sha256_hex
+
+RETENTION_MS = 7 * 24 * 3600 * 1000  # logged commands, and what was delivered for ended runs
+STEPS_PAGE_BYTES = 8 * 1024 * 1024  # accepted outputs sent to a worker in one answer, at most
+
+
+def input_hash(value: Any) -> str:
+    """A run input's hash, as a worker's launch arguments carry it."""
+    return "sha256:" + sha256_hex(canonical_json(value))
+
+
+def check_json_size(value: Any, what: str) -> bytes:
+    """A controller resource's spec or status as canonical JSON; Rejected over 1 MiB."""
+    data = canonical_json(value)
+    if len(data) > MAX_SPEC_BYTES:
+        raise Rejected(f"{what} is {len(data)} bytes as JSON, over the {MAX_SPEC_BYTES}-byte limit")
+    return data
+
+
+def check_key(key: str) -> None:
+    """Keys are printed by the CLI and used by controllers as names: non-empty printable
+    text (``str.isprintable``: no newlines, control or format characters). Rejected otherwise."""
+    if not key or len(key.encode()) > MAX_KEY_BYTES:
+        raise Rejected(f"key must be non-empty text of at most {MAX_KEY_BYTES} bytes")
+    if not key.isprintable():
+        bad = next(c for c in key if not c.isprintable())
+        raise Rejected(f"key must be printable text: it contains {bad!a}")

@@ -1,0 +1,280 @@
+"""The run side of the store: the host lease, commands, runs, their queue, workers, effects.
+
+Every method may also raise StorageUnavailable (StorageFull among them: retry once the
+storage is healthy) and StoreError; the ones listed per method are the refusals it means.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+from piwf.protocol import EVENTS_PAGE
+from piwf.store.api.rules import RETENTION_MS
+
+if TYPE_CHECKING:
+    from piwf.protocol import RunDetail, RunEventsPage, RunSummary
+    from piwf.protocol.worker import WorkerMessage, WorkerResponse
+    from piwf.status import WorkerStatus
+    from piwf.store.api.types import Claim, HostClaim, LeaseRecord, WorkerEnded
+    from piwf.wire import HostRequest, HostResponse
+
+
+class HostsStore(Protocol):
+    """The host lease. SQLite: one lease row per state directory (``id = 1``); the flock on
+    the state directory proves no other host runs there, so ``acquire_lease`` may take a live
+    lease whose owner is proved dead (``owner_dead``). PostgreSQL (later): one lease row per
+    host, and the epoch numbers hosts across the shared store; the conformance suite tests
+    each shape. The lease epoch is what every other method's ``epoch`` argument names.
+    """
+
+    async def read_lease(self) -> LeaseRecord:
+        """Raises StoreError."""
+
+    async def acquire_lease(
+            self, *, host_id: str, pid: int, identity: str, lease_ms: int, now: int, owner_dead: bool = False,
+    ) -> HostClaim:
+        """Take the lease with a new epoch. Raises HostAlreadyRunning, StoreError."""
+
+    async def renew_lease(self, claim: HostClaim, lease_ms: int, now: int) -> HostClaim | None:
+        """Extend the lease; None when it was lost (taken by another host)."""
+
+    async def release_lease(self, claim: HostClaim) -> bool:
+        ...
+
+
+class CommandsStore(Protocol):
+    """The idempotent command log. A write request is carried out as one unit of work::
+
+        async with store.transaction() as tx:
+            stored = await tx.commands.lookup(request, fingerprint)
+            if stored is None:
+                response = ...  # the operation's calls on tx
+                await tx.commands.record(request, fingerprint, response, epoch, now)
+    """
+
+    async def lookup(self, request: HostRequest, fingerprint: bytes) -> HostResponse | None:
+        """A stored response for this request (``adopted``), a ``conflict``, or None if new."""
+
+    async def record(
+            self, request: HostRequest, fingerprint: bytes, response: HostResponse, epoch: int, now: int) -> None:
+        """Record a write request's answer; call inside the unit of work that made its change (after ``lookup``
+        found none). A request id or key recorded meanwhile: ConstraintViolation. Raises
+        ConstraintViolation.
+        """
+
+    async def prune(self, now: int, retention_ms: int = RETENTION_MS) -> int:
+        ...
+
+
+class RunsStore(Protocol):
+    """Runs: creation, revisions, operator holds, node attempts (fenced by the claim
+    ``token``), and reads, each from one snapshot.
+    """
+
+    async def create_run(
+            self, *, run_id: str, workflow: str, project_path: str, source: bytes, digest: str, input: Any,
+            origin_session_id: str | None, now: int, start_node: str | None = None) -> dict[str, Any]:
+        """Raises Rejected."""
+
+    async def revision(self, run_id: str) -> int:
+        """Raises NotFound."""
+
+    async def check_revision(self, run_id: str, expected: int | None) -> int:
+        """Raises Conflict, NotFound."""
+
+    async def pause_run(self, run_id: str, now: int) -> dict[str, Any]:
+        """Hold a run: it is not claimed again, and an active worker stops at the next node boundary. Raises
+        NotFound, Rejected.
+        """
+
+    async def resume_run(
+            self, run_id: str, now: int, *, definition: tuple[str, bytes, str | None] | None = None) -> dict[str, Any]:
+        """Release a held run. ``definition`` (digest, source, start node) replaces the run's workflow
+        definition: resuming a run held because its workflow changed adopts the new one. Raises NotFound,
+        Rejected.
+        """
+
+    async def hold_of(self, run_id: str) -> str | None:
+        ...
+
+    async def is_paused(self, run_id: str) -> bool:
+        ...
+
+    async def start_attempt(
+            self, run_id: str, token: str, *, seq: int, node: str, generation: int, now: int) -> tuple[str, int]:
+        """Raises ClaimLost."""
+
+    async def accept_attempt(
+            self, run_id: str, token: str, *, attempt_id: str, output: Any, exit_name: str | None, now: int,
+            waiting: bool = False) -> int:
+        """Accept a running attempt's output (``waiting``: a waiting attempt's, whose request's submission was
+        validated as ``output``). Raises ClaimLost, Rejected.
+        """
+
+    async def fail_attempt(self, run_id: str, token: str, *, attempt_id: str, error: dict[str, Any], now: int) -> int:
+        """Raises ClaimLost, Rejected."""
+
+    async def accepted_steps(
+            self, run_id: str, after_seq: int = -1, budget: int | None = None) -> tuple[list[dict[str, Any]], bool]:
+        """Accepted steps after ``after_seq``, in order, whose outputs add up to at most ``budget`` bytes
+        (always at least one); and whether more remain.
+        """
+
+    async def ready_state(self, run_id: str) -> tuple[Any, str | None, bool, str]:
+        """(input, start node, paused, definition digest) for a worker reporting ready, from one read of the
+        run. The start node is the one its workflow named when the run was created. Raises NotFound.
+        """
+
+    async def run_source(self, run_id: str) -> tuple[str, str, str, Any, str | None]:
+        """(workflow, project path, digest, input, origin session) for launching a worker. Raises NotFound."""
+
+    async def get_run(self, run_id: str, now: int = 0) -> RunDetail:
+        """One run with its steps, workers and effects, read from one snapshot. Raises NotFound."""
+
+    async def run_summary(self, run_id: str) -> RunSummary:
+        """The status fields of one run, without its input, output or steps. Raises NotFound."""
+
+    async def list_runs(self, limit: int = 50, status: str | None = None) -> list[RunSummary]:
+        ...
+
+    async def run_events(self, run_id: str, after: int = 0, limit: int = EVENTS_PAGE) -> RunEventsPage:
+        """Events after ``after``, at most ``limit``; ``nextAfter`` set when more remain. Raises NotFound."""
+
+    async def status_counts(self, now: int) -> dict[str, int]:
+        """Run counts for host.status, from one snapshot. They cost the same however many runs have ever been
+        stored: the counts are kept as runs change (layout 4, RUN_COUNTS_SQL), and expired claims are found
+        through run_queue's (status, claim_expires_at) index.
+        """
+
+
+class QueueStore(Protocol):
+    """The run queue: claims renewed, fenced, parked, ended. Every method given a
+    ``token`` acts only under that live claim. ``fenced_revision`` is the fence that opens a
+    worker message's unit of work: it holds the claim for the rest of it (SQLite: the write
+    lock of ``BEGIN IMMEDIATE``; PostgreSQL: the row's lock).
+    """
+
+    async def fenced_revision(self, run_id: str, token: str, now: int) -> int:
+        """The run's revision, read under its live claim; ClaimLost otherwise. Raises ClaimLost."""
+
+    async def revision_of(self, run_id: str) -> int | None:
+        """The run's revision, None for an unknown run."""
+
+    async def expire_claims_before(self, epoch: int, now: int) -> list[str]:
+        """On takeover: claims held by earlier epochs are dead; make their runs claimable now."""
+
+    async def renew_claims(self, claims: list[tuple[str, str]], lease_ms: int, now: int) -> set[str]:
+        """Renew many live claims in one transaction; returns the run ids whose claim was lost."""
+
+    async def mark_running(self, run_id: str, token: str, now: int) -> bool:
+        """``starting → running``; False if it was running already. Fenced by the claim. Raises ClaimLost."""
+
+    async def park_run(
+            self, run_id: str, token: str, now: int, *, hold: str | None = None, detail: str | None = None) -> bool:
+        """Release a live claim, leaving the run for the next claim."""
+
+    async def complete_run(self, run_id: str, token: str, output: Any, now: int) -> int:
+        """Settle a run as completed; returns its new revision. Raises ClaimLost, Conflict."""
+
+    async def fail_run(self, run_id: str, token: str, error: dict[str, Any], now: int) -> int:
+        """Raises ClaimLost, Conflict."""
+
+    async def cancel_run(self, run_id: str, now: int, *, token: str | None = None) -> bool:
+        """Cancel a run. Without a token only unclaimed runs (queued, parked) can be cancelled. Raises
+        Conflict.
+        """
+
+
+class SupervisionStore(Protocol):
+    """The dispatcher's and supervisors' operations, each one commit."""
+
+    async def claim_runs(
+            self, *, room: int, exclude: frozenset[str], runner_id: str, lease_ms: int, now: int, epoch: int,
+    ) -> list[tuple[Claim, str]]:
+        """Claim up to ``room`` runs, oldest first, none in ``exclude``, each with a fresh token and a worker
+        record (its worker epoch): one transaction, one commit.
+        """
+
+    async def end_worker(
+            self, *, worker_epoch: str, run_id: str, token: str, status: WorkerStatus, now: int,
+            exit_code: int | None, signal: int | None, diagnostic: str | None, park: bool, max_crashes: int,
+            last_output: str = '') -> WorkerEnded:
+        """Record how a worker ended and, with ``park``, release its run's claim. A crash is counted on the run
+        (durably: a run that keeps killing what runs it is held however often the host restarts); the
+        ``max_crashes``-th in a row holds it with the worker's last output. Once the run has ended, the
+        answers stored for its ended workers are deleted. Returns the run's crashes in a row (0 when this
+        end was no crash), and whether its run waits for a person again (the worker was validating a
+        submission).
+        """
+
+
+class WorkersStore(Protocol):
+    """Worker records, their answered messages, and the process groups they registered.
+    A worker message is one unit of work: ``queue.fenced_revision`` (the fence), the
+    revision check, the handler's calls, then ``record_message``.
+    """
+
+    async def read_message(self, message: WorkerMessage) -> WorkerResponse | None:
+        """The stored answer to a repeated message id (or a rejection if its body changed)."""
+
+    async def record_message(self, message: WorkerMessage, response: WorkerResponse, now: int) -> None:
+        """Record an answer; call inside the transaction that made the message's change."""
+
+    async def prune_messages(self, batch: int = 500) -> int:
+        """Delete the answers of up to ``batch`` ended workers of ended runs (those ``forget_messages`` missed:
+        runs that ended while no worker of theirs was recorded ending, and answers stored before layout 4).
+        Returns how many answers were deleted; call again until it returns 0.
+        """
+
+    async def mark_ready(self, worker_epoch: str, now: int) -> None:
+        ...
+
+    async def attach_process(self, worker_epoch: str, pid: int, identity: str) -> None:
+        ...
+
+    async def orphan_before(self, host_epoch: int, now: int) -> list[tuple[str, int, str]]:
+        """Mark workers of earlier host epochs orphaned; returns (worker epoch, pid, identity) to reap."""
+
+    async def orphaned_processes(self, host_epoch: int) -> list[tuple[str, int, str]]:
+        """Registered processes of workers started by earlier host epochs, still marked live."""
+
+    async def register_process(
+            self, *, worker_epoch: str, run_id: str, pid: int, identity: str, node: str | None, now: int) -> None:
+        ...
+
+    async def unregister_process(self, worker_epoch: str, pid: int, now: int) -> None:
+        ...
+
+    async def live_processes(self, worker_epochs: list[str]) -> list[tuple[str, int, str]]:
+        """(worker epoch, pid, identity) of registered processes not yet known to be gone."""
+
+    async def mark_processes_gone(self, rows: list[tuple[str, int, str]], now: int) -> None:
+        ...
+
+
+class EffectsStore(Protocol):
+    """A run's effect ledger; ``generation`` is the claim's, fencing a reserve or settle
+    to the worker that holds it.
+    """
+
+    async def reserve(
+            self, run_id: str, key: str, *, node: str, generation: int, observable: bool, now: int) -> dict[str, Any]:
+        """What a node calling ``ctx.effect(key, ...)`` must do next. Raises Rejected."""
+
+    async def begin_apply(self, run_id: str, key: str, *, generation: int, now: int) -> None:
+        """``pending → applying``, recorded before ``apply()`` runs. After an observation that found nothing
+        applied, the effect is already ``applying`` for this generation. Raises Rejected.
+        """
+
+    async def settle(
+            self, run_id: str, key: str, *, generation: int, result: Any = None, error: dict[str, Any] | None = None,
+            now: int) -> None:
+        """``applying → applied`` (with its JSON result) or ``→ rejected`` (with its error). Raises Rejected."""
+
+    async def interrupted_before(self, run_id: str, generation: int, now: int) -> list[str]:
+        """Mark ambiguous the effects an earlier generation left ``applying``."""
+
+    async def resolve(self, run_id: str, key: str, *, applied: bool, result: Any, now: int) -> dict[str, Any]:
+        """An operator says whether an ambiguous effect was applied; the run's effect hold is released once no
+        ambiguous effect is left. Raises NotFound, Rejected.
+        """

@@ -1,0 +1,81 @@
+"""What the store hands the host that is the store's own: claims, the lease record, ends.
+
+Every backend returns these; they carry no backend object (no connection, no cursor).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple
+
+Actor = Literal["start", "client", "controller"]  # who changed a run's settings
+Delay = int | Callable[[int], int]  # ms, or ms as a function of the failures in a row before this one
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A run's claim: the token every fenced write names, and the run's generation."""
+
+    run_id: str
+    token: str
+    generation: int
+    expires_at: int
+
+
+@dataclass(frozen=True)
+class HostClaim:
+    """The host lease this host holds (``token`` proves it; ``epoch`` numbers it)."""
+
+    host_id: str
+    token: str
+    epoch: int
+    pid: int
+    identity: str
+    expires_at: int
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    """The host lease as stored: who holds it, since when, until when."""
+
+    epoch: int
+    host_id: str | None
+    pid: int | None
+    identity: str | None
+    started_at: int | None
+    heartbeat_at: int | None
+    expires_at: int | None
+
+    def live(self, now: int) -> bool:
+        return self.host_id is not None and self.expires_at is not None and self.expires_at > now
+
+    def as_json(self, now: int) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "hostId": self.host_id,
+            "pid": self.pid,
+            "startedAt": self.started_at,
+            "heartbeatAt": self.heartbeat_at,
+            "expiresAt": self.expires_at,
+            "live": self.live(now),
+        }
+
+
+@dataclass(frozen=True)
+class ControllerClaim:
+    """A reconcile's claim on one resource."""
+
+    uid: str
+    token: str
+    generation: int  # this claim's number: the worker's messages carry it
+    project: str
+    controller: str
+    key: str
+
+
+class WorkerEnded(NamedTuple):
+    """What recording a worker's end found."""
+
+    crashes: int  # in a row, this end included (0: it was no crash)
+    waiting_again: bool  # its run waits for a person again: deadlines apply to it again

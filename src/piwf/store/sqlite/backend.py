@@ -1,0 +1,103 @@
+"""The SQLite store: one apsw connection, used inline on the trio loop.
+
+``open_store`` opens the state database (refusing a damaged one unwritten) and returns a
+``SqliteStore``; its aggregates (``aggregates.py``) call the module functions of this
+package on its ``Database``. A unit of work is one ``BEGIN IMMEDIATE ... COMMIT``; the
+functions called inside it join it (``Database.write`` nests).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import trio
+
+from piwf.errors import StoreError
+from piwf.store.sqlite import hosts
+from piwf.store.sqlite.aggregates import (
+    SqliteCommandsStore, SqliteControllerEffectsStore, SqliteControllerQueueStore, SqliteControllersStore,
+    SqliteDeliveryStore, SqliteEffectsStore, SqliteHostsStore, SqliteInteractionsStore, SqliteQueueStore,
+    SqliteRunsStore, SqliteSettingsStore, SqliteSupervisionStore, SqliteUpdatesStore, SqliteWorkersStore,
+)
+from piwf.store.sqlite.db import Database, _Write
+from piwf.store.sqlite.group import GroupCommit
+
+
+class SqliteStore:
+    """``piwf.store.api.Store`` on one SQLite database. ``db`` is the backend's own (tests,
+    and host code not yet ported to the interface, use it); the host must not."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self.hosts = SqliteHostsStore(db)
+        self.commands = SqliteCommandsStore(db)
+        self.runs = SqliteRunsStore(db)
+        self.queue = SqliteQueueStore(db)
+        self.supervision = SqliteSupervisionStore(db)
+        self.workers = SqliteWorkersStore(db)
+        self.effects = SqliteEffectsStore(db)
+        self.interactions = SqliteInteractionsStore(db)
+        self.delivery = SqliteDeliveryStore(db)
+        self.updates = SqliteUpdatesStore(db)
+        self.settings = SqliteSettingsStore(db)
+        self.controllers = SqliteControllersStore(db)
+        self.controller_queue = SqliteControllerQueueStore(db)
+        self.controller_effects = SqliteControllerEffectsStore(db)
+        self.group: GroupCommit | None = None  # set by serve: from then on commits share fsyncs
+        self.in_unit_of_work = False
+
+    def transaction(self) -> _UnitOfWork:
+        return _UnitOfWork(self)
+
+    async def durable(self) -> None:
+        if self.group is not None:
+            await self.group.durable()
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        if self.group is None:
+            self.group = GroupCommit(self.db)
+        await self.group.serve(task_status=task_status)
+
+    async def close(self) -> None:
+        self.db.close()
+
+    @property
+    def fsyncs(self) -> int:
+        """Statistics: how many groups of commits were fsynced."""
+        return 0 if self.group is None else self.group.fsyncs
+
+
+class _UnitOfWork:
+    """``SqliteStore.transaction()``: the store itself is the unit of work's ``tx`` (its
+    aggregates' calls join the open transaction). A class, not a generator: one per worker
+    message."""
+
+    __slots__ = ("store", "write")
+
+    def __init__(self, store: SqliteStore) -> None:
+        self.store = store
+        self.write: _Write | None = None
+
+    async def __aenter__(self) -> SqliteStore:
+        store = self.store
+        if store.in_unit_of_work:
+            raise StoreError("a unit of work is open already: units of work do not nest, and nothing awaits "
+                             "a checkpoint inside one")
+        self.write = write = store.db.write()
+        write.__enter__()
+        store.in_unit_of_work = True
+        return store
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
+        self.store.in_unit_of_work = False
+        assert self.write is not None
+        return self.write.__exit__(exc_type, exc, tb)
+
+
+def open_store(paths: Any, *, durability: str = "full") -> SqliteStore:
+    """Open (creating if absent) the state database for a host: ``paths`` is the state
+    directory's ``StatePaths`` (its ``db``) or the database's path. After an unclean stop
+    the file is checked read-only first (``hosts.open_state``)."""
+    path: str | os.PathLike[str] = getattr(paths, "db", paths)
+    return SqliteStore(hosts.open_state(path, durability=durability))
