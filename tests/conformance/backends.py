@@ -31,7 +31,7 @@ class SqliteBackend:
     async def open(self, clock: Clock) -> Any:
         from piwf.store.sqlite import open_store  # the one backend import of the suite
 
-        return open_store(self.path, clock=clock)
+        return open_store(self.path)  # SQLite's clock is the caller's: every method takes ``now``
 
     async def close(self, store: Any) -> None:
         await store.close()
