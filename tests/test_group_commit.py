@@ -88,7 +88,7 @@ async def test_every_worker_answer_waits_for_an_fsync_after_its_commit(
     assert len(spans) >= 3  # ready, then an attempt start and an accept per node (two nodes)
     for span in spans:  # every one of these messages wrote something: an fsync began and ended in between
         assert "host.group.syncing" in span and "host.group.synced" in span[span.index("host.group.syncing"):], span
-    assert host.group is not None and host.group.fsyncs >= 1
+    assert host.store.fsyncs >= 1
 
 
 async def test_at_normal_durability_nothing_waits_for_an_fsync(

@@ -15,7 +15,7 @@ from piwf.host.runs import renew_claims
 from piwf.host.state import ActiveRun, Conclusion, HostState
 from piwf.paths import StatePaths
 from piwf.status import StopReason
-from piwf.store.sqlite import Database, queue, runs
+from piwf.store.sqlite import SqliteStore, Database, queue, runs
 from piwf.store.sqlite.hosts import acquire_lease, read_lease
 
 from .conftest import config, wait_for, write_workflow
@@ -186,7 +186,7 @@ def _claimed_run(tmp_path: Path) -> tuple[HostState, ActiveRun]:
     paths = StatePaths.resolve(tmp_path / "state")
     paths.ensure()
     db = Database.open(paths.db)
-    host = HostState(config(paths, run_lease_ms=3000, host_lease_ms=3000), db, TrioClock())
+    host = HostState(config(paths, run_lease_ms=3000, host_lease_ms=3000), SqliteStore(db), TrioClock())
     host.lease = acquire_lease(db, host_id=host.host_id, pid=1, identity="x", lease_ms=3000, now=host.now())
     runs.create_run(db, run_id="r", workflow="w", project_path="/", source=b"", digest="d", input={},
                     origin_session_id=None, now=host.now())

@@ -9,17 +9,27 @@ import pytest
 
 from piwf.clock import ManualClock
 from piwf.host.state import ActiveRun, Conclusion, HostState
-from piwf.host.worker_messages import handle
+from piwf.host import worker_messages
 from piwf.paths import StatePaths
-from piwf.store.sqlite import Database, queue, runs, workers
+from piwf.store.sqlite import Database, SqliteStore, queue, runs, workers
 from piwf.store.sqlite.hosts import acquire_lease
 from piwf.errors import ProtocolError
 from piwf.wire import canonical_json
-from piwf.protocol.worker import WorkerMessage, parse_worker_message
+from piwf.protocol.worker import WorkerMessage, WorkerResponse, parse_worker_message
 
 from .conftest import config
 
 LEASE = 30_000
+
+
+def handle(host: HostState, active: ActiveRun, message: WorkerMessage) -> WorkerResponse:
+    """``worker_messages.handle``, driven here: on SQLite it never reaches a checkpoint."""
+    answering = worker_messages.handle(host, active, message)
+    try:
+        answering.send(None)
+    except StopIteration as done:
+        return done.value
+    raise AssertionError("answering a worker message awaited a checkpoint")
 
 
 def new_host(tmp_path: Path) -> tuple[HostState, Database, ManualClock]:
@@ -27,7 +37,7 @@ def new_host(tmp_path: Path) -> tuple[HostState, Database, ManualClock]:
     paths.ensure()
     clock = ManualClock()
     db = Database.open(paths.db)
-    host = HostState(config(paths, run_lease_ms=LEASE), db, clock)
+    host = HostState(config(paths, run_lease_ms=LEASE), SqliteStore(db), clock)
     host.lease = acquire_lease(db, host_id=host.host_id, pid=1, identity="x", lease_ms=LEASE, now=clock.now_ms())
     return host, db, clock
 

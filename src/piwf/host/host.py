@@ -35,9 +35,8 @@ from piwf.clock import Clock, WallClock
 from piwf.errors import HostAlreadyRunning, PiwfError
 from piwf.paths import StatePaths
 from piwf.status import StopReason
-from piwf.store.sqlite import commands, delivery, queue, workers
-from piwf.store.sqlite.group import GroupCommit
-from piwf.store.sqlite.hosts import acquire_lease, open_state, read_lease, release_lease, renew_lease
+from piwf.store.api import open_store
+from piwf.store.api.rules import RETENTION_MS
 from piwf import faults, logs, processes
 from piwf.host.fork_launcher import ForkLauncher
 from piwf.host.launcher import fork_available
@@ -87,8 +86,7 @@ class Host:
                 if refused is None and host is not None:
                     serving.append(host)
                     host.launcher = warm or await self._start_launcher(outer, serving) or host.launcher
-                    assert host.group is not None
-                    await outer.start(host.group.serve)  # outlives the drain: its answers wait on it too
+                    await outer.start(host.store.serve)  # outlives the drain: its answers wait on it too
                     try:
                         await self._serve_runs(host, task_status, inherited)
                     finally:
@@ -98,8 +96,9 @@ class Host:
                     outer.cancel_scope.cancel()
         finally:
             logs.set_epoch(None)
-            for host in serving:
-                host.db.close()
+            with trio.CancelScope(shield=True):
+                for host in serving:
+                    await host.store.close()
             for lock in held:
                 lock.release()
         if refused is not None:
@@ -115,16 +114,16 @@ class Host:
         if lock is None:
             return None
         held.append(lock)
-        db = open_state(paths.db, durability=self.config.durability)  # refuses a damaged one unwritten
-        host = HostState(self.config, db, self.clock)
+        store = open_store(paths, durability=self.config.durability)  # refuses a damaged one unwritten
+        host = HostState(self.config, store, self.clock)
         try:
             await _owner_exited(host, pid)
-            _take_over(host, pid, identity)
+            await _take_over(host, pid, identity)
         except BaseException:
-            db.close()
+            with trio.CancelScope(shield=True):
+                await store.close()
             raise
-        logs.set_epoch(host.epoch)
-        host.group = GroupCommit(db)  # from here on, commits wait for a shared fsync
+        logs.set_epoch(host.epoch)  # the store's serve, started next, makes commits share fsyncs
         return host
 
     async def _start_launcher(self, nursery: trio.Nursery, serving: list[HostState]) -> ForkLauncher | None:
@@ -169,7 +168,7 @@ class Host:
                     await listener.aclose()
                     if inherited is None:  # an inherited socket outlives this host
                         config.state_dir.socket.unlink(missing_ok=True)
-                    _release(host)
+                    await _release(host)
 
 
 async def _stand_by(paths: StatePaths, record: dict[str, object]) -> HostLock | None:
@@ -201,7 +200,7 @@ async def _owner_exited(host: HostState, pid: int) -> None:
     it stops cleanly), so an owner still there has let go of it and is exiting: a killed
     process closes its files before it becomes a zombie, and a standby waiting on the lock
     is woken in between."""
-    previous = read_lease(host.db)
+    previous = await host.store.hosts.read_lease()
     if previous.pid is None or previous.pid == pid:
         return
     with trio.move_on_after(OWNER_EXIT_S):
@@ -209,24 +208,24 @@ async def _owner_exited(host: HostState, pid: int) -> None:
             await trio.sleep(0.001)
 
 
-def _take_over(host: HostState, pid: int, identity: str) -> None:
+async def _take_over(host: HostState, pid: int, identity: str) -> None:
     """Take the lease with a new epoch and recover whatever the previous host left.
 
     Holding the flock proves no other host runs here; the lease owner is taken to be
     dead unless its recorded pid still carries its recorded start identity.
     """
-    now = host.now()
-    previous = read_lease(host.db)
+    now, store = host.now(), host.store
+    previous = await store.hosts.read_lease()
     owner_alive = previous.pid is not None and previous.pid != pid and processes.alive(previous.pid, previous.identity)
     if owner_alive and previous.live(now):
         raise HostAlreadyRunning(f"the host with pid {previous.pid} still holds the lease")
-    host.lease = acquire_lease(host.db, host_id=host.host_id, pid=pid, identity=identity,
-                               lease_ms=host.config.host_lease_ms, now=now, owner_dead=True)
-    reclaimed = queue.expire_claims_before(host.db, host.epoch, now)
-    for worker_epoch, worker_pid, worker_identity in workers.orphan_before(host.db, host.epoch, now):
+    host.lease = await store.hosts.acquire_lease(host_id=host.host_id, pid=pid, identity=identity,
+                                                 lease_ms=host.config.host_lease_ms, now=now, owner_dead=True)
+    reclaimed = await store.queue.expire_claims_before(host.epoch, now)
+    for worker_epoch, worker_pid, worker_identity in await store.workers.orphan_before(host.epoch, now):
         if processes.kill_recorded_group(worker_pid, worker_identity):
             log.info("killed orphaned worker %s (pid %d)", worker_epoch, worker_pid)
-    reap_registered(host, workers.orphaned_processes(host.db, host.epoch))
+    await reap_registered(host, await store.workers.orphaned_processes(host.epoch))
     faults.point("host.takeover.committed")
     if previous.host_id is not None:
         log.info("took over from epoch %d; %d run(s) to claim again", previous.epoch, len(reclaimed))
@@ -257,15 +256,15 @@ async def _first_signal(signals: trio.abc.ReceiveChannel[int], host: HostState) 
 async def _heartbeat(host: HostState) -> None:
     async with contextlib.aclosing(trio_util.periodic(host.config.host_lease_ms / 3000)) as ticks:
         async for _ in ticks:
-            if not _renew_lease(host):
+            if not await _renew_lease(host):
                 return
 
 
-def _renew_lease(host: HostState) -> bool:
+async def _renew_lease(host: HostState) -> bool:
     """Renew the host lease; False once it is lost (the host then stops)."""
     assert host.lease is not None
     try:
-        renewed = renew_lease(host.db, host.lease, host.config.host_lease_ms, host.now())
+        renewed = await host.store.hosts.renew_lease(host.lease, host.config.host_lease_ms, host.now())
     except PiwfError as exc:
         log.warning("lease renewal failed (%s); will retry", exc)
         return True
@@ -285,8 +284,8 @@ async def _prune_commands(host: HostState) -> None:
     async with contextlib.aclosing(trio_util.periodic(PRUNE_INTERVAL_S)) as ticks:
         async for _ in ticks:
             try:
-                pruned = commands.prune(host.db, host.now())
-                delivered = delivery.prune(host.db, host.now(), commands.RETENTION_MS)
+                pruned = await host.store.commands.prune(host.now())
+                delivered = await host.store.delivery.prune(host.now(), RETENTION_MS)
             except PiwfError as exc:
                 log.warning("could not prune the command log: %s", exc)
                 continue
@@ -304,7 +303,7 @@ async def _prune_worker_messages(host: HostState) -> None:
     total = 0
     while True:
         try:
-            pruned = workers.prune_messages(host.db)
+            pruned = await host.store.workers.prune_messages()
         except PiwfError as exc:
             log.warning("could not prune stored worker answers: %s", exc)
             return
@@ -316,10 +315,10 @@ async def _prune_worker_messages(host: HostState) -> None:
         log.info("forgot %d stored worker answer(s) of ended runs", total)
 
 
-def _release(host: HostState) -> None:
+async def _release(host: HostState) -> None:
     if host.lease is None:
         return
     try:
-        release_lease(host.db, host.lease)
+        await host.store.hosts.release_lease(host.lease)
     except PiwfError as exc:
         log.error("could not release the host lease: %s", exc)

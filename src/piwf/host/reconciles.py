@@ -115,8 +115,8 @@ async def _launch_contained(host: HostState, active: ActiveReconcile) -> None:
         launch = ReconcileLaunch(uid=claim.uid, generation=claim.generation, workerEpoch=active.worker_epoch,
                                  projectPath=claim.project, controller=claim.controller)
         log.info("%s: reconciling (claim %d)", active.run_id, claim.generation)
-        def attach(pid: int, identity: str) -> None:
-            controller_queue.attach_worker(host.db, claim.uid, claim.token, pid, identity)
+        async def attach(pid: int, identity: str) -> None:
+            await host.store.controller_queue.attach_worker(claim.uid, claim.token, pid, identity)
 
         await run_worker(host, active, launch, claim.project, launch_var=LAUNCH_VAR, pump=pump,  # type: ignore[arg-type]
                          attach=attach)

@@ -6,13 +6,14 @@ not fit its operation never reaches here.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from piwf import faults
-from piwf.errors import ClaimLost, PiwfError
+from piwf.errors import ClaimLost, PiwfError, Rejected
 from piwf.status import Hold
-from piwf.store.sqlite import delivery, effects, interactions, queue, runs, settings, updates, workers
+from piwf.store.api import UnitOfWork
+from piwf.store.api.rules import STEPS_PAGE_BYTES
 from piwf.protocol.worker import (
     AcceptedStep, AttemptAccept, AttemptFail, AttemptStart, AttemptStartResult, EffectApply, EffectReserve,
     EffectSettle, EffectState, InteractionOpen, NotificationSend, PresentationRequest, ProcessRegister,
@@ -21,32 +22,32 @@ from piwf.protocol.worker import (
 )
 from piwf.host.state import ActiveRun, Conclusion, HostState, log
 
-# A handler makes store calls only, inside the message's transaction, and returns its
-# result and, when the answer ends the worker's part, why.
+# A handler makes store calls only, on the message's unit of work ``tx``, and returns its
+# result and, when the answer ends the worker's part, why. It awaits nothing but them.
 Outcome = tuple[Result, Conclusion | None]
-Handler = Callable[[HostState, ActiveRun, Any, int], Outcome]
+Handler = Callable[[HostState, UnitOfWork, ActiveRun, Any, int], Awaitable[Outcome]]
 NOTHING = Result()
 
 
-def _ready(host: HostState, active: ActiveRun, message: Ready, now: int) -> Outcome:
+async def _ready(host: HostState, tx: UnitOfWork, active: ActiveRun, message: Ready, now: int) -> Outcome:
     """The worker has loaded its workflow: the run's input and accepted steps. A fresh
     run's first attempt is started here too, saving the worker a round trip (unless the run
     is paused: then its first start stops). A workflow that did not load, or whose digest
     is not the run's, holds the run instead."""
-    queue.mark_running(host.db, active.run_id, active.claim.token, now)
-    workers.mark_ready(host.db, active.worker_epoch, now)
-    run_input, start, paused, digest = runs.ready_state(host.db, active.run_id)
+    await tx.queue.mark_running(active.run_id, active.claim.token, now)
+    await tx.workers.mark_ready(active.worker_epoch, now)
+    run_input, start, paused, digest = await tx.runs.ready_state(active.run_id)
     held = _source_problem(message, digest)
     if held is not None:
-        queue.park_run(host.db, active.run_id, active.claim.token, now, hold=Hold.SOURCE, detail=held[:2000])
+        await tx.queue.park_run(active.run_id, active.claim.token, now, hold=Hold.SOURCE, detail=held[:2000])
         return ReadyResult(stop="source"), Conclusion.DONE
-    steps, more = runs.accepted_steps(host.db, active.run_id, budget=runs.STEPS_PAGE_BYTES)
+    steps, more = await tx.runs.accepted_steps(active.run_id, budget=STEPS_PAGE_BYTES)
     result = ReadyResult(input=run_input, steps=[AcceptedStep(**step) for step in steps], more=more)
-    if not steps and start is not None and not paused and interactions.waiting_attempt(
-            host.db, active.run_id, 0, start, now) is None:  # a first node that waits is started by the worker
-        attempt_id, _ = runs.start_attempt(host.db, active.run_id, active.claim.token, seq=0, node=start,
+    if not steps and start is not None and not paused and await tx.interactions.waiting_attempt(
+            active.run_id, 0, start, now) is None:  # a first node that waits is started by the worker
+        attempt_id, _ = await tx.runs.start_attempt(active.run_id, active.claim.token, seq=0, node=start,
                                            generation=active.claim.generation, now=now)
-        change, value = settings.attempt_settings(host.db, active.run_id, attempt_id)
+        change, value = await tx.settings.attempt_settings(active.run_id, attempt_id)
         result.attempt = StartedAttempt(seq=0, node=start, attemptId=attempt_id, settings=value,
                                         settingsChange=change)
     return result, None
@@ -62,107 +63,112 @@ def _source_problem(message: Ready, digest: str) -> str | None:
     return None
 
 
-def _steps_read(host: HostState, active: ActiveRun, message: StepsRead, now: int) -> Outcome:
-    steps, more = runs.accepted_steps(host.db, active.run_id, message.payload.afterSeq, budget=runs.STEPS_PAGE_BYTES)
+async def _steps_read(host: HostState, tx: UnitOfWork, active: ActiveRun, message: StepsRead, now: int) -> Outcome:
+    steps, more = await tx.runs.accepted_steps(active.run_id, message.payload.afterSeq, budget=STEPS_PAGE_BYTES)
     return StepsPage(steps=[AcceptedStep(**step) for step in steps], more=more), None
 
 
-def _attempt_start(host: HostState, active: ActiveRun, message: AttemptStart, now: int) -> Outcome:
+async def _attempt_start(host: HostState, tx: UnitOfWork,
+          active: ActiveRun, message: AttemptStart, now: int) -> Outcome:
     """Start a node's attempt; at a node waiting for its request, hand over the waiting
     attempt with the submission to validate, or (nothing to validate) park the run as
     waiting again."""
-    if runs.is_paused(host.db, active.run_id):
+    if await tx.runs.is_paused(active.run_id):
         return AttemptStartResult(stop="paused"), Conclusion.STOP
     payload = message.payload
-    waiting = interactions.waiting_attempt(host.db, active.run_id, payload.seq, payload.node, now)
+    waiting = await tx.interactions.waiting_attempt(active.run_id, payload.seq, payload.node, now)
     if waiting is not None:
         attempt_id, submission = waiting
         if submission is None:
-            interactions.park_again(host.db, active.run_id, active.claim.token, now)
+            await tx.interactions.park_again(active.run_id, active.claim.token, now)
             return AttemptStartResult(stop="waiting"), Conclusion.DONE
-        return _started(host, active, attempt_id, submission), None
-    attempt_id, _ = runs.start_attempt(host.db, active.run_id, active.claim.token, seq=payload.seq,
+        return await _started(host, tx, active, attempt_id, submission), None
+    attempt_id, _ = await tx.runs.start_attempt(active.run_id, active.claim.token, seq=payload.seq,
                                        node=payload.node, generation=active.claim.generation, now=now)
-    return _started(host, active, attempt_id), None
+    return await _started(host, tx, active, attempt_id), None
 
 
-def _started(host: HostState, active: ActiveRun, attempt_id: str, submission: Any = None) -> AttemptStartResult:
+async def _started(host: HostState, tx: UnitOfWork,
+          active: ActiveRun, attempt_id: str, submission: Any = None) -> AttemptStartResult:
     """An attempt to run, with the settings (and their change number) it started under."""
-    change, value = settings.attempt_settings(host.db, active.run_id, attempt_id)
+    change, value = await tx.settings.attempt_settings(active.run_id, attempt_id)
     return AttemptStartResult(attemptId=attempt_id, submission=submission, settings=value, settingsChange=change)
 
 
-def _attempt_accept(host: HostState, active: ActiveRun, message: AttemptAccept, now: int) -> Outcome:
+async def _attempt_accept(host: HostState, tx: UnitOfWork,
+          active: ActiveRun, message: AttemptAccept, now: int) -> Outcome:
     """Accept a node's output; with ``final`` (the run's last node) complete the run with it,
     in the same transaction."""
     payload = message.payload
-    runs.accept_attempt(host.db, active.run_id, active.claim.token, attempt_id=payload.attemptId,
+    await tx.runs.accept_attempt(active.run_id, active.claim.token, attempt_id=payload.attemptId,
                         output=payload.output, exit_name=payload.exit, now=now,
                         waiting=payload.submissionId is not None)
     if payload.submissionId is not None:
-        interactions.accept_submission(host.db, active.run_id, payload.submissionId, payload.output, now)
+        await tx.interactions.accept_submission(active.run_id, payload.submissionId, payload.output, now)
     if payload.final:
-        return _complete(host, active, payload.output, now)
+        return await _complete(host, tx, active, payload.output, now)
     return NOTHING, None
 
 
-def _attempt_fail(host: HostState, active: ActiveRun, message: AttemptFail, now: int) -> Outcome:
-    runs.fail_attempt(host.db, active.run_id, active.claim.token, attempt_id=message.payload.attemptId,
+async def _attempt_fail(host: HostState, tx: UnitOfWork, active: ActiveRun, message: AttemptFail, now: int) -> Outcome:
+    await tx.runs.fail_attempt(active.run_id, active.claim.token, attempt_id=message.payload.attemptId,
                       error=message.payload.error, now=now)
     return NOTHING, None
 
 
-def _run_complete(host: HostState, active: ActiveRun, message: RunComplete, now: int) -> Outcome:
-    return _complete(host, active, message.payload.output, now)
+async def _run_complete(host: HostState, tx: UnitOfWork, active: ActiveRun, message: RunComplete, now: int) -> Outcome:
+    return await _complete(host, tx, active, message.payload.output, now)
 
 
-def _complete(host: HostState, active: ActiveRun, output: Any, now: int) -> Outcome:
-    if not _held_for_effects(host, active, now):
-        queue.complete_run(host.db, active.run_id, active.claim.token, output, now)
+async def _complete(host: HostState, tx: UnitOfWork, active: ActiveRun, output: Any, now: int) -> Outcome:
+    if not await _held_for_effects(host, tx, active, now):
+        await tx.queue.complete_run(active.run_id, active.claim.token, output, now)
     return NOTHING, Conclusion.DONE
 
 
-def _run_fail(host: HostState, active: ActiveRun, message: RunFail, now: int) -> Outcome:
-    if not _held_for_effects(host, active, now):
-        queue.fail_run(host.db, active.run_id, active.claim.token, message.payload.error, now)
+async def _run_fail(host: HostState, tx: UnitOfWork, active: ActiveRun, message: RunFail, now: int) -> Outcome:
+    if not await _held_for_effects(host, tx, active, now):
+        await tx.queue.fail_run(active.run_id, active.claim.token, message.payload.error, now)
     return NOTHING, Conclusion.DONE
 
 
-def _held_for_effects(host: HostState, active: ActiveRun, now: int) -> bool:
+async def _held_for_effects(host: HostState, tx: UnitOfWork, active: ActiveRun, now: int) -> bool:
     """A run does not end while an effect's outcome is unknown: it is held instead."""
-    ambiguous = effects.interrupted_before(host.db, active.run_id, active.claim.generation, now)
+    ambiguous = await tx.effects.interrupted_before(active.run_id, active.claim.generation, now)
     if ambiguous:
-        _hold_ambiguous(host, active, ambiguous[0], now)
+        await _hold_ambiguous(host, tx, active, ambiguous[0], now)
     return bool(ambiguous)
 
 
-def _hold_ambiguous(host: HostState, active: ActiveRun, key: str, now: int) -> None:
-    queue.park_run(host.db, active.run_id, active.claim.token, now, hold=Hold.EFFECT,
+async def _hold_ambiguous(host: HostState, tx: UnitOfWork, active: ActiveRun, key: str, now: int) -> None:
+    await tx.queue.park_run(active.run_id, active.claim.token, now, hold=Hold.EFFECT,
                    detail=f"ambiguous effect {key}")
 
 
 # --- effects -----------------------------------------------------------------------------
 
 
-def _effect_reserve(host: HostState, active: ActiveRun, message: EffectReserve, now: int) -> Outcome:
+async def _effect_reserve(host: HostState, tx: UnitOfWork,
+          active: ActiveRun, message: EffectReserve, now: int) -> Outcome:
     payload = message.payload
-    state = EffectState(**effects.reserve(host.db, active.run_id, payload.key, node=payload.node,
+    state = EffectState(**await tx.effects.reserve(active.run_id, payload.key, node=payload.node,
                                           generation=active.claim.generation, observable=payload.observable,
                                           now=now))
     if state.state == "ambiguous":
-        _hold_ambiguous(host, active, payload.key, now)
+        await _hold_ambiguous(host, tx, active, payload.key, now)
         return state, Conclusion.DONE
     return state, None
 
 
-def _effect_apply(host: HostState, active: ActiveRun, message: EffectApply, now: int) -> Outcome:
-    effects.begin_apply(host.db, active.run_id, message.payload.key, generation=active.claim.generation, now=now)
+async def _effect_apply(host: HostState, tx: UnitOfWork, active: ActiveRun, message: EffectApply, now: int) -> Outcome:
+    await tx.effects.begin_apply(active.run_id, message.payload.key, generation=active.claim.generation, now=now)
     return NOTHING, None
 
 
-def _effect_settle(host: HostState, active: ActiveRun, message: EffectSettle, now: int) -> Outcome:
+async def _effect_settle(host: HostState, tx: UnitOfWork,
+          active: ActiveRun, message: EffectSettle, now: int) -> Outcome:
     payload = message.payload
-    effects.settle(host.db, active.run_id, payload.key, generation=active.claim.generation,
+    await tx.effects.settle(active.run_id, payload.key, generation=active.claim.generation,
                    result=payload.result, error=payload.error, now=now)
     return NOTHING, None
 
@@ -170,31 +176,35 @@ def _effect_settle(host: HostState, active: ActiveRun, message: EffectSettle, no
 # --- processes a worker started in their own groups ---------------------------------------
 
 
-def _process_register(host: HostState, active: ActiveRun, message: ProcessRegister, now: int) -> Outcome:
+async def _process_register(host: HostState, tx: UnitOfWork,
+          active: ActiveRun, message: ProcessRegister, now: int) -> Outcome:
     payload = message.payload
-    workers.register_process(host.db, worker_epoch=active.worker_epoch, run_id=active.run_id, pid=payload.pid,
+    await tx.workers.register_process(worker_epoch=active.worker_epoch, run_id=active.run_id, pid=payload.pid,
                              identity=payload.identity, node=payload.node, now=now)
     return NOTHING, None
 
 
-def _process_unregister(host: HostState, active: ActiveRun, message: ProcessUnregister, now: int) -> Outcome:
-    workers.unregister_process(host.db, active.worker_epoch, message.payload.pid, now)
+async def _process_unregister(host: HostState, tx: UnitOfWork,
+          active: ActiveRun, message: ProcessUnregister, now: int) -> Outcome:
+    await tx.workers.unregister_process(active.worker_epoch, message.payload.pid, now)
     return NOTHING, None
 
 
 # --- people and agents in the loop ---------------------------------------------------------
 
 
-def _interaction_open(host: HostState, active: ActiveRun, message: InteractionOpen, now: int) -> Outcome:
+async def _interaction_open(host: HostState, tx: UnitOfWork,
+          active: ActiveRun, message: InteractionOpen, now: int) -> Outcome:
     """A decision or ask node waits: the run parks as waiting and the worker's part ends."""
-    interactions.open_request(host.db, active.run_id, active.claim.token, message.payload, now)
+    await tx.interactions.open_request(active.run_id, active.claim.token, message.payload, now)
     host.interactions_changed()
     return NOTHING, Conclusion.DONE
 
 
-def _submission_reject(host: HostState, active: ActiveRun, message: SubmissionReject, now: int) -> Outcome:
+async def _submission_reject(host: HostState, tx: UnitOfWork,
+          active: ActiveRun, message: SubmissionReject, now: int) -> Outcome:
     payload = message.payload
-    interactions.reject_submission(host.db, active.run_id, active.claim.token, payload.submissionId,
+    await tx.interactions.reject_submission(active.run_id, active.claim.token, payload.submissionId,
                                    payload.error, now)
     host.interactions_changed()
     return NOTHING, Conclusion.DONE
@@ -203,22 +213,25 @@ def _submission_reject(host: HostState, active: ActiveRun, message: SubmissionRe
 # --- delivery to sessions ---------------------------------------------------------------------
 
 
-def _notification_send(host: HostState, active: ActiveRun, message: NotificationSend, now: int) -> Outcome:
+async def _notification_send(host: HostState, tx: UnitOfWork,
+          active: ActiveRun, message: NotificationSend, now: int) -> Outcome:
     payload = message.payload
-    delivery.notify(host.db, active.run_id, active.claim.token, attempt_id=payload.attemptId, index=payload.index,
+    await tx.delivery.notify(active.run_id, active.claim.token, attempt_id=payload.attemptId, index=payload.index,
                     kind=payload.kind, content=payload.content, now=now)
     return NOTHING, None
 
 
-def _presentation_request(host: HostState, active: ActiveRun, message: PresentationRequest, now: int) -> Outcome:
-    delivery.request_presentation(host.db, active.run_id, active.claim.token,
+async def _presentation_request(host: HostState, tx: UnitOfWork,
+          active: ActiveRun, message: PresentationRequest, now: int) -> Outcome:
+    await tx.delivery.request_presentation(active.run_id, active.claim.token,
                                   instructions=message.payload.instructions, now=now)
     return NOTHING, None
 
 
-def _update_publish(host: HostState, active: ActiveRun, message: UpdatePublish, now: int) -> Outcome:
+async def _update_publish(host: HostState, tx: UnitOfWork,
+          active: ActiveRun, message: UpdatePublish, now: int) -> Outcome:
     payload = message.payload
-    updates.publish(host.db, active.run_id, active.claim.token, attempt_id=payload.attemptId, type=payload.type,
+    await tx.updates.publish(active.run_id, active.claim.token, attempt_id=payload.attemptId, type=payload.type,
                     key=payload.key, data=payload.data, now=now)
     return NOTHING, None
 
@@ -247,20 +260,27 @@ REVISING = frozenset({Ready, AttemptStart, AttemptAccept, AttemptFail, RunComple
                       SubmissionReject})
 
 
-def handle(host: HostState, active: ActiveRun, message: WorkerMessage) -> WorkerResponse:
+async def handle(host: HostState, active: ActiveRun, message: WorkerMessage) -> WorkerResponse:
     if message.workerEpoch != active.worker_epoch or message.generation != active.claim.generation:
         active.conclusion = Conclusion.CLAIM_LOST
         return WorkerResponse(message.messageId, "claimLost", error="worker epoch or generation is stale")
+    store = host.store
     if message.messageId in active.answered:  # a repeat gets the stored answer (new ids skip the lookup)
-        stored = workers.read_message(host.db, message)
+        stored = await store.workers.read_message(message)
         if stored is not None:
             return stored
     kind, handler, now = type(message), HANDLERS[type(message)], host.now()
     try:
-        response, conclusion = workers.answer(
-            host.db, message, run_id=active.run_id, token=active.claim.token, now=now,
-            check_revision=kind is not Ready, revises=kind in REVISING,
-            apply=lambda: handler(host, active, message, now))
+        # One unit of work: the fence (the live claim and the run revision), the revision
+        # check, the handler's changes, and the recorded answer; nothing of it if any raises.
+        async with store.transaction() as tx:
+            current = await tx.queue.fenced_revision(active.run_id, active.claim.token, now)
+            if kind is not Ready and message.expectedRevision != current:
+                raise Rejected(f"run revision conflict: expected {message.expectedRevision}, now {current}")
+            result, conclusion = await handler(host, tx, active, message, now)
+            revision = await tx.queue.revision_of(active.run_id) if kind in REVISING else current
+            response = WorkerResponse(message.messageId, "accepted", revision=revision, result=result)
+            await tx.workers.record_message(message, response, now)
         active.answered.add(message.messageId)
         faults.point("host.worker.committed")
     except ClaimLost as exc:  # the answer is sent; the worker ends on it (see worker_process._let_it_end)

@@ -22,7 +22,6 @@ import trio
 from piwf import faults, processes
 from piwf.errors import PiwfError, ProtocolError
 from piwf.status import StopReason
-from piwf.store.sqlite import workers
 from piwf.wire import LineBuffer, canonical_json, encode_line
 from piwf.protocol.worker import MAX_WORKER_LINE, LaunchEnvelope, parse_worker_message
 from piwf.host.launcher import Launch, LauncherUnavailable, WorkerHandle
@@ -99,7 +98,7 @@ def cleanup_scope(host: HostState, budget_s: float) -> trio.CancelScope:
 
 
 Pump = Callable[[HostState, Any, trio.lowlevel.FdStream, trio.lowlevel.FdStream], Awaitable[None]]
-Attach = Callable[[int, str], None]  # record the started worker's pid and start identity
+Attach = Callable[[int, str], Awaitable[None]]  # record the started worker's pid and start identity
 
 
 async def run_worker(host: HostState, active: ActiveRun, envelope: LaunchEnvelope, project: str, *,
@@ -131,9 +130,9 @@ async def _supervise_process(host: HostState, active: ActiveRun, envelope: Launc
     exited = False
     try:
         if attach is not None:
-            attach(proc.pid, proc.identity or "")
+            await attach(proc.pid, proc.identity or "")
         else:
-            workers.attach_process(host.db, envelope.workerEpoch, proc.pid, proc.identity or "")
+            await host.store.workers.attach_process(envelope.workerEpoch, proc.pid, proc.identity or "")
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_read_output, proc.stdout, diagnostics)
             nursery.start_soon(pump, host, active, receive, send)
@@ -154,21 +153,21 @@ async def _supervise_process(host: HostState, active: ActiveRun, envelope: Launc
         elif returncode is None:
             end = end.noted("the fork server that started the worker died first; its exit status is unknown")
         active.process_end = end
-        reap_registered(host, workers.live_processes(host.db, [envelope.workerEpoch]))
         with cleanup_scope(host, 1):
+            await reap_registered(host, await host.store.workers.live_processes([envelope.workerEpoch]))
             for stream in (send, receive, proc.stdout):
                 if stream is not None:
                     await stream.aclose()
 
 
-def reap_registered(host: HostState, rows: list[tuple[str, int, str]]) -> None:
+async def reap_registered(host: HostState, rows: list[tuple[str, int, str]]) -> None:
     """Kill the process groups a worker registered (its shell nodes) and forget them."""
     for worker_epoch, pid, identity in rows:
         if processes.kill_recorded_group(pid, identity):
             log.info("killed process group %d left by worker %s", pid, worker_epoch)
     if rows:
         try:
-            workers.mark_processes_gone(host.db, rows, host.now())
+            await host.store.workers.mark_processes_gone(rows, host.now())
         except PiwfError as exc:  # they are dead; the next host retries the bookkeeping
             log.warning("could not record reaped processes: %s", exc)
 
@@ -228,7 +227,7 @@ async def _pump(host: HostState, active: ActiveRun, receive: trio.lowlevel.FdStr
             active.stop(StopReason.PROTOCOL, f"broke the worker protocol: {exc}")
             return
         for message in messages:
-            response = handle(host, active, message)
+            response = await handle(host, active, message)
             await host.durable()
             try:
                 await send.send_all(encode_line(response))

@@ -68,8 +68,9 @@ until it has started, commits are durable one by one and ``durable()`` returns a
 
 from __future__ import annotations
 
+import importlib
 from contextlib import AbstractAsyncContextManager
-from typing import Protocol
+from typing import Any, Protocol
 
 import trio
 
@@ -127,9 +128,23 @@ class Store(UnitOfWork, Protocol):
         ...
 
 
+# Backends by name, each "module:function" (imported when a store is opened: nothing that
+# imports the interface imports a backend). The PostgreSQL issue adds its own.
+BACKENDS = {"sqlite": "piwf.store.sqlite.backend:open_store"}
+
+
+def open_store(paths: Any, *, durability: str = "full", backend: str = "sqlite") -> Store:
+    """Open the store of a state directory (``paths``: its ``StatePaths``) with ``backend``.
+    SQLite refuses a damaged database unwritten (CorruptStateError), an unknown or newer
+    layout (SchemaError), and migrates an older one."""
+    module, _, function = BACKENDS[backend].partition(":")
+    opened: Store = getattr(importlib.import_module(module), function)(paths, durability=durability)
+    return opened
+
+
 __all__ = [
     "Actor", "Claim", "CommandsStore", "ControllerClaim", "ControllerEffectsStore", "ControllerQueueStore",
     "ControllersStore", "Delay", "DeliveryStore", "EffectsStore", "HostClaim", "HostsStore", "InteractionsStore",
     "LeaseRecord", "QueueStore", "RunsStore", "SettingsStore", "Store", "SupervisionStore", "UnitOfWork",
-    "UpdatesStore", "WorkerEnded", "WorkersStore",
+    "UpdatesStore", "WorkerEnded", "WorkersStore", "open_store",
 ]
