@@ -3,11 +3,15 @@ the interface promises is in tests/conformance/, run against every backend."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import apsw
+
 from piwf.clock import ManualClock
-from piwf.store.sqlite import Database, queue, runs
+from piwf.store.sqlite import Database, delivery, queue, runs
 from piwf.store.sqlite import controllers as res
+from piwf.store.sqlite.schema import APPLICATION_ID, SCHEMA_VERSION
 
 LEASE = 30_000
 
@@ -56,3 +60,46 @@ def test_a_resource_keeps_exactly_its_most_recent_events(db: Database, clock: Ma
     assert res.events(db, receipt.uid, 1)[0].detail == {"message": str(res.KEPT_EVENTS + 36)}
     assert res.request_delete(db, "/p", "c", "a", clock.now).deleted
     assert count(receipt.uid) == 0  # its events went with it
+
+
+def test_the_queries_of_a_runs_end_use_an_index_of_turns(db: Database, clock: ManualClock) -> None:
+    """Each end of a run with a session reads the run's turns inside the write transaction:
+    by an index, never by a scan of every turn ever kept."""
+    for sql in (delivery.OPEN_TURN_SQL, delivery.TURNS_OF_RUN_SQL, delivery.LAST_INSTRUCTIONS_SQL,
+                delivery.COUNT_UNRESOLVED_SQL):
+        plan = [str(row[-1]) for row in db.execute("EXPLAIN QUERY PLAN " + sql, ("r1", "s1")[:sql.count("?")])]
+        assert all(" USING " in step and "INDEX turns_" in step for step in plan if "turns" in step), (sql, plan)
+        assert any("turns" in step for step in plan), (sql, plan)
+
+
+def test_a_layout_6_database_is_migrated_with_the_delivery_tables(tmp_path: Path) -> None:
+    path = tmp_path / "v6.db"
+    conn = apsw.Connection(str(path))
+    conn.execute((Path(__file__).parent / "data" / "schema_v6.sql").read_text())
+    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = 6")
+    conn.execute("INSERT INTO runs (run_id, workflow, project_path, definition_hash, definition_digest, status, "
+                 "origin_session_id, created_at, updated_at) VALUES ('a', 'w', '/p', 'h', 'd', 'completed', 's', 1, 1)")
+    conn.execute("INSERT INTO run_queue (run_id, status, created_at, updated_at) VALUES ('a', 'done', 1, 1)")
+    conn.close()
+    db = Database.open(path)
+    assert db.scalar("PRAGMA user_version") == SCHEMA_VERSION >= 8
+    counts = runs.status_counts(db, 1)
+    assert (counts["completedRuns"], counts["undeliveredNotifications"], counts["unresolvedTurns"]) == (1, 0, 0)
+    assert {"notifications_undelivered", "turns_unresolved", "run_updates_seq"} <= {
+        name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert runs.get_run(db, "a").updates == []
+    assert db.scalar("PRAGMA integrity_check") == "ok"
+    db.close()
+
+
+def test_status_counts_of_a_layout_6_database_read_as_it_is(tmp_path: Path) -> None:
+    """`piwf status` with no host reads the database read-only, before any migration."""
+    path = tmp_path / "v6.db"
+    conn = apsw.Connection(str(path))
+    conn.execute((Path(__file__).parent / "data" / "schema_v6.sql").read_text())
+    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = 6")
+    conn.close()
+    db = Database.open_readonly(path)
+    counts = runs.status_counts(db, 1)
+    assert (counts["undeliveredNotifications"], counts["unresolvedTurns"]) == (0, 0)
+    db.close()

@@ -42,7 +42,8 @@ async def running(store: Any, clock: ManualClock, run_id: str = "r1", session: s
                   node: str = "n") -> tuple[str, str]:
     """A claimed run with a running attempt at seq 0: (token, attempt id)."""
     await new_run(store, clock, run_id, session=session)
-    got = await claim(store, clock)
+    others = frozenset(r.runId for r in await store.runs.list_runs(limit=1000)) - {run_id}
+    got = await claim(store, clock, exclude=others)
     assert got is not None and got.run_id == run_id
     attempt_id, _ = await store.runs.start_attempt(run_id, got.token, seq=0, node=node, generation=got.generation,
                                                    now=clock.now_ms())
