@@ -29,9 +29,9 @@ class SqliteBackend:
         self.path = tmp_path / "conformance.db"
 
     async def open(self, clock: Clock) -> Any:
-        from piwf.store.sqlite import open_store  # the one backend import of the suite
+        from piwf.store.api import open_store
 
-        return open_store(self.path)  # SQLite's clock is the caller's: every method takes ``now``
+        return open_store(self.path, backend=self.name)  # SQLite's clock is the caller's: methods take ``now``
 
     async def close(self, store: Any) -> None:
         await store.close()
