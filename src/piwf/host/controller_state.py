@@ -10,7 +10,7 @@ from typing import Any
 
 import trio
 
-from piwf.store.sqlite.controller_queue import ControllerClaim
+from piwf.store.api import ControllerClaim
 
 MAX_BACKOFF_MS = 60_000
 BACKOFF_BASE_MS = 1_000

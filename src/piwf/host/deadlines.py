@@ -15,7 +15,6 @@ import math
 import trio
 
 from piwf import faults
-from piwf.store.sqlite import interactions
 from piwf.host.state import HostState, log
 
 RETRY_S = 1.0  # after a store error (a full disk): try again this soon, doubling up to MAX_WAIT_S
@@ -28,7 +27,7 @@ async def serve_deadlines(host: HostState, *, task_status: trio.TaskStatus[None]
     while True:
         host.wake_deadlines = trio.Event()
         try:
-            wait_s = _expire_due(host)
+            wait_s = await _expire_due(host)
             failures = 0
         except Exception as exc:  # a full disk, or a bug: it costs the deadlines a delay, never the host
             failures += 1
@@ -39,16 +38,16 @@ async def serve_deadlines(host: HostState, *, task_status: trio.TaskStatus[None]
             await host.wake_deadlines.wait()
 
 
-def _expire_due(host: HostState) -> float:
+async def _expire_due(host: HostState) -> float:
     """Close what is due; how long until the next deadline (inf: none). A request that
     cannot be closed (a damaged record) is retried after the back-off, the others closed."""
-    nearest = interactions.next_deadline(host.db)
+    nearest = await host.store.interactions.next_deadline()
     if nearest is None:
         return math.inf
     if nearest > host.now():
         return (nearest - host.now()) / 1000
     faults.point("host.deadline.due")
-    closed, failed = interactions.expire_due(host.db, host.now())
+    closed, failed = await host.store.interactions.expire_due(host.now())
     if closed:
         faults.point("host.deadline.committed")
         log.info("closed %d request(s) at their deadline: %s", len(closed), ", ".join(closed))
@@ -56,5 +55,5 @@ def _expire_due(host: HostState) -> float:
         host.wake()
     if failed:
         raise failed[0][1]
-    nearest = interactions.next_deadline(host.db)
+    nearest = await host.store.interactions.next_deadline()
     return math.inf if nearest is None else max(0.0, (nearest - host.now()) / 1000)

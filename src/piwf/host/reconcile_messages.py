@@ -1,5 +1,5 @@
-"""Answering a reconcile worker: each message is one store operation in one transaction,
-fenced by the resource's claim (and renewing it, as the seed does on every worker message).
+"""Answering a reconcile worker: each message is one unit of work, opened by the fence on
+the resource's claim (which renews it, as the seed does on every worker message).
 
 The pump is ``worker_process``'s for runs with two differences: a reconcile has a
 deadline once it is ready (its controller's ``timeout``), and ``workflow.ensure`` may first
@@ -9,7 +9,7 @@ inspect a workflow file (in a throwaway process, outside the transaction).
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -20,7 +20,7 @@ from piwf.protocol.reconcile import (
     parse_reconcile_message,
 )
 from piwf.errors import ClaimLost, PiwfError, ProtocolError, Rejected
-from piwf.store.sqlite import controller_effects, controller_queue, controllers, runs
+from piwf.store.api import UnitOfWork
 from piwf.wire import LineBuffer, check_id, encode_line
 from piwf.protocol.worker import (
     MAX_WORKER_LINE, EffectApply, EffectReserve, EffectSettle, EffectState, Result, WorkerMessage, WorkerResponse,
@@ -90,10 +90,10 @@ async def handle(host: HostState, active: ActiveReconcile, message: WorkerMessag
         return WorkerResponse(message.messageId, "claimLost", error="worker epoch or claim generation is stale")
     try:
         prepared = await _prepare(host, active, message)
-        now = host.now()
-        response, conclusion = controller_queue.answer(
-            host.db, active.uid, active.claim.token, lease_ms=host.config.controller_lease_ms, now=now,
-            apply=lambda: HANDLERS[type(message)](host, active, message, prepared, now))
+        handler, now = HANDLERS[type(message)], host.now()
+        async with host.store.transaction() as tx:  # the fence (renewing the claim), then the handler's changes
+            await tx.controller_queue.fence(active.uid, active.claim.token, host.config.controller_lease_ms, now)
+            response, conclusion = await handler(host, tx, active, message, prepared, now)
     except ClaimLost as exc:
         active.conclusion = Conclusion.CLAIM_LOST
         return WorkerResponse(message.messageId, "claimLost", error=str(exc))
@@ -119,104 +119,120 @@ async def _prepare(host: HostState, active: ActiveReconcile, message: WorkerMess
     if not isinstance(message, WorkflowEnsure):
         return None
     payload = message.payload
-    if controller_effects.find_child(host.db, active.uid, payload.requestKey, payload.workflow,
-                                     payload.input) is not None:
+    if await host.store.controller_effects.find_child(active.uid, payload.requestKey, payload.workflow,
+                                                      payload.input) is not None:
         return None
     return await host.catalog.inspect(active.claim.project, payload.workflow)
 
 
-# --- handlers: store calls only, inside the message's transaction ------------------------------
+# --- handlers: store calls on the message's unit of work ``tx`` only ---------------------------
 
 
-def _ready(host: HostState, active: ActiveReconcile, message: ReconcileReady, prepared: None, now: int) -> Outcome:
+async def _ready(host: HostState, tx: UnitOfWork, active: ActiveReconcile, message: ReconcileReady,
+                 prepared: None, now: int) -> Outcome:
     loaded = message.payload
     if loaded.loadError is not None:
-        controller_queue.finish_failure(host.db, active.uid, active.claim.token, permanent=False, now=now,
-                                        error=f"controller cannot load: {loaded.loadError}",
-                                        delay_ms=host.controllers.backoff_ms)
+        await tx.controller_queue.finish_failure(active.uid, active.claim.token, permanent=False, now=now,
+                                                 error=f"controller cannot load: {loaded.loadError}",
+                                                 delay_ms=host.controllers.backoff_ms)
         return ReconcileStart(stop=True), Conclusion.DONE
-    view = controller_queue.reconcile_view(host.db, active.uid)
+    view = await tx.controller_queue.reconcile_view(active.uid)
     active.spec_generation = view["generation"]
     active.timeout_s = loaded.timeoutS or active.timeout_s
     return ReconcileStart(resource=view), None
 
 
-def _finish(host: HostState, active: ActiveReconcile, message: ReconcileFinish, prepared: None, now: int) -> Outcome:
+async def _finish(host: HostState, tx: UnitOfWork, active: ActiveReconcile, message: ReconcileFinish,
+                  prepared: None, now: int) -> Outcome:
     p = message.payload
     try:
-        outcome = controller_queue.finish_success(
-            host.db, active.uid, active.claim.token, requeue_after_ms=p.requeueAfterMs, settled=p.settled,
+        outcome = await tx.controller_queue.finish_success(
+            active.uid, active.claim.token, requeue_after_ms=p.requeueAfterMs, settled=p.settled,
             controller_status=p.status, keep_status=p.keepStatus, conditions=p.conditions, finalizers=p.finalizers,
             now=now)
     except Rejected as exc:  # a status over the limit, a malformed condition: the pass failed
-        _fail_with(host, active, f"the reconcile's result was refused: {exc}", now)
+        await _fail_with(host, tx, active, f"the reconcile's result was refused: {exc}", now)
         return NOTHING, Conclusion.DONE
     log.info("%s: reconcile %s", active.run_id, outcome)
     return NOTHING, Conclusion.DONE
 
 
-def _fail(host: HostState, active: ActiveReconcile, message: ReconcileFail, prepared: None, now: int) -> Outcome:
+async def _fail(host: HostState, tx: UnitOfWork, active: ActiveReconcile, message: ReconcileFail,
+                prepared: None, now: int) -> Outcome:
     p = message.payload
     delay = p.delayMs if p.delayMs is not None else host.controllers.backoff_ms
-    errors = controller_queue.finish_failure(host.db, active.uid, active.claim.token, error=p.error, delay_ms=delay,
-                                             permanent=p.permanent, now=now)
+    errors = await tx.controller_queue.finish_failure(active.uid, active.claim.token, error=p.error,
+                                                      delay_ms=delay, permanent=p.permanent, now=now)
     log.info("%s: reconcile failed (%d in a row)%s", active.run_id, errors, " permanently" if p.permanent else "")
     return NOTHING, Conclusion.DONE
 
 
-def _fail_with(host: HostState, active: ActiveReconcile, error: str, now: int) -> None:
-    controller_queue.finish_failure(host.db, active.uid, active.claim.token, error=error,
-                                    delay_ms=host.controllers.backoff_ms, permanent=False, now=now)
+async def _fail_with(host: HostState, tx: UnitOfWork, active: ActiveReconcile, error: str, now: int) -> None:
+    await tx.controller_queue.finish_failure(active.uid, active.claim.token, error=error,
+                                             delay_ms=host.controllers.backoff_ms, permanent=False, now=now)
 
 
-def _log(host: HostState, active: ActiveReconcile, message: ReconcileLog, prepared: None, now: int) -> Outcome:
-    controllers.add_resource_event(host.db, active.uid, "log", {"message": message.payload.message}, now)
+async def _log(host: HostState, tx: UnitOfWork, active: ActiveReconcile, message: ReconcileLog,
+               prepared: None, now: int) -> Outcome:
+    await tx.controllers.add_resource_event(active.uid, "log", {"message": message.payload.message}, now)
     return NOTHING, None
 
 
-def _effect_reserve(host: HostState, active: ActiveReconcile, message: EffectReserve, prepared: None,
-                    now: int) -> Outcome:
+async def _effect_reserve(host: HostState, tx: UnitOfWork, active: ActiveReconcile, message: EffectReserve,
+                          prepared: None, now: int) -> Outcome:
     p = message.payload
-    state = EffectState(**controller_effects.reserve(host.db, active.uid, active.spec_generation, p.key,
-                                                     generation=active.claim.generation, observable=p.observable,
-                                                     now=now))
+    state = EffectState(**await tx.controller_effects.reserve(
+        active.uid, active.spec_generation, p.key, generation=active.claim.generation, observable=p.observable,
+        now=now))
     return state, Conclusion.DONE if state.state == "ambiguous" else None
 
 
-def _effect_apply(host: HostState, active: ActiveReconcile, message: EffectApply, prepared: None,
-                  now: int) -> Outcome:
-    controller_effects.begin_apply(host.db, active.uid, active.spec_generation, message.payload.key,
-                                   generation=active.claim.generation, now=now)
+async def _effect_apply(host: HostState, tx: UnitOfWork, active: ActiveReconcile, message: EffectApply,
+                        prepared: None, now: int) -> Outcome:
+    await tx.controller_effects.begin_apply(active.uid, active.spec_generation, message.payload.key,
+                                            generation=active.claim.generation, now=now)
     return NOTHING, None
 
 
-def _effect_settle(host: HostState, active: ActiveReconcile, message: EffectSettle, prepared: None,
-                   now: int) -> Outcome:
+async def _effect_settle(host: HostState, tx: UnitOfWork, active: ActiveReconcile, message: EffectSettle,
+                         prepared: None, now: int) -> Outcome:
     p = message.payload
-    controller_effects.settle(host.db, active.uid, active.spec_generation, p.key, generation=active.claim.generation,
-                              result=p.result, error=p.error, now=now)
+    await tx.controller_effects.settle(active.uid, active.spec_generation, p.key,
+                                       generation=active.claim.generation, result=p.result, error=p.error, now=now)
     return NOTHING, None
 
 
-def _workflow_ensure(host: HostState, active: ActiveReconcile, message: WorkflowEnsure,
-                     info: WorkflowInfo | None, now: int) -> Outcome:
+async def _workflow_ensure(host: HostState, tx: UnitOfWork, active: ActiveReconcile, message: WorkflowEnsure,
+                           info: WorkflowInfo | None, now: int) -> Outcome:
     p = message.payload
-    child = controller_effects.find_child(host.db, active.uid, p.requestKey, p.workflow, p.input)
+    child = await tx.controller_effects.find_child(active.uid, p.requestKey, p.workflow, p.input)
     if child is None:
         if info is None:  # recorded by another pass meanwhile and gone again: cannot happen under one claim
             raise Rejected(f"workflow request {p.requestKey!r} changed under the reconcile")
         run_id = "run-" + secrets.token_hex(8)
         if p.originSessionId is not None:
             check_id(p.originSessionId, "originSessionId")
-        runs.create_run(host.db, run_id=run_id, workflow=info.name, project_path=active.claim.project,
-                        source=info.source, digest=info.digest, input=p.input, origin_session_id=p.originSessionId,
-                        now=now, start_node=info.start_at)
+        await tx.runs.create_run(run_id=run_id, workflow=info.name, project_path=active.claim.project,
+                                 source=info.source, digest=info.digest, input=p.input,
+                                 origin_session_id=p.originSessionId, now=now, start_node=info.start_at)
+        # host/settings_operations.py is not ported yet: its calls on host.db join this unit of work
         settings_operations.start_scope(host.db, run_id, info, None, actor_id=active.uid, now=now)
-        child = controller_effects.record_child(host.db, active.uid, p.requestKey, info.name, p.input, run_id, now)
+        child = await tx.controller_effects.record_child(active.uid, p.requestKey, info.name, p.input, run_id, now)
     return ChildRun(**child), None
 
 
-Handler = Callable[[HostState, ActiveReconcile, Any, Any, int], Outcome]
+Handler = Callable[[HostState, UnitOfWork, ActiveReconcile, Any, Any, int], Awaitable[Outcome]]
+
+
+def _steering(handler: reconcile_steering.Handler) -> Handler:
+    """A steering handler of the old shape (store calls on ``host.db``, which join the open
+    unit of work), until host/reconcile_steering.py takes ``tx`` like the others."""
+    async def on_tx(host: HostState, tx: UnitOfWork, active: ActiveReconcile, message: Any, prepared: Any,
+                    now: int) -> Outcome:
+        return handler(host, active, message, prepared, now)
+    return on_tx
+
+
 HANDLERS: dict[type[WorkerMessage], Handler] = {
     ReconcileReady: _ready,
     ReconcileFinish: _finish,
@@ -226,5 +242,5 @@ HANDLERS: dict[type[WorkerMessage], Handler] = {
     EffectApply: _effect_apply,
     EffectSettle: _effect_settle,
     WorkflowEnsure: _workflow_ensure,
-    **reconcile_steering.HANDLERS,
+    **{kind: _steering(handler) for kind, handler in reconcile_steering.HANDLERS.items()},
 }

@@ -9,7 +9,7 @@
 
 The same cancel-scope rules as runs (``host/runs.py``): stopping a reconcile is cancelling
 its scope with a ``ReconcileStop``; whatever ended it, the supervisor records the end
-synchronously (a failure with back-off, unless the worker's own message recorded its
+under a shielded scope (a failure with back-off, unless the worker's own message recorded its
 result, or the claim is gone), so cancellation cannot interrupt the record.
 """
 
@@ -25,17 +25,18 @@ import trio_util
 from piwf import faults, processes
 from piwf.protocol.reconcile import LAUNCH_VAR, ReconcileLaunch
 from piwf.errors import PiwfError
-from piwf.store.sqlite import controller_effects, controller_queue
+from piwf.store.api import ControllerClaim
 from piwf.host.controller_state import ActiveReconcile, ReconcileStop
 from piwf.host.reconcile_messages import pump
 from piwf.host.state import Conclusion, HostState, ProcessEnd, log
-from piwf.host.worker_process import run_worker
+from piwf.host.worker_process import cleanup_scope, run_worker
 
 MIN_WAIT_S = 0.05  # the dispatcher never spins: a due row it cannot take waits this long
+RECORD_S = 5.0  # how long recording a reconcile's end may take, shielded
 
 
 async def serve_controllers(host: HostState, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    _take_over(host)
+    await _take_over(host)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_renew_claims, host)
         nursery.start_soon(_watch_children, host)
@@ -43,25 +44,25 @@ async def serve_controllers(host: HostState, *, task_status: trio.TaskStatus[Non
         state = host.controllers
         while True:
             state.wake_event = trio.Event()
-            for claim in _claim_due(host):
+            for claim in await _claim_due(host):
                 faults.point("host.reconcile.claimed")
                 active = ActiveReconcile(claim, worker_epoch="cw-" + secrets.token_hex(8))
                 state.active[claim.uid] = active
                 nursery.start_soon(supervise_reconcile, host, active)
-            with trio.move_on_after(_next_wait(host)):
+            with trio.move_on_after(await _next_wait(host)):
                 await state.wake_event.wait()
 
 
-def _take_over(host: HostState) -> None:
+async def _take_over(host: HostState) -> None:
     """Reconciles an earlier host was running are due at once. Their workers normally
     died with it (a worker whose host pipe closes kills its own process group); one that
     did not is killed here, by the pid and start identity its claim recorded, before its
     resource can be claimed again, so two passes of one resource never overlap."""
     try:
-        for uid, pid, identity in controller_queue.orphaned_workers(host.db, host.epoch):
+        for uid, pid, identity in await host.store.controller_queue.orphaned_workers(host.epoch):
             if processes.kill_recorded_group(pid, identity):
                 log.info("killed the orphaned reconcile worker of %s (pid %d)", uid, pid)
-        expired = controller_queue.expire_claims_before(host.db, host.epoch, host.now())
+        expired = await host.store.controller_queue.expire_claims_before(host.epoch, host.now())
     except PiwfError as exc:
         log.error("could not release the reconciles of earlier hosts: %s", exc)
         return
@@ -69,22 +70,23 @@ def _take_over(host: HostState) -> None:
         log.info("%d reconcile(s) interrupted by an earlier host queued again", expired)
 
 
-def _claim_due(host: HostState) -> list[controller_queue.ControllerClaim]:
+async def _claim_due(host: HostState) -> list[ControllerClaim]:
     state = host.controllers
     room = host.config.max_controller_workers - len(state.active)
     try:
-        return controller_queue.claim_due(host.db, room=room, exclude=frozenset(state.active),
-                                          lease_ms=host.config.controller_lease_ms, now=host.now(), epoch=host.epoch)
+        return await host.store.controller_queue.claim_due(room=room, exclude=frozenset(state.active),
+                                                           lease_ms=host.config.controller_lease_ms, now=host.now(),
+                                                           epoch=host.epoch)
     except PiwfError as exc:
         log.error("controller dispatcher could not claim: %s", exc)
         return []
 
 
-def _next_wait(host: HostState) -> float:
+async def _next_wait(host: HostState) -> float:
     if len(host.controllers.active) >= host.config.max_controller_workers:
         return host.config.poll_s  # a reconcile's end wakes the dispatcher
     try:
-        due = controller_queue.next_due(host.db)
+        due = await host.store.controller_queue.next_due()
     except PiwfError:
         return host.config.poll_s
     if due is None:
@@ -103,7 +105,8 @@ async def supervise_reconcile(host: HostState, active: ActiveReconcile) -> None:
                 raise
     finally:
         stopped_by = active.stop_reason or (ReconcileStop.HOST_STOPPING if cancelled else None)
-        _record_end(host, active, stopped_by)  # synchronous: cancellation cannot interrupt it
+        with cleanup_scope(host, RECORD_S):  # shielded: cancellation cannot interrupt it
+            await _record_end(host, active, stopped_by)
         faults.point("host.reconcile.recorded")
         del host.controllers.active[active.uid]
         host.controllers.wake()
@@ -126,7 +129,7 @@ async def _launch_contained(host: HostState, active: ActiveReconcile) -> None:
         active.process_end = end.noted(f"supervision failed: {failed.exceptions[0]!r}")
 
 
-def _record_end(host: HostState, active: ActiveReconcile, stopped_by: ReconcileStop | None) -> None:
+async def _record_end(host: HostState, active: ActiveReconcile, stopped_by: ReconcileStop | None) -> None:
     """A reconcile that recorded its own result, or lost its claim, needs nothing more. Any
     other end is a failure with back-off; a host stop queues it again at once (still
     counted, as in the seed)."""
@@ -140,8 +143,8 @@ def _record_end(host: HostState, active: ActiveReconcile, stopped_by: ReconcileS
     elif not_started:  # the fork server was being started again: wait a moment, uncounted
         delay = int(host.config.crash_backoff_s * 1000)
     try:
-        errors = controller_queue.record_failure(host.db, active.uid, active.claim.token, error=error,
-                                                 delay_ms=delay, now=host.now(), counted=not not_started)
+        errors = await host.store.controller_queue.record_failure(
+            active.uid, active.claim.token, error=error, delay_ms=delay, now=host.now(), counted=not not_started)
     except PiwfError as exc:  # the claim expires and the resource is claimed again
         log.error("%s: could not record the end of its reconcile: %s", active.run_id, exc)
         return
@@ -170,8 +173,8 @@ async def _renew_claims(host: HostState) -> None:
             if not active:
                 continue
             try:
-                lost = controller_queue.renew_claims(host.db, [(a.uid, a.claim.token) for a in active],
-                                                     host.config.controller_lease_ms, host.now())
+                lost = await host.store.controller_queue.renew_claims([(a.uid, a.claim.token) for a in active],
+                                                                      host.config.controller_lease_ms, host.now())
             except PiwfError as exc:
                 log.warning("reconcile claim renewal failed (%s); will retry", exc)
                 continue
@@ -186,7 +189,7 @@ async def _watch_children(host: HostState) -> None:
     that one left `running`; the check is one indexed query."""
     while True:
         try:
-            moved = controller_effects.sync_children(host.db, host.now())
+            moved = await host.store.controller_effects.sync_children(host.now())
         except PiwfError as exc:
             log.warning("could not check child runs: %s", exc)
             moved = []

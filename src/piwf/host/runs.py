@@ -18,13 +18,14 @@ import trio_util
 from piwf import faults
 from piwf.errors import PiwfError
 from piwf.status import CRASHES, STOPPED_AS, StopReason, WorkerStatus
-from piwf.store.sqlite import queue, runs, supervision
-from piwf.store.sqlite.queue import Claim
+from piwf.store.api import Claim
+from piwf.store.api.rules import input_hash
 from piwf.protocol.worker import LaunchEnvelope
 from piwf.host.state import ActiveRun, Conclusion, HostState, ProcessEnd, WorkerEnd, log
-from piwf.host.worker_process import run_worker
+from piwf.host.worker_process import cleanup_scope, run_worker
 
 MAX_BACKOFF_S = 60.0
+RECORD_S = 5.0  # how long recording a worker's end may take, shielded
 
 
 async def serve_dispatcher(host: HostState, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -33,8 +34,8 @@ async def serve_dispatcher(host: HostState, *, task_status: trio.TaskStatus[None
         task_status.started()
         while True:
             host.wake_dispatcher = trio.Event()
-            retry_unrecorded(host)
-            for claim, worker_epoch in _claim_available(host):
+            await retry_unrecorded(host)
+            for claim, worker_epoch in await _claim_available(host):
                 faults.point("host.claim.committed")
                 active = ActiveRun(claim, worker_epoch=worker_epoch)
                 host.active[claim.run_id] = active
@@ -50,7 +51,7 @@ def _next_poll(host: HostState) -> float:
     return min([host.config.poll_s, *waits])
 
 
-def _claim_available(host: HostState) -> list[tuple[Claim, str]]:
+async def _claim_available(host: HostState) -> list[tuple[Claim, str]]:
     """Claim runs up to capacity in one store operation; a store error ends this round
     with nothing claimed."""
     room = host.config.max_workers - len(host.active)
@@ -59,8 +60,9 @@ def _claim_available(host: HostState) -> list[tuple[Claim, str]]:
     now_s = trio.current_time()
     exclude = frozenset({r for r, not_before in host.backoff.items() if not_before > now_s} | set(host.active))
     try:
-        return supervision.claim_runs(host.db, room=room, exclude=exclude, runner_id=host.host_id,
-                                      lease_ms=host.config.run_lease_ms, now=host.now(), epoch=host.epoch)
+        return await host.store.supervision.claim_runs(room=room, exclude=exclude, runner_id=host.host_id,
+                                                       lease_ms=host.config.run_lease_ms, now=host.now(),
+                                                       epoch=host.epoch)
     except PiwfError as exc:
         log.error("dispatcher could not claim runs: %s", exc)
         return []
@@ -80,7 +82,8 @@ async def supervise_run(host: HostState, active: ActiveRun) -> None:
         # reason of its innermost cancelled scope, which may be a nursery's), or by a
         # cancellation from outside: the host is stopping.
         stopped_by = active.stop_reason or (StopReason.HOST_STOPPING if cancelled else None)
-        _record_end(host, _worker_end(host, active, stopped_by))  # synchronous: cancellation cannot interrupt it
+        with cleanup_scope(host, RECORD_S):  # shielded: cancellation cannot interrupt it
+            await _record_end(host, _worker_end(host, active, stopped_by))
         faults.point("host.worker.recorded")
         del host.active[active.run_id]
         host.changed()
@@ -98,10 +101,10 @@ async def _launch_contained(host: HostState, active: ActiveRun) -> None:
 
 
 async def _launch(host: HostState, active: ActiveRun) -> None:
-    workflow, project, digest, run_input, _ = runs.run_source(host.db, active.run_id)
+    workflow, project, digest, run_input, _ = await host.store.runs.run_source(active.run_id)
     envelope = LaunchEnvelope(
         runId=active.run_id, generation=active.claim.generation, workerEpoch=active.worker_epoch,
-        projectPath=project, workflow=workflow, definitionDigest=digest, inputHash=runs.input_hash(run_input),
+        projectPath=project, workflow=workflow, definitionDigest=digest, inputHash=input_hash(run_input),
     )
     log.info("run %s: claimed (generation %d)", active.run_id, active.claim.generation)
     await run_worker(host, active, envelope, project)
@@ -117,8 +120,8 @@ async def renew_claims(host: HostState) -> None:
             if not active:
                 continue
             try:
-                lost = queue.renew_claims(host.db, [(a.run_id, a.claim.token) for a in active],
-                                          host.config.run_lease_ms, host.now())
+                lost = await host.store.queue.renew_claims([(a.run_id, a.claim.token) for a in active],
+                                                           host.config.run_lease_ms, host.now())
             except PiwfError as exc:
                 log.warning("claim renewal failed (%s); will retry", exc)
                 continue
@@ -154,24 +157,24 @@ def _worker_end(host: HostState, active: ActiveRun, stopped_by: StopReason | Non
     return WorkerEnd(active, status, process, park=park)
 
 
-def _record_end(host: HostState, end: WorkerEnd) -> None:
-    if not _write_end(host, end):
+async def _record_end(host: HostState, end: WorkerEnd) -> None:
+    if not await _write_end(host, end):
         host.unrecorded[end.active.run_id] = end
 
 
-def retry_unrecorded(host: HostState) -> None:
+async def retry_unrecorded(host: HostState) -> None:
     """Worker ends the store refused before (a full disk): try them again."""
     for run_id, end in list(host.unrecorded.items()):
-        if _write_end(host, end):
+        if await _write_end(host, end):
             del host.unrecorded[run_id]
             log.info("run %s: recorded the end of its worker after an earlier failure", run_id)
 
 
-def _write_end(host: HostState, end: WorkerEnd) -> bool:
+async def _write_end(host: HostState, end: WorkerEnd) -> bool:
     active, process = end.active, end.process
     try:
-        ended = supervision.end_worker(
-            host.db, worker_epoch=active.worker_epoch, run_id=active.run_id, token=active.claim.token,
+        ended = await host.store.supervision.end_worker(
+            worker_epoch=active.worker_epoch, run_id=active.run_id, token=active.claim.token,
             status=end.status, now=host.now(), exit_code=process.exit_code, signal=process.signal,
             diagnostic=process.diagnostic or None, park=end.park, max_crashes=host.config.max_crashes,
             last_output=_last_line(process.diagnostic))
