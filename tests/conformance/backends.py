@@ -15,6 +15,10 @@ from piwf.clock import Clock
 
 class Backend(Protocol):
     name: str
+    # The shape of the host lease (piwf.store.api: where backends differ): "directory", one
+    # lease per state directory taken over by the flock's holder (owner_dead); "host", one
+    # lease row per host. Tests of one shape are marked ``@pytest.mark.lease(shape)``.
+    lease: str
 
     async def open(self, clock: Clock) -> Any:
         """A new store on this backend's database."""
@@ -24,6 +28,7 @@ class Backend(Protocol):
 
 class SqliteBackend:
     name = "sqlite"
+    lease = "directory"
 
     def __init__(self, tmp_path: Path) -> None:
         self.path = tmp_path / "conformance.db"

@@ -30,7 +30,12 @@ OpenStore = Callable[..., Awaitable[Any]]
 
 @pytest.fixture(params=sorted(BACKENDS))
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
-    return BACKENDS[request.param](tmp_path)
+    """Each backend in turn; a test marked ``lease(shape)`` only where the host lease has that shape."""
+    chosen = BACKENDS[request.param](tmp_path)
+    marker = request.node.get_closest_marker("lease")
+    if marker is not None and marker.args[0] != chosen.lease:
+        pytest.skip(f"the {chosen.name} backend's host lease is of the {chosen.lease!r} shape")
+    return chosen
 
 
 @pytest.fixture
@@ -71,6 +76,8 @@ def _inside(path: Path) -> bool:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.stash[_DESELECTED] = False
+    config.addinivalue_line("markers", "lease(shape): a conformance test of one shape of the host lease "
+                                       "('directory' or 'host'; see piwf.store.api)")
 
 
 def pytest_deselected(items: list[pytest.Item]) -> None:

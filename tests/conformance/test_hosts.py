@@ -1,5 +1,7 @@
-"""The host lease. The SQLite shape (HostsStore): one lease per state directory, its epoch
-growing with each host that takes it; a live lease is taken only from an owner proved dead."""
+"""The host lease of the "directory" shape (HostsStore; SQLite's): one lease per state
+directory, its epoch growing with each host that takes it; a live lease is taken only from an
+owner proved dead. A backend of the "host" shape (one lease row per host) adds its tests here,
+marked ``lease("host")``."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from piwf.clock import ManualClock
 from piwf.errors import HostAlreadyRunning
 
 LEASE = 30_000
+pytestmark = pytest.mark.lease("directory")
 
 
 async def take(store: Any, clock: ManualClock, host: str = "h1", **kw: Any) -> Any:

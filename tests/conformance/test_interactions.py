@@ -170,8 +170,19 @@ async def test_presentation_claims_expire_and_need_the_current_revision(store: A
     clock.advance(10_000)  # a's claim expired: b may take it
     taken = await update("b", first.revision)
     assert taken.presenter == "b"
+    with pytest.raises(Rejected, match="needs entryId"):
+        await update("b", taken.revision, UpdateAction.PRESENTED)
     shown = await update("b", taken.revision, UpdateAction.PRESENTED, entry="e1")
     assert shown.revision > taken.revision and (await request(store, clock)).entryId == "e1"
+    with pytest.raises(Conflict, match="presented as e1"):
+        await update("c", shown.revision, UpdateAction.PRESENTED, entry="e2")
+    with pytest.raises(Rejected, match="needs progress"):
+        await update("b", shown.revision, UpdateAction.PROGRESS)
+    moved = await update("b", shown.revision, UpdateAction.PROGRESS, progress="2 of 3 read")
+    assert moved.revision == shown.revision + 1 and (await request(store, clock)).progress == "2 of 3 read"
+    await answer(store, clock, request_id)
+    with pytest.raises(Rejected):  # settled: no presentation
+        await update("b", moved.revision + 1, UpdateAction.CLAIM)
     with pytest.raises(NotFound):
         await store.interactions.update(request_id="req-x", expected_revision=1, action=UpdateAction.CLAIM,
                                         client_id="a", entry_id=None, progress=None, lease_ms=1, now=clock.now_ms())
