@@ -119,3 +119,19 @@ async def test_the_log_is_pruned_after_retention(store: Any, clock: ManualClock)
     assert await store.commands.lookup(request, fingerprint) is None
     await store.commands.record(request, fingerprint, HostResponse("q1", "accepted"), 1, 5000)
     assert await store.commands.prune(now=5000 + 11, retention_ms=10) == 1
+
+
+async def test_a_request_recorded_meanwhile_by_another_store_is_a_constraint_violation(
+        store: Any, open_store: Any, clock: ManualClock) -> None:
+    other = await open_store()
+    request = pause("q1")
+    fingerprint = request_fingerprint(request)
+    assert await store.commands.lookup(request, fingerprint) is None
+    assert await other.commands.lookup(request, fingerprint) is None  # both found it new
+    await other.commands.record(request, fingerprint, HostResponse("q1", "accepted", receipt={"by": "other"}), 2,
+                                clock.now_ms())
+    with pytest.raises(ConstraintViolation):
+        async with store.transaction() as tx:
+            await tx.commands.record(request, fingerprint, HostResponse("q1", "accepted"), 1, clock.now_ms())
+    adopted = await store.commands.lookup(request, fingerprint)
+    assert (adopted.outcome, adopted.receipt) == ("adopted", {"by": "other"})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -318,3 +319,20 @@ async def test_a_fenced_message_under_a_lost_claim_writes_nothing(store: Any, cl
     with pytest.raises(ClaimLost):
         await fenced(store, clock, c, lambda tx: tx.controllers.add_resource_event(c.uid, "log", {}, clock.now))
     assert "log" not in [e.type for e in (await detail(store, clock)).events]
+
+
+async def test_two_stores_never_reconcile_one_resource_at_once(store: Any, open_store: Any,
+                                                               clock: ManualClock) -> None:
+    other = await open_store()  # another host's store
+    await apply(store, clock, "a")
+    await apply(store, clock, "b")
+    [mine] = await claim(store, clock, room=1)
+    [theirs] = await claim(other, clock, room=4)
+    assert {mine.key, theirs.key} == {"a", "b"}
+    assert await claim(other, clock) == await claim(store, clock) == []
+    await start(other, clock, theirs)
+    assert await settle(other, clock, theirs) == "settled"
+    with pytest.raises(ClaimLost):
+        await settle(other, clock, dataclasses.replace(mine, token=theirs.token))  # the token proves the claim
+    await start(store, clock, mine)
+    assert await settle(store, clock, mine) == "settled"

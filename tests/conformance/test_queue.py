@@ -223,3 +223,20 @@ async def test_the_revision_is_fenced_and_read_without_a_claim(store: Any, clock
         await store.queue.fenced_revision("r1", "no-claim", clock.now_ms())
     with pytest.raises(NotFound):
         await store.runs.revision("nope")
+
+
+async def test_two_stores_on_one_database_never_hold_one_run_at_once(store: Any, open_store: Any,
+                                                                     clock: ManualClock) -> None:
+    other = await open_store()  # another host's store
+    await new_run(store, clock, "a")
+    await new_run(store, clock, "b")
+    mine = await claim(store, clock, epoch=1)
+    theirs = await claim(other, clock, epoch=1)
+    assert (mine.run_id, theirs.run_id) == ("a", "b")
+    assert await claim(other, clock, epoch=2) is None
+    assert await other.queue.expire_claims_before(2, clock.now_ms()) == ["a", "b"]  # a takeover, through the other
+    taken = await claim(other, clock, epoch=2)
+    with pytest.raises(ClaimLost):
+        await store.queue.complete_run(taken.run_id, mine.token, None, clock.now_ms())
+    await other.queue.complete_run(taken.run_id, taken.token, {"by": "other"}, clock.now_ms())
+    assert (await store.runs.get_run(taken.run_id)).output == {"by": "other"}

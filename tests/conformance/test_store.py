@@ -57,3 +57,17 @@ async def test_another_store_sees_a_unit_of_work_only_once_it_committed(store: A
         with pytest.raises(NotFound):
             await other.runs.run_summary("r1")
     assert (await other.runs.run_summary("r1")).status == "queued"
+
+
+async def test_a_cancelled_caller_learns_whether_its_call_committed(store: Any, clock: ManualClock) -> None:
+    receipt = None
+    with trio.CancelScope() as scope:
+        scope.cancel()  # already cancelled as the call starts: it commits or not, never half
+        receipt = await store.runs.create_run(run_id="r1", workflow="w", project_path="/p", source=b"s", digest="d",
+                                              input=None, origin_session_id=None, now=clock.now_ms())
+    try:
+        await store.runs.run_summary("r1")
+        committed = True
+    except NotFound:
+        committed = False
+    assert committed == (receipt is not None)
