@@ -20,8 +20,8 @@ class Backend(Protocol):
     # lease row per host. Tests of one shape are marked ``@pytest.mark.lease(shape)``.
     lease: str
 
-    async def open(self, clock: Clock) -> Any:
-        """A new store on this backend's database."""
+    async def open(self, clock: Clock, database: str = "conformance") -> Any:
+        """A new store on this backend's database of that name (made empty when first opened)."""
 
     async def close(self, store: Any) -> None: ...
 
@@ -31,12 +31,13 @@ class SqliteBackend:
     lease = "directory"
 
     def __init__(self, tmp_path: Path) -> None:
-        self.path = tmp_path / "conformance.db"
+        self.root = tmp_path
 
-    async def open(self, clock: Clock) -> Any:
+    async def open(self, clock: Clock, database: str = "conformance") -> Any:
         from piwf.store.api import open_store
 
-        return open_store(self.path, backend=self.name)  # SQLite's clock is the caller's: methods take ``now``
+        # SQLite's clock is the caller's: its methods take ``now``
+        return open_store(self.root / f"{database}.db", backend=self.name)
 
     async def close(self, store: Any) -> None:
         await store.close()

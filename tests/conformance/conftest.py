@@ -45,15 +45,16 @@ def clock() -> ManualClock:
 
 @pytest.fixture
 async def open_store(backend: Backend, clock: ManualClock) -> AsyncIterator[OpenStore]:
-    """Opens another store on the same database (another host's view of it); the test's
-    clock unless given one. Stores still open at the end are closed."""
+    """Opens another store on the same database (another host's view of it), or on another
+    ``database`` of the backend's (empty when first opened); the test's clock unless given
+    one. Stores still open at the end are closed."""
     from .interface import store_protocol
 
     opened: list[Any] = []
     record = COVERAGE.recorder(backend.name)
 
-    async def open_one(on: Clock | None = None) -> Any:
-        real = await backend.open(clock if on is None else on)
+    async def open_one(on: Clock | None = None, database: str = "conformance") -> Any:
+        real = await backend.open(clock if on is None else on, database)
         opened.append(real)
         return Recording(real, store_protocol(), record)
 
