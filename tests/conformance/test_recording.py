@@ -118,3 +118,22 @@ def test_a_backend_never_exercised_is_not_reported() -> None:
     coverage = Coverage()
     coverage.recorder("postgres")
     assert coverage.missing({("Toy", "transaction")}) == {}
+
+
+def test_the_suite_reaches_no_backend() -> None:
+    """Conformance tests import no backend, no database driver and no SQL module: only
+    backends.py opens stores, and only through piwf.store.api.open_store."""
+    import ast
+    from pathlib import Path
+
+    forbidden = ("apsw", "sqlite3", "psycopg", "piwf.store.sqlite", "piwf.store.postgres")
+    offending = []
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            for name in names:
+                store_module = name.startswith("piwf.store") and not name.startswith("piwf.store.api")
+                if name.startswith(forbidden) or store_module:
+                    offending.append(f"{path.name}: {name}")
+    assert offending == []
