@@ -2,8 +2,9 @@
 
 ``controller.apply`` first loads the controller file in a throwaway process (user code
 never runs in the host): a file that fails to import or defines no ``controller`` is
-refused with one line and nothing is written. The rest are store operations; writes wake
-the controller dispatcher after they commit.
+refused with one line and nothing is written. The rest are store operations (a write's
+on the unit of work ``operations`` opens with the command log, ``tx``); writes wake the
+controller dispatcher after they commit.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from piwf.protocol import (
     ApplyResource, DeleteResource, GetResource, ListResources, Outcome, ReconcileResource, ResolveResourceEffect,
 )
 from piwf.protocol.resources import ResolveResourceEffectReceipt, ResourceDetail, ResourceSummary
-from piwf.store.sqlite import controller_effects, controllers
+from piwf.store.api import UnitOfWork
+from piwf.store.api.rules import check_json_size, check_key
 from piwf.wire import HostResponse, sha256_hex
 from piwf.host.catalog import run_isolated
 from piwf.host.state import HostState, log
@@ -76,13 +78,13 @@ def _project(path: str) -> str:
 
 async def _get(host: HostState, request: GetResource) -> ResourceDetail:
     p = request.payload
-    return controllers.get_resource(host.db, os.path.normpath(p.projectPath), p.controller, p.key, host.now())
+    return await host.store.controllers.get_resource(os.path.normpath(p.projectPath), p.controller, p.key, host.now())
 
 
 async def _list(host: HostState, request: ListResources) -> list[ResourceSummary]:
     p = request.payload
     project = None if p.projectPath is None else os.path.normpath(p.projectPath)
-    return controllers.list_resources(host.db, project, p.controller)
+    return await host.store.controllers.list_resources(project, p.controller)
 
 
 # --- writes -----------------------------------------------------------------------------------
@@ -92,24 +94,26 @@ After = list[Any]
 
 async def _prepare_apply(host: HostState, request: ApplyResource) -> ControllerInfo:
     p = request.payload
-    controllers.check_key(p.key)
-    controllers.check_json_size(p.spec, "spec")
+    check_key(p.key)
+    check_json_size(p.spec, "spec")
     return await CATALOG.inspect(_project(p.projectPath), p.controller)
 
 
-def _apply(host: HostState, request: ApplyResource, info: ControllerInfo, after: After) -> HostResponse:
+async def _apply(host: HostState, tx: UnitOfWork, request: ApplyResource, info: ControllerInfo,
+                 after: After) -> HostResponse:
     p = request.payload
-    receipt = controllers.apply_resource(host.db, project=_project(p.projectPath), controller=p.controller, key=p.key,
-                                         spec=p.spec, initial=info.initial_status,
-                                         expected_version=p.expectedResourceVersion, now=host.now())
+    receipt = await tx.controllers.apply_resource(
+        project=_project(p.projectPath), controller=p.controller, key=p.key, spec=p.spec,
+        initial=info.initial_status, expected_version=p.expectedResourceVersion, now=host.now())
     after.append(host.controllers.wake)
     return HostResponse(request.requestId, Outcome.ACCEPTED, revision=receipt.resourceVersion, receipt=receipt)
 
 
-def _delete(host: HostState, request: DeleteResource, prepared: None, after: After) -> HostResponse:
+async def _delete(host: HostState, tx: UnitOfWork, request: DeleteResource, prepared: None,
+                  after: After) -> HostResponse:
     p = request.payload
-    ref = controllers.request_delete(host.db, os.path.normpath(p.projectPath), p.controller, p.key, host.now(),
-                                     force=p.force)
+    ref = await tx.controllers.request_delete(os.path.normpath(p.projectPath), p.controller, p.key, host.now(),
+                                              force=p.force)
     if p.force:
         log.warning("resource %s/%s in %s deleted by force: its finalizers did not run", p.controller, p.key,
                     p.projectPath)
@@ -117,26 +121,28 @@ def _delete(host: HostState, request: DeleteResource, prepared: None, after: Aft
     return HostResponse(request.requestId, Outcome.ACCEPTED, revision=ref.resourceVersion, receipt=ref)
 
 
-def _reconcile(host: HostState, request: ReconcileResource, prepared: None, after: After) -> HostResponse:
+async def _reconcile(host: HostState, tx: UnitOfWork, request: ReconcileResource, prepared: None,
+                     after: After) -> HostResponse:
     p = request.payload
-    ref = controllers.request_reconcile(host.db, os.path.normpath(p.projectPath), p.controller, p.key, host.now())
+    ref = await tx.controllers.request_reconcile(os.path.normpath(p.projectPath), p.controller, p.key, host.now())
     after.append(host.controllers.wake)
     return HostResponse(request.requestId, Outcome.ACCEPTED, revision=ref.resourceVersion, receipt=ref)
 
 
-def _resolve_effect(host: HostState, request: ResolveResourceEffect, prepared: None, after: After) -> HostResponse:
+async def _resolve_effect(host: HostState, tx: UnitOfWork, request: ResolveResourceEffect, prepared: None,
+                          after: After) -> HostResponse:
     p = request.payload
     if not p.applied and p.result is not None:
         raise Rejected("payload.result goes only with applied: true")
-    uid = controllers.locate_uid(host.db, os.path.normpath(p.projectPath), p.controller, p.key)
-    receipt = controller_effects.resolve(host.db, uid, p.effectKey, applied=p.applied, result=p.result,
-                                         now=host.now())
+    uid = await tx.controllers.locate_uid(os.path.normpath(p.projectPath), p.controller, p.key)
+    receipt = await tx.controller_effects.resolve(uid, p.effectKey, applied=p.applied, result=p.result,
+                                                  now=host.now())
     after.append(host.controllers.wake)
     return HostResponse(request.requestId, Outcome.ACCEPTED, receipt=ResolveResourceEffectReceipt(**receipt))
 
 
-def status_counts(host: HostState) -> dict[str, int]:
-    return {**controllers.status_counts(host.db, host.now()),
+async def status_counts(host: HostState) -> dict[str, int]:
+    return {**await host.store.controllers.status_counts(host.now()),
             "activeControllerWorkers": len(host.controllers.active),
             "maxControllerWorkers": host.config.max_controller_workers}
 

@@ -1,14 +1,16 @@
 """The host protocol's delivery operations (DESIGN.md §8): notifications and turns under
 delivery claims, follow-ups, ``delivery.list``, and the ``run.watch`` long-poll.
 
-Each write is one store operation inside the command log's transaction (``operations``
-runs them); ``run.watch`` waits outside any transaction, on the host's change event, and
-is cancelled with its connection's task when the host stops or the client goes away.
+Each write is one store operation on the unit of work ``operations`` opens with the
+command log (``tx``); ``run.watch`` waits outside any transaction, on the host's change
+event, and is cancelled with its connection's task when the host stops or the client goes
+away.
 """
 
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Awaitable, Callable
 
 import trio
 
@@ -16,7 +18,7 @@ from piwf.protocol import (
     ClaimNotification, ClaimTurn, DeliverNotification, DeliveryPage, ListDelivery, Outcome, QueueFollowUp,
     RemoveFollowUp, Request, ResolveTurn, WatchPage, WatchRuns,
 )
-from piwf.store.sqlite import delivery, runs, updates
+from piwf.store.api import UnitOfWork
 from piwf.wire import HostResponse, check_id
 from piwf.host.state import HostState
 
@@ -27,47 +29,62 @@ WATCH_ENDS_EARLY: contextvars.ContextVar[trio.CancelScope | None] = contextvars.
     "WATCH_ENDS_EARLY", default=None)
 
 
+async def until_changed(host: HostState, done: Callable[[], Awaitable[bool]]) -> None:
+    """Return once ``done()`` is true: asked at once, then after every change the host
+    announces (``host.changed``). A change while ``done`` reads the store is seen only
+    because SQLite's reads never checkpoint; a backend whose reads do needs the change
+    event's count taken before the read (``RepeatedEvent`` does not expose it)."""
+    while not await done():
+        await host.run_changed.wait()
+
+
 def _accepted(request: Request, receipt: object) -> HostResponse:
     return HostResponse(request.requestId, Outcome.ACCEPTED, receipt=receipt)
 
 
-def _notification_claim(host: HostState, request: ClaimNotification, prepared: None, after: list) -> HostResponse:
+async def _notification_claim(host: HostState, tx: UnitOfWork, request: ClaimNotification, prepared: None,
+                              after: list) -> HostResponse:
     check_id(request.payload.sessionId, "payload.sessionId")
-    return _accepted(request, delivery.claim_notification(
-        host.db, session_id=request.payload.sessionId, client_id=request.clientId,
+    return _accepted(request, await tx.delivery.claim_notification(
+        session_id=request.payload.sessionId, client_id=request.clientId,
         lease_ms=host.config.delivery_lease_ms, now=host.now()))
 
 
-def _notification_deliver(host: HostState, request: DeliverNotification, prepared: None, after: list) -> HostResponse:
+async def _notification_deliver(host: HostState, tx: UnitOfWork, request: DeliverNotification, prepared: None,
+                                after: list) -> HostResponse:
     payload = request.payload
-    return _accepted(request, delivery.deliver_notification(
-        host.db, notification_id=payload.notificationId, claim_id=payload.claimId, client_id=request.clientId,
+    return _accepted(request, await tx.delivery.deliver_notification(
+        notification_id=payload.notificationId, claim_id=payload.claimId, client_id=request.clientId,
         now=host.now()))
 
 
-def _turn_claim(host: HostState, request: ClaimTurn, prepared: None, after: list) -> HostResponse:
+async def _turn_claim(host: HostState, tx: UnitOfWork, request: ClaimTurn, prepared: None,
+                      after: list) -> HostResponse:
     check_id(request.payload.sessionId, "payload.sessionId")
-    return _accepted(request, delivery.claim_turn(
-        host.db, session_id=request.payload.sessionId, client_id=request.clientId,
+    return _accepted(request, await tx.delivery.claim_turn(
+        session_id=request.payload.sessionId, client_id=request.clientId,
         lease_ms=host.config.delivery_lease_ms, now=host.now()))
 
 
-def _turn_resolve(host: HostState, request: ResolveTurn, prepared: None, after: list) -> HostResponse:
+async def _turn_resolve(host: HostState, tx: UnitOfWork, request: ResolveTurn, prepared: None,
+                        after: list) -> HostResponse:
     payload = request.payload
-    return _accepted(request, delivery.resolve_turn(
-        host.db, turn_id=payload.turnId, claim_id=payload.claimId, client_id=request.clientId,
+    return _accepted(request, await tx.delivery.resolve_turn(
+        turn_id=payload.turnId, claim_id=payload.claimId, client_id=request.clientId,
         resolution=payload.resolution, now=host.now()))
 
 
-def _followup_queue(host: HostState, request: QueueFollowUp, prepared: None, after: list) -> HostResponse:
+async def _followup_queue(host: HostState, tx: UnitOfWork, request: QueueFollowUp, prepared: None,
+                          after: list) -> HostResponse:
     payload = request.payload
-    return _accepted(request, delivery.queue_followup(
-        host.db, run_id=request.runId, request_key=payload.requestKey, prompt=payload.prompt, now=host.now()))
+    return _accepted(request, await tx.delivery.queue_followup(
+        run_id=request.runId, request_key=payload.requestKey, prompt=payload.prompt, now=host.now()))
 
 
-def _followup_remove(host: HostState, request: RemoveFollowUp, prepared: None, after: list) -> HostResponse:
-    return _accepted(request, delivery.remove_followup(
-        host.db, run_id=request.runId, followup_id=request.payload.followUpId, now=host.now()))
+async def _followup_remove(host: HostState, tx: UnitOfWork, request: RemoveFollowUp, prepared: None,
+                           after: list) -> HostResponse:
+    return _accepted(request, await tx.delivery.remove_followup(
+        run_id=request.runId, followup_id=request.payload.followUpId, now=host.now()))
 
 
 async def _delivery_list(host: HostState, request: ListDelivery) -> DeliveryPage:
@@ -75,25 +92,28 @@ async def _delivery_list(host: HostState, request: ListDelivery) -> DeliveryPage
     if payload.sessionId is not None:
         check_id(payload.sessionId, "payload.sessionId")
     return DeliveryPage(
-        notifications=delivery.list_notifications(host.db, session_id=payload.sessionId, run_id=payload.runId,
-                                                  limit=payload.limit, now=now),
-        turns=delivery.list_turns(host.db, session_id=payload.sessionId, run_id=payload.runId, limit=payload.limit,
-                                  now=now))
+        notifications=await host.store.delivery.list_notifications(
+            session_id=payload.sessionId, run_id=payload.runId, limit=payload.limit, now=now),
+        turns=await host.store.delivery.list_turns(
+            session_id=payload.sessionId, run_id=payload.runId, limit=payload.limit, now=now))
 
 
 async def _run_watch(host: HostState, request: WatchRuns) -> WatchPage:
     """A snapshot (no ``after``), or what changed after the cursor ``after``, once
     something has (or at ``timeoutMs``, or when the client sends another request behind
     this one: then with what there is, maybe nothing)."""
-    payload, run_id = request.payload, request.runId
+    payload, run_id, store = request.payload, request.runId, host.store
     if run_id is not None:
-        runs.revision(host.db, run_id)  # notFound for an unknown run
+        await store.runs.revision(run_id)  # notFound for an unknown run
     if payload.after is None:
-        return updates.snapshot(host.db, run_id=run_id, limit=payload.limit, now=host.now())
+        return await store.updates.snapshot(run_id=run_id, limit=payload.limit, now=host.now())
     with WATCH_ENDS_EARLY.get() or trio.CancelScope(), trio.move_on_after(payload.timeoutMs / 1000):
-        while updates.last_event(host.db, run_id) <= payload.after:
-            await host.run_changed.wait()  # set after every change; nothing awaits between the check and here
-    return updates.changes(host.db, after=payload.after, run_id=run_id, limit=payload.limit, now=host.now())
+        await until_changed(host, lambda: _moved_past(host, run_id, payload.after))
+    return await store.updates.changes(after=payload.after, run_id=run_id, limit=payload.limit, now=host.now())
+
+
+async def _moved_past(host: HostState, run_id: str | None, after: int) -> bool:
+    return await host.store.updates.last_event(run_id) > after
 
 
 READS = {ListDelivery: _delivery_list, WatchRuns: _run_watch}

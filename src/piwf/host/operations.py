@@ -1,9 +1,12 @@
 """The host protocol's operations (seed 000 ``handleRequest``).
 
-Read-only operations are answered straight from the store. Every other operation runs
-inside the command log's transaction, so a retry is answered from the log instead of
-being carried out twice; what must happen after the commit (waking the dispatcher,
-cancelling a run's scope, stopping the host) is returned as ``after`` actions.
+Read-only operations are answered straight from the store. Every other operation is one
+unit of work the host opens (``host.store.transaction()``): the command log's lookup, the
+operation's store calls on that unit of work, and its recorded answer commit together, so
+a retry is answered from the log instead of being carried out twice; what must happen
+after the commit (waking the dispatcher, cancelling a run's scope, stopping the host) is
+returned as ``after`` actions. Nothing inside a unit of work awaits anything but the
+store's methods.
 
 Requests arrive decoded into their operation's Struct (``piwf.protocol``), so field types
 and ranges were checked by msgspec; handlers check only what depends on the world (a
@@ -32,11 +35,11 @@ from piwf.protocol import (
     SubmitInteraction, UpdateInteraction, WaitReceipt, WaitRun,
 )
 from piwf.status import AT_REST, QueueStatus, StopReason
-from piwf.store.sqlite import commands, effects, interactions, queue, runs
-from piwf.store.sqlite.hosts import read_lease
+from piwf.store.api import UnitOfWork
 from piwf.wire import HostResponse, check_id, request_fingerprint
 from piwf.host import controller_operations
 from piwf.host import delivery
+from piwf.host.delivery import until_changed
 from piwf.host import settings_operations
 from piwf.host.catalog import WorkflowInfo
 from piwf.host.state import HostState, log
@@ -62,15 +65,20 @@ async def handle_request(host: HostState, request: Request) -> tuple[HostRespons
 
 
 async def _write(host: HostState, request: Request) -> tuple[HostResponse, After]:
-    stored = commands.lookup(host.db, request, request_fingerprint(request))
+    fingerprint = request_fingerprint(request)
+    stored = await host.store.commands.lookup(request, fingerprint)
     if stored is not None:
         await host.durable()  # the first answer may still be waiting for its fsync
         return stored, []
     prepare, apply = WRITES[type(request)]
     prepared = await prepare(host, request) if prepare else None
     after: After = []
-    response = commands.execute(host.db, request, host.epoch, host.now(),
-                                lambda: apply(host, request, prepared, after))
+    async with host.store.transaction() as tx:
+        now = host.now()
+        response = await tx.commands.lookup(request, fingerprint)  # answered meanwhile, while prepare awaited
+        if response is None:
+            response = await apply(host, tx, request, prepared, after)
+            await tx.commands.record(request, fingerprint, response, host.epoch, now)
     await host.durable()
     faults.point("host.command.committed")
     if response.outcome != Outcome.ACCEPTED:
@@ -83,15 +91,15 @@ async def _write(host: HostState, request: Request) -> tuple[HostResponse, After
 
 
 async def _host_status(host: HostState, request: GetHostStatus) -> HostStatus:
-    return status_receipt(host)
+    return await status_receipt(host)
 
 
 _HOST_PROCESS = psutil.Process()
 
 
-def status_receipt(host: HostState) -> HostStatus:
+async def status_receipt(host: HostState) -> HostStatus:
     now = host.now()
-    lease = read_lease(host.db)
+    lease = await host.store.hosts.read_lease()
     return msgspec.convert({  # from three sources: the lease, the host, the run counts
         "state": "running" if lease.live(now) else "stale",
         **lease.as_json(now),
@@ -102,21 +110,21 @@ def status_receipt(host: HostState) -> HostStatus:
         "durability": host.config.durability,
         "connectedClients": host.connections,
         "hostRssBytes": _HOST_PROCESS.memory_info().rss,
-        **runs.status_counts(host.db, now),
-        **controller_operations.status_counts(host),
+        **await host.store.runs.status_counts(now),
+        **await controller_operations.status_counts(host),
     }, HostStatus)
 
 
 async def _run_status(host: HostState, request: GetRun) -> RunDetail:
-    return runs.get_run(host.db, request.runId, host.now())
+    return await host.store.runs.get_run(request.runId, host.now())
 
 
 async def _run_list(host: HostState, request: ListRuns) -> list[RunSummary]:
-    return runs.list_runs(host.db, request.payload.limit, request.payload.status)
+    return await host.store.runs.list_runs(request.payload.limit, request.payload.status)
 
 
 async def _run_events(host: HostState, request: GetRunEvents) -> RunEventsPage:
-    return runs.run_events(host.db, request.runId, request.payload.after, request.payload.limit)
+    return await host.store.runs.run_events(request.runId, request.payload.after, request.payload.limit)
 
 
 async def _run_wait(host: HostState, request: WaitRun) -> WaitReceipt:
@@ -124,11 +132,14 @@ async def _run_wait(host: HostState, request: WaitRun) -> WaitReceipt:
     this host has recorded how its worker ended: the receipt never shows a run at rest
     beside a worker still `running`."""
     run_id = request.runId
-    with trio.move_on_after(request.payload.timeoutMs / 1000):
-        while not _settled(host, runs.run_summary(host.db, run_id)):
-            await host.run_changed.wait()  # set on every change, and when a run leaves host.active
-    run = runs.get_run(host.db, run_id, host.now())
+    with trio.move_on_after(request.payload.timeoutMs / 1000):  # changed: every change, and a run leaving host.active
+        await until_changed(host, lambda: _summary_settled(host, run_id))
+    run = await host.store.runs.get_run(run_id, host.now())
     return WaitReceipt(**msgspec.structs.asdict(run), atRest=_settled(host, run))
+
+
+async def _summary_settled(host: HostState, run_id: str) -> bool:
+    return _settled(host, await host.store.runs.run_summary(run_id))
 
 
 def _settled(host: HostState, run: RunSummary) -> bool:
@@ -144,7 +155,7 @@ def at_rest(run: RunSummary) -> bool:
 # --- writes --------------------------------------------------------------------------------
 
 
-def _host_stop(host: HostState, request: StopHost, prepared: None, after: After) -> HostResponse:
+async def _host_stop(host: HostState, tx: UnitOfWork, request: StopHost, prepared: None, after: After) -> HostResponse:
     after.append(host.stop_requested.set)
     return HostResponse(request.requestId, Outcome.ACCEPTED, receipt=StopReceipt(stopping=True))
 
@@ -166,77 +177,81 @@ async def _prepare_start(host: HostState, request: StartRun) -> tuple[WorkflowIn
     return info, await settings_operations.initial_settings(host, payload, info)
 
 
-def _run_start(host: HostState, request: StartRun, prepared: tuple[WorkflowInfo, Any], after: After) -> HostResponse:
+async def _run_start(host: HostState, tx: UnitOfWork, request: StartRun, prepared: tuple[WorkflowInfo, Any],
+                     after: After) -> HostResponse:
     run_id = request.runId or "run-" + secrets.token_hex(8)
     payload = request.payload
     info, initial = prepared
     now = host.now()
-    runs.create_run(
-        host.db, run_id=run_id, workflow=info.name, project_path=payload.projectPath, source=info.source,
+    await tx.runs.create_run(
+        run_id=run_id, workflow=info.name, project_path=payload.projectPath, source=info.source,
         digest=info.digest, input=payload.input, origin_session_id=payload.originSessionId,
         now=now, start_node=info.start_at,
     )
-    settings_operations.start_scope(host.db, run_id, info, initial, patch=payload.settings, actor_id=request.clientId,
-                                    now=now)
+    await settings_operations.start_scope(tx, run_id, info, initial, patch=payload.settings,
+                                          actor_id=request.clientId, now=now)
     after.append(host.wake)
     return HostResponse(request.requestId, Outcome.ACCEPTED, revision=1,
                         receipt=StartReceipt(runId=run_id, workflow=info.name, status="queued",
                                              definitionDigest=info.digest))
 
 
-def _run_cancel(host: HostState, request: CancelRun, prepared: None, after: After) -> HostResponse:
-    run_id = request.runId
-    _check_revision(host, request)
+async def _run_cancel(host: HostState, tx: UnitOfWork, request: CancelRun, prepared: None,
+                      after: After) -> HostResponse:
+    run_id, expected = request.runId, request.expectedRevision  # its compare-and-set is in the store's write
     active = host.active.get(run_id)
     now = host.now()
-    if active is not None and queue.cancel_run(host.db, run_id, now, token=active.claim.token):
+    if active is not None and await tx.queue.cancel_run(run_id, now, token=active.claim.token,
+                                                        expected_revision=expected):
         after.append(lambda: active.stop(StopReason.CANCELLED))
-    elif not queue.cancel_run(host.db, run_id, now):
-        run = runs.run_summary(host.db, run_id)
+    elif not await tx.queue.cancel_run(run_id, now, expected_revision=expected):
+        run = await tx.runs.run_summary(run_id)
         raise Rejected(f"run {run_id} cannot be cancelled: it is {run.status} ({run.queueStatus})")
-    return HostResponse(request.requestId, Outcome.ACCEPTED, revision=runs.revision(host.db, run_id),
+    return HostResponse(request.requestId, Outcome.ACCEPTED, revision=await tx.runs.revision(run_id),
                         receipt=CancelReceipt(runId=run_id, status="cancelled"))
 
 
-def _run_pause(host: HostState, request: PauseRun, prepared: None, after: After) -> HostResponse:
+async def _run_pause(host: HostState, tx: UnitOfWork, request: PauseRun, prepared: None,
+                     after: After) -> HostResponse:
     run_id = request.runId
-    _check_revision(host, request)
-    receipt = HoldReceipt(**runs.pause_run(host.db, run_id, host.now()))
-    return HostResponse(request.requestId, Outcome.ACCEPTED, revision=runs.revision(host.db, run_id),
+    receipt = HoldReceipt(**await tx.runs.pause_run(run_id, host.now(), expected_revision=request.expectedRevision))
+    return HostResponse(request.requestId, Outcome.ACCEPTED, revision=await tx.runs.revision(run_id),
                         receipt=receipt)
 
 
 async def _prepare_resume(host: HostState, request: ResumeRun) -> WorkflowInfo | None:
     """A run held because its workflow changed resumes on the workflow as it is now."""
     run_id = request.runId
-    if runs.hold_of(host.db, run_id) != "source":
+    if await host.store.runs.hold_of(run_id) != "source":
         return None
-    workflow, project, _, _, _ = runs.run_source(host.db, run_id)
+    workflow, project, _, _, _ = await host.store.runs.run_source(run_id)
     return await host.catalog.inspect(project, workflow)
 
 
-def _run_resume(host: HostState, request: ResumeRun, info: WorkflowInfo | None, after: After) -> HostResponse:
+async def _run_resume(host: HostState, tx: UnitOfWork, request: ResumeRun, info: WorkflowInfo | None,
+                      after: After) -> HostResponse:
     run_id = request.runId
-    _check_revision(host, request)
     definition = None if info is None else (info.digest, info.source, info.start_at)
-    receipt = HoldReceipt(**runs.resume_run(host.db, run_id, host.now(), definition=definition))
+    receipt = HoldReceipt(**await tx.runs.resume_run(run_id, host.now(), definition=definition,
+                                                     expected_revision=request.expectedRevision))
     if info is not None:  # the workflow as it is now may declare settings the run did not have
-        settings_operations.start_scope(host.db, run_id, info, None, actor_id=request.clientId, now=host.now())
+        await settings_operations.start_scope(tx, run_id, info, None, actor_id=request.clientId, now=host.now())
     host.backoff.pop(run_id, None)
     after.append(host.wake)
-    return HostResponse(request.requestId, Outcome.ACCEPTED, revision=runs.revision(host.db, run_id),
+    return HostResponse(request.requestId, Outcome.ACCEPTED, revision=await tx.runs.revision(run_id),
                         receipt=receipt)
 
 
-def _effect_resolve(host: HostState, request: ResolveEffect, prepared: None, after: After) -> HostResponse:
+async def _effect_resolve(host: HostState, tx: UnitOfWork, request: ResolveEffect, prepared: None,
+                          after: After) -> HostResponse:
     run_id, payload = request.runId, request.payload
     if not payload.applied and payload.result is not None:
         raise Rejected("payload.result goes only with applied: true")
-    runs.revision(host.db, run_id)  # notFound for an unknown run
-    receipt = ResolveReceipt(**effects.resolve(host.db, run_id, payload.key, applied=payload.applied,
-                                               result=payload.result, now=host.now()))
+    await tx.runs.revision(run_id)  # notFound for an unknown run
+    receipt = ResolveReceipt(**await tx.effects.resolve(run_id, payload.key, applied=payload.applied,
+                                                        result=payload.result, now=host.now()))
     after.append(host.wake)
-    return HostResponse(request.requestId, Outcome.ACCEPTED, revision=runs.revision(host.db, run_id),
+    return HostResponse(request.requestId, Outcome.ACCEPTED, revision=await tx.runs.revision(run_id),
                         receipt=receipt)
 
 
@@ -245,53 +260,50 @@ def _effect_resolve(host: HostState, request: ResolveEffect, prepared: None, aft
 
 async def _interaction_list(host: HostState, request: ListInteractions) -> InteractionsPage:
     payload = request.payload
-    return InteractionsPage(requests=interactions.list_requests(
-        host.db, session_id=payload.sessionId, run_id=payload.runId, open_only=payload.open, limit=payload.limit,
+    return InteractionsPage(requests=await host.store.interactions.list_requests(
+        session_id=payload.sessionId, run_id=payload.runId, open_only=payload.open, limit=payload.limit,
         now=host.now()))
 
 
-def _interaction_update(host: HostState, request: UpdateInteraction, prepared: None, after: After) -> HostResponse:
+async def _interaction_update(host: HostState, tx: UnitOfWork, request: UpdateInteraction, prepared: None,
+                              after: After) -> HostResponse:
     payload = request.payload
-    receipt = interactions.update(
-        host.db, request_id=payload.requestId, expected_revision=payload.expectedRevision, action=payload.action,
+    receipt = await tx.interactions.update(
+        request_id=payload.requestId, expected_revision=payload.expectedRevision, action=payload.action,
         client_id=request.clientId, entry_id=payload.entryId, progress=payload.progress,
         lease_ms=host.config.presentation_lease_ms, now=host.now())
     return HostResponse(request.requestId, Outcome.ACCEPTED, receipt=receipt)
 
 
-def _interaction_submit(host: HostState, request: SubmitInteraction, prepared: None, after: After) -> HostResponse:
+async def _interaction_submit(host: HostState, tx: UnitOfWork, request: SubmitInteraction, prepared: None,
+                              after: After) -> HostResponse:
     payload = request.payload
     if payload.sessionId is not None:
         check_id(payload.sessionId, "payload.sessionId")
-    receipt = interactions.submit(
-        host.db, request_id=payload.requestId, value=payload.value, session_id=payload.sessionId,
+    receipt = await tx.interactions.submit(
+        request_id=payload.requestId, value=payload.value, session_id=payload.sessionId,
         submitted_by=request.clientId, expected_revision=payload.expectedRevision, now=host.now())
     after.append(host.wake)
     return HostResponse(request.requestId, Outcome.ACCEPTED, receipt=receipt)
 
 
-def _decision_answer(host: HostState, request: AnswerDecision, prepared: None, after: After) -> HostResponse:
+async def _decision_answer(host: HostState, tx: UnitOfWork, request: AnswerDecision, prepared: None,
+                          after: After) -> HostResponse:
     payload = request.payload
-    receipt = interactions.answer_decision(
-        host.db, request_id=payload.requestId, choice=payload.choice, text=payload.input,
+    receipt = await tx.interactions.answer_decision(
+        request_id=payload.requestId, choice=payload.choice, text=payload.input,
         answered_by=request.clientId, expected_revision=payload.expectedRevision, now=host.now())
     after.append(host.wake)
     return HostResponse(request.requestId, Outcome.ACCEPTED, receipt=receipt)
 
 
-# --- helpers -------------------------------------------------------------------------------
-
-
-def _check_revision(host: HostState, request: CancelRun | PauseRun | ResumeRun) -> None:
-    runs.check_revision(host.db, request.runId, request.expectedRevision)
-
-
 # Handlers by request type; every type in protocol.AnyRequest has one (tests check it).
-# A read is answered from the store and never logged; a write runs inside the command log's
-# transaction, after its optional ``prepare`` step (which may await, outside that transaction).
+# A read is answered from the store and never logged; a write runs in its unit of work with
+# the command log (``tx``), after its optional ``prepare`` step (which may await anything,
+# outside that unit of work); inside it, an ``apply`` awaits only ``tx``'s methods.
 Read = Callable[[HostState, Any], Awaitable[Any]]
 Prepare = Callable[[HostState, Any], Awaitable[Any]] | None
-Apply = Callable[[HostState, Any, Any, After], HostResponse]
+Apply = Callable[[HostState, UnitOfWork, Any, Any, After], Awaitable[HostResponse]]
 
 READS: dict[type[Request], Read] = {
     GetHostStatus: _host_status,

@@ -215,22 +215,12 @@ async def _workflow_ensure(host: HostState, tx: UnitOfWork, active: ActiveReconc
         await tx.runs.create_run(run_id=run_id, workflow=info.name, project_path=active.claim.project,
                                  source=info.source, digest=info.digest, input=p.input,
                                  origin_session_id=p.originSessionId, now=now, start_node=info.start_at)
-        # host/settings_operations.py is not ported yet: its calls on host.db join this unit of work
-        settings_operations.start_scope(host.db, run_id, info, None, actor_id=active.uid, now=now)
+        await settings_operations.start_scope(tx, run_id, info, None, actor_id=active.uid, now=now)
         child = await tx.controller_effects.record_child(active.uid, p.requestKey, info.name, p.input, run_id, now)
     return ChildRun(**child), None
 
 
 Handler = Callable[[HostState, UnitOfWork, ActiveReconcile, Any, Any, int], Awaitable[Outcome]]
-
-
-def _steering(handler: reconcile_steering.Handler) -> Handler:
-    """A steering handler of the old shape (store calls on ``host.db``, which join the open
-    unit of work), until host/reconcile_steering.py takes ``tx`` like the others."""
-    async def on_tx(host: HostState, tx: UnitOfWork, active: ActiveReconcile, message: Any, prepared: Any,
-                    now: int) -> Outcome:
-        return handler(host, active, message, prepared, now)
-    return on_tx
 
 
 HANDLERS: dict[type[WorkerMessage], Handler] = {
@@ -242,5 +232,5 @@ HANDLERS: dict[type[WorkerMessage], Handler] = {
     EffectApply: _effect_apply,
     EffectSettle: _effect_settle,
     WorkflowEnsure: _workflow_ensure,
-    **{kind: _steering(handler) for kind, handler in reconcile_steering.HANDLERS.items()},
+    **reconcile_steering.HANDLERS,
 }

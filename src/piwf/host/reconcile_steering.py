@@ -5,12 +5,13 @@
 Each is refused for a run the resource did not start. A settings change is checked like a
 client's (a throwaway process, outside the transaction) unless its request key already
 made a change, which is answered again (``adopted``); a follow-up's request key is the
-delivery store's own.
+delivery store's own. A handler's store calls go on ``tx``, the unit of work the
+reconcile pump opened for the message (fenced by the resource's claim).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -20,7 +21,7 @@ from piwf.protocol.steering import (
 )
 from piwf.errors import Rejected
 from piwf.protocol import ChangeSettingsReceipt, FollowUpReceipt
-from piwf.store.sqlite import delivery, settings
+from piwf.store.api import SettingsStore, UnitOfWork
 from piwf.protocol.worker import Result, WorkerMessage
 from piwf.host import settings_operations
 from piwf.host.controller_state import ActiveReconcile
@@ -29,8 +30,8 @@ from piwf.host.state import Conclusion, HostState
 Outcome = tuple[Result, Conclusion | None]
 
 
-def _check_owned(host: HostState, active: ActiveReconcile, run_id: str) -> None:
-    if not settings.started_by(host.db, active.uid, run_id):
+async def _check_owned(settings: SettingsStore, active: ActiveReconcile, run_id: str) -> None:
+    if not await settings.started_by(active.uid, run_id):
         raise Rejected(f"run {run_id} was not started by this resource (ctx.workflows.ensure): "
                        "a controller steers only its own runs")
 
@@ -41,24 +42,24 @@ async def prepare(host: HostState, active: ActiveReconcile, message: WorkerMessa
     if not isinstance(message, WorkflowChangeSettings):
         return None
     p = message.payload
-    _check_owned(host, active, p.runId)
-    prior = settings.prior_change(host.db, p.runId, p.requestKey, p.scopeId, p.patch)
+    await _check_owned(host.store.settings, active, p.runId)
+    prior = await host.store.settings.prior_change(p.runId, p.requestKey, p.scopeId, p.patch)
     if prior is not None:
         return prior
     return await settings_operations.proposal(host, p.runId, p.patch, scope_id=p.scopeId,
                                               expected=p.expectedChangeNumber)
 
 
-def _change_settings(host: HostState, active: ActiveReconcile, message: WorkflowChangeSettings, prepared: Any,
-                     now: int) -> Outcome:
+async def _change_settings(host: HostState, tx: UnitOfWork, active: ActiveReconcile, message: WorkflowChangeSettings,
+                           prepared: Any, now: int) -> Outcome:
     p = message.payload
-    _check_owned(host, active, p.runId)
+    await _check_owned(tx.settings, active, p.runId)
     if isinstance(prepared, ChangeSettingsReceipt):
         receipt, adopted = prepared, True
     else:
         scope, base, value = prepared
-        receipt, adopted = settings.change_settings(
-            host.db, p.runId, scope_id=scope, base=base, expected=p.expectedChangeNumber, patch=p.patch,
+        receipt, adopted = await tx.settings.change_settings(
+            p.runId, scope_id=scope, base=base, expected=p.expectedChangeNumber, patch=p.patch,
             settings=value, actor="controller", actor_id=active.uid, request_key=p.requestKey, now=now)
     return SettingsChanged(**msgspec.structs.asdict(receipt), adopted=adopted), None
 
@@ -68,22 +69,22 @@ def _follow_up(receipt: FollowUpReceipt) -> FollowUpQueued:
                           state=str(receipt.state), adopted=receipt.adopted)
 
 
-def _queue_follow_up(host: HostState, active: ActiveReconcile, message: WorkflowQueueFollowUp, prepared: None,
-                     now: int) -> Outcome:
+async def _queue_follow_up(host: HostState, tx: UnitOfWork, active: ActiveReconcile, message: WorkflowQueueFollowUp,
+                           prepared: None, now: int) -> Outcome:
     p = message.payload
-    _check_owned(host, active, p.runId)
-    return _follow_up(delivery.queue_followup(host.db, run_id=p.runId, request_key=p.requestKey, prompt=p.prompt,
-                                              now=now)), None
+    await _check_owned(tx.settings, active, p.runId)
+    return _follow_up(await tx.delivery.queue_followup(run_id=p.runId, request_key=p.requestKey, prompt=p.prompt,
+                                                       now=now)), None
 
 
-def _remove_follow_up(host: HostState, active: ActiveReconcile, message: WorkflowRemoveFollowUp, prepared: None,
-                      now: int) -> Outcome:
+async def _remove_follow_up(host: HostState, tx: UnitOfWork, active: ActiveReconcile,
+                            message: WorkflowRemoveFollowUp, prepared: None, now: int) -> Outcome:
     p = message.payload
-    _check_owned(host, active, p.runId)
-    return _follow_up(delivery.remove_followup(host.db, run_id=p.runId, followup_id=p.followUpId, now=now)), None
+    await _check_owned(tx.settings, active, p.runId)
+    return _follow_up(await tx.delivery.remove_followup(run_id=p.runId, followup_id=p.followUpId, now=now)), None
 
 
-Handler = Callable[[HostState, ActiveReconcile, Any, Any, int], Outcome]
+Handler = Callable[[HostState, UnitOfWork, ActiveReconcile, Any, Any, int], Awaitable[Outcome]]
 HANDLERS: dict[type[WorkerMessage], Handler] = {
     WorkflowChangeSettings: _change_settings,
     WorkflowQueueFollowUp: _queue_follow_up,

@@ -14,8 +14,7 @@ from typing import Any
 from piwf.errors import Conflict, Rejected
 from piwf.protocol import SETTINGS_LIMIT, ChangeSettings, GetSettings, Outcome, RunSettings, StartRunPayload
 from piwf.status import ENDED
-from piwf.store.sqlite import runs, settings
-from piwf.store.sqlite.db import Database
+from piwf.store.api import UnitOfWork
 from piwf.wire import HostResponse, canonical_json
 from piwf.host.catalog import WorkflowInfo
 from piwf.host.state import HostState
@@ -43,14 +42,14 @@ async def initial_settings(host: HostState, payload: StartRunPayload, info: Work
     return value
 
 
-def start_scope(db: Database, run_id: str, info: WorkflowInfo, initial: Any, *, patch: Any = None,
-                actor_id: str | None = None, now: int) -> None:
-    """The new run's settings scope, in the transaction that creates the run (nothing for a
+async def start_scope(tx: UnitOfWork, run_id: str, info: WorkflowInfo, initial: Any, *, patch: Any = None,
+                      actor_id: str | None = None, now: int) -> None:
+    """The new run's settings scope, in the unit of work that creates the run (nothing for a
     workflow without settings)."""
     if info.settings is None:
         return
-    settings.ensure_scope(db, run_id, settings=initial if initial is not None else info.settings["defaults"],
-                          mutable=list(info.settings["mutable"]), patch=patch, actor_id=actor_id, now=now)
+    await tx.settings.ensure_scope(run_id, settings=initial if initial is not None else info.settings["defaults"],
+                                   mutable=list(info.settings["mutable"]), patch=patch, actor_id=actor_id, now=now)
 
 
 def _check_size(patch: Any) -> None:
@@ -63,7 +62,7 @@ def _check_size(patch: Any) -> None:
 
 
 async def _get_settings(host: HostState, request: GetSettings) -> RunSettings:
-    return settings.get_settings(host.db, request.runId, request.payload.scopeId)
+    return await host.store.settings.get_settings(request.runId, request.payload.scopeId)
 
 
 async def proposal(host: HostState, run_id: str, patch: Any, *, scope_id: str | None = None,
@@ -71,11 +70,12 @@ async def proposal(host: HostState, run_id: str, patch: Any, *, scope_id: str | 
     """(scope id, change number checked from, settings after ``patch``): the patch checked
     in a throwaway process against the run's workflow, which must not have changed."""
     _check_size(patch)
-    workflow, project, digest, _, _ = runs.run_source(host.db, run_id)
-    status = runs.run_summary(host.db, run_id).queueStatus
+    store = host.store
+    workflow, project, digest, _, _ = await store.runs.run_source(run_id)
+    status = (await store.runs.run_summary(run_id)).queueStatus
     if status in ENDED:
         raise Rejected(f"run {run_id} has ended ({status}): its settings can no longer change")
-    scope, change, current = settings.find_scope(host.db, run_id, scope_id)
+    scope, change, current = await store.settings.find_scope(run_id, scope_id)
     if expected is not None and expected != change:
         raise Conflict(f"the settings of run {run_id} are at change {change}, not {expected}")
     checked, value = await host.catalog.resolve_settings(project, workflow, current=current, patch=patch,
@@ -92,14 +92,14 @@ async def _prepare_change(host: HostState, request: ChangeSettings) -> tuple[str
                           expected=payload.expectedChangeNumber)
 
 
-def _change_settings(host: HostState, request: ChangeSettings, prepared: tuple[str, int, Any],
-                     after: After) -> HostResponse:
+async def _change_settings(host: HostState, tx: UnitOfWork, request: ChangeSettings,
+                           prepared: tuple[str, int, Any], after: After) -> HostResponse:
     scope, base, value = prepared
     payload = request.payload
-    receipt, _ = settings.change_settings(host.db, request.runId, scope_id=scope, base=base,
-                                          expected=payload.expectedChangeNumber, patch=payload.patch, settings=value,
-                                          actor="client", actor_id=request.clientId, now=host.now())
-    return HostResponse(request.requestId, Outcome.ACCEPTED, revision=runs.revision(host.db, request.runId),
+    receipt, _ = await tx.settings.change_settings(
+        request.runId, scope_id=scope, base=base, expected=payload.expectedChangeNumber, patch=payload.patch,
+        settings=value, actor="client", actor_id=request.clientId, now=host.now())
+    return HostResponse(request.requestId, Outcome.ACCEPTED, revision=await tx.runs.revision(request.runId),
                         receipt=receipt)
 
 
