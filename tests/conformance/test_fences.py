@@ -51,7 +51,6 @@ DECLINED: dict[str, tuple[Write, Any]] = {
     "queue.cancel_run": (lambda s, t, a, now: s.queue.cancel_run("r1", now, token=t), False),
     "queue.renew_claims": (lambda s, t, a, now: s.queue.renew_claims([("r1", t)], LEASE, now), {"r1"}),
 }
-OPEN_FENCES = {"interactions.park_again"}  # see the xfail reason
 
 
 async def stale_and_live(store: Any, clock: ManualClock) -> tuple[str, str]:
@@ -76,13 +75,7 @@ async def snapshot(store: Any, clock: ManualClock) -> tuple[Any, ...]:
             await store.updates.last_event())
 
 
-def _cases(table: dict[str, Any]) -> list[Any]:
-    return [pytest.param(name, marks=pytest.mark.xfail(
-        strict=True, reason="store: fences only the run_queue UPDATE; the run's own row changes anyway"))
-            if name in OPEN_FENCES else name for name in table]
-
-
-@pytest.mark.parametrize("name", _cases(REFUSED))
+@pytest.mark.parametrize("name", list(REFUSED))
 async def test_a_stale_claim_is_refused_and_changes_nothing(store: Any, clock: ManualClock, name: str) -> None:
     stale, attempt = await stale_and_live(store, clock)
     before = await snapshot(store, clock)
@@ -95,7 +88,7 @@ async def test_a_stale_claim_is_refused_and_changes_nothing(store: Any, clock: M
     assert await snapshot(store, clock) == before
 
 
-@pytest.mark.parametrize("name", _cases(DECLINED))
+@pytest.mark.parametrize("name", list(DECLINED))
 async def test_a_stale_claim_is_declined_and_changes_nothing(store: Any, clock: ManualClock, name: str) -> None:
     stale, attempt = await stale_and_live(store, clock)
     before = await snapshot(store, clock)

@@ -309,8 +309,6 @@ async def test_a_submission_needs_the_current_revision_and_an_open_request(store
         await submit(store, clock, request_id, 2)  # one is being validated
 
 
-@pytest.mark.xfail(strict=True, reason="store: park_again and reject_submission fence only the run_queue update; "
-                   "under a stale token they still set the run waiting, bump its revision and reject the submission")
 async def test_stale_claims_change_nothing_of_a_waiting_run(store: Any, clock: ManualClock) -> None:
     _request_id, submission, got, _ = await validating(store, clock)
     before = await store.runs.get_run("r1")

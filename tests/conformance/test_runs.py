@@ -187,3 +187,34 @@ async def test_status_counts_follow_every_transition(store: Any, clock: ManualCl
     with pytest.raises(ClaimLost):  # the expired claim writes no end
         await store.queue.fail_run("c", three.token, {"type": "E", "message": "m"}, clock.now_ms())
     assert await statuses(store, "c") == ("running", "starting")
+
+
+async def test_pause_resume_and_cancel_compare_and_set_the_revision(store: Any, clock: ManualClock) -> None:
+    await new_run(store, clock)
+    with pytest.raises(Conflict):
+        await store.runs.pause_run("r1", clock.now_ms(), expected_revision=9)
+    assert not await store.runs.is_paused("r1")
+    await store.runs.pause_run("r1", clock.now_ms(), expected_revision=1)
+    with pytest.raises(Conflict):
+        await store.runs.resume_run("r1", clock.now_ms(), expected_revision=9)
+    assert await store.runs.is_paused("r1")
+    await store.runs.resume_run("r1", clock.now_ms(), expected_revision=1)
+    with pytest.raises(Conflict):
+        await store.queue.cancel_run("r1", clock.now_ms(), expected_revision=9)
+    assert await statuses(store) == ("queued", "queued")
+    with pytest.raises(NotFound):
+        await store.queue.cancel_run("nope", clock.now_ms())
+    assert await store.queue.cancel_run("r1", clock.now_ms(), expected_revision=await store.runs.revision("r1"))
+    with pytest.raises(Rejected):  # ended: refused after the revision is found right
+        await store.runs.pause_run("r1", clock.now_ms(), expected_revision=await store.runs.revision("r1"))
+
+
+async def test_a_resume_that_adopts_a_definition_needs_the_source_hold_still_there(store: Any,
+                                                                                   clock: ManualClock) -> None:
+    await new_run(store, clock)
+    got = await claim(store, clock)
+    await store.queue.park_run("r1", got.token, clock.now_ms(), hold="source", detail="workflow source changed")
+    await store.runs.resume_run("r1", clock.now_ms())  # someone resumed it meanwhile, on its old definition
+    with pytest.raises(Conflict):
+        await store.runs.resume_run("r1", clock.now_ms(), definition=("d2", b"new", None))
+    assert (await store.runs.run_source("r1"))[2] == "d1"
