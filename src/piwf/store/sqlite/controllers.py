@@ -111,8 +111,10 @@ def request_delete(db: Database, project: str, controller: str, key: str, now: i
             return ResourceRef(uid, version, deleted=True)
         finalizers = decode_json(db.scalar("SELECT finalizers_json FROM controller_resources WHERE uid = ?",
                                            (uid,)).encode())
-        claimed = db.scalar("SELECT claim_token IS NOT NULL AND claim_expires_at > ? FROM controller_queue "
-                            "WHERE uid = ?", (now, uid))
+        # no reconcile holds it: checked by a write of its queue row, which holds until the commit
+        db.execute("""UPDATE controller_queue SET claim_token = claim_token
+                      WHERE uid = ? AND (claim_token IS NULL OR claim_expires_at <= ?)""", (uid, now))
+        claimed = db.changes() != 1
         if not finalizers and not claimed:
             delete_resource(db, uid, now)
             return ResourceRef(uid, version, deleted=True)
