@@ -61,8 +61,9 @@ def _answer(db: Database, run_id: str, token: str, worker_epoch: str, message_id
     message = parse_worker_message(canonical_json({
         "messageId": message_id, "workerEpoch": worker_epoch, "generation": 1, "expectedRevision": 0,
         "operation": "worker.ready", "payload": {}}))
-    workers.answer(db, message, run_id=run_id, token=token, now=now, check_revision=False, revises=False,
-                   apply=lambda: (None, None))
+    with db.write():  # as the host answers it: the fence, then the recorded answer
+        revision = queue.fenced_revision(db, run_id, token, now)
+        workers.record_message(db, message, WorkerResponse(message_id, "accepted", revision=revision), now)
 
 
 def _claimed_run_with_a_worker(db: Database, run_id: str, now: int) -> str:

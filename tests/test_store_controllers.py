@@ -27,21 +27,28 @@ def claim(db: Database, clock: ManualClock, room: int = 4,
     return cq.claim_due(db, room=room, exclude=exclude, lease_ms=LEASE, now=clock.now, epoch=1)
 
 
+def fenced(db: Database, clock: ManualClock, c: cq.ControllerClaim, fn: Any) -> Any:
+    """A reconcile worker's message as the host carries it out: one transaction, the fence first."""
+    with db.write():
+        cq.fence(db, c.uid, c.token, LEASE, clock.now)
+        return fn()
+
+
 def start(db: Database, clock: ManualClock, c: cq.ControllerClaim) -> dict[str, Any]:
-    return cq.answer(db, c.uid, c.token, lease_ms=LEASE, now=clock.now, apply=lambda: cq.reconcile_view(db, c.uid))
+    return fenced(db, clock, c, lambda: cq.reconcile_view(db, c.uid))
 
 
 def settle(db: Database, clock: ManualClock, c: cq.ControllerClaim, **kw: Any) -> str:
     args = dict(requeue_after_ms=None, settled=True, controller_status={"ok": 1}, keep_status=False,
                 conditions=[{"type": "Ready", "status": "True", "reason": "Synced"}], finalizers=None)
     args.update(kw)
-    return cq.answer(db, c.uid, c.token, lease_ms=LEASE, now=clock.now,
-                     apply=lambda: cq.finish_success(db, c.uid, c.token, now=clock.now, **args))
+    return fenced(db, clock, c,
+                  lambda: cq.finish_success(db, c.uid, c.token, now=clock.now, **args))
 
 
 def fail(db: Database, clock: ManualClock, c: cq.ControllerClaim, delay_ms: int = 1000, permanent: bool = False) -> int:
-    return cq.answer(db, c.uid, c.token, lease_ms=LEASE, now=clock.now,
-                     apply=lambda: cq.finish_failure(db, c.uid, c.token, error="boom", delay_ms=delay_ms,
+    return fenced(db, clock, c,
+                  lambda: cq.finish_failure(db, c.uid, c.token, error="boom", delay_ms=delay_ms,
                                                      permanent=permanent, now=clock.now))
 
 
@@ -216,7 +223,7 @@ def test_effects_apply_once_per_spec_generation_and_ambiguity_holds(db: Database
     gen = view["generation"]
 
     def run(fn: Any) -> Any:
-        return cq.answer(db, c.uid, c.token, lease_ms=LEASE, now=clock.now, apply=fn)
+        return fenced(db, clock, c, fn)
 
     assert run(lambda: effects.reserve(db, c.uid, gen, "w", generation=c.generation, observable=False,
                                        now=clock.now)) == {"state": "new"}
@@ -337,7 +344,7 @@ def test_an_effect_whose_apply_raised_is_applied_again_but_a_permanent_error_is_
     gen = start(db, clock, c)["generation"]
 
     def run(fn: Any) -> Any:
-        return cq.answer(db, c.uid, c.token, lease_ms=LEASE, now=clock.now, apply=fn)
+        return fenced(db, clock, c, fn)
 
     def attempt(key: str, error: dict[str, Any]) -> None:
         assert run(lambda: effects.reserve(db, c.uid, gen, key, generation=c.generation, observable=False,

@@ -3,7 +3,7 @@
     launcher             the fork-server template; outlives the runs (their exit reports);
                          a standby (--standby) starts it first, then waits for the host lock
     group syncer         at full durability, one fsync of the WAL for every commit before
-                         it; answers wait for it (store/group.py); outlives the drain
+                         it; answers wait for it (store.serve: store/sqlite/group.py); outlives the drain
     notifier             sd_notify, under systemd: READY=1 once serving, STATUS=, WATCHDOG=1,
                          STOPPING=1 when a drain starts; outlives the host scope (pings
                          go on through the drain)

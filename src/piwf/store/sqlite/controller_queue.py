@@ -48,24 +48,21 @@ def claim_due(db: Database, *, room: int, exclude: frozenset[str], lease_ms: int
             if uid in exclude or len(claims) >= room:
                 continue
             token = secrets.token_hex(16)
-            generation = db.scalar(
+            generation = db.scalar(  # still due, checked in the UPDATE: another writer may have taken it
                 """UPDATE controller_queue SET claim_token = ?, claim_expires_at = ?, claim_version = version,
                      claim_generation = claim_generation + 1, claim_epoch = ?, claim_resource_version = NULL,
                      worker_pid = NULL, worker_identity = NULL, available_at = NULL, updated_at = ?
-                   WHERE uid = ? RETURNING claim_generation""",
+                   WHERE uid = ? AND hold IS NULL AND ((claim_token IS NULL AND available_at <= ?4)
+                                                       OR (claim_token IS NOT NULL AND claim_expires_at <= ?4))
+                   RETURNING claim_generation""",
                 (token, now + lease_ms, epoch, now, uid))
+            if generation is None:
+                continue
             add_resource_event(db, uid, "reconcile_started", {"claim": generation}, now)
             claims.append(ControllerClaim(uid, token, generation, project, controller, key))
         return claims
 
 
-def answer(db: Database, uid: str, token: str, *, lease_ms: int, now: int, apply: Any) -> Any:
-    """Carry out one reconcile worker message in one transaction, fenced by the claim
-    (which it renews); ``apply`` makes store calls only. Raises ClaimLost, or the store
-    errors; then nothing was changed."""
-    with db.write():
-        fence(db, uid, token, lease_ms, now)
-        return apply()
 
 
 def attach_worker(db: Database, uid: str, token: str, pid: int, identity: str) -> None:
@@ -202,8 +199,10 @@ def record_failure(db: Database, uid: str, token: str, *, error: str, delay_ms: 
     the host after its worker is gone; None when the claim was lost meanwhile. Not
     ``counted``: its worker could not even start (not the resource's fault)."""
     with db.write():
-        live = db.scalar("SELECT 1 FROM controller_queue WHERE uid = ? AND claim_token = ?", (uid, token))
-        if live is None:
+        # the fence: a write of the claim's row, so it holds for the rest of the transaction
+        db.execute("UPDATE controller_queue SET claim_token = claim_token WHERE uid = ? AND claim_token = ?",
+                   (uid, token))
+        if db.changes() != 1:
             return None
         return finish_failure(db, uid, token, error=error, delay_ms=delay_ms, permanent=False, now=now,
                               counted=counted)

@@ -129,17 +129,16 @@ def claim_notification(db: Database, *, session_id: str, client_id: str, lease_m
 def deliver_notification(db: Database, *, notification_id: str, claim_id: str, client_id: str,
                          now: int) -> DeliverReceipt:
     """Delivered, under a live claim this client holds; anything else is a ``conflict``."""
-    with db.write():
-        row = db.one("""SELECT claim_token, claim_client, claim_expires_at, delivered_at FROM notifications
-                        WHERE notification_id = ?""", (notification_id,))
-        if row is None:
-            raise NotFound(f"notification {notification_id} not found")
-        token, holder, expires, delivered = row
-        if delivered is not None or token != claim_id or holder != client_id or (expires or 0) <= now:
+    with db.write():  # the claim's check is in the UPDATE (a compare-and-set on the claim)
+        db.execute("""UPDATE notifications SET delivered_at = ?, claim_token = NULL, claim_client = NULL,
+                        claim_expires_at = NULL
+                      WHERE notification_id = ? AND delivered_at IS NULL AND claim_token = ? AND claim_client = ?
+                        AND claim_expires_at > ?""", (now, notification_id, claim_id, client_id, now))
+        if db.changes() != 1:
+            if db.one("SELECT 1 FROM notifications WHERE notification_id = ?", (notification_id,)) is None:
+                raise NotFound(f"notification {notification_id} not found")
             raise Conflict(f"the delivery claim {claim_id} on notification {notification_id} is stale "
                            "(expired, superseded, another client's, or already delivered)")
-        db.execute("""UPDATE notifications SET delivered_at = ?, claim_token = NULL, claim_client = NULL,
-                        claim_expires_at = NULL WHERE notification_id = ?""", (now, notification_id))
         return DeliverReceipt(notificationId=notification_id, delivered=True)
 
 
@@ -287,17 +286,19 @@ def resolve_turn(db: Database, *, turn_id: str, claim_id: str, client_id: str, r
                  now: int) -> ResolveTurnReceipt:
     """Resolved under a live claim this client holds (anything else is a ``conflict``); the
     follow-ups the claim handed over are delivered with it."""
-    with db.write():
-        row = db.one("""SELECT run_id, claim_token, claim_client, claim_expires_at, resolved_at, followups_through
-                        FROM turns WHERE turn_id = ?""", (turn_id,))
+    with db.write():  # the claim's check is in the UPDATE (a compare-and-set on the claim)
+        row = db.one("""UPDATE turns SET resolution = ?, resolved_at = ?, claim_token = NULL, claim_client = NULL,
+                          claim_expires_at = NULL, updated_at = ?
+                        WHERE turn_id = ? AND resolved_at IS NULL AND claim_token = ? AND claim_client = ?
+                          AND claim_expires_at > ?
+                        RETURNING run_id, followups_through""",
+                     (resolution, now, now, turn_id, claim_id, client_id, now))
         if row is None:
-            raise NotFound(f"turn {turn_id} not found")
-        run_id, token, holder, expires, resolved, through = row
-        if resolved is not None or token != claim_id or holder != client_id or (expires or 0) <= now:
+            if db.one("SELECT 1 FROM turns WHERE turn_id = ?", (turn_id,)) is None:
+                raise NotFound(f"turn {turn_id} not found")
             raise Conflict(f"the claim {claim_id} on turn {turn_id} is stale "
                            "(expired, superseded, another client's, or already resolved)")
-        db.execute("""UPDATE turns SET resolution = ?, resolved_at = ?, claim_token = NULL, claim_client = NULL,
-                        claim_expires_at = NULL, updated_at = ? WHERE turn_id = ?""", (resolution, now, now, turn_id))
+        run_id, through = row
         db.execute("""UPDATE followups SET state = 'delivered', turn_id = ?, updated_at = ?
                       WHERE run_id = ? AND state = 'queued' AND position <= ?""", (turn_id, now, run_id, through or 0))
         delivered = db.changes()

@@ -174,8 +174,10 @@ def park_if_waiting(db: Database, run_id: str, token: str, worker_status: str, n
     request_id = db.scalar(f"SELECT request_id FROM interaction_requests WHERE run_id = ? AND {OPEN}", (run_id,))
     if request_id is None or db.scalar("SELECT paused FROM runs WHERE run_id = ?", (run_id,)):
         return False
-    if not db.one(f"SELECT 1 FROM run_queue WHERE run_id = ? AND claim_token = ? AND {LIVE}",
-                                        (run_id, token)):
+    # the claim is still this worker's (expired or not): fenced by a write of its row
+    db.execute(f"UPDATE run_queue SET claim_token = claim_token WHERE run_id = ? AND claim_token = ? AND {LIVE}",
+               (run_id, token))
+    if db.changes() != 1:
         return False
     for (submission_id,) in db.execute("""SELECT submission_id FROM interaction_submissions
                                           WHERE request_id = ? AND status = 'validating'""",

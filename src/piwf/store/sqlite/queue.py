@@ -59,14 +59,24 @@ def claim_run(
         return None if row is None else _take(db, run_id, runner_id, token, lease_ms, now, epoch)
 
 
-def _take(db: Database, run_id: str, runner_id: str, token: str, lease_ms: int, now: int, epoch: int) -> Claim:
+# CLAIMABLE for one row, in an UPDATE: the claim is taken only while the run is claimable.
+STILL_CLAIMABLE = """((status IN ('queued', 'parked') AND hold IS NULL)
+  OR (status IN ('starting', 'running') AND claim_expires_at IS NOT NULL AND claim_expires_at <= ?))"""
+
+
+def _take(db: Database, run_id: str, runner_id: str, token: str, lease_ms: int, now: int,
+          epoch: int) -> Claim | None:
+    """Claim the run found claimable; the check is in the UPDATE too (None: another writer
+    took it first)."""
     generation = db.scalar(
-        """UPDATE run_queue SET status = 'starting', runner_id = ?, claim_token = ?,
-             claim_expires_at = ?, generation = generation + 1, owner_epoch = ?,
-             started_at = COALESCE(started_at, ?), updated_at = ?
-           WHERE run_id = ? RETURNING generation""",
-        (runner_id, token, now + lease_ms, epoch, now, now, run_id),
+        f"""UPDATE run_queue SET status = 'starting', runner_id = ?, claim_token = ?,
+              claim_expires_at = ?, generation = generation + 1, owner_epoch = ?,
+              started_at = COALESCE(started_at, ?), updated_at = ?
+            WHERE run_id = ? AND {STILL_CLAIMABLE} RETURNING generation""",
+        (runner_id, token, now + lease_ms, epoch, now, now, run_id, now),
     )
+    if generation is None:
+        return None
     # a waiting run is claimed once a submission to it awaits validation
     db.execute("UPDATE runs SET status = 'running', updated_at = ? "
                "WHERE run_id = ? AND status IN ('queued', 'waiting')", (now, run_id))
@@ -103,13 +113,17 @@ def verify_claim(db: Database, run_id: str, token: str, now: int) -> bool:
     return row is not None
 
 
+# The fence: a write of the claim's row that changes nothing, taken only while the claim is
+# live. Being a write, it holds the row for the rest of the transaction however many
+# writers there are (a read would not: the claim could move on between it and the writes).
+FENCE = f"""UPDATE run_queue SET claim_token = claim_token
+  WHERE run_id = ? AND claim_token = ? AND {LIVE} AND claim_expires_at > ?"""
+
+
 def fenced_revision(db: Database, run_id: str, token: str, now: int) -> int:
-    """The run's revision, read under its live claim; ClaimLost otherwise."""
-    revision = db.scalar(
-        f"""SELECT r.revision FROM run_queue q JOIN runs r ON r.run_id = q.run_id
-            WHERE q.run_id = ? AND q.claim_token = ? AND q.{LIVE} AND q.claim_expires_at > ?""",
-        (run_id, token, now),
-    )
+    """The run's revision under its live claim, fenced (``FENCE``); ClaimLost otherwise."""
+    revision = db.scalar(f"{FENCE} RETURNING (SELECT revision FROM runs r WHERE r.run_id = run_queue.run_id)",
+                         (run_id, token, now))
     if revision is None:
         raise ClaimLost(f"the claim on run {run_id} is no longer live")
     return revision
@@ -120,8 +134,16 @@ def revision_of(db: Database, run_id: str) -> int | None:
     return db.scalar("SELECT revision FROM runs WHERE run_id = ?", (run_id,))
 
 
+def holds_claim(db: Database, run_id: str, token: str, now: int) -> bool:
+    """Whether the claim is live, checked by the fence (``FENCE``): call inside the write
+    transaction it guards."""
+    db.execute(FENCE, (run_id, token, now))
+    return db.changes() == 1
+
+
 def require_claim(db: Database, run_id: str, token: str, now: int) -> None:
-    if not verify_claim(db, run_id, token, now):
+    """The fence (``FENCE``), or ClaimLost."""
+    if not holds_claim(db, run_id, token, now):
         raise ClaimLost(f"the claim on run {run_id} is no longer live")
 
 
@@ -203,20 +225,17 @@ def fail_run(db: Database, run_id: str, token: str, error: dict[str, Any], now: 
 def _end_claimed(db: Database, run_id: str, token: str, status: str, now: int,
                     error: dict[str, Any] | None = None) -> None:
     """Settle the queue row only while the claim is live: the fence is in the UPDATE."""
-    _end_queue_row(db, run_id, status, now, error,
-                  fence=(f"AND claim_token = ? AND {LIVE} AND claim_expires_at > ?", (token, now)))
-    if db.changes() != 1:
+    if not _end_queue_row(db, run_id, status, now, error,
+                          fence=(f"AND claim_token = ? AND {LIVE} AND claim_expires_at > ?", (token, now))):
         raise ClaimLost(f"the claim on run {run_id} is no longer live")
 
 
 def cancel_run(db: Database, run_id: str, now: int, *, token: str | None = None) -> bool:
     """Cancel a run. Without a token only unclaimed runs (queued, parked) can be cancelled."""
     with db.write():
-        where = f"claim_token = :token AND {LIVE}" if token else "status IN ('queued', 'parked')"
-        row = db.one(f"SELECT 1 FROM run_queue WHERE run_id = :run AND {where}", {"run": run_id, "token": token})
-        if row is None:
+        fence = (f"AND claim_token = ? AND {LIVE}", (token,)) if token else ("AND status IN ('queued', 'parked')", ())
+        if not _end_queue_row(db, run_id, QueueStatus.CANCELLED, now, fence=fence):  # the fence is in the UPDATE
             return False
-        _end_queue_row(db, run_id, QueueStatus.CANCELLED, now)
         db.execute(
             """UPDATE runs SET status = 'cancelled', status_detail = NULL, finished_at = ?,
                  updated_at = ?, revision = revision + 1 WHERE run_id = ?""",
@@ -236,7 +255,8 @@ def _interrupt_attempts(db: Database, run_id: str, now: int) -> None:
 
 
 def _end_queue_row(db: Database, run_id: str, status: str, now: int, error: dict[str, Any] | None = None,
-                  fence: tuple[str, tuple[Any, ...]] = ("", ())) -> None:
+                  fence: tuple[str, tuple[Any, ...]] = ("", ())) -> bool:
+    """End the queue row (where ``fence`` holds); whether it did."""
     db.execute(
         f"""UPDATE run_queue SET status = ?, runner_id = NULL, claim_token = NULL,
               claim_expires_at = NULL, hold = NULL, error_code = ?, error_message = ?,
@@ -245,8 +265,10 @@ def _end_queue_row(db: Database, run_id: str, status: str, now: int, error: dict
         (status, error and error.get("type"), error and str(error.get("message", ""))[:2048], now, now, run_id,
          *fence[1]),
     )
-    if db.changes() == 1:
-        _close_interactions(db, run_id, status, now)
+    if db.changes() != 1:
+        return False
+    _close_interactions(db, run_id, status, now)
+    return True
 
 
 def _close_interactions(db: Database, run_id: str, status: str, now: int) -> None:

@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
 
 import msgspec
 
-from piwf.errors import Rejected
 from piwf.protocol import WorkerSummary
 from piwf.status import ENDED, LIVE_WORKER
 from piwf.wire import canonical_json
 from piwf.protocol.worker import WorkerMessage, WorkerResponse, worker_fingerprint
 from piwf.store.sqlite.db import Database
-from piwf.store.sqlite.queue import add_event, fenced_revision, revision_of
+from piwf.store.sqlite.queue import add_event
 from piwf.store.sqlite.schema import one_of
 
 ACTIVE = "status IN ('starting', 'running')"
@@ -88,22 +85,6 @@ def read_message(db: Database, message: WorkerMessage) -> WorkerResponse | None:
     return msgspec.json.decode(row[1].encode(), type=WorkerResponse)
 
 
-def answer(db: Database, message: WorkerMessage, *, run_id: str, token: str, now: int, check_revision: bool,
-           revises: bool, apply: Callable[[], Any]) -> tuple[WorkerResponse, Any]:
-    """Carry out one worker message in one transaction: fenced by the run's claim token,
-    checked against the run revision (unless ``check_revision`` is false), ``apply`` (store
-    operations only), and the answer recorded so a repeated message id gets it again.
-    Returns the answer and what ``apply`` returned. Raises ClaimLost, or Rejected and
-    the other store errors; then nothing was changed."""
-    with db.write():
-        current = fenced_revision(db, run_id, token, now)
-        if check_revision and message.expectedRevision != current:
-            raise Rejected(f"run revision conflict: expected {message.expectedRevision}, now {current}")
-        result, extra = apply()
-        response = WorkerResponse(message.messageId, "accepted",
-                                  revision=revision_of(db, run_id) if revises else current, result=result)
-        record_message(db, message, response, now)
-    return response, extra
 
 
 def record_message(db: Database, message: WorkerMessage, response: WorkerResponse, now: int) -> None:
