@@ -236,7 +236,6 @@ async def _run_resume(host: HostState, tx: UnitOfWork, request: ResumeRun, info:
     receipt = HoldReceipt(**await tx.runs.resume_run(run_id, host.now(), definition=definition))
     if info is not None:  # the workflow as it is now may declare settings the run did not have
         await settings_operations.start_scope(tx, run_id, info, None, actor_id=request.clientId, now=host.now())
-    host.backoff.pop(run_id, None)
     after.append(host.wake)
     return HostResponse(request.requestId, Outcome.ACCEPTED, revision=await tx.runs.revision(run_id),
                         receipt=receipt)
