@@ -14,15 +14,6 @@ ROOT = Path(__file__).resolve().parents[1]
 HOST = sorted((ROOT / "src" / "piwf" / "host").glob("*.py"))
 STORE_MODULES = ("hosts", "queue", "runs", "workers", "effects", "commands", "supervision", "controllers",
                  "controller_queue", "controller_effects", "delivery", "updates", "interactions", "settings")
-# host/ files still calling the SQLite backend directly (through the transitional
-# ``HostState.db``): the control lane of issue 19, ported separately. Remove a file from
-# here once it goes through ``host.store``; the list must end empty, and ``HostState.db`` go.
-NOT_YET_PORTED = {"operations.py", "server.py", "delivery.py", "settings_operations.py", "controller_operations.py",
-                  "catalog.py", "reconcile_steering.py"}
-# Ported files that still hand ``host.db`` to a function of those (reconcile_messages: to
-# settings_operations.start_scope and reconcile_steering's handlers), and HostState's
-# transitional ``db`` property itself (state.py).
-STILL_ON_HOST_DB = {"reconcile_messages.py", "state.py"}
 
 
 def _host_source() -> str:
@@ -52,15 +43,11 @@ def test_the_host_depends_on_the_store_interface_only() -> None:
     """host/ imports no apsw and no backend (``piwf.store.sqlite``), names no ``Database``,
     and reaches the store through ``host.store`` (``piwf.store.api``)."""
     for path in HOST:
-        if path.name in NOT_YET_PORTED:
-            continue
         imported = _imports(path)
         backend = sorted(name for name in imported if name.split(".")[0] == "apsw"
                          or (name.startswith("piwf.store") and not name.startswith("piwf.store.api")))
         assert not backend, f"host/{path.name} imports {backend}: host/ depends on piwf.store.api only"
         source = path.read_text()
-        if path.name in STILL_ON_HOST_DB:
-            continue
         assert not re.search(r"\bDatabase\b|\bhost\.db\b|\.db\.", source), f"host/{path.name} holds the database"
 
 

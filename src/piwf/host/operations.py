@@ -39,6 +39,7 @@ from piwf.store.api import UnitOfWork
 from piwf.wire import HostResponse, check_id, request_fingerprint
 from piwf.host import controller_operations
 from piwf.host import delivery
+from piwf.host.delivery import until_changed
 from piwf.host import settings_operations
 from piwf.host.catalog import WorkflowInfo
 from piwf.host.state import HostState, log
@@ -132,7 +133,7 @@ async def _run_wait(host: HostState, request: WaitRun) -> WaitReceipt:
     beside a worker still `running`."""
     run_id = request.runId
     with trio.move_on_after(request.payload.timeoutMs / 1000):  # changed: every change, and a run leaving host.active
-        await delivery.until_changed(host, lambda: _summary_settled(host, run_id))
+        await until_changed(host, lambda: _summary_settled(host, run_id))
     run = await host.store.runs.get_run(run_id, host.now())
     return WaitReceipt(**msgspec.structs.asdict(run), atRest=_settled(host, run))
 
@@ -197,13 +198,13 @@ async def _run_start(host: HostState, tx: UnitOfWork, request: StartRun, prepare
 
 async def _run_cancel(host: HostState, tx: UnitOfWork, request: CancelRun, prepared: None,
                       after: After) -> HostResponse:
-    run_id = request.runId
-    await _check_revision(tx, request)
+    run_id, expected = request.runId, request.expectedRevision  # its compare-and-set is in the store's write
     active = host.active.get(run_id)
     now = host.now()
-    if active is not None and await tx.queue.cancel_run(run_id, now, token=active.claim.token):
+    if active is not None and await tx.queue.cancel_run(run_id, now, token=active.claim.token,
+                                                        expected_revision=expected):
         after.append(lambda: active.stop(StopReason.CANCELLED))
-    elif not await tx.queue.cancel_run(run_id, now):
+    elif not await tx.queue.cancel_run(run_id, now, expected_revision=expected):
         run = await tx.runs.run_summary(run_id)
         raise Rejected(f"run {run_id} cannot be cancelled: it is {run.status} ({run.queueStatus})")
     return HostResponse(request.requestId, Outcome.ACCEPTED, revision=await tx.runs.revision(run_id),
@@ -213,8 +214,7 @@ async def _run_cancel(host: HostState, tx: UnitOfWork, request: CancelRun, prepa
 async def _run_pause(host: HostState, tx: UnitOfWork, request: PauseRun, prepared: None,
                      after: After) -> HostResponse:
     run_id = request.runId
-    await _check_revision(tx, request)
-    receipt = HoldReceipt(**await tx.runs.pause_run(run_id, host.now()))
+    receipt = HoldReceipt(**await tx.runs.pause_run(run_id, host.now(), expected_revision=request.expectedRevision))
     return HostResponse(request.requestId, Outcome.ACCEPTED, revision=await tx.runs.revision(run_id),
                         receipt=receipt)
 
@@ -231,9 +231,9 @@ async def _prepare_resume(host: HostState, request: ResumeRun) -> WorkflowInfo |
 async def _run_resume(host: HostState, tx: UnitOfWork, request: ResumeRun, info: WorkflowInfo | None,
                       after: After) -> HostResponse:
     run_id = request.runId
-    await _check_revision(tx, request)
     definition = None if info is None else (info.digest, info.source, info.start_at)
-    receipt = HoldReceipt(**await tx.runs.resume_run(run_id, host.now(), definition=definition))
+    receipt = HoldReceipt(**await tx.runs.resume_run(run_id, host.now(), definition=definition,
+                                                     expected_revision=request.expectedRevision))
     if info is not None:  # the workflow as it is now may declare settings the run did not have
         await settings_operations.start_scope(tx, run_id, info, None, actor_id=request.clientId, now=host.now())
     after.append(host.wake)
@@ -294,13 +294,6 @@ async def _decision_answer(host: HostState, tx: UnitOfWork, request: AnswerDecis
         answered_by=request.clientId, expected_revision=payload.expectedRevision, now=host.now())
     after.append(host.wake)
     return HostResponse(request.requestId, Outcome.ACCEPTED, receipt=receipt)
-
-
-# --- helpers -------------------------------------------------------------------------------
-
-
-async def _check_revision(tx: UnitOfWork, request: CancelRun | PauseRun | ResumeRun) -> None:
-    await tx.runs.check_revision(request.runId, request.expectedRevision)
 
 
 # Handlers by request type; every type in protocol.AnyRequest has one (tests check it).

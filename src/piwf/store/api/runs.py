@@ -82,16 +82,20 @@ class RunsStore(Protocol):
     async def check_revision(self, run_id: str, expected: int | None) -> int:
         """Raises Conflict, NotFound."""
 
-    async def pause_run(self, run_id: str, now: int) -> dict[str, Any]:
-        """Hold a run: it is not claimed again, and an active worker stops at the next node boundary. Raises
-        NotFound, Rejected.
+    async def pause_run(self, run_id: str, now: int, *, expected_revision: int | None = None) -> dict[str, Any]:
+        """Hold a run: it is not claimed again, and an active worker stops at the next node boundary.
+        ``expected_revision`` (None: any) is a compare-and-set on the run's revision, checked by the write itself,
+        as is the run not having ended. Raises NotFound, Conflict, Rejected (in that order of checking).
         """
 
     async def resume_run(
-            self, run_id: str, now: int, *, definition: tuple[str, bytes, str | None] | None = None) -> dict[str, Any]:
+            self, run_id: str, now: int, *, definition: tuple[str, bytes, str | None] | None = None,
+            expected_revision: int | None = None) -> dict[str, Any]:
         """Release a held run, its crash count and crash back-off cleared. ``definition`` (digest, source, start
         node) replaces the run's workflow definition: resuming a run held because its workflow changed adopts
-        the new one. Raises NotFound, Rejected.
+        the new one — only while it is still held so (``hold = 'source'``; Conflict if it was resumed
+        meanwhile). ``expected_revision`` as for ``pause_run``; every condition is checked by the write itself.
+        Raises NotFound, Conflict, Rejected.
         """
 
     async def hold_of(self, run_id: str) -> str | None:
@@ -179,9 +183,11 @@ class QueueStore(Protocol):
     async def fail_run(self, run_id: str, token: str, error: dict[str, Any], now: int) -> int:
         """Raises ClaimLost, Conflict."""
 
-    async def cancel_run(self, run_id: str, now: int, *, token: str | None = None) -> bool:
-        """Cancel a run. Without a token only unclaimed runs (queued, parked) can be cancelled. Raises
-        Conflict.
+    async def cancel_run(
+            self, run_id: str, now: int, *, token: str | None = None, expected_revision: int | None = None) -> bool:
+        """Cancel a run. Without a token only unclaimed runs (queued, parked) can be cancelled; False when the run
+        cannot be cancelled so. ``expected_revision`` (None: any) is a compare-and-set on the run's revision, checked
+        in the same write. Raises NotFound (an unknown run), Conflict (another revision).
         """
 
 

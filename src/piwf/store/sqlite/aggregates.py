@@ -95,12 +95,13 @@ class SqliteRunsStore:
     async def check_revision(self, run_id: str, expected: int | None) -> int:
         return _runs.check_revision(self.db, run_id, expected)
 
-    async def pause_run(self, run_id: str, now: int) -> dict[str, Any]:
-        return _runs.pause_run(self.db, run_id, now)
+    async def pause_run(self, run_id: str, now: int, *, expected_revision: int | None = None) -> dict[str, Any]:
+        return _runs.pause_run(self.db, run_id, now, expected_revision=expected_revision)
 
     async def resume_run(
-            self, run_id: str, now: int, *, definition: tuple[str, bytes, str | None] | None = None) -> dict[str, Any]:
-        return _runs.resume_run(self.db, run_id, now, definition=definition)
+            self, run_id: str, now: int, *, definition: tuple[str, bytes, str | None] | None = None,
+            expected_revision: int | None = None) -> dict[str, Any]:
+        return _runs.resume_run(self.db, run_id, now, definition=definition, expected_revision=expected_revision)
 
     async def hold_of(self, run_id: str) -> str | None:
         return _runs.hold_of(self.db, run_id)
@@ -179,8 +180,9 @@ class SqliteQueueStore:
     async def fail_run(self, run_id: str, token: str, error: dict[str, Any], now: int) -> int:
         return _queue.fail_run(self.db, run_id, token, error, now)
 
-    async def cancel_run(self, run_id: str, now: int, *, token: str | None = None) -> bool:
-        return _queue.cancel_run(self.db, run_id, now, token=token)
+    async def cancel_run(
+            self, run_id: str, now: int, *, token: str | None = None, expected_revision: int | None = None) -> bool:
+        return _queue.cancel_run(self.db, run_id, now, token=token, expected_revision=expected_revision)
 
 
 class SqliteSupervisionStore:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from piwf.errors import ClaimLost
+from piwf.errors import ClaimLost, Conflict, NotFound
 from piwf.wire import canonical_json
 from piwf.status import ACTIVE_QUEUE, QueueStatus
 from piwf.store.sqlite import delivery
@@ -232,11 +232,31 @@ def _end_claimed(db: Database, run_id: str, token: str, status: str, now: int,
         raise ClaimLost(f"the claim on run {run_id} is no longer live")
 
 
-def cancel_run(db: Database, run_id: str, now: int, *, token: str | None = None) -> bool:
-    """Cancel a run. Without a token only unclaimed runs (queued, parked) can be cancelled."""
+# In a write of run_queue: the run is at the revision a request expected (? IS NULL: any).
+AT_REVISION = "AND (? IS NULL OR (SELECT r.revision FROM runs r WHERE r.run_id = run_queue.run_id) = ?)"
+
+
+def refuse_revision(db: Database, run_id: str, expected: int | None) -> None:
+    """After a write guarded by AT_REVISION changed nothing, say why if the revision is the
+    reason: NotFound for an unknown run, Conflict for one not at ``expected``."""
+    current = revision_of(db, run_id)
+    if current is None:
+        raise NotFound(f"run {run_id} not found")
+    if expected is not None and expected != current:
+        raise Conflict(f"run {run_id} is at revision {current}, not {expected}")
+
+
+def cancel_run(db: Database, run_id: str, now: int, *, token: str | None = None,
+               expected_revision: int | None = None) -> bool:
+    """Cancel a run. Without a token only unclaimed runs (queued, parked) can be cancelled;
+    ``expected_revision``, a compare-and-set on the run's revision, is checked in the same
+    UPDATE (NotFound, Conflict)."""
     with db.write():
-        fence = (f"AND claim_token = ? AND {LIVE}", (token,)) if token else ("AND status IN ('queued', 'parked')", ())
+        where, params = ((f"AND claim_token = ? AND {LIVE}", (token,)) if token
+                         else ("AND status IN ('queued', 'parked')", ()))
+        fence = (f"{where} {AT_REVISION}", (*params, expected_revision, expected_revision))
         if not _end_queue_row(db, run_id, QueueStatus.CANCELLED, now, fence=fence):  # the fence is in the UPDATE
+            refuse_revision(db, run_id, expected_revision)
             return False
         db.execute(
             """UPDATE runs SET status = 'cancelled', status_detail = NULL, finished_at = ?,

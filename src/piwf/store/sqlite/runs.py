@@ -15,7 +15,7 @@ from piwf.store.sqlite.db import Database
 from piwf.store.sqlite.effects import list_effects
 from piwf.store.sqlite import delivery, updates
 from piwf.store.sqlite.interactions import count_open, list_requests
-from piwf.store.sqlite.queue import add_event, require_claim, revision_of
+from piwf.store.sqlite.queue import AT_REVISION, add_event, refuse_revision, require_claim, revision_of
 from piwf.store.sqlite.schema import lifecycle_contradicts
 from piwf.store.sqlite.timefmt import iso
 from piwf.store.sqlite.workers import worker_summaries
@@ -72,16 +72,41 @@ def check_revision(db: Database, run_id: str, expected: int | None) -> int:
     return current
 
 
-def pause_run(db: Database, run_id: str, now: int) -> dict[str, Any]:
+# The guard of an operator's hold change: a write of the run's queue row that changes
+# nothing, taken only while the run has not ended and is at the revision the request
+# expected (and whatever ``extra`` adds). Being a write, what it checked holds for the rest
+# of the transaction however many writers there are.
+HOLD_GUARD = f"""UPDATE run_queue SET claim_token = claim_token
+  WHERE run_id = ? AND status NOT IN ({", ".join(f"'{status}'" for status in sorted(ENDED))}) {AT_REVISION}"""
+
+
+def _guard_hold(db: Database, run_id: str, expected: int | None, extra: str = "",
+                params: tuple[Any, ...] = ()) -> str | None:
+    """The run's queue status if the guard (HOLD_GUARD) holds, else None."""
+    return db.scalar(f"{HOLD_GUARD} {extra} RETURNING status", (run_id, expected, expected, *params))
+
+
+def _refuse_hold(db: Database, run_id: str, expected: int | None) -> None:
+    """Why the guard did not hold, if the run is unknown (NotFound), at another revision
+    (Conflict) or ended (Rejected), in that order."""
+    refuse_revision(db, run_id, expected)
+    queue_status = _queue_status(db, run_id)
+    if queue_status in ENDED:
+        raise Rejected(f"run {run_id} has already ended ({queue_status})")
+
+
+def pause_run(db: Database, run_id: str, now: int, *, expected_revision: int | None = None) -> dict[str, Any]:
     """Hold a run: it is not claimed again, and an active worker stops at the next node boundary.
+    ``expected_revision`` is a compare-and-set on the run's revision, checked by the write.
 
     Pause and resume change operator flags, not engine state, so the run revision (which
     fences the worker's writes) stays as it is.
     """
     with db.write():
-        queue_status = _queue_status(db, run_id)
-        if queue_status in ENDED:
-            raise Rejected(f"run {run_id} has already ended ({queue_status})")
+        queue_status = _guard_hold(db, run_id, expected_revision)
+        if queue_status is None:
+            _refuse_hold(db, run_id, expected_revision)
+            raise Conflict(f"run {run_id} changed while it was paused; try again")
         db.execute("UPDATE run_queue SET hold = COALESCE(hold, 'paused'), updated_at = ? WHERE run_id = ?",
                    (now, run_id))
         db.execute(
@@ -97,17 +122,24 @@ def hold_of(db: Database, run_id: str) -> str | None:
     return db.scalar("SELECT hold FROM run_queue WHERE run_id = ?", (run_id,))
 
 
-def resume_run(db: Database, run_id: str, now: int, *,
-               definition: tuple[str, bytes, str | None] | None = None) -> dict[str, Any]:
+def resume_run(db: Database, run_id: str, now: int, *, definition: tuple[str, bytes, str | None] | None = None,
+               expected_revision: int | None = None) -> dict[str, Any]:
     """Release a held run. ``definition`` (digest, source, start node) replaces the run's
-    workflow definition: resuming a run held because its workflow changed adopts the new one."""
+    workflow definition: resuming a run held because its workflow changed adopts the new
+    one, only while it is held so (Conflict otherwise). ``expected_revision`` is a
+    compare-and-set on the run's revision. Both are checked by the write."""
     with db.write():
-        queue_status = _queue_status(db, run_id)
-        if queue_status in ENDED:
-            raise Rejected(f"run {run_id} has already ended ({queue_status})")
-        if hold_of(db, run_id) == Hold.EFFECT:
-            raise Rejected(f"run {run_id} is held for an ambiguous effect; "
-                           "say what happened with piwf run resolve-effect")
+        extra, params = "AND hold IS NOT ?", (Hold.EFFECT,)
+        if definition is not None:
+            extra, params = f"{extra} AND hold = ?", (*params, Hold.SOURCE)
+        queue_status = _guard_hold(db, run_id, expected_revision, extra, params)
+        if queue_status is None:
+            _refuse_hold(db, run_id, expected_revision)
+            if hold_of(db, run_id) == Hold.EFFECT:
+                raise Rejected(f"run {run_id} is held for an ambiguous effect; "
+                               "say what happened with piwf run resolve-effect")
+            raise Conflict(f"run {run_id} is no longer held because its workflow changed "
+                           "(resumed meanwhile); look at it again")
         if definition is not None:
             digest, source, start_node = definition
             db.execute("UPDATE runs SET definition_digest = ?, definition_hash = ?, start_node = ? WHERE run_id = ?",
