@@ -429,7 +429,7 @@ async def test_the_follower_claims_no_turn_while_its_runs_notification_is_claime
 
     waits = await trio.to_thread.run_sync(twice)
     assert all(w is not None and w > RACED_WAIT_MS for w in waits), waits  # until the hog's claim expires
-    claims = host.db.scalar("SELECT COUNT(*) FROM host_commands WHERE client_id = 'follower'")
+    claims = host.store.db.scalar("SELECT COUNT(*) FROM host_commands WHERE client_id = 'follower'")
     assert claims == 0  # it wrote nothing
 
 

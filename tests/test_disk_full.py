@@ -23,8 +23,8 @@ async def test_a_full_disk_refuses_writes_clearly_and_the_host_recovers_when_spa
 ) -> None:
     # SQLite's own size limit makes the disk "full" for this connection: the same
     # SQLITE_FULL error a full file system gives, without needing one.
-    pages = host.db.scalar("PRAGMA page_count")
-    host.db.execute(f"PRAGMA max_page_count = {pages}")
+    pages = host.store.db.scalar("PRAGMA page_count")
+    host.store.db.execute(f"PRAGMA max_page_count = {pages}")
     big_input = {"blob": "x" * 200_000}  # needs new pages
     request = make_request("run.start", client_id="c", payload={
         "workflow": "greet", "projectPath": str(project), "input": big_input})
@@ -35,7 +35,7 @@ async def test_a_full_disk_refuses_writes_clearly_and_the_host_recovers_when_spa
         status = await client.call("host.status")
         assert status.outcome == "accepted" and status.receipt["queuedRuns"] == 0  # nothing half-written
 
-        host.db.execute("PRAGMA max_page_count = 1073741823")  # space is back
+        host.store.db.execute("PRAGMA max_page_count = 1073741823")  # space is back
         accepted = await client.send(request)  # the same request, retried
         assert accepted.outcome == "accepted", accepted
         run_id = accepted.receipt["runId"]

@@ -162,9 +162,9 @@ async def test_run_events_are_paged_and_the_cli_fetches_every_page(
 ) -> None:
     run_id = (await client.call("run.start", payload=start_payload(project))).receipt["runId"]
     await client.call("run.wait", run_id=run_id, payload={"timeoutMs": 20_000})
-    with host.db.write():  # a long trace: more than one page of 1,000
+    with host.store.db.write():  # a long trace: more than one page of 1,000
         for n in range(2500):
-            queue.add_event(host.db, run_id, "paused", {"reason": f"filler {n}"}, host.now())
+            queue.add_event(host.store.db, run_id, "paused", {"reason": f"filler {n}"}, host.now())
     pages, after = [], 0
     while after is not None:
         page = (await client.call("run.events", run_id=run_id, payload={"after": after})).receipt

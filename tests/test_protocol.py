@@ -137,7 +137,7 @@ async def test_host_status_reports_counts(client: AsyncClient) -> None:
 async def test_read_only_operations_are_not_logged(client: AsyncClient, host: HostState) -> None:
     for _ in range(3):
         await client.send(make_request("host.status", client_id="c", request_id="same"))
-    assert host.db.scalar("SELECT COUNT(*) FROM host_commands") == 0
+    assert host.store.db.scalar("SELECT COUNT(*) FROM host_commands") == 0
 
 
 async def test_a_failing_node_fails_the_run_with_its_error(client: AsyncClient, project: Path) -> None:

@@ -14,10 +14,6 @@ ROOT = Path(__file__).resolve().parents[1]
 HOST = sorted((ROOT / "src" / "piwf" / "host").glob("*.py"))
 STORE_MODULES = ("hosts", "queue", "runs", "workers", "effects", "commands", "supervision", "controllers",
                  "controller_queue", "controller_effects", "delivery", "updates", "interactions", "settings")
-# host/ files still calling the SQLite backend directly: none (the list must stay empty).
-NOT_YET_PORTED: set[str] = set()
-# HostState's transitional ``db`` property (state.py), until it goes.
-STILL_ON_HOST_DB = {"state.py"}
 
 
 def _host_source() -> str:
@@ -47,15 +43,11 @@ def test_the_host_depends_on_the_store_interface_only() -> None:
     """host/ imports no apsw and no backend (``piwf.store.sqlite``), names no ``Database``,
     and reaches the store through ``host.store`` (``piwf.store.api``)."""
     for path in HOST:
-        if path.name in NOT_YET_PORTED:
-            continue
         imported = _imports(path)
         backend = sorted(name for name in imported if name.split(".")[0] == "apsw"
                          or (name.startswith("piwf.store") and not name.startswith("piwf.store.api")))
         assert not backend, f"host/{path.name} imports {backend}: host/ depends on piwf.store.api only"
         source = path.read_text()
-        if path.name in STILL_ON_HOST_DB:
-            continue
         assert not re.search(r"\bDatabase\b|\bhost\.db\b|\.db\.", source), f"host/{path.name} holds the database"
 
 

@@ -108,7 +108,7 @@ async def test_claim_renewal_keeps_every_active_claim_live_across_many_leases(
             nursery.start_soon(renew_claims, host)
             await trio.sleep(host.config.run_lease_ms / 1000 * 20)
             for run in (active, second):
-                assert queue.verify_claim(host.db, run.run_id, run.claim.token, host.now())
+                assert queue.verify_claim(host.store.db, run.run_id, run.claim.token, host.now())
             nursery.cancel_scope.cancel()
     assert not active.scope.cancel_called and not second.scope.cancel_called
 
@@ -117,7 +117,7 @@ async def test_a_lost_claim_cancels_that_run_scope_only(tmp_path: Path, autojump
     host, active = _claimed_run(tmp_path)
     other = _claim_another(host, "r2")
     # Another epoch takes the first run over: its claim is expired and claimed anew.
-    db = host.db
+    db = host.store.db
     db.execute("UPDATE run_queue SET claim_expires_at = ? WHERE run_id = 'r'", (host.now(),))
     assert queue.claim_run(db, active.run_id, runner_id="other", token="theirs", lease_ms=30_000,
                            now=host.now(), epoch=host.epoch + 1)
@@ -141,7 +141,7 @@ async def test_a_run_that_released_its_claim_itself_is_not_stopped_as_claim_lost
     """Between its worker's last message (which completed the run) and the worker's exit,
     the claim is gone because the worker gave it back, not because it was lost."""
     host, active = _claimed_run(tmp_path)
-    queue.complete_run(host.db, active.run_id, active.claim.token, {"done": True}, host.now())
+    queue.complete_run(host.store.db, active.run_id, active.claim.token, {"done": True}, host.now())
     active.conclusion = Conclusion.DONE
     with trio.CancelScope() as scope:
         active.scope = scope
@@ -172,9 +172,9 @@ async def _finished_workers(client: AsyncClient, run_id: str) -> list | None:
 
 
 def _claim_another(host: HostState, run_id: str) -> ActiveRun:
-    runs.create_run(host.db, run_id=run_id, workflow="w", project_path="/", source=b"", digest="d", input={},
+    runs.create_run(host.store.db, run_id=run_id, workflow="w", project_path="/", source=b"", digest="d", input={},
                     origin_session_id=None, now=host.now())
-    claim = queue.claim_run(host.db, run_id, runner_id=host.host_id, token=f"mine-{run_id}", lease_ms=3000,
+    claim = queue.claim_run(host.store.db, run_id, runner_id=host.host_id, token=f"mine-{run_id}", lease_ms=3000,
                             now=host.now(), epoch=host.epoch)
     assert claim is not None
     run = ActiveRun(claim, worker_epoch=f"w-{run_id}")
@@ -222,13 +222,13 @@ async def test_heartbeat_renews_the_host_lease_and_stops_the_host_when_it_is_los
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_heartbeat, host)
             await trio.sleep(30)  # ten leases
-            assert read_lease(host.db).live(host.now()) and not host.stop_requested.is_set()
+            assert read_lease(host.store.db).live(host.now()) and not host.stop_requested.is_set()
             # Another host takes the state directory (it proved this one dead).
-            acquire_lease(host.db, host_id="usurper", pid=2, identity="y", lease_ms=3000, now=host.now(),
+            acquire_lease(host.store.db, host_id="usurper", pid=2, identity="y", lease_ms=3000, now=host.now(),
                           owner_dead=True)
             await host.stop_requested.wait()
             nursery.cancel_scope.cancel()
-    assert read_lease(host.db).host_id == "usurper"
+    assert read_lease(host.store.db).host_id == "usurper"
 
 
 async def test_dispatch_is_bounded_and_event_driven(paths: StatePaths, project: Path, nursery: trio.Nursery) -> None:

@@ -71,7 +71,7 @@ def test_ready_returns_the_input_and_marks_the_run_running(setup) -> None:
     host, active, _ = setup
     response = handle(host, active, message("m1", "worker.ready", 0))
     assert response.outcome == "accepted" and (response.result.input, response.result.steps) == ({"a": 1}, [])
-    assert runs.get_run(host.db, "r").queueStatus == "running"
+    assert runs.get_run(host.store.db, "r").queueStatus == "running"
     assert active.ready.is_set()
 
 
@@ -81,7 +81,7 @@ def test_a_worker_whose_workflow_changed_or_did_not_load_holds_the_run_in_its_re
     response = handle(host, active, message("m1", "worker.ready", 0, **loaded))
     assert response.outcome == "accepted" and response.result.stop == "source"
     assert active.conclusion is Conclusion.DONE
-    run = runs.get_run(host.db, "r")
+    run = runs.get_run(host.store.db, "r")
     assert (run.queueStatus, run.hold, run.steps) == ("parked", "source", [])
     assert ("changed" if "digest" in loaded else "cannot load: SyntaxError") in run.statusDetail
 
@@ -93,14 +93,14 @@ def test_a_repeated_message_id_gets_the_stored_answer_and_changes_nothing(setup)
     first = handle(host, active, start)
     again = handle(host, active, start)
     assert canonical_json(first) == canonical_json(again) and first.outcome == "accepted"
-    assert len(runs.get_run(host.db, "r").steps) == 1
+    assert len(runs.get_run(host.store.db, "r").steps) == 1
 
 
 def test_a_stale_generation_or_worker_epoch_gets_claim_lost(setup) -> None:
     host, active, _ = setup
     assert handle(host, active, message("m1", "worker.ready", 0, generation=0)).outcome == "claimLost"
     assert handle(host, active, message("m1", "worker.ready", 0, epoch="w0")).outcome == "claimLost"
-    assert runs.get_run(host.db, "r").queueStatus == "starting"  # nothing was written
+    assert runs.get_run(host.store.db, "r").queueStatus == "starting"  # nothing was written
 
 
 def test_a_stale_revision_is_rejected(setup) -> None:
@@ -108,7 +108,7 @@ def test_a_stale_revision_is_rejected(setup) -> None:
     ready = handle(host, active, message("m1", "worker.ready", 0))
     stale = handle(host, active, message("m2", "attempt.start", ready.revision - 1, seq=0, node="a"))
     assert stale.outcome == "rejected" and "revision conflict" in stale.error
-    assert runs.get_run(host.db, "r").steps == []
+    assert runs.get_run(host.store.db, "r").steps == []
 
 
 def test_an_expired_claim_refuses_every_write_and_the_worker_is_told_so(setup) -> None:
@@ -118,7 +118,7 @@ def test_an_expired_claim_refuses_every_write_and_the_worker_is_told_so(setup) -
     response = handle(host, active, message("m2", "run.complete", ready.revision, output=1))
     assert response.outcome == "claimLost"
     assert active.conclusion is Conclusion.CLAIM_LOST  # told in the answer; its scope is left alone
-    assert runs.get_run(host.db, "r").status == "running"
+    assert runs.get_run(host.store.db, "r").status == "running"
 
 
 def test_bad_payloads_and_unknown_operations_are_protocol_errors_naming_the_field() -> None:
@@ -133,10 +133,10 @@ def test_bad_payloads_and_unknown_operations_are_protocol_errors_naming_the_fiel
 def test_a_paused_run_is_told_to_stop_at_the_boundary(setup) -> None:
     host, active, clock = setup
     ready = handle(host, active, message("m1", "worker.ready", 0))
-    runs.pause_run(host.db, "r", clock.now_ms())
+    runs.pause_run(host.store.db, "r", clock.now_ms())
     response = handle(host, active, message("m2", "attempt.start", ready.revision, seq=0, node="a"))
     assert msgspec.to_builtins(response.result) == {"stop": "paused"}
-    assert runs.get_run(host.db, "r").steps == []
+    assert runs.get_run(host.store.db, "r").steps == []
 
 
 def test_a_final_accept_completes_the_run_in_the_same_step(setup) -> None:
@@ -146,7 +146,7 @@ def test_a_final_accept_completes_the_run_in_the_same_step(setup) -> None:
     done = handle(host, active, message("m3", "attempt.accept", start.revision, attemptId=start.result.attemptId,
                                         output={"x": 1}, exit="next", final=True))
     assert done.outcome == "accepted" and active.conclusion is Conclusion.DONE
-    run = runs.get_run(host.db, "r")
+    run = runs.get_run(host.store.db, "r")
     assert (run.status, run.queueStatus, run.output) == ("completed", "done", {"x": 1})
     assert [s.status for s in run.steps] == ["accepted"]
 
@@ -157,9 +157,9 @@ def test_a_worker_whose_steps_were_all_accepted_completes_with_run_complete(setu
     start = handle(host, active, message("m2", "attempt.start", ready.revision, seq=0, node="a"))
     accepted = handle(host, active, message("m3", "attempt.accept", start.revision,
                                             attemptId=start.result.attemptId, output=1, exit="next"))
-    assert runs.get_run(host.db, "r").status == "running"  # not final: the run goes on
+    assert runs.get_run(host.store.db, "r").status == "running"  # not final: the run goes on
     done = handle(host, active, message("m4", "run.complete", accepted.revision, output=1))
-    assert done.outcome == "accepted" and runs.get_run(host.db, "r").status == "completed"
+    assert done.outcome == "accepted" and runs.get_run(host.store.db, "r").status == "completed"
 
 
 def test_ready_starts_a_fresh_runs_first_attempt(tmp_path: Path) -> None:

@@ -8,7 +8,6 @@ import math
 import secrets
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
 
 import trio
 import trio_util
@@ -150,12 +149,6 @@ class HostState:
 
     def now(self) -> int:
         return self.clock.now_ms()
-
-    @property
-    def db(self) -> Any:
-        """The SQLite backend's ``Database``, for the host files not yet ported to the store
-        interface (the transition of issue 19; goes once none uses it)."""
-        return self.store.db  # type: ignore[attr-defined]
 
     async def durable(self) -> None:
         """Return once everything committed so far is durable: before any answer."""

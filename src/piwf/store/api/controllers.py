@@ -57,7 +57,8 @@ class ControllersStore(Protocol):
 class ControllerQueueStore(Protocol):
     """The controller queue: claims (token, lease, claim generation) and reconcile
     results. A reconcile worker's message is one unit of work opened by ``fence`` (which
-    renews the claim).
+    renews the claim); ``reconcile_view``, ``finish_success`` and ``finish_failure`` name no
+    token: call them on such a unit of work only.
     """
 
     async def claim_due(
@@ -121,7 +122,9 @@ class ControllerQueueStore(Protocol):
 
 class ControllerEffectsStore(Protocol):
     """A resource's effect ledger and the child runs it started, fenced by the
-    claim ``generation`` and the resource's spec generation.
+    claim ``generation`` and the resource's spec generation; call them on the unit of work of
+    a fenced reconcile message (after ``controller_queue.fence``), except ``resolve`` and
+    ``sync_children``, which are each one commit of their own.
     """
 
     async def reserve(

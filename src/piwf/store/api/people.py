@@ -19,7 +19,10 @@ if TYPE_CHECKING:
 
 
 class InteractionsStore(Protocol):
-    """Interaction requests of decision and ask nodes (DESIGN.md §7)."""
+    """Interaction requests of decision and ask nodes (DESIGN.md §7). ``open_request``,
+    ``park_again`` and ``reject_submission`` are fenced by the claim ``token`` they name
+    (ClaimLost, nothing changed); ``accept_submission`` names none: call it on the unit of
+    work of a fenced worker message (after ``queue.fenced_revision``)."""
 
     async def open_request(self, run_id: str, token: str, payload: InteractionOpenPayload, now: int) -> str:
         """The attempt's node waits: open (or find) its request and park the run as waiting. Raises ClaimLost,
@@ -35,7 +38,7 @@ class InteractionsStore(Protocol):
         """
 
     async def park_again(self, run_id: str, token: str, now: int) -> None:
-        """A worker reached a waiting node with nothing to validate: the run waits again."""
+        """A worker reached a waiting node with nothing to validate: the run waits again. Raises ClaimLost."""
 
     async def accept_submission(self, run_id: str, submission_id: str, value: Any, now: int) -> None:
         """The validated value became the node's output (accepted in this transaction): settle. Raises
@@ -43,7 +46,9 @@ class InteractionsStore(Protocol):
         """
 
     async def reject_submission(self, run_id: str, token: str, submission_id: str, error: str, now: int) -> None:
-        """The value did not fit: the request is open again with the reason, the run waits. Raises Rejected."""
+        """The value did not fit: the request is open again with the reason, the run waits. Raises
+        ClaimLost, Rejected.
+        """
 
     async def answer_decision(
             self, *, request_id: str, choice: str, text: str | None, answered_by: str, expected_revision: int | None,
@@ -166,12 +171,12 @@ class UpdatesStore(Protocol):
 
     async def snapshot(self, *, run_id: str | None, limit: int, now: int) -> WatchPage:
         """Now: the active runs (or ``run_id``), all their updates and open requests, and the latest ``limit``
-        events. Raises NotFound.
+        events. An unknown ``run_id`` gives an empty page (the caller checks the run first).
         """
 
     async def changes(self, *, after: int, run_id: str | None, limit: int, now: int) -> WatchPage:
         """What changed after ``after``: the next ``limit`` events, the runs they touched with their updates
-        published since, and those runs' open requests. Raises NotFound.
+        published since, and those runs' open requests. An unknown ``run_id`` gives an empty page.
         """
 
 

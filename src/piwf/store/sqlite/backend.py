@@ -9,7 +9,7 @@ functions called inside it join it (``Database.write`` nests).
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -23,6 +23,9 @@ from piwf.store.sqlite.aggregates import (
 from piwf.store.sqlite.db import Database, _Write
 from piwf.store.sqlite.group import GroupCommit
 
+if TYPE_CHECKING:
+    from piwf.store import api
+
 
 class SqliteStore:
     """``piwf.store.api.Store`` on one SQLite database. ``db`` is the backend's own (tests,
@@ -30,20 +33,20 @@ class SqliteStore:
 
     def __init__(self, db: Database) -> None:
         self.db = db
-        self.hosts = SqliteHostsStore(db)
-        self.commands = SqliteCommandsStore(db)
-        self.runs = SqliteRunsStore(db)
-        self.queue = SqliteQueueStore(db)
-        self.supervision = SqliteSupervisionStore(db)
-        self.workers = SqliteWorkersStore(db)
-        self.effects = SqliteEffectsStore(db)
-        self.interactions = SqliteInteractionsStore(db)
-        self.delivery = SqliteDeliveryStore(db)
-        self.updates = SqliteUpdatesStore(db)
-        self.settings = SqliteSettingsStore(db)
-        self.controllers = SqliteControllersStore(db)
-        self.controller_queue = SqliteControllerQueueStore(db)
-        self.controller_effects = SqliteControllerEffectsStore(db)
+        self.hosts: api.HostsStore = SqliteHostsStore(db)
+        self.commands: api.CommandsStore = SqliteCommandsStore(db)
+        self.runs: api.RunsStore = SqliteRunsStore(db)
+        self.queue: api.QueueStore = SqliteQueueStore(db)
+        self.supervision: api.SupervisionStore = SqliteSupervisionStore(db)
+        self.workers: api.WorkersStore = SqliteWorkersStore(db)
+        self.effects: api.EffectsStore = SqliteEffectsStore(db)
+        self.interactions: api.InteractionsStore = SqliteInteractionsStore(db)
+        self.delivery: api.DeliveryStore = SqliteDeliveryStore(db)
+        self.updates: api.UpdatesStore = SqliteUpdatesStore(db)
+        self.settings: api.SettingsStore = SqliteSettingsStore(db)
+        self.controllers: api.ControllersStore = SqliteControllersStore(db)
+        self.controller_queue: api.ControllerQueueStore = SqliteControllerQueueStore(db)
+        self.controller_effects: api.ControllerEffectsStore = SqliteControllerEffectsStore(db)
         self.group: GroupCommit | None = None  # set by serve: from then on commits share fsyncs
         self.in_unit_of_work = False
 
@@ -101,3 +104,8 @@ def open_store(paths: Any, *, durability: str = "full") -> SqliteStore:
     the file is checked read-only first (``hosts.open_state``)."""
     path: str | os.PathLike[str] = getattr(paths, "db", paths)
     return SqliteStore(hosts.open_state(path, durability=durability))
+
+
+if TYPE_CHECKING:  # the type checker proves SqliteStore implements the interface
+    def _implements(store: SqliteStore) -> api.Store:
+        return store

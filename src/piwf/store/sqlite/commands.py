@@ -12,7 +12,7 @@ from typing import Any
 
 from piwf.wire import HostRequest, HostResponse, request_fingerprint
 from piwf.store.api.rules import RETENTION_MS
-from piwf.store.sqlite.db import Database
+from piwf.store.sqlite.db import Database, atomic
 
 
 
@@ -73,6 +73,7 @@ def execute(
     return response
 
 
+@atomic
 def record(db: Database, request: HostRequest, fingerprint: bytes, response: HostResponse, epoch: int,
            now: int) -> None:
     """Record a write request's answer; call inside the unit of work that made its change

@@ -20,11 +20,12 @@ from piwf.status import EffectStatus as E
 from piwf.wire import canonical_json, decode_json, sha256_hex
 from piwf.store.sqlite.controller_queue import hold_for_effect, release_effect_hold, set_workflow_run
 from piwf.store.sqlite.controllers import add_resource_event, enqueue
-from piwf.store.sqlite.db import Database
+from piwf.store.sqlite.db import Database, atomic
 
 WHERE = "uid = ? AND spec_generation = ? AND effect_key = ?"
 
 
+@atomic
 def reserve(db: Database, uid: str, spec_generation: int, key: str, *, generation: int, observable: bool,
             now: int) -> dict[str, Any]:
     """What ``ctx.effects.ensure(key, ...)`` must do next: ``new`` (apply it), ``applied`` /
@@ -55,6 +56,7 @@ def reserve(db: Database, uid: str, spec_generation: int, key: str, *, generatio
     return {"state": E.AMBIGUOUS}
 
 
+@atomic
 def begin_apply(db: Database, uid: str, spec_generation: int, key: str, *, generation: int, now: int) -> None:
     ident = (uid, spec_generation, key)
     status = _status(db, ident, generation)
@@ -64,6 +66,7 @@ def begin_apply(db: Database, uid: str, spec_generation: int, key: str, *, gener
     add_resource_event(db, uid, "effect_applying", {"key": key}, now)
 
 
+@atomic
 def settle(db: Database, uid: str, spec_generation: int, key: str, *, generation: int, result: Any = None,
            error: dict[str, Any] | None = None, now: int) -> None:
     ident = (uid, spec_generation, key)
@@ -144,6 +147,7 @@ def input_hash(value: Any) -> str:
     return sha256_hex(canonical_json(value))
 
 
+@atomic
 def find_child(db: Database, uid: str, request_key: str, workflow: str, run_input: Any) -> dict[str, Any] | None:
     """The child run recorded for ``request_key``, or None (start one). The same key with
     another workflow or input is refused."""
@@ -161,6 +165,7 @@ def find_child(db: Database, uid: str, request_key: str, workflow: str, run_inpu
             "output": db.get_json(output_json, output_hash) if state == "succeeded" else None}
 
 
+@atomic
 def record_child(db: Database, uid: str, request_key: str, workflow: str, run_input: Any, run_id: str,
                  now: int) -> dict[str, Any]:
     db.execute("""INSERT INTO controller_workflows (uid, request_key, input_hash, workflow, run_id, state, attempt,

@@ -20,7 +20,7 @@ from piwf.protocol.resources import MAX_ERROR_CHARS
 from piwf.errors import ClaimLost, Rejected
 from piwf.wire import canonical_json, decode_json
 from piwf.store.sqlite.controllers import add_resource_event, check_json_size, delete_resource
-from piwf.store.sqlite.db import Database
+from piwf.store.sqlite.db import Database, atomic
 from piwf.store.api.types import ControllerClaim, Delay
 from piwf.store.sqlite.timefmt import iso
 
@@ -111,6 +111,7 @@ def fence(db: Database, uid: str, token: str, lease_ms: int, now: int) -> None:
         raise ClaimLost(f"the claim on resource {uid} is no longer held")
 
 
+@atomic
 def reconcile_view(db: Database, uid: str) -> dict[str, Any]:
     """What a reconcile starts from; the ``resourceVersion`` shown becomes the claim's
     compare-and-set token. Call fenced."""
@@ -130,6 +131,7 @@ def reconcile_view(db: Database, uid: str) -> dict[str, Any]:
 # --- results --------------------------------------------------------------------------------
 
 
+@atomic
 def finish_success(db: Database, uid: str, token: str, *, requeue_after_ms: int | None, settled: bool,
                    controller_status: Any, conditions: list[dict[str, Any]], finalizers: list[str] | None,
                    keep_status: bool, now: int) -> str:
@@ -168,6 +170,7 @@ def finish_success(db: Database, uid: str, token: str, *, requeue_after_ms: int 
 
 
 
+@atomic
 def finish_failure(db: Database, uid: str, token: str, *, error: str, delay_ms: Delay, permanent: bool,
                    now: int, counted: bool = True) -> int:
     """Record a failed reconcile: the error, the count in a row, and the next attempt

@@ -20,7 +20,7 @@ from piwf.protocol.resources import (
 from piwf.errors import Conflict, NotFound, Rejected
 from piwf.wire import canonical_json, decode_json, sha256_hex
 from piwf.store.api.rules import check_json_size, check_key
-from piwf.store.sqlite.db import Database
+from piwf.store.sqlite.db import Database, atomic
 from piwf.store.sqlite.timefmt import iso
 
 RESOURCE_COLUMNS = """r.uid, r.project_path, r.controller, r.resource_key, r.resource_version, r.generation,
@@ -154,6 +154,7 @@ def locate_uid(db: Database, project: str, controller: str, key: str) -> str:
 # --- events ---------------------------------------------------------------------------------
 
 
+@atomic
 def add_resource_event(db: Database, uid: str, kind: str, payload: dict[str, Any], now: int) -> None:
     """Record an event; a resource keeps its last ``KEPT_EVENTS`` exactly (one requeued
     every second for a year must not fill the disk). Event ids only grow, so a resource

@@ -6,10 +6,11 @@ mode holds the GIL through the busy timeout and freezes the trio loop (NOTES.md)
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import apsw
 
@@ -18,6 +19,8 @@ from piwf.errors import (ConstraintViolation, CorruptStateError, SchemaError, St
 from piwf.wire import canonical_json, decode_json, sha256_hex
 from piwf.store.sqlite.schema import APPLICATION_ID, MIGRATIONS, REQUIRED_TABLES, SCHEMA_SQL, SCHEMA_VERSION
 
+_T = TypeVar("_T")
+_P = ParamSpec("_P")
 INLINE_JSON_LIMIT = 4096
 BUSY_TIMEOUT_MS = 5000
 # Prepared statements kept per connection: more than piwf has distinct statements, so none
@@ -263,6 +266,17 @@ class Database:
         if content is None:
             raise StoreError(f"blob {digest} is missing")
         return bytes(content)
+
+
+def atomic(function: Callable[Concatenate[Database, _P], _T]) -> Callable[Concatenate[Database, _P], _T]:
+    """A store operation of several statements as one transaction when called by itself
+    (inside a unit of work it joins that one, as ``Database.write`` does)."""
+    @functools.wraps(function)
+    def in_one_transaction(db: Database, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
+        with db.write():
+            result = function(db, *args, **kwargs)
+        return result
+    return in_one_transaction
 
 
 class _Write:

@@ -30,7 +30,7 @@ from piwf.protocol import (
 )
 from piwf.status import ENDED, FollowUpState, Hold, NotificationKind, RunStatus, TurnCause, TurnResolution
 from piwf.wire import canonical_json, decode_json
-from piwf.store.sqlite.db import Database
+from piwf.store.sqlite.db import Database, atomic
 from piwf.store.sqlite import queue
 from piwf.store.sqlite.timefmt import iso
 
@@ -75,6 +75,7 @@ def _session(db: Database, run_id: str) -> str | None:
 # --- notifications ------------------------------------------------------------------------
 
 
+@atomic
 def notify(db: Database, run_id: str, token: str, *, attempt_id: str, index: int, kind: NotificationKind,
            content: str, now: int) -> str | None:
     """Store the attempt's ``index``-th notification for the run's origin session (inside
@@ -182,6 +183,7 @@ def turn_for_run(db: Database, run_id: str, now: int) -> str | None:
     return _write_turn(db, run_id, session, cause, now, eligible=True)
 
 
+@atomic
 def request_presentation(db: Database, run_id: str, token: str, *, instructions: str, now: int) -> str | None:
     """``ctx.present``: the run's turn carries ``instructions`` when the run completes (the
     turn waits, not eligible, until the run ends). None for a detached run."""

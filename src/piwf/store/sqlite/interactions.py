@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from piwf.errors import Conflict, NotFound, PiwfError, Rejected
+from piwf.errors import ClaimLost, Conflict, NotFound, PiwfError, Rejected
 from piwf.protocol import (
     AnswerReceipt, ChoiceSpec, DefaultAnswer, InteractionRequest, Resolution, SubmissionInfo, SubmitReceipt,
     UpdateAction, UpdateReceipt,
@@ -24,7 +24,7 @@ from piwf.status import AttemptStatus, Provenance, RequestStatus, SubmissionStat
 from piwf.wire import canonical_json, decode_json
 from piwf.protocol.worker import InteractionOpenPayload, PendingSubmission
 from piwf.store.sqlite import delivery
-from piwf.store.sqlite.db import Database
+from piwf.store.sqlite.db import Database, atomic
 from piwf.store.sqlite.queue import LIVE, add_event, require_claim
 from piwf.store.sqlite.schema import one_of
 from piwf.store.sqlite.timefmt import iso
@@ -59,6 +59,7 @@ def request_id_for(run_id: str, attempt_id: str) -> str:
 # --- opened and continued by a worker (inside its message's transaction) -----------------
 
 
+@atomic
 def open_request(db: Database, run_id: str, token: str, payload: InteractionOpenPayload, now: int) -> str:
     """The attempt's node waits: open (or find) its request and park the run as waiting."""
     require_claim(db, run_id, token, now)
@@ -84,20 +85,27 @@ def open_request(db: Database, run_id: str, token: str, payload: InteractionOpen
     return request_id
 
 
-def _park_waiting(db: Database, run_id: str, token: str, now: int, detail: str) -> None:
-    """Release the run's claim; it waits (hold ``waiting``) until an answer releases it."""
+def _park_waiting(db: Database, run_id: str, token: str, now: int, detail: str, *,
+                  expired_too: bool = False) -> None:
+    """Release the run's claim; it waits (hold ``waiting``) until an answer releases it.
+    The claim is checked by the release itself: ClaimLost (nothing changed) unless it is
+    live (``expired_too``: or expired, still this token's)."""
+    expiry = "" if expired_too else " AND claim_expires_at > ?"
     db.execute(
         f"""UPDATE run_queue SET status = 'parked', runner_id = NULL, claim_token = NULL,
               claim_expires_at = NULL, hold = 'waiting', updated_at = ?
-            WHERE run_id = ? AND claim_token = ? AND {LIVE}""",
-        (now, run_id, token),
+            WHERE run_id = ? AND claim_token = ? AND {LIVE}{expiry}""",
+        (now, run_id, token) if expired_too else (now, run_id, token, now),
     )
+    if db.changes() != 1:
+        raise ClaimLost(f"the claim on run {run_id} is no longer live")
     db.execute("""UPDATE node_attempts SET status = 'interrupted', finished_at = ?
                   WHERE run_id = ? AND status = 'running'""", (now, run_id))
     db.execute("""UPDATE runs SET status = 'waiting', status_detail = ?, revision = revision + 1, updated_at = ?
                   WHERE run_id = ?""", (detail, now, run_id))
 
 
+@atomic
 def waiting_attempt(db: Database, run_id: str, seq: int, node: str,
                     now: int) -> tuple[str, PendingSubmission | None] | None:
     """The attempt at ``seq`` waiting for its request, and the submission to validate (if
@@ -124,11 +132,13 @@ def waiting_attempt(db: Database, run_id: str, seq: int, node: str,
     return attempt_id, pending
 
 
+@atomic
 def park_again(db: Database, run_id: str, token: str, now: int) -> None:
     """A worker reached a waiting node with nothing to validate: the run waits again."""
     _park_waiting(db, run_id, token, now, _detail(db, run_id))
 
 
+@atomic
 def accept_submission(db: Database, run_id: str, submission_id: str, value: Any, now: int) -> None:
     """The validated value became the node's output (accepted in this transaction): settle."""
     request_id = _validating_request(db, run_id, submission_id)
@@ -142,11 +152,12 @@ def accept_submission(db: Database, run_id: str, submission_id: str, value: Any,
     add_event(db, run_id, "submission.accepted", {"requestId": request_id, "submissionId": submission_id}, now)
 
 
+@atomic
 def reject_submission(db: Database, run_id: str, token: str, submission_id: str, error: str, now: int) -> None:
     """The value did not fit: the request is open again with the reason, the run waits."""
     request_id = _validating_request(db, run_id, submission_id)
+    _park_waiting(db, run_id, token, now, f"submission rejected: {error[:300]}")  # the fence first
     _reject(db, submission_id, error, now)
-    _park_waiting(db, run_id, token, now, f"submission rejected: {error[:300]}")
     add_event(db, run_id, "submission.rejected", {"requestId": request_id, "submissionId": submission_id,
                                                   "error": error[:500]}, now)
 
@@ -185,7 +196,7 @@ def park_if_waiting(db: Database, run_id: str, token: str, worker_status: str, n
         _reject(db, submission_id, f"the worker validating it ended ({worker_status}) before it completed "
                                    "validation; submit again", now)
         add_event(db, run_id, "submission.rejected", {"requestId": request_id, "submissionId": submission_id}, now)
-    _park_waiting(db, run_id, token, now, _detail(db, run_id))
+    _park_waiting(db, run_id, token, now, _detail(db, run_id), expired_too=True)
     return True
 
 

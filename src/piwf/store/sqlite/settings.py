@@ -130,8 +130,10 @@ def change_settings(db: Database, run_id: str, *, scope_id: str, base: int, expe
                            f"(now at change {current}); try again")
         stored = _json(settings, "the settings")
         number = current + 1
-        db.execute("UPDATE settings_scopes SET settings_json = ?, change_number = ?, updated_at = ? WHERE scope_id = ?",
-                   (stored, number, now, found))
+        db.execute("""UPDATE settings_scopes SET settings_json = ?, change_number = ?, updated_at = ?
+                      WHERE scope_id = ? AND change_number = ?""", (stored, number, now, found, current))
+        if db.changes() != 1:  # the compare-and-set is in the write: another writer changed it since the read
+            raise Conflict(f"the settings of run {run_id} changed while the patch was checked; try again")
         db.execute("""INSERT INTO settings_changes (scope_id, change_number, request_key, actor_type, actor_id,
                         patch_json, settings_json, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)""",
                    (found, number, request_key, actor, actor_id, _json(patch, "the settings patch"), stored, now))

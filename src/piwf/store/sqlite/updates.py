@@ -14,13 +14,14 @@ from piwf.errors import Rejected
 from piwf.protocol import CONTENT_LIMIT, RunEvent, RunUpdate, WatchedRun, WatchEvent, WatchPage
 from piwf.wire import canonical_json, decode_json
 from piwf.store.sqlite import queue, runs
-from piwf.store.sqlite.db import Database
+from piwf.store.sqlite.db import Database, atomic
 from piwf.store.sqlite.interactions import list_requests
 from piwf.store.sqlite.timefmt import iso
 
 TYPE_LIMIT, KEY_LIMIT = 64, 128
 
 
+@atomic
 def publish(db: Database, run_id: str, token: str, *, attempt_id: str, type: str, key: str, data: Any,
             now: int) -> int:
     """Replace the run's (type, key) with ``data``, from the live attempt under a live claim
