@@ -62,7 +62,10 @@ def apply_resource(db: Database, *, project: str, controller: str, key: str, spe
         spec_json, spec_hash = db.put_json(spec, now)
         db.execute("""UPDATE controller_resources SET spec_json = ?, spec_hash = ?, spec_digest = ?,
                         generation = generation + 1, resource_version = resource_version + 1, updated_at = ?
-                      WHERE uid = ?""", (spec_json, spec_hash, digest, now, uid))
+                      WHERE uid = ? AND resource_version = ? AND deletion_requested_at IS NULL""",
+                   (spec_json, spec_hash, digest, now, uid, version))
+        if db.changes() != 1:  # the compare-and-set is in the write: another writer changed it since the read
+            raise Conflict(f"{controller}/{key} changed meanwhile (it was at resourceVersion {version})")
         db.execute("UPDATE controller_queue SET hold = NULL WHERE uid = ? AND hold = 'permanent'", (uid,))
         enqueue(db, uid, now)
         add_resource_event(db, uid, "applied", {"generation": generation + 1}, now)
@@ -108,8 +111,10 @@ def request_delete(db: Database, project: str, controller: str, key: str, now: i
             return ResourceRef(uid, version, deleted=True)
         finalizers = decode_json(db.scalar("SELECT finalizers_json FROM controller_resources WHERE uid = ?",
                                            (uid,)).encode())
-        claimed = db.scalar("SELECT claim_token IS NOT NULL AND claim_expires_at > ? FROM controller_queue "
-                            "WHERE uid = ?", (now, uid))
+        # no reconcile holds it: checked by a write of its queue row, which holds until the commit
+        db.execute("""UPDATE controller_queue SET claim_token = claim_token
+                      WHERE uid = ? AND (claim_token IS NULL OR claim_expires_at <= ?)""", (uid, now))
+        claimed = db.changes() != 1
         if not finalizers and not claimed:
             delete_resource(db, uid, now)
             return ResourceRef(uid, version, deleted=True)

@@ -56,6 +56,10 @@ def _held_by_another(expires: int | None, holder: str | None, client_id: str, no
     return expires is not None and expires > now and holder != client_id
 
 
+# _held_by_another's negation, in an UPDATE: the claim is taken only while no other client holds it.
+NOT_HELD = "(claim_expires_at IS NULL OR claim_expires_at <= ? OR claim_client = ?)"
+
+
 def _new_claim_id() -> str:
     return "claim-" + secrets.token_hex(12)
 
@@ -122,8 +126,11 @@ def claim_notification(db: Database, *, session_id: str, client_id: str, lease_m
         if row is None or _held_by_another(row[9], row[11], client_id, now):
             return NotificationClaim(claimId=None, notification=None)
         claim_id = _new_claim_id()
-        db.execute("""UPDATE notifications SET claim_token = ?, claim_client = ?, claim_expires_at = ?
-                      WHERE notification_id = ?""", (claim_id, client_id, now + lease_ms, row[0]))
+        db.execute(f"""UPDATE notifications SET claim_token = ?, claim_client = ?, claim_expires_at = ?
+                       WHERE notification_id = ? AND delivered_at IS NULL AND {NOT_HELD}""",
+                   (claim_id, client_id, now + lease_ms, row[0], now, client_id))
+        if db.changes() != 1:  # the check is in the write: another client claimed it first
+            return NotificationClaim(claimId=None, notification=None)
         return NotificationClaim(claimId=claim_id, notification=_notification((*row[:9], now + lease_ms, None), now))
 
 
@@ -272,8 +279,11 @@ def claim_turn(db: Database, *, session_id: str, client_id: str, lease_ms: int, 
         claim_id = _new_claim_id()
         through = db.scalar("SELECT COALESCE(MAX(position), 0) FROM followups WHERE run_id = ? AND state = 'queued'",
                             (row[1],))
-        db.execute("""UPDATE turns SET claim_token = ?, claim_client = ?, claim_expires_at = ?, followups_through = ?
-                      WHERE turn_id = ?""", (claim_id, client_id, now + lease_ms, through, row[0]))
+        db.execute(f"""UPDATE turns SET claim_token = ?, claim_client = ?, claim_expires_at = ?, followups_through = ?
+                       WHERE turn_id = ? AND resolved_at IS NULL AND {NOT_HELD}""",
+                   (claim_id, client_id, now + lease_ms, through, row[0], now, client_id))
+        if db.changes() != 1:  # the check is in the write: another client claimed it first
+            return TurnClaim(claimId=None, turn=None)
         return TurnClaim(claimId=claim_id, turn=_turn(db, (*row[:8], now + lease_ms, *row[9:12], through), now))
 
 

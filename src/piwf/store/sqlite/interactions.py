@@ -391,14 +391,18 @@ def update(db: Database, *, request_id: str, expected_revision: int, action: Upd
             if progress is None:
                 raise Rejected("action progress needs progress")
             sets = ("progress = ?", (progress,))
-        return _apply_update(db, request_id, sets, now)
+        return _apply_update(db, request_id, revision, sets, now)
 
 
-def _apply_update(db: Database, request_id: str, sets: tuple[str, tuple[Any, ...]], now: int) -> UpdateReceipt:
+def _apply_update(db: Database, request_id: str, revision: int, sets: tuple[str, tuple[Any, ...]],
+                  now: int) -> UpdateReceipt:
+    """The update, a compare-and-set on the revision checked (and the request still open)."""
     row = db.one(f"""UPDATE interaction_requests SET {sets[0]}, revision = revision + 1, updated_at = ?
-                     WHERE request_id = ? RETURNING status, revision, presenter, presenter_expires_at""",
-                 (*sets[1], now, request_id))
-    assert row is not None
+                     WHERE request_id = ? AND revision = ? AND {OPEN}
+                     RETURNING status, revision, presenter, presenter_expires_at""",
+                 (*sets[1], now, request_id, revision))
+    if row is None:
+        raise Conflict(f"request {request_id} changed meanwhile (it was at revision {revision})")
     status, revision, presenter, expires = row
     return UpdateReceipt(requestId=request_id, status=status, revision=revision, presenter=presenter,
                          presenterExpiresAt=iso(expires))
