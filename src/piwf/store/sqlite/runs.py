@@ -16,7 +16,7 @@ from piwf.store.sqlite.effects import list_effects
 from piwf.store.sqlite import delivery, updates
 from piwf.store.sqlite.interactions import count_open, list_requests
 from piwf.store.sqlite.queue import AT_REVISION, add_event, refuse_revision, require_claim, revision_of
-from piwf.store.sqlite.schema import lifecycle_contradicts
+from piwf.store.sqlite.schema import lifecycle_contradicts, one_of
 from piwf.store.sqlite.timefmt import iso
 from piwf.store.sqlite.workers import worker_summaries
 
@@ -77,7 +77,7 @@ def check_revision(db: Database, run_id: str, expected: int | None) -> int:
 # expected (and whatever ``extra`` adds). Being a write, what it checked holds for the rest
 # of the transaction however many writers there are.
 HOLD_GUARD = f"""UPDATE run_queue SET claim_token = claim_token
-  WHERE run_id = ? AND status NOT IN ({", ".join(f"'{status}'" for status in sorted(ENDED))}) {AT_REVISION}"""
+  WHERE run_id = ? AND status NOT IN ({one_of(sorted(ENDED))}) {AT_REVISION}"""
 
 
 def _guard_hold(db: Database, run_id: str, expected: int | None, extra: str = "",
@@ -145,8 +145,8 @@ def resume_run(db: Database, run_id: str, now: int, *, definition: tuple[str, by
             db.execute("UPDATE runs SET definition_digest = ?, definition_hash = ?, start_node = ? WHERE run_id = ?",
                        (digest, db.put_blob(source, now), start_node, run_id))
         # a waiting run stays held for its answer
-        db.execute("UPDATE run_queue SET hold = NULL, crash_count = 0, updated_at = ? WHERE run_id = ? "
-                   "AND hold IS NOT 'waiting'", (now, run_id))
+        db.execute("UPDATE run_queue SET hold = NULL, crash_count = 0, not_before = NULL, updated_at = ? "
+                   "WHERE run_id = ? AND hold IS NOT 'waiting'", (now, run_id))
         db.execute(
             "UPDATE runs SET paused = 0, status_detail = CASE WHEN status = 'waiting' THEN status_detail END, "
             "updated_at = ? WHERE run_id = ?",
