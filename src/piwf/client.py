@@ -232,12 +232,22 @@ class AsyncClient(InteractionCalls, DeliveryCalls):
             self._stream = None
 
     async def send_line(self, line: bytes) -> bytes:
-        await self._stream.send_all(line)
+        import trio  # loaded already: this client runs on trio (the CLI's blocking one does not)
+
+        try:
+            await self._stream.send_all(line)
+        except trio.BrokenResourceError as exc:  # the host went away: a broken pipe, a reset
+            raise HostUnavailable("the host closed the connection") from exc
         return await self.read_line()
 
     async def read_line(self) -> bytes:
+        import trio
+
         while not self._lines:
-            chunk = await self._stream.receive_some(65536)
+            try:
+                chunk = await self._stream.receive_some(65536)
+            except trio.BrokenResourceError as exc:
+                raise HostUnavailable("the host closed the connection") from exc
             if not chunk:
                 raise HostUnavailable("the host closed the connection")
             self._lines.extend(self._buffer.feed(chunk))

@@ -24,6 +24,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import AsyncIterator
 import math
 import os
 import signal
@@ -246,7 +247,7 @@ def _start_drain(host: HostState) -> None:
     host.drain_deadline = min(host.drain_deadline, trio.current_time() + host.config.drain_timeout_s)
 
 
-async def _first_signal(signals: trio.abc.ReceiveChannel[int], host: HostState) -> None:
+async def _first_signal(signals: AsyncIterator[int], host: HostState) -> None:
     async for signum in signals:
         log.info("received %s", signal.Signals(signum).name)
         host.stop_requested.set()

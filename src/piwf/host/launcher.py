@@ -44,9 +44,12 @@ class LauncherUnavailable(OSError):
 
 
 class WorkerHandle(Protocol):
-    pid: int
     identity: str | None  # boot id, pid and start time, read once while it was unreaped
-    stdout: trio.abc.ReceiveStream | None
+
+    @property
+    def pid(self) -> int: ...
+    @property
+    def stdout(self) -> trio.abc.ReceiveStream | None: ...
 
     def signal_group(self, sig: int) -> bool: ...
     async def wait_exited(self) -> None: ...  # one waiting task at a time

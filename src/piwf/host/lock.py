@@ -66,6 +66,7 @@ class HostLock:
 
 def read_record(paths: StatePaths) -> dict[str, object] | None:
     try:
-        return json.loads(paths.lock_record.read_text())
+        record: object = json.loads(paths.lock_record.read_text())
     except (OSError, ValueError):
         return None
+    return record if isinstance(record, dict) else None

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from piwf.status import NotificationKind, TurnResolution, WorkerStatus
     from piwf.store.api.types import Actor, Claim, ControllerClaim, Delay, HostClaim, LeaseRecord, WorkerEnded
     from piwf.store.sqlite.db import Database
+    from piwf.protocol import Request
     from piwf.wire import HostRequest, HostResponse
 
 
@@ -65,11 +66,12 @@ class SqliteCommandsStore:
     def __init__(self, db: Database) -> None:
         self.db = db
 
-    async def lookup(self, request: HostRequest, fingerprint: bytes) -> HostResponse | None:
+    async def lookup(self, request: HostRequest | Request, fingerprint: bytes) -> HostResponse | None:
         return _commands.lookup(self.db, request, fingerprint)
 
     async def record(
-            self, request: HostRequest, fingerprint: bytes, response: HostResponse, epoch: int, now: int) -> None:
+            self, request: HostRequest | Request, fingerprint: bytes, response: HostResponse, epoch: int,
+            now: int) -> None:
         return _commands.record(self.db, request, fingerprint, response, epoch, now)
 
     async def prune(self, now: int, retention_ms: int = RETENTION_MS) -> int:

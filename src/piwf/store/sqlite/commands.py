@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from piwf.protocol import Request
 from piwf.wire import HostRequest, HostResponse, request_fingerprint
 from piwf.store.api.rules import RETENTION_MS
 from piwf.store.sqlite.db import Database, atomic
@@ -27,7 +28,7 @@ def _stored_response(db: Database, request_id: str, row: tuple[Any, ...]) -> Hos
     )
 
 
-def lookup(db: Database, request: HostRequest, fingerprint: bytes) -> HostResponse | None:
+def lookup(db: Database, request: HostRequest | Request, fingerprint: bytes) -> HostResponse | None:
     """A stored response for this request (``adopted``), a ``conflict``, or None if new."""
     rows = db.execute(
         """SELECT request_id = ?, request_fingerprint, outcome, revision, receipt_json, receipt_hash, error
@@ -55,7 +56,7 @@ def lookup(db: Database, request: HostRequest, fingerprint: bytes) -> HostRespon
 
 
 def execute(
-    db: Database, request: HostRequest, epoch: int, now: int,
+    db: Database, request: HostRequest | Request, epoch: int, now: int,
     operation: Callable[[], HostResponse],
 ) -> HostResponse:
     """Run ``operation`` and record its response atomically, or answer from the log.
@@ -74,7 +75,7 @@ def execute(
 
 
 @atomic
-def record(db: Database, request: HostRequest, fingerprint: bytes, response: HostResponse, epoch: int,
+def record(db: Database, request: HostRequest | Request, fingerprint: bytes, response: HostResponse, epoch: int,
            now: int) -> None:
     """Record a write request's answer; call inside the unit of work that made its change
     (after ``lookup`` found none). A request id or key recorded meanwhile: ConstraintViolation."""
