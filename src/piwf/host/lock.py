@@ -10,8 +10,6 @@ import fcntl
 import json
 import os
 
-import trio
-
 from piwf.errors import HostAlreadyRunning
 from piwf.paths import StatePaths
 
@@ -44,6 +42,8 @@ class HostLock:
         and its descriptor left open: closing it under a blocked ``flock`` could leave the
         lock held by no descriptor. The process is ending then anyway (a standby is
         cancelled only when told to stop)."""
+        import trio  # here, not at the top: `piwf status` reads the lock record without trio
+
         fd = os.open(paths.lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         await trio.to_thread.run_sync(fcntl.flock, fd, fcntl.LOCK_EX, abandon_on_cancel=True)
         lock = cls(paths, fd)

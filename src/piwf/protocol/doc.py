@@ -6,6 +6,7 @@ markers; tests/test_protocol_types.py fails when the committed block differs.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Set as AbstractSet
 
@@ -151,7 +152,10 @@ _NAMES: dict[type, str] = {mi.BoolType: "boolean", mi.NoneType: "null", mi.AnyTy
 
 def main(argv: list[str]) -> int:
     if argv == ["--doc"]:
-        print(reference())
+        try:
+            print(reference(), flush=True)
+        except BrokenPipeError:  # `... --doc | head`: the reader has what it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
         return 0
     if len(argv) == 2 and argv[0] == "--write":
         with open(argv[1], encoding="utf-8") as f:
