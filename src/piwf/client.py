@@ -246,5 +246,5 @@ class AsyncClient(InteractionCalls, DeliveryCalls):
     async def send(self, request: HostRequest) -> HostResponse:
         return _decode(await self.send_line(_line(request)))
 
-    async def call(self, operation: str, **kwargs: Any) -> HostResponse:  # type: ignore[override]
+    async def call(self, operation: str, **kwargs: Any) -> HostResponse:
         return await self.send(make_request(operation, client_id=self.client_id, **kwargs))

@@ -7,6 +7,7 @@ carry the wire outcome they map to (``rejected``, ``notFound``, ``conflict``, ..
 from __future__ import annotations
 
 from enum import IntEnum
+from typing import Any
 
 
 class ExitCode(IntEnum):
@@ -175,7 +176,7 @@ class NodeFailed(WorkflowError):
 
     code = "nodeFailed"
 
-    def __init__(self, message: str, error: dict | None = None) -> None:
+    def __init__(self, message: str, error: dict[str, Any] | None = None) -> None:
         super().__init__(message)
         self.error = error or {"type": "NodeFailed", "message": message}
 

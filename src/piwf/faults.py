@@ -98,7 +98,7 @@ def configure(environ: dict[str, str] | os._Environ[str] = os.environ) -> None:
 def point(name: str) -> None:
     """Mark that ``name`` was reached; act if it is the armed point's nth time."""
     if _trace is not None:
-        _record(name)
+        _record(name, _trace)
     if _armed is None or _armed.point != name:
         return
     _armed.seen += 1
@@ -111,9 +111,9 @@ def point(name: str) -> None:
     time.sleep(3600)
 
 
-def _record(name: str) -> None:
+def _record(name: str, trace: str) -> None:
     assert name in POINTS, f"undeclared fault point {name}"
-    fd = os.open(_trace, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)  # type: ignore[arg-type]
+    fd = os.open(trace, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:
         os.write(fd, f"{name}\n".encode())
     finally:

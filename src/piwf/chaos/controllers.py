@@ -13,12 +13,10 @@ import random
 import textwrap
 import time
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from piwf.chaos.common import Harness
 from piwf.client import make_request
-
-if TYPE_CHECKING:
-    from piwf.chaos.harness import Chaos
 
 CONTROLLER = """
     import os
@@ -53,7 +51,7 @@ CONTROLLER = """
 
 
 class ControllerChaos:
-    def __init__(self, chaos: Chaos) -> None:
+    def __init__(self, chaos: Harness) -> None:
         self.chaos = chaos
         self.count = chaos.args.resources
         self.ledger = chaos.root / "ctl-ledger.txt"
@@ -102,7 +100,7 @@ class ControllerChaos:
 
     def _wait(self, index: int, deadline: float) -> dict[str, Any]:
         while True:
-            resource = self.chaos.call("controller.get", payload=self._target(index))
+            resource: dict[str, Any] = self.chaos.call("controller.get", payload=self._target(index))
             if resource["hold"] == "effect":
                 self._resolve(resource)
             elif _converged(resource) or time.monotonic() > deadline:
@@ -127,5 +125,5 @@ def _converged(resource: dict[str, Any]) -> bool:
 def bad(summary: dict[str, Any]) -> bool:
     if not summary.get("resources"):
         return False
-    return (summary["resources_converged"] != summary["resources"] or summary["resource_effects_applied_twice"] > 0
-            or summary["resources_missing_effect"] > 0)
+    return bool(summary["resources_converged"] != summary["resources"] or summary["resource_effects_applied_twice"] > 0
+                or summary["resources_missing_effect"] > 0)

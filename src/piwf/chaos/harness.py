@@ -33,13 +33,13 @@ import textwrap
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from piwf.chaos import people
+from piwf.chaos.common import Tally
 from piwf.chaos.controllers import ControllerChaos, bad as controllers_bad
 from piwf.chaos.people import Person
 from piwf.client import Client, make_request
@@ -111,20 +111,6 @@ HOSTILE_KINDS = ("exit0", "exit3", "parricide", "oversized")
 
 # Host-side points only: a worker point would fire in every worker of that host.
 HOST_POINTS = sorted(p for p in POINTS if p.startswith("host."))
-
-
-@dataclass
-class Tally:
-    takeover_ms: list[float] = field(default_factory=list)
-    host_kills: int = 0
-    worker_kills: int = 0
-    fault_exits: int = 0
-    accepted: dict[int, str] = field(default_factory=dict)  # submission index -> run id
-    hostile: dict[str, str] = field(default_factory=dict)  # run id -> kind
-    unexpected_host_exits: int = 0  # the host exited with no kill and no fault armed
-    ambiguous_runs: set[str] = field(default_factory=set)
-    loop_runs: set[str] = field(default_factory=set)
-    standby_takeovers: int = 0
 
 
 class Chaos:
@@ -353,7 +339,7 @@ class Chaos:
     def wait_run(self, run_id: str, deadline: float) -> dict[str, Any]:
         while True:
             left_ms = int(max(0.0, deadline - time.monotonic()) * 1000)
-            run = self.call("run.wait", run_id=run_id, payload={"timeoutMs": min(left_ms, 600_000)})
+            run: dict[str, Any] = self.call("run.wait", run_id=run_id, payload={"timeoutMs": min(left_ms, 600_000)})
             if run.get("hold") == "effect":
                 self.tally.ambiguous_runs.add(run_id)
                 self.resolve(run)

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from piwf.chaos.common import Harness
 from piwf.client import make_request
-
-if TYPE_CHECKING:
-    from piwf.chaos.harness import Chaos
 
 # People in the loop: a decision, then an ask whose validator refuses odd numbers. A
 # simulated person answers both while the kills go on (see Person).
@@ -41,7 +39,7 @@ LOOP = """
 
 
 class Person:
-    def __init__(self, chaos: Chaos, rng: random.Random) -> None:
+    def __init__(self, chaos: Harness, rng: random.Random) -> None:
         self.chaos = chaos
         self.rng = rng
         self.decided: dict[str, str] = {}  # run id -> the choice the person made

@@ -114,10 +114,14 @@ def _live_holder(paths: StatePaths) -> int | None:
     """The pid of the host process holding the state directory, if that process still runs."""
     from piwf.processes import alive
 
-    record = read_record(paths)
-    if not record or not isinstance(record.get("pid"), int):
-        return None
-    return record["pid"] if alive(record["pid"], str(record.get("identity"))) else None
+    holder = _holder(read_record(paths))
+    return holder[0] if holder and alive(*holder) else None
+
+
+def _holder(record: dict[str, object] | None) -> tuple[int, str] | None:
+    """The pid and identity a lock record names, if it names a pid."""
+    pid = record.get("pid") if record else None
+    return (pid, str(record.get("identity"))) if record and isinstance(pid, int) else None
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
@@ -131,8 +135,8 @@ def cmd_stop(args: argparse.Namespace) -> int:
         raise  # a host is there, but it did not answer: it was not asked to stop
     except HostUnavailable:
         stopped = False
-    if stopped and holder:
-        _wait_for_exit(int(holder["pid"]), str(holder.get("identity")))
+    if stopped and (pid_identity := _holder(holder)):
+        _wait_for_exit(*pid_identity)
     _print(args, {"stopped": stopped}, lambda r: "host stopped" if stopped else "no host was running")
     return 0
 

@@ -126,7 +126,7 @@ def _wait_validated(client: Any, receipt: dict[str, Any], timeout: float | None)
         page = _ok(client.call("interaction.list", payload={"runId": receipt["runId"], "open": False,
                                                             "limit": 1000}))
         for request in page["requests"]:
-            last = request["lastSubmission"]
+            last: dict[str, Any] | None = request["lastSubmission"]
             if request["requestId"] == receipt["requestId"] and last and last["submissionId"] == \
                     receipt["submissionId"] and last["status"] != "validating":
                 return last

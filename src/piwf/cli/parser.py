@@ -118,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_common(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
-    extra = {} if defaults else {"default": argparse.SUPPRESS}
+    extra: dict[str, Any] = {} if defaults else {"default": argparse.SUPPRESS}
     parser.add_argument("--state-dir", metavar="DIR", help="state directory (default: $PIWF_STATE_DIR, "
                         "$XDG_STATE_HOME/piwf or ~/.local/state/piwf)", **extra)
     parser.add_argument("--json", action="store_true", help="print one JSON document and nothing else", **extra)

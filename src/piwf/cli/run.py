@@ -42,7 +42,7 @@ def wait_for_run(client: Client, run_id: str) -> dict[str, Any]:
     if client._sock is not None:
         client._sock.settimeout(client.timeout)
     while True:
-        run = _ok(client.call("run.wait", run_id=run_id, payload={"timeoutMs": WAIT_S * 1000}))
+        run: dict[str, Any] = _ok(client.call("run.wait", run_id=run_id, payload={"timeoutMs": WAIT_S * 1000}))
         if run.pop("atRest"):
             return run
 

@@ -81,7 +81,7 @@ def render(view: View, *, expand: bool = True) -> Any:
 
 
 def _status(run: dict[str, Any]) -> str:
-    status = run["status"]
+    status: str = run["status"]
     if run["hold"]:
         status += f" ({run['hold']})"
     return status + (" paused" if run["paused"] else "")
@@ -145,7 +145,9 @@ def _next_page(client: Any, args: argparse.Namespace, view: View) -> dict[str, A
 
     while True:
         try:
-            return _ok(client.watch(after=view.cursor, run_id=args.run_id, timeout_ms=POLL_MS, limit=500))
+            updates: dict[str, Any] = _ok(client.watch(after=view.cursor, run_id=args.run_id, timeout_ms=POLL_MS,
+                                                       limit=500))
+            return updates
         except (HostUnavailable, HostReplied) as exc:
             if not lost_host(exc):
                 raise

@@ -121,14 +121,15 @@ def decision(title: str, choices: Mapping[str, str | Choice], *, deadline: float
     if len(set(labels)) != len(labels):
         raise DefinitionError("decision() choices must have different labels")
     _check_deadline("decision()", deadline)
-    picked = None
+    picked: tuple[str, str | None] | None = None
     if default is not None:
         if deadline is None:
             raise DefinitionError("decision() default needs a deadline")
-        picked = (default, None) if isinstance(default, str) else tuple(default)
-        if len(picked) != 2:
+        given = (default, None) if isinstance(default, str) else tuple(default)
+        if len(given) != 2:
             raise DefinitionError("decision() default is a choice id or a (choice, text) pair")
-        _check_default(made, picked[0], picked[1])
+        picked = (given[0], given[1])
+        _check_default(made, *picked)
     return Decision(title, made, deadline, picked)
 
 

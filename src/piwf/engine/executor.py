@@ -186,10 +186,11 @@ def execute(workflow: Workflow, *, run_id: str, project_path: str, input: Any,
                 settings = as_value(workflow.settings, journal.settings(attempt_id)) if workflow.settings else None
                 ctx = Context(run_id, node, attempt_id, input, MappingProxyType(dict(outputs)), project_path,
                               journal, settings=settings)
-                if isinstance(workflow.nodes[node], (Decision, Ask)):
+                spec = workflow.nodes[node]
+                if isinstance(spec, (Decision, Ask)):
                     output, exit_name = interact(workflow, node, ctx)
                 else:
-                    output, exit_name = run_node(workflow.nodes[node], ctx)
+                    output, exit_name = run_node(spec, ctx)
                 following = workflow.next_node(node, exit_name)  # an unknown exit fails this node
             except STOPPING:
                 raise
@@ -263,6 +264,7 @@ def interact(workflow: Workflow, node_id: str, ctx: Context) -> tuple[Any, str]:
 def request_spec(workflow: Workflow, node_id: str) -> dict[str, Any]:
     """What the host stores for a waiting node's request."""
     node = workflow.nodes[node_id]
+    assert isinstance(node, (Decision, Ask)), f"{node_id} is not a decision or ask node"
     spec: dict[str, Any] = {"timeoutExit": (node_id, TIMEOUT_EXIT) in workflow.routes}
     if node.deadline is not None:
         spec["deadlineMs"] = max(1, int(node.deadline * 1000))
@@ -370,7 +372,8 @@ class ShellExit(Exception):
 
 def describe_error(exc: BaseException, node: str) -> dict[str, Any]:
     tail = "".join(traceback.format_exception(exc))[-TRACEBACK_TAIL:]
-    error = {"type": type(exc).__name__, "message": f"node {node}: {exc}", "node": node, "traceback": tail}
+    error: dict[str, Any] = {"type": type(exc).__name__, "message": f"node {node}: {exc}", "node": node,
+                             "traceback": tail}
     if isinstance(exc, ShellExit):
         error["output"] = exc.output
     return error

@@ -67,7 +67,8 @@ def main() -> int:
     request = json.loads(sys.stdin.buffer.read() or b"{}") if settings_mode else {}
     result_out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # from here on, fd 1 (and so sys.stdout) is stderr: user code prints there
-    result = resolve_settings(*args, request) if settings_mode else inspect_workflow(*args)
+    project, name = args
+    result = resolve_settings(project, name, request) if settings_mode else inspect_workflow(project, name)
     sys.stdout.flush()
     result_out.write(canonical_json(result) + b"\n")
     result_out.close()

@@ -10,5 +10,8 @@ generates docs/protocol.md's reference from all of them.
 from piwf.protocol.controllers import *  # noqa: F403
 from piwf.protocol.delivery import *  # noqa: F403
 from piwf.protocol.host import *  # noqa: F403
-from piwf.protocol.requests import OPERATIONS, REQUEST_TYPES, AnyRequest, read_request  # noqa: F401
+from piwf.protocol.requests import OPERATIONS as OPERATIONS
+from piwf.protocol.requests import REQUEST_TYPES as REQUEST_TYPES
+from piwf.protocol.requests import AnyRequest as AnyRequest
+from piwf.protocol.requests import read_request as read_request
 from piwf.protocol.settings import *  # noqa: F403

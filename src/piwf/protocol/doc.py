@@ -7,6 +7,7 @@ markers; tests/test_protocol_types.py fails when the committed block differs.
 from __future__ import annotations
 
 import sys
+from collections.abc import Set as AbstractSet
 
 import msgspec
 from msgspec import Struct
@@ -46,7 +47,9 @@ def with_reference(text: str) -> str:
 
 
 def _operation(tag: str, kind: type[Request]) -> list[str]:
-    fields = {f.name: f for f in mi.type_info(kind).fields}
+    info = mi.type_info(kind)
+    assert isinstance(info, mi.StructType)
+    fields = {f.name: f for f in info.fields}
     doc = (kind.__doc__ or "").split("\n\n")[0].strip()
     needs_run = "`runId` required. " if fields["runId"].required else ""
     lines = [f"#### `{tag}` ({'read' if kind.is_read else 'write'})", "", doc, "",
@@ -95,14 +98,15 @@ def _receipt_structs() -> list[type[Struct]]:
 _RECEIPT_BASES = (RunSummary, RunDetail)
 
 
-def _rows(struct: type[Struct], *, with_default: bool, skip: set[str] = frozenset()) -> list[str]:  # type: ignore[assignment]
+def _rows(struct: type[Struct], *, with_default: bool, skip: AbstractSet[str] = frozenset()) -> list[str]:
     info = mi.type_info(struct)
     assert isinstance(info, mi.StructType)
     rows = []
     for field in info.fields:
         if field.name in skip:
             continue
-        meaning = field.type.extra_json_schema.get("description", "") if isinstance(field.type, mi.Metadata) else ""
+        meaning = ((field.type.extra_json_schema or {}).get("description", "")
+                   if isinstance(field.type, mi.Metadata) else "")
         absent = not field.required and msgspec.NODEFAULT is field.default is field.default_factory
         kind = ("absent or " if absent and not with_default else "") + _type(field.type)
         cells = [f"`{field.encode_name}`", kind, *([_default(field)] if with_default else []), meaning]

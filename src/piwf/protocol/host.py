@@ -417,7 +417,7 @@ class Request(Struct, tag_field="operation", forbid_unknown_fields=True, omit_de
 
     @property
     def operation(self) -> str:
-        return self.__struct_config__.tag  # type: ignore[return-value]
+        return self.__struct_config__.tag  # type: ignore[return-value]  # a tag is str | int; ours are str
 
 
 class RunRequest(Request, kw_only=True):

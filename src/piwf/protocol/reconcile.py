@@ -34,14 +34,14 @@ class ReconcileLaunch(msgspec.Struct, forbid_unknown_fields=True):
 # --- payloads --------------------------------------------------------------------------------
 
 
-class ReconcileReadyPayload(Payload):
+class ReconcileReadyPayload(Payload, frozen=True):
     """The controller loaded (with its timeout), or why it could not."""
 
     timeoutS: float | None = None
     loadError: str | None = None
 
 
-class ReconcileFinishPayload(Payload):
+class ReconcileFinishPayload(Payload, frozen=True):
     settled: bool
     requeueAfterMs: Count = 0
     keepStatus: bool = True
@@ -50,20 +50,20 @@ class ReconcileFinishPayload(Payload):
     finalizers: list[str] | None = None
 
 
-class ReconcileFailPayload(Payload):
+class ReconcileFailPayload(Payload, frozen=True):
     error: Annotated[str, msgspec.Meta(max_length=8192)]
     permanent: bool = False
     delayMs: Count | None = None  # TemporaryError(delay=): this wait instead of the back-off
 
 
-class WorkflowEnsurePayload(Payload):
+class WorkflowEnsurePayload(Payload, frozen=True):
     requestKey: Text
     workflow: Text
     input: Any = None
     originSessionId: str | None = None  # the child run's origin session (run settings: follow-ups go there)
 
 
-class ReconcileLogPayload(Payload):
+class ReconcileLogPayload(Payload, frozen=True):
     message: Annotated[str, msgspec.Meta(max_length=2000)]
 
 
@@ -93,7 +93,7 @@ class ReconcileLog(WorkerMessage, tag="reconcile.log"):
 AnyReconcileMessage = (ReconcileReady | ReconcileFinish | ReconcileFail | WorkflowEnsure | ReconcileLog
                        | EffectReserve | EffectApply | EffectSettle
                        | WorkflowChangeSettings | WorkflowQueueFollowUp | WorkflowRemoveFollowUp)
-RECONCILE_OPERATIONS = {cls.__struct_config__.tag: cls for cls in AnyReconcileMessage.__args__}  # type: ignore[attr-defined]
+RECONCILE_OPERATIONS = {cls.__struct_config__.tag: cls for cls in AnyReconcileMessage.__args__}
 
 
 # --- answers ---------------------------------------------------------------------------------
@@ -116,4 +116,4 @@ _decoder = msgspec.json.Decoder(AnyReconcileMessage)
 
 
 def parse_reconcile_message(line: bytes) -> WorkerMessage:
-    return decode_with(_decoder, line, "reconcile worker message")  # type: ignore[return-value]
+    return decode_with(_decoder, line, "reconcile worker message")

@@ -33,7 +33,7 @@ AnyRequest = (GetHostStatus | StopHost | StartRun | ListRuns | GetRun | GetRunEv
               | RemoveFollowUp | ListDelivery | WatchRuns
               | ChangeSettings | GetSettings)
 REQUEST_TYPES: tuple[type[Request], ...] = AnyRequest.__args__
-OPERATIONS: dict[str, type[Request]] = {kind.__struct_config__.tag: kind for kind in REQUEST_TYPES}  # type: ignore[misc]
+OPERATIONS: dict[str, type[Request]] = {str(kind.__struct_config__.tag): kind for kind in REQUEST_TYPES}
 
 
 _request_decoder = msgspec.json.Decoder(AnyRequest)

@@ -1,7 +1,8 @@
 """Controllers on the wire: the payloads and receipts of ``controller.*`` (DESIGN.md §9).
 
-Wire layer, like ``piwf.protocol`` (which holds the request types and imports these):
-msgspec, the standard library and nothing else of piwf.
+Part of the host protocol (``piwf.protocol`` holds the request types and imports these):
+msgspec, the standard library and ``piwf.protocol.host``'s ``NoPayload``, the base of every
+payload, so a request's ``payload`` field narrows the envelope's.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from msgspec import Meta, Struct
+
+from piwf.protocol.host import NoPayload
 
 MAX_SPEC_BYTES = 1024 * 1024  # a spec, and a status, as canonical JSON
 MAX_KEY_BYTES = 512
@@ -20,11 +23,7 @@ ResourceKey = Annotated[str, Meta(min_length=1, description="the resource's key 
 Project = Annotated[str, Meta(description="absolute path of the project holding `.piwf/controllers/`")]
 
 
-class NoFields(Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
-    pass
-
-
-class ApplyResourcePayload(NoFields, frozen=True):
+class ApplyResourcePayload(NoPayload, frozen=True):
     projectPath: Project
     controller: ControllerName
     key: ResourceKey
@@ -32,13 +31,13 @@ class ApplyResourcePayload(NoFields, frozen=True):
     expectedResourceVersion: Annotated[int, Meta(ge=0)] | None = None  # refused as a `conflict` when stale
 
 
-class ResourcePayload(NoFields, frozen=True):
+class ResourcePayload(NoPayload, frozen=True):
     projectPath: Project
     controller: ControllerName
     key: ResourceKey
 
 
-class DeleteResourcePayload(NoFields, frozen=True):
+class DeleteResourcePayload(NoPayload, frozen=True):
     projectPath: Project
     controller: ControllerName
     key: ResourceKey
@@ -46,12 +45,12 @@ class DeleteResourcePayload(NoFields, frozen=True):
                                             "(for a controller that is gone); nothing is cleaned up")] = False
 
 
-class ListResourcesPayload(NoFields, frozen=True):
+class ListResourcesPayload(NoPayload, frozen=True):
     projectPath: Annotated[str | None, Meta(description="only this project's resources")] = None
     controller: Annotated[str | None, Meta(description="only this controller's resources")] = None
 
 
-class ResolveResourceEffectPayload(NoFields, frozen=True):
+class ResolveResourceEffectPayload(NoPayload, frozen=True):
     projectPath: Project
     controller: ControllerName
     key: ResourceKey

@@ -15,7 +15,7 @@ import msgspec
 from piwf.protocol.worker import Count, Payload, Result, Text, WorkerMessage
 
 
-class ChangeSettingsPayload(Payload):
+class ChangeSettingsPayload(Payload, frozen=True):
     runId: Text
     requestKey: Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
     patch: dict[str, Any]
@@ -23,13 +23,13 @@ class ChangeSettingsPayload(Payload):
     scopeId: str | None = None
 
 
-class QueueFollowUpPayload(Payload):
+class QueueFollowUpPayload(Payload, frozen=True):
     runId: Text
     requestKey: Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
     prompt: Text
 
 
-class RemoveFollowUpPayload(Payload):
+class RemoveFollowUpPayload(Payload, frozen=True):
     runId: Text
     followUpId: Text
 

@@ -39,25 +39,25 @@ class WorkerMessage(msgspec.Struct, tag_field="operation", forbid_unknown_fields
 
     @property
     def operation(self) -> str:
-        return type(self).__struct_config__.tag  # type: ignore[return-value]
+        return type(self).__struct_config__.tag  # type: ignore[return-value]  # a tag is str | int; ours are str
 
 
 # --- payloads ------------------------------------------------------------------------------
 
 
-class ReadyPayload(Payload):
+class ReadyPayload(Payload, frozen=True):
     """What the worker loaded: its workflow's digest, or why it could not load it."""
 
     digest: str | None = None
     loadError: str | None = None
 
 
-class AttemptStartPayload(Payload):
+class AttemptStartPayload(Payload, frozen=True):
     seq: Count
     node: Text
 
 
-class AttemptAcceptPayload(Payload):
+class AttemptAcceptPayload(Payload, frozen=True):
     attemptId: Text
     exit: Text
     output: Any = None
@@ -65,50 +65,50 @@ class AttemptAcceptPayload(Payload):
     submissionId: str | None = None  # the output is this submission's value, validated: accept it too
 
 
-class AttemptFailPayload(Payload):
+class AttemptFailPayload(Payload, frozen=True):
     attemptId: Text
     error: ErrorInfo
 
 
-class RunCompletePayload(Payload):
+class RunCompletePayload(Payload, frozen=True):
     output: Any = None
 
 
-class RunFailPayload(Payload):
+class RunFailPayload(Payload, frozen=True):
     error: ErrorInfo
 
 
-class StepsReadPayload(Payload):
+class StepsReadPayload(Payload, frozen=True):
     afterSeq: Count
 
 
-class EffectReservePayload(Payload):
+class EffectReservePayload(Payload, frozen=True):
     key: Text
     node: Text
     observable: bool
 
 
-class EffectKeyPayload(Payload):
+class EffectKeyPayload(Payload, frozen=True):
     key: Text
 
 
-class EffectSettlePayload(Payload):
+class EffectSettlePayload(Payload, frozen=True):
     key: Text
     result: Any = None
     error: ErrorInfo | None = None
 
 
-class ProcessRegisterPayload(Payload):
+class ProcessRegisterPayload(Payload, frozen=True):
     pid: Count
     identity: Text
     node: str | None = None
 
 
-class ProcessPayload(Payload):
+class ProcessPayload(Payload, frozen=True):
     pid: Count
 
 
-class InteractionOpenPayload(Payload):
+class InteractionOpenPayload(Payload, frozen=True):
     """A decision or ask node waits: open its request and park the run as waiting."""
 
     attemptId: Text
@@ -121,12 +121,12 @@ class InteractionOpenPayload(Payload):
     timeoutExit: bool = False  # the graph has a `timeout` exit for the node
 
 
-class SubmissionRejectPayload(Payload):
+class SubmissionRejectPayload(Payload, frozen=True):
     submissionId: Text
     error: Annotated[str, msgspec.Meta(max_length=8192)]
 
 
-class NotifyPayload(Payload):
+class NotifyPayload(Payload, frozen=True):
     """``ctx.notify``: the attempt's ``index``-th notification (1, 2, ...)."""
 
     attemptId: Text
@@ -135,13 +135,13 @@ class NotifyPayload(Payload):
     content: str
 
 
-class PresentPayload(Payload):
+class PresentPayload(Payload, frozen=True):
     """``ctx.present``: instructions for the turn the run's completion gives its session."""
 
     instructions: str
 
 
-class PublishPayload(Payload):
+class PublishPayload(Payload, frozen=True):
     """``ctx.publish``: replace the run's current value of (type, key)."""
 
     attemptId: Text
@@ -228,7 +228,7 @@ class UpdatePublish(WorkerMessage, tag="update.publish"):
 AnyWorkerMessage = (Ready | AttemptStart | AttemptAccept | AttemptFail | RunComplete | RunFail
                     | StepsRead | EffectReserve | EffectApply | EffectSettle | ProcessRegister | ProcessUnregister
                     | InteractionOpen | SubmissionReject | NotificationSend | PresentationRequest | UpdatePublish)
-WORKER_OPERATIONS = {cls.__struct_config__.tag: cls for cls in AnyWorkerMessage.__args__}  # type: ignore[attr-defined]
+WORKER_OPERATIONS = {cls.__struct_config__.tag: cls for cls in AnyWorkerMessage.__args__}
 
 
 # --- answers -------------------------------------------------------------------------------
@@ -360,7 +360,7 @@ _response_decoder = msgspec.json.Decoder(WorkerResponse)
 
 
 def parse_worker_message(line: bytes) -> WorkerMessage:
-    return decode_with(_message_decoder, line, "worker message")  # type: ignore[return-value]
+    return decode_with(_message_decoder, line, "worker message")
 
 
 def parse_worker_response(line: bytes) -> WorkerResponse:

@@ -32,7 +32,7 @@ from piwf.controllers.loader import load_controller
 from piwf.engine.executor import EffectRejected, Stop
 from piwf.errors import ClaimLost, PermanentError, PiwfError, TemporaryError
 from piwf.wire import canonical_json
-from piwf.worker.main import HostJournal
+from piwf.worker.journal import HostJournal
 from piwf.worker.channel import Channel
 
 TRACEBACK_TAIL = 4000
