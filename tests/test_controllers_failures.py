@@ -360,3 +360,52 @@ async def test_a_lost_claim_stops_exactly_that_reconcile(paths: StatePaths, proj
         assert got["consecutiveErrors"] == 0 and got["lastError"] is None  # nothing recorded for a lost claim
     finally:
         state.stop_requested.set()
+
+
+EXITS = """
+    import os
+    from piwf import Controller
+
+    def reconcile(ctx):
+        os._exit(3)  # ends without reporting: the host records the failure
+
+    controller = Controller(name="exits", reconcile=reconcile)
+"""
+
+
+async def test_a_reconcile_end_the_store_refused_is_retried_not_dropped(
+        paths: StatePaths, project: Path, nursery: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from piwf.errors import StorageFull
+    from piwf.host.host import Host
+    from piwf.store.sqlite.aggregates import SqliteControllerQueueStore
+
+    from .conftest import config
+
+    real = SqliteControllerQueueStore.record_failure
+    errors: list[str] = []
+
+    async def refused_once(self: SqliteControllerQueueStore, *args: Any, **kwargs: Any) -> int | None:
+        errors.append(kwargs["error"])
+        if len(errors) == 1:
+            raise StorageFull("disk full (in this test)")
+        return await real(self, *args, **kwargs)
+
+    monkeypatch.setattr(SqliteControllerQueueStore, "record_failure", refused_once)
+    state = await nursery.start(Host(config(paths)).serve)
+    try:
+        write_controller(project, "exits", EXITS)
+        await ctl(paths, "apply", project, "exits", "x", spec={})
+
+        async def failed() -> dict[str, Any] | None:
+            got = await get(paths, project, "exits", "x")
+            return got if got and got["consecutiveErrors"] >= 1 else None
+
+        # Long before the claim's lease (120 s) could expire: the host retried what the store
+        # refused, as it does for a run's worker; it did not leave the claim to run out.
+        got = await wait_for(failed)
+        assert len(errors) >= 2 and errors[0] == errors[1]
+        assert "the reconcile worker ended without a result (exit 3" in errors[0]
+        assert got["lastError"].startswith("the reconcile worker ended without a result")
+        assert len(event_types(got, "reconcile_failed")) == got["consecutiveErrors"]
+    finally:
+        state.stop_requested.set()

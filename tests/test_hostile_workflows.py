@@ -9,6 +9,7 @@ import pytest
 import trio
 
 from piwf.client import AsyncClient
+from piwf.clock import ManualClock, WallClock
 from piwf.host.host import Host
 from piwf.paths import StatePaths
 
@@ -177,14 +178,16 @@ async def test_a_node_that_kills_its_parent_never_reaches_the_host_and_is_held(
 
 async def test_crashes_in_a_row_are_counted_across_host_restarts(paths: StatePaths, project: Path) -> None:
     write_workflow(project, "exits", EXITS)
+    clock = ManualClock(WallClock().now_ms())  # the hosts' clock: it moves when the test says
     async with trio.open_nursery() as nursery:  # the first host sees one crash, then stops
-        await nursery.start(Host(config(paths, crash_backoff_s=60)).serve)
+        await nursery.start(Host(config(paths, crash_backoff_s=60), clock=clock).serve)
         async with AsyncClient(paths) as client:
             run_id = await _start(client, project, "exits", input={"status": 1})
             await wait_for(lambda: _workers_ended(client, run_id, 1))
         nursery.cancel_scope.cancel()
+    clock.advance(60_000)  # the back-off the first host parked it with (kept with the run) is over
     async with trio.open_nursery() as nursery:  # the next host holds it after its second
-        await nursery.start(Host(config(paths, crash_backoff_s=0.01, max_crashes=2)).serve)
+        await nursery.start(Host(config(paths, crash_backoff_s=0.01, max_crashes=2), clock=clock).serve)
         async with AsyncClient(paths) as client:
             held = (await client.call("run.wait", run_id=run_id)).receipt
         nursery.cancel_scope.cancel()

@@ -200,3 +200,33 @@ def test_a_layout_6_database_gains_the_controller_tables_as_a_fresh_one_has_them
     assert controller_schema(db) == expected
     assert db.scalar("PRAGMA integrity_check") == "ok"
     db.close()
+
+
+def test_a_layout_9_database_gains_the_crash_back_off_as_a_fresh_one_has_it(tmp_path: Path) -> None:
+    """Layout 10 keeps a crashed run's back-off with the run (run_queue.not_before); a
+    parked run of layout 9 has none and is claimable at once, and the schema is a fresh one's."""
+    from piwf.store.sqlite import queue
+
+    def schema(db: Database) -> set[tuple[str, str]]:
+        return set(db.execute("SELECT name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"))
+
+    fresh = Database.open(tmp_path / "fresh.db")
+    expected = schema(fresh)
+    fresh.close()
+    path = tmp_path / "v9.db"
+    conn = apsw.Connection(str(path))
+    conn.execute((Path(__file__).parent / "data" / "schema_v9.sql").read_text())
+    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = 9")
+    conn.execute("INSERT INTO runs (run_id, workflow, project_path, definition_hash, definition_digest, status, "
+                 "created_at, updated_at) VALUES ('r', 'w', '/p', 'h', 'd', 'running', 1, 1)")
+    conn.execute("INSERT INTO run_queue (run_id, status, crash_count, created_at, updated_at) "
+                 "VALUES ('r', 'parked', 2, 1, 1)")
+    conn.close()
+    db = Database.open(path)
+    assert db.scalar("PRAGMA user_version") == SCHEMA_VERSION == 10
+    assert schema(db) == expected
+    assert db.one("SELECT crash_count, not_before FROM run_queue WHERE run_id = 'r'") == (2, None)
+    claim = queue.claim_next_run(db, runner_id="h", token="t", lease_ms=1000, now=2, epoch=1)
+    assert claim is not None and claim.run_id == "r"
+    assert db.scalar("PRAGMA integrity_check") == "ok"
+    db.close()

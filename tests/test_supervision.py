@@ -9,9 +9,10 @@ import pytest
 import trio
 
 from piwf.client import AsyncClient
-from piwf.clock import TrioClock
+from piwf.clock import ManualClock, TrioClock
 from piwf.host.host import Host, _heartbeat
-from piwf.host.runs import renew_claims
+from piwf.host.lane import renew_claims
+from piwf.host.runs import RunLane
 from piwf.host.state import ActiveRun, Conclusion, HostState
 from piwf.paths import StatePaths
 from piwf.status import StopReason
@@ -74,6 +75,41 @@ async def test_a_run_that_keeps_crashing_is_held_with_the_reason(paths: StatePat
         assert status["lifecycleContradictions"] == 0
 
 
+async def test_a_crashed_run_is_not_claimed_by_a_new_host_before_its_back_off_ends(
+        paths: StatePaths, project: Path) -> None:
+    """The back-off is kept with the run, so a host started after the crash (a restart,
+    or another host) honours it as the host that saw the crash would have."""
+    write_workflow(project, "crasher", CRASHER)
+    clock = ManualClock(TrioClock().now_ms())  # the hosts' clock: it moves when the test says
+    async with trio.open_nursery() as nursery:  # the first host sees one crash, then stops
+        await nursery.start(Host(config(paths, crash_backoff_s=5), clock=clock).serve)
+        async with AsyncClient(paths) as client:
+            run_id = (await client.call("run.start", payload={"workflow": "crasher", "projectPath": str(project),
+                                                              "input": {"crashes": 1}})).receipt["runId"]
+            await wait_for(lambda: _crashed_once(client, run_id))
+        nursery.cancel_scope.cancel()
+    async with trio.open_nursery() as nursery:  # a new host, the same moment: nothing of the first in memory
+        await nursery.start(Host(config(paths, crash_backoff_s=5, poll_s=0.05), clock=clock).serve)
+        async with AsyncClient(paths) as client:
+            for moved in (0, 4_999):  # at once, and one millisecond before the back-off ends
+                clock.advance(moved)
+                # A younger run is claimed and done: the dispatcher passed the crashed (older) run over.
+                greet = (await client.call("run.start", payload={"workflow": "greet", "projectPath": str(project)})
+                         ).receipt["runId"]
+                assert (await client.call("run.wait", run_id=greet)).receipt["status"] == "completed"
+                run = (await client.call("run.status", run_id=run_id)).receipt
+                assert run["queueStatus"] == "parked" and len(run["workers"]) == 1
+            clock.advance(1)  # the back-off is over: claimed at the next poll
+            done = (await client.call("run.wait", run_id=run_id)).receipt
+        nursery.cancel_scope.cancel()
+    assert done["status"] == "completed" and [w["status"] for w in done["workers"]] == ["crashed", "exited"]
+
+
+async def _crashed_once(client: AsyncClient, run_id: str) -> bool:
+    workers = (await client.call("run.status", run_id=run_id)).receipt["workers"]
+    return [w["status"] for w in workers] == ["crashed"]
+
+
 async def test_an_unloadable_workflow_holds_the_run(paths: StatePaths, project: Path, client: AsyncClient) -> None:
     started = await client.call("run.start", payload={"workflow": "gated", "projectPath": str(project)})
     run_id = started.receipt["runId"]
@@ -105,10 +141,10 @@ async def test_claim_renewal_keeps_every_active_claim_live_across_many_leases(
     with trio.CancelScope() as scope:
         active.scope = second.scope = scope
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(renew_claims, host)
+            nursery.start_soon(renew_claims, RunLane(host))
             await trio.sleep(host.config.run_lease_ms / 1000 * 20)
             for run in (active, second):
-                assert queue.verify_claim(host.store.db, run.run_id, run.claim.token, host.now())
+                assert queue.verify_claim(host.store.db, run.claim.run_id, run.claim.token, host.now())
             nursery.cancel_scope.cancel()
     assert not active.scope.cancel_called and not second.scope.cancel_called
 
@@ -119,11 +155,11 @@ async def test_a_lost_claim_cancels_that_run_scope_only(tmp_path: Path, autojump
     # Another epoch takes the first run over: its claim is expired and claimed anew.
     db = host.store.db
     db.execute("UPDATE run_queue SET claim_expires_at = ? WHERE run_id = 'r'", (host.now(),))
-    assert queue.claim_run(db, active.run_id, runner_id="other", token="theirs", lease_ms=30_000,
+    assert queue.claim_run(db, active.claim.run_id, runner_id="other", token="theirs", lease_ms=30_000,
                            now=host.now(), epoch=host.epoch + 1)
     with trio.fail_after(60):
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(renew_claims, host)
+            nursery.start_soon(renew_claims, RunLane(host))
             with active.scope:
                 try:
                     await trio.sleep_forever()
@@ -141,12 +177,12 @@ async def test_a_run_that_released_its_claim_itself_is_not_stopped_as_claim_lost
     """Between its worker's last message (which completed the run) and the worker's exit,
     the claim is gone because the worker gave it back, not because it was lost."""
     host, active = _claimed_run(tmp_path)
-    queue.complete_run(host.store.db, active.run_id, active.claim.token, {"done": True}, host.now())
+    queue.complete_run(host.store.db, active.claim.run_id, active.claim.token, {"done": True}, host.now())
     active.conclusion = Conclusion.DONE
     with trio.CancelScope() as scope:
         active.scope = scope
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(renew_claims, host)
+            nursery.start_soon(renew_claims, RunLane(host))
             await trio.sleep(host.config.run_lease_ms / 1000 * 3)
             nursery.cancel_scope.cancel()
     assert active.stop_reason is None and not scope.cancelled_caught
@@ -250,12 +286,12 @@ async def test_dispatch_is_bounded_and_event_driven(paths: StatePaths, project: 
 async def test_a_bug_while_supervising_one_run_parks_it_and_the_host_serves_on(
     paths: StatePaths, project: Path, nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from piwf.host import worker_process
+    from piwf.host import runs
 
     def broken(*args: object) -> None:
         raise ValueError("a bug in the message pump")
 
-    monkeypatch.setattr(worker_process, "handle", broken)
+    monkeypatch.setattr(runs, "handle", broken)
     await nursery.start(Host(config(paths, crash_backoff_s=60)).serve)
     async with AsyncClient(paths) as client:
         run_id = (await client.call("run.start", payload={"workflow": "greet", "projectPath": str(project)})

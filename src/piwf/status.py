@@ -126,12 +126,14 @@ class WorkerStatus(StrEnum):
 
 
 class StopReason(StrEnum):
-    """Why a run's cancel scope was cancelled: the ``reason`` it is cancelled with."""
+    """Why the cancel scope of a run's or a reconcile's worker was cancelled: the
+    ``reason`` it is cancelled with (host/lane.py)."""
 
-    CANCELLED = "cancelled"
+    CANCELLED = "cancelled"  # runs only: run.cancel
     CLAIM_LOST = "claimLost"
     HOST_STOPPING = "hostStopping"
     STARTUP_TIMEOUT = "startupTimeout"
+    RECONCILE_TIMEOUT = "reconcileTimeout"  # reconciles only: ready, but not done within the controller's timeout
     PROTOCOL = "protocolError"
     LINGERING = "lingering"  # told its part was done, the worker did not end within the kill grace
 
@@ -142,6 +144,7 @@ STOPPED_AS = {
     StopReason.CLAIM_LOST: WorkerStatus.CLAIM_LOST,
     StopReason.HOST_STOPPING: WorkerStatus.STOPPED,
     StopReason.STARTUP_TIMEOUT: WorkerStatus.TIMED_OUT,
+    StopReason.RECONCILE_TIMEOUT: WorkerStatus.TIMED_OUT,
     StopReason.PROTOCOL: WorkerStatus.CRASHED,
     StopReason.LINGERING: WorkerStatus.CRASHED,
 }

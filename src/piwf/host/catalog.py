@@ -47,7 +47,7 @@ class Catalog:
         except PiwfError as exc:
             raise Rejected(str(exc)) from exc
         except OSError as exc:
-            raise Rejected(f"no workflow {name!r} in {project}: {path} {exc.strerror.lower()}") from exc
+            raise Rejected(f"no workflow {name!r} in {project}: {path} {(exc.strerror or str(exc)).lower()}") from exc
         key = (str(path), sha256_hex(source))
         if key not in self._cache:
             self._cache[key] = await self._digest(project, name)
@@ -93,7 +93,7 @@ async def run_isolated(module_args: list[str], project: str, what: str, verb: st
     if timeout.cancelled_caught:
         raise Rejected(f"{what} took over {INSPECT_TIMEOUT_S} s to load")
     try:
-        result = decode_json(done.stdout.strip().splitlines()[-1])
+        result: dict[str, Any] = decode_json(done.stdout.strip().splitlines()[-1])
     except (PiwfError, IndexError):
         tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
         raise Rejected(f"{what} could not be {verb}: {tail[0]}") from None

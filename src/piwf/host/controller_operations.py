@@ -19,13 +19,14 @@ import trio
 from piwf.controllers.loader import controller_path
 from piwf.errors import PiwfError, Rejected
 from piwf.protocol import (
-    ApplyResource, DeleteResource, GetResource, ListResources, Outcome, ReconcileResource, ResolveResourceEffect,
+    ApplyResource, DeleteResource, GetResource, ListResources, ReconcileResource, ResolveResourceEffect,
 )
 from piwf.protocol.resources import ResolveResourceEffectReceipt, ResourceDetail, ResourceSummary
 from piwf.store.api import UnitOfWork
 from piwf.store.api.rules import check_json_size, check_key
-from piwf.wire import HostResponse, sha256_hex
+from piwf.wire import HostResponse, Outcome, sha256_hex
 from piwf.host.catalog import run_isolated
+from piwf.host.operation_types import After, Reads, Writes
 from piwf.host.state import HostState, log
 
 
@@ -49,7 +50,7 @@ class ControllerCatalog:
         except PiwfError as exc:
             raise Rejected(str(exc)) from exc
         except OSError as exc:
-            raise Rejected(f"no controller {name!r} in {project}: {exc.strerror.lower()}") from exc
+            raise Rejected(f"no controller {name!r} in {project}: {(exc.strerror or str(exc)).lower()}") from exc
         key = (str(path), sha256_hex(source))
         if key not in self._cache:
             self._cache[key] = await _load_isolated(project, name)
@@ -88,8 +89,6 @@ async def _list(host: HostState, request: ListResources) -> list[ResourceSummary
 
 
 # --- writes -----------------------------------------------------------------------------------
-
-After = list[Any]
 
 
 async def _prepare_apply(host: HostState, request: ApplyResource) -> ControllerInfo:
@@ -147,8 +146,8 @@ async def status_counts(host: HostState) -> dict[str, int]:
             "maxControllerWorkers": host.config.max_controller_workers}
 
 
-READS = {GetResource: _get, ListResources: _list}
-WRITES = {
+READS: Reads = {GetResource: _get, ListResources: _list}
+WRITES: Writes = {
     ApplyResource: (_prepare_apply, _apply),
     DeleteResource: (None, _delete),
     ReconcileResource: (None, _reconcile),

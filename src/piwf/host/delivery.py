@@ -15,11 +15,12 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from piwf.protocol import (
-    ClaimNotification, ClaimTurn, DeliverNotification, DeliveryPage, ListDelivery, Outcome, QueueFollowUp,
+    ClaimNotification, ClaimTurn, DeliverNotification, DeliveryPage, ListDelivery, QueueFollowUp,
     RemoveFollowUp, Request, ResolveTurn, WatchPage, WatchRuns,
 )
 from piwf.store.api import UnitOfWork
-from piwf.wire import HostResponse, check_id
+from piwf.wire import HostResponse, Outcome, check_id
+from piwf.host.operation_types import After, Reads, Writes
 from piwf.host.state import HostState
 
 
@@ -43,7 +44,7 @@ def _accepted(request: Request, receipt: object) -> HostResponse:
 
 
 async def _notification_claim(host: HostState, tx: UnitOfWork, request: ClaimNotification, prepared: None,
-                              after: list) -> HostResponse:
+                              after: After) -> HostResponse:
     check_id(request.payload.sessionId, "payload.sessionId")
     return _accepted(request, await tx.delivery.claim_notification(
         session_id=request.payload.sessionId, client_id=request.clientId,
@@ -51,7 +52,7 @@ async def _notification_claim(host: HostState, tx: UnitOfWork, request: ClaimNot
 
 
 async def _notification_deliver(host: HostState, tx: UnitOfWork, request: DeliverNotification, prepared: None,
-                                after: list) -> HostResponse:
+                                after: After) -> HostResponse:
     payload = request.payload
     return _accepted(request, await tx.delivery.deliver_notification(
         notification_id=payload.notificationId, claim_id=payload.claimId, client_id=request.clientId,
@@ -59,7 +60,7 @@ async def _notification_deliver(host: HostState, tx: UnitOfWork, request: Delive
 
 
 async def _turn_claim(host: HostState, tx: UnitOfWork, request: ClaimTurn, prepared: None,
-                      after: list) -> HostResponse:
+                      after: After) -> HostResponse:
     check_id(request.payload.sessionId, "payload.sessionId")
     return _accepted(request, await tx.delivery.claim_turn(
         session_id=request.payload.sessionId, client_id=request.clientId,
@@ -67,7 +68,7 @@ async def _turn_claim(host: HostState, tx: UnitOfWork, request: ClaimTurn, prepa
 
 
 async def _turn_resolve(host: HostState, tx: UnitOfWork, request: ResolveTurn, prepared: None,
-                        after: list) -> HostResponse:
+                        after: After) -> HostResponse:
     payload = request.payload
     return _accepted(request, await tx.delivery.resolve_turn(
         turn_id=payload.turnId, claim_id=payload.claimId, client_id=request.clientId,
@@ -75,14 +76,14 @@ async def _turn_resolve(host: HostState, tx: UnitOfWork, request: ResolveTurn, p
 
 
 async def _followup_queue(host: HostState, tx: UnitOfWork, request: QueueFollowUp, prepared: None,
-                          after: list) -> HostResponse:
+                          after: After) -> HostResponse:
     payload = request.payload
     return _accepted(request, await tx.delivery.queue_followup(
         run_id=request.runId, request_key=payload.requestKey, prompt=payload.prompt, now=host.now()))
 
 
 async def _followup_remove(host: HostState, tx: UnitOfWork, request: RemoveFollowUp, prepared: None,
-                           after: list) -> HostResponse:
+                           after: After) -> HostResponse:
     return _accepted(request, await tx.delivery.remove_followup(
         run_id=request.runId, followup_id=request.payload.followUpId, now=host.now()))
 
@@ -108,7 +109,8 @@ async def _run_watch(host: HostState, request: WatchRuns) -> WatchPage:
     if payload.after is None:
         return await store.updates.snapshot(run_id=run_id, limit=payload.limit, now=host.now())
     with WATCH_ENDS_EARLY.get() or trio.CancelScope(), trio.move_on_after(payload.timeoutMs / 1000):
-        await until_changed(host, lambda: _moved_past(host, run_id, payload.after))
+        after = payload.after
+        await until_changed(host, lambda: _moved_past(host, run_id, after))
     return await store.updates.changes(after=payload.after, run_id=run_id, limit=payload.limit, now=host.now())
 
 
@@ -116,8 +118,8 @@ async def _moved_past(host: HostState, run_id: str | None, after: int) -> bool:
     return await host.store.updates.last_event(run_id) > after
 
 
-READS = {ListDelivery: _delivery_list, WatchRuns: _run_watch}
-WRITES = {
+READS: Reads = {ListDelivery: _delivery_list, WatchRuns: _run_watch}
+WRITES: Writes = {
     ClaimNotification: (None, _notification_claim),
     DeliverNotification: (None, _notification_deliver),
     ClaimTurn: (None, _turn_claim),

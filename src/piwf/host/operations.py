@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Awaitable, Callable
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -30,26 +29,25 @@ from piwf import faults
 from piwf.errors import PiwfError, Rejected
 from piwf.protocol import (
     AnswerDecision, CancelReceipt, CancelRun, GetHostStatus, GetRun, GetRunEvents, HoldReceipt, HostStatus,
-    InteractionsPage, ListInteractions, ListRuns, Outcome, PauseRun, Request, ResolveEffect, ResolveReceipt,
+    InteractionsPage, ListInteractions, ListRuns, PauseRun, Request, ResolveEffect, ResolveReceipt,
     ResumeRun, RunDetail, RunEventsPage, RunSummary, StartReceipt, StartRun, StopHost, StopReceipt,
     SubmitInteraction, UpdateInteraction, WaitReceipt, WaitRun,
 )
-from piwf.status import AT_REST, QueueStatus, StopReason
+from piwf.status import AT_REST, QueueStatus, RunStatus, StopReason
 from piwf.store.api import UnitOfWork
-from piwf.wire import HostResponse, check_id, request_fingerprint
+from piwf.wire import HostResponse, Outcome, check_id, request_fingerprint
 from piwf.host import controller_operations
 from piwf.host import delivery
 from piwf.host.delivery import until_changed
 from piwf.host import settings_operations
 from piwf.host.catalog import WorkflowInfo
+from piwf.host.operation_types import After, Reads, Writes
 from piwf.host.state import HostState, log
-
-After = list[Callable[[], None]]
 
 
 async def handle_request(host: HostState, request: Request) -> tuple[HostResponse, After]:
     if host.stop_requested.is_set():
-        return HostResponse(request.requestId, "unavailable", error="the host is stopping"), []
+        return HostResponse(request.requestId, Outcome.UNAVAILABLE, error="the host is stopping"), []
     try:
         read = READS.get(type(request))
         if read is not None:
@@ -192,7 +190,7 @@ async def _run_start(host: HostState, tx: UnitOfWork, request: StartRun, prepare
                                           actor_id=request.clientId, now=now)
     after.append(host.wake)
     return HostResponse(request.requestId, Outcome.ACCEPTED, revision=1,
-                        receipt=StartReceipt(runId=run_id, workflow=info.name, status="queued",
+                        receipt=StartReceipt(runId=run_id, workflow=info.name, status=RunStatus.QUEUED,
                                              definitionDigest=info.digest))
 
 
@@ -236,7 +234,6 @@ async def _run_resume(host: HostState, tx: UnitOfWork, request: ResumeRun, info:
                                                      expected_revision=request.expectedRevision))
     if info is not None:  # the workflow as it is now may declare settings the run did not have
         await settings_operations.start_scope(tx, run_id, info, None, actor_id=request.clientId, now=host.now())
-    host.backoff.pop(run_id, None)
     after.append(host.wake)
     return HostResponse(request.requestId, Outcome.ACCEPTED, revision=await tx.runs.revision(run_id),
                         receipt=receipt)
@@ -297,15 +294,9 @@ async def _decision_answer(host: HostState, tx: UnitOfWork, request: AnswerDecis
     return HostResponse(request.requestId, Outcome.ACCEPTED, receipt=receipt)
 
 
-# Handlers by request type; every type in protocol.AnyRequest has one (tests check it).
-# A read is answered from the store and never logged; a write runs in its unit of work with
-# the command log (``tx``), after its optional ``prepare`` step (which may await anything,
-# outside that unit of work); inside it, an ``apply`` awaits only ``tx``'s methods.
-Read = Callable[[HostState, Any], Awaitable[Any]]
-Prepare = Callable[[HostState, Any], Awaitable[Any]] | None
-Apply = Callable[[HostState, UnitOfWork, Any, Any, After], Awaitable[HostResponse]]
-
-READS: dict[type[Request], Read] = {
+# Handlers by request type (their shapes: operation_types); every type in
+# protocol.AnyRequest has one (tests check it).
+READS: Reads = {
     GetHostStatus: _host_status,
     GetRun: _run_status,
     ListRuns: _run_list,
@@ -314,7 +305,7 @@ READS: dict[type[Request], Read] = {
     ListInteractions: _interaction_list,
     **delivery.READS,
 }
-WRITES: dict[type[Request], tuple[Prepare, Apply]] = {
+WRITES: Writes = {
     StopHost: (None, _host_stop),
     StartRun: (_prepare_start, _run_start),
     CancelRun: (None, _run_cancel),

@@ -1,9 +1,9 @@
 """Answering a reconcile worker: each message is one unit of work, opened by the fence on
 the resource's claim (which renews it, as the seed does on every worker message).
 
-The pump is ``worker_process``'s for runs with two differences: a reconcile has a
-deadline once it is ready (its controller's ``timeout``), and ``workflow.ensure`` may first
-inspect a workflow file (in a throwaway process, outside the transaction).
+The pump is the lane's (host/lane.py), as for runs; ``workflow.ensure`` may first inspect
+a workflow file (in a throwaway process, outside the transaction), and a settings change
+its proposal.
 """
 
 from __future__ import annotations
@@ -12,76 +12,22 @@ import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import trio
-
-from piwf import faults
 from piwf.protocol.reconcile import (
     ChildRun, ReconcileFail, ReconcileFinish, ReconcileLog, ReconcileReady, ReconcileStart, WorkflowEnsure,
-    parse_reconcile_message,
 )
-from piwf.errors import ClaimLost, PiwfError, ProtocolError, Rejected
+from piwf.errors import ClaimLost, PiwfError, Rejected
 from piwf.store.api import UnitOfWork
-from piwf.wire import LineBuffer, check_id, encode_line
+from piwf.wire import check_id
 from piwf.protocol.worker import (
-    MAX_WORKER_LINE, EffectApply, EffectReserve, EffectSettle, EffectState, Result, WorkerMessage, WorkerResponse,
+    EffectApply, EffectReserve, EffectSettle, EffectState, Result, WorkerMessage, WorkerResponse,
 )
 from piwf.host import reconcile_steering, settings_operations
 from piwf.host.catalog import WorkflowInfo
-from piwf.host.controller_state import ActiveReconcile, ReconcileStop
+from piwf.host.controller_state import ActiveReconcile
 from piwf.host.state import Conclusion, HostState, log
-from piwf.host.worker_process import receive_before
 
 NOTHING = Result()
 Outcome = tuple[Result, Conclusion | None]
-
-
-async def pump(host: HostState, active: ActiveReconcile, receive: trio.lowlevel.FdStream,
-               send: trio.lowlevel.FdStream) -> None:
-    buffer = LineBuffer(MAX_WORKER_LINE)
-    deadline = trio.current_time() + host.config.worker_startup_s
-    while True:
-        chunk = await receive_before(receive, deadline)
-        if chunk is None:
-            _timed_out(host, active)
-            return
-        if not chunk:
-            return
-        try:
-            messages = [parse_reconcile_message(line) for line in buffer.feed(chunk)]
-        except ProtocolError as exc:
-            log.warning("%s: reconcile worker broke the protocol (%s); stopping it", active.run_id, exc)
-            active.stop(ReconcileStop.PROTOCOL, f"broke the worker protocol: {exc}")
-            return
-        for message in messages:
-            response = await handle(host, active, message)
-            await host.durable()  # group commit: no answer before its commit's fsync
-            if isinstance(message, ReconcileReady) and active.ready.is_set():
-                deadline = trio.current_time() + active.timeout_s
-            try:
-                await send.send_all(encode_line(response))
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                return
-            faults.point("host.reconcile.answered")
-            if active.conclusion is not None:
-                await _let_it_end(host, active)
-                return
-
-
-def _timed_out(host: HostState, active: ActiveReconcile) -> None:
-    if active.ready.is_set():
-        note = f"reconcile did not finish within its timeout of {active.timeout_s:g} s"
-        active.stop(ReconcileStop.TIMEOUT, note)
-    else:
-        note = f"not ready after {host.config.worker_startup_s:g} s (loading its controller included)"
-        active.stop(ReconcileStop.STARTUP_TIMEOUT, note)
-    log.warning("%s: %s; stopping its worker", active.run_id, note)
-
-
-async def _let_it_end(host: HostState, active: ActiveReconcile) -> None:
-    await trio.sleep(host.config.kill_grace_s)
-    note = f"did not end within {host.config.kill_grace_s:g} s of its result being recorded"
-    active.stop(ReconcileStop.CLAIM_LOST if active.conclusion is Conclusion.CLAIM_LOST else ReconcileStop.LINGERING,
-                note)
 
 
 async def handle(host: HostState, active: ActiveReconcile, message: WorkerMessage) -> WorkerResponse:
@@ -92,13 +38,13 @@ async def handle(host: HostState, active: ActiveReconcile, message: WorkerMessag
         prepared = await _prepare(host, active, message)
         handler, now = HANDLERS[type(message)], host.now()
         async with host.store.transaction() as tx:  # the fence (renewing the claim), then the handler's changes
-            await tx.controller_queue.fence(active.uid, active.claim.token, host.config.controller_lease_ms, now)
+            await tx.controller_queue.fence(active.claim.uid, active.claim.token, host.config.controller_lease_ms, now)
             response, conclusion = await handler(host, tx, active, message, prepared, now)
     except ClaimLost as exc:
         active.conclusion = Conclusion.CLAIM_LOST
         return WorkerResponse(message.messageId, "claimLost", error=str(exc))
     except PiwfError as exc:
-        log.warning("%s: reconcile worker %s refused: %s", active.run_id, message.operation, exc)
+        log.warning("%s: reconcile worker %s refused: %s", active.label, message.operation, exc)
         return WorkerResponse(message.messageId, "rejected", error=str(exc))
     if isinstance(message, ReconcileReady) and conclusion is None:
         active.ready.set()
@@ -111,7 +57,7 @@ async def handle(host: HostState, active: ActiveReconcile, message: WorkerMessag
     return WorkerResponse(message.messageId, "accepted", result=response)
 
 
-async def _prepare(host: HostState, active: ActiveReconcile, message: WorkerMessage) -> WorkflowInfo | None:
+async def _prepare(host: HostState, active: ActiveReconcile, message: WorkerMessage) -> Any:
     """``workflow.ensure`` for a child not started yet: the workflow, checked outside the
     transaction (it may take a moment); a settings change: its proposal (reconcile_steering)."""
     if type(message) in reconcile_steering.HANDLERS:
@@ -119,7 +65,7 @@ async def _prepare(host: HostState, active: ActiveReconcile, message: WorkerMess
     if not isinstance(message, WorkflowEnsure):
         return None
     payload = message.payload
-    if await host.store.controller_effects.find_child(active.uid, payload.requestKey, payload.workflow,
+    if await host.store.controller_effects.find_child(active.claim.uid, payload.requestKey, payload.workflow,
                                                       payload.input) is not None:
         return None
     return await host.catalog.inspect(active.claim.project, payload.workflow)
@@ -132,11 +78,11 @@ async def _ready(host: HostState, tx: UnitOfWork, active: ActiveReconcile, messa
                  prepared: None, now: int) -> Outcome:
     loaded = message.payload
     if loaded.loadError is not None:
-        await tx.controller_queue.finish_failure(active.uid, active.claim.token, permanent=False, now=now,
+        await tx.controller_queue.finish_failure(active.claim.uid, active.claim.token, permanent=False, now=now,
                                                  error=f"controller cannot load: {loaded.loadError}",
                                                  delay_ms=host.controllers.backoff_ms)
         return ReconcileStart(stop=True), Conclusion.DONE
-    view = await tx.controller_queue.reconcile_view(active.uid)
+    view = await tx.controller_queue.reconcile_view(active.claim.uid)
     active.spec_generation = view["generation"]
     active.timeout_s = loaded.timeoutS or active.timeout_s
     return ReconcileStart(resource=view), None
@@ -147,13 +93,13 @@ async def _finish(host: HostState, tx: UnitOfWork, active: ActiveReconcile, mess
     p = message.payload
     try:
         outcome = await tx.controller_queue.finish_success(
-            active.uid, active.claim.token, requeue_after_ms=p.requeueAfterMs, settled=p.settled,
+            active.claim.uid, active.claim.token, requeue_after_ms=p.requeueAfterMs, settled=p.settled,
             controller_status=p.status, keep_status=p.keepStatus, conditions=p.conditions, finalizers=p.finalizers,
             now=now)
     except Rejected as exc:  # a status over the limit, a malformed condition: the pass failed
         await _fail_with(host, tx, active, f"the reconcile's result was refused: {exc}", now)
         return NOTHING, Conclusion.DONE
-    log.info("%s: reconcile %s", active.run_id, outcome)
+    log.info("%s: reconcile %s", active.label, outcome)
     return NOTHING, Conclusion.DONE
 
 
@@ -161,20 +107,20 @@ async def _fail(host: HostState, tx: UnitOfWork, active: ActiveReconcile, messag
                 prepared: None, now: int) -> Outcome:
     p = message.payload
     delay = p.delayMs if p.delayMs is not None else host.controllers.backoff_ms
-    errors = await tx.controller_queue.finish_failure(active.uid, active.claim.token, error=p.error,
+    errors = await tx.controller_queue.finish_failure(active.claim.uid, active.claim.token, error=p.error,
                                                       delay_ms=delay, permanent=p.permanent, now=now)
-    log.info("%s: reconcile failed (%d in a row)%s", active.run_id, errors, " permanently" if p.permanent else "")
+    log.info("%s: reconcile failed (%d in a row)%s", active.label, errors, " permanently" if p.permanent else "")
     return NOTHING, Conclusion.DONE
 
 
 async def _fail_with(host: HostState, tx: UnitOfWork, active: ActiveReconcile, error: str, now: int) -> None:
-    await tx.controller_queue.finish_failure(active.uid, active.claim.token, error=error,
+    await tx.controller_queue.finish_failure(active.claim.uid, active.claim.token, error=error,
                                              delay_ms=host.controllers.backoff_ms, permanent=False, now=now)
 
 
 async def _log(host: HostState, tx: UnitOfWork, active: ActiveReconcile, message: ReconcileLog,
                prepared: None, now: int) -> Outcome:
-    await tx.controllers.add_resource_event(active.uid, "log", {"message": message.payload.message}, now)
+    await tx.controllers.add_resource_event(active.claim.uid, "log", {"message": message.payload.message}, now)
     return NOTHING, None
 
 
@@ -182,14 +128,14 @@ async def _effect_reserve(host: HostState, tx: UnitOfWork, active: ActiveReconci
                           prepared: None, now: int) -> Outcome:
     p = message.payload
     state = EffectState(**await tx.controller_effects.reserve(
-        active.uid, active.spec_generation, p.key, generation=active.claim.generation, observable=p.observable,
+        active.claim.uid, active.spec_generation, p.key, generation=active.claim.generation, observable=p.observable,
         now=now))
     return state, Conclusion.DONE if state.state == "ambiguous" else None
 
 
 async def _effect_apply(host: HostState, tx: UnitOfWork, active: ActiveReconcile, message: EffectApply,
                         prepared: None, now: int) -> Outcome:
-    await tx.controller_effects.begin_apply(active.uid, active.spec_generation, message.payload.key,
+    await tx.controller_effects.begin_apply(active.claim.uid, active.spec_generation, message.payload.key,
                                             generation=active.claim.generation, now=now)
     return NOTHING, None
 
@@ -197,7 +143,7 @@ async def _effect_apply(host: HostState, tx: UnitOfWork, active: ActiveReconcile
 async def _effect_settle(host: HostState, tx: UnitOfWork, active: ActiveReconcile, message: EffectSettle,
                          prepared: None, now: int) -> Outcome:
     p = message.payload
-    await tx.controller_effects.settle(active.uid, active.spec_generation, p.key,
+    await tx.controller_effects.settle(active.claim.uid, active.spec_generation, p.key,
                                        generation=active.claim.generation, result=p.result, error=p.error, now=now)
     return NOTHING, None
 
@@ -205,7 +151,7 @@ async def _effect_settle(host: HostState, tx: UnitOfWork, active: ActiveReconcil
 async def _workflow_ensure(host: HostState, tx: UnitOfWork, active: ActiveReconcile, message: WorkflowEnsure,
                            info: WorkflowInfo | None, now: int) -> Outcome:
     p = message.payload
-    child = await tx.controller_effects.find_child(active.uid, p.requestKey, p.workflow, p.input)
+    child = await tx.controller_effects.find_child(active.claim.uid, p.requestKey, p.workflow, p.input)
     if child is None:
         if info is None:  # recorded by another pass meanwhile and gone again: cannot happen under one claim
             raise Rejected(f"workflow request {p.requestKey!r} changed under the reconcile")
@@ -215,8 +161,9 @@ async def _workflow_ensure(host: HostState, tx: UnitOfWork, active: ActiveReconc
         await tx.runs.create_run(run_id=run_id, workflow=info.name, project_path=active.claim.project,
                                  source=info.source, digest=info.digest, input=p.input,
                                  origin_session_id=p.originSessionId, now=now, start_node=info.start_at)
-        await settings_operations.start_scope(tx, run_id, info, None, actor_id=active.uid, now=now)
-        child = await tx.controller_effects.record_child(active.uid, p.requestKey, info.name, p.input, run_id, now)
+        await settings_operations.start_scope(tx, run_id, info, None, actor_id=active.claim.uid, now=now)
+        child = await tx.controller_effects.record_child(active.claim.uid, p.requestKey, info.name, p.input, run_id,
+                                                         now)
     return ChildRun(**child), None
 
 

@@ -31,7 +31,7 @@ Outcome = tuple[Result, Conclusion | None]
 
 
 async def _check_owned(settings: SettingsStore, active: ActiveReconcile, run_id: str) -> None:
-    if not await settings.started_by(active.uid, run_id):
+    if not await settings.started_by(active.claim.uid, run_id):
         raise Rejected(f"run {run_id} was not started by this resource (ctx.workflows.ensure): "
                        "a controller steers only its own runs")
 
@@ -60,7 +60,7 @@ async def _change_settings(host: HostState, tx: UnitOfWork, active: ActiveReconc
         scope, base, value = prepared
         receipt, adopted = await tx.settings.change_settings(
             p.runId, scope_id=scope, base=base, expected=p.expectedChangeNumber, patch=p.patch,
-            settings=value, actor="controller", actor_id=active.uid, request_key=p.requestKey, now=now)
+            settings=value, actor="controller", actor_id=active.claim.uid, request_key=p.requestKey, now=now)
     return SettingsChanged(**msgspec.structs.asdict(receipt), adopted=adopted), None
 
 

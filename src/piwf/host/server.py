@@ -29,8 +29,8 @@ import trio
 
 from piwf import faults
 from piwf.errors import ProtocolError, ServiceError, StateDirError
-from piwf.protocol import read_request
-from piwf.wire import HostResponse, LineBuffer, encode_line
+from piwf.protocol.requests import read_request
+from piwf.wire import HostResponse, LineBuffer, Outcome, encode_line
 from piwf.host.delivery import WATCH_ENDS_EARLY
 from piwf.host.operations import handle_request
 from piwf.host.state import HostState, log
@@ -197,7 +197,7 @@ async def _connection(host: HostState, connections: Connections, stream: trio.So
         connection = Connection(trio.current_time())
         try:
             if not await connections.admit(connection):
-                await _refuse(host, stream, "unavailable", f"the host serves at most {connections.cap} "
+                await _refuse(host, stream, Outcome.UNAVAILABLE, f"the host serves at most {connections.cap} "
                               "connections and is answering a request on each; retry later")
                 return
             host.connections += 1
@@ -217,17 +217,17 @@ async def _serve_lines(host: HostState, connection: Connection, stream: trio.Soc
     while True:
         chunk = await _receive(connection, stream, _read_deadline(host, connection, request_since))
         if connection.displaced:
-            await _refuse(host, stream, "unavailable", _displaced(host), timeout=DISPLACED_NOTICE_S)
+            await _refuse(host, stream, Outcome.UNAVAILABLE, _displaced(host), timeout=DISPLACED_NOTICE_S)
             return
         if chunk is None:
-            await _refuse(host, stream, "rejected", _timed_out(host, request_since))
+            await _refuse(host, stream, Outcome.REJECTED, _timed_out(host, request_since))
             return
         if not chunk:
             return
         try:
             lines = buffer.feed(chunk)
         except ProtocolError as exc:
-            await _refuse(host, stream, "rejected", str(exc))
+            await _refuse(host, stream, Outcome.REJECTED, str(exc))
             return
         for i, line in enumerate(lines):
             if not await _answer(host, stream, line, behind=i + 1 < len(lines) or bool(buffer.pending)):
@@ -280,7 +280,7 @@ async def _answer(host: HostState, stream: trio.SocketStream, line: bytes, *, be
     try:
         request = read_request(line)
     except ProtocolError as exc:
-        sent = await _send(host, stream, HostResponse(exc.request_id or "", "rejected", error=str(exc)))
+        sent = await _send(host, stream, HostResponse(exc.request_id or "", Outcome.REJECTED, error=str(exc)))
         return sent and exc.request_id is not None
     response, after = await _handle(host, stream, request, behind)
     try:
@@ -343,7 +343,7 @@ async def _send(host: HostState, stream: trio.SocketStream, response: HostRespon
     return False
 
 
-async def _refuse(host: HostState, stream: trio.SocketStream, outcome: str, error: str,
+async def _refuse(host: HostState, stream: trio.SocketStream, outcome: Outcome, error: str,
                   timeout: float | None = None) -> None:
     """Say why the connection is being closed, if the client will take it."""
     with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
@@ -353,4 +353,4 @@ async def _refuse(host: HostState, stream: trio.SocketStream, outcome: str, erro
 def _peer_is_us(stream: trio.SocketStream) -> bool:
     creds = stream.socket.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     _pid, uid, _gid = struct.unpack("3i", creds)
-    return uid == os.getuid()
+    return int(uid) == os.getuid()

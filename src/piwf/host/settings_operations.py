@@ -12,14 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 from piwf.errors import Conflict, Rejected
-from piwf.protocol import SETTINGS_LIMIT, ChangeSettings, GetSettings, Outcome, RunSettings, StartRunPayload
+from piwf.protocol import SETTINGS_LIMIT, ChangeSettings, GetSettings, RunSettings, StartRunPayload
 from piwf.status import ENDED
 from piwf.store.api import UnitOfWork
-from piwf.wire import HostResponse, canonical_json
+from piwf.wire import HostResponse, Outcome, canonical_json
 from piwf.host.catalog import WorkflowInfo
+from piwf.host.operation_types import After, Reads, Writes
 from piwf.host.state import HostState
-
-After = list[Any]
 
 
 # --- a new run's scope -------------------------------------------------------------------------
@@ -103,5 +102,5 @@ async def _change_settings(host: HostState, tx: UnitOfWork, request: ChangeSetti
                         receipt=receipt)
 
 
-READS = {GetSettings: _get_settings}
-WRITES = {ChangeSettings: (_prepare_change, _change_settings)}
+READS: Reads = {GetSettings: _get_settings}
+WRITES: Writes = {ChangeSettings: (_prepare_change, _change_settings)}

@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import secrets
 from dataclasses import dataclass, field
-from enum import Enum
 
 import trio
 import trio_util
 
 from piwf.clock import Clock, WallClock
 from piwf.paths import StatePaths
-from piwf.status import StopReason, WorkerStatus
+from piwf.status import WorkerStatus
 from piwf.store.api import Claim, HostClaim, Store
 from piwf.host.catalog import Catalog
 from piwf.host.controller_state import ControllerState
+from piwf.host.lane_state import Active, Conclusion, End, LaneState, ProcessEnd
 from piwf.host.launcher import Launcher, SpawnLauncher
 
 log = logging.getLogger("piwf.host")
@@ -52,71 +51,13 @@ class HostConfig:
     controller_lease_ms: int = 120_000  # a reconcile's claim; renewed every quarter and on each worker message
 
 
-class Conclusion(Enum):
-    """What the host told a worker that ends its part in the run; a worker that exits
-    without having been told one of these crashed, whatever its exit status."""
-
-    DONE = "done"  # its part is done: its run completed, failed, or was parked by its own message
-    STOP = "stop"  # stop at this node boundary (the run was paused)
-    CLAIM_LOST = "claimLost"  # its claim moved on: nothing it writes is kept
-
-
-@dataclass(frozen=True)
-class ProcessEnd:
-    """How a worker process ended: ``returncode`` negative for a signal, None if unknown."""
-
-    returncode: int | None
-    diagnostic: str
-    started: bool = True  # False: no process was started at all
-
-    @property
-    def exit_code(self) -> int | None:
-        return self.returncode if self.returncode is not None and self.returncode >= 0 else None
-
-    @property
-    def signal(self) -> int | None:
-        return -self.returncode if self.returncode is not None and self.returncode < 0 else None
-
-    def noted(self, note: str) -> ProcessEnd:
-        """The same end with a line of piwf's own after what the worker printed."""
-        return dataclasses.replace(self, diagnostic=f"{self.diagnostic}\n[piwf] {note}".lstrip("\n"))
+ActiveRun = Active[Claim]
 
 
 @dataclass(eq=False)
-class ActiveRun:
-    """One run this host holds a claim on, with the scope that owns its worker.
+class WorkerEnd(End[Claim]):
+    """How a run's worker ended and what to do with its run, kept until the store records it."""
 
-    Stopping the run is cancelling ``scope`` with a ``StopReason``, kept with the scope
-    (and given to trio, so a ``Cancelled`` says it too); the supervisor records it.
-    """
-
-    claim: Claim
-    worker_epoch: str
-    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
-    ready: trio.Event = field(default_factory=trio.Event)
-    answered: set[str] = field(default_factory=set)  # message ids this host answered for the worker
-    conclusion: Conclusion | None = None
-    process_end: ProcessEnd | None = None
-    stop_reason: StopReason | None = None  # owned by ``scope``: the first reason it was cancelled with
-    stop_note: str = ""  # what the worker's record should say about that reason
-
-    @property
-    def run_id(self) -> str:
-        return self.claim.run_id
-
-    def stop(self, reason: StopReason, note: str = "") -> None:
-        """Cancel the run's scope: its worker is stopped and ``reason`` recorded (with
-        ``note`` in its record). The first reason given wins."""
-        if self.stop_reason is None:
-            self.stop_reason, self.stop_note = reason, note
-        self.scope.cancel(reason=reason.value)
-
-
-@dataclass(eq=False)
-class WorkerEnd:
-    """How a worker ended and what to do with its run, kept until the store records it."""
-
-    active: ActiveRun
     status: WorkerStatus
     process: ProcessEnd
     park: bool
@@ -131,16 +72,18 @@ class HostState:
     lease: HostClaim | None = None
     catalog: Catalog = field(default_factory=Catalog)
     launcher: Launcher = field(default_factory=SpawnLauncher)
-    active: dict[str, ActiveRun] = field(default_factory=dict)
-    backoff: dict[str, float] = field(default_factory=dict)  # run id -> not claimed before (trio time)
-    unrecorded: dict[str, WorkerEnd] = field(default_factory=dict)  # ends the store refused (a full disk)
+    runs: LaneState[Claim, WorkerEnd] = field(default_factory=LaneState)  # the run lane: active runs, ...
     connections: int = 0
     drain_deadline: float = math.inf  # set when a drain starts: every cleanup ends by then
-    wake_dispatcher: trio.Event = field(default_factory=trio.Event)
     run_changed: trio_util.RepeatedEvent = field(default_factory=trio_util.RepeatedEvent)
     stop_requested: trio.Event = field(default_factory=trio.Event)
     wake_deadlines: trio.Event = field(default_factory=trio.Event)  # a request opened or went back to waiting
     controllers: ControllerState = field(default_factory=ControllerState)
+
+    @property
+    def active(self) -> dict[str, ActiveRun]:
+        """The runs this host supervises, by run id."""
+        return self.runs.active
 
     @property
     def epoch(self) -> int:
@@ -155,10 +98,14 @@ class HostState:
         await self.store.durable()
 
     def wake(self) -> None:
-        self.wake_dispatcher.set()
+        """Wake the run dispatcher."""
+        self.runs.wake()
 
     def changed(self) -> None:
         self.run_changed.set()
 
     def interactions_changed(self) -> None:
         self.wake_deadlines.set()
+
+
+__all__ = ["Active", "ActiveRun", "Conclusion", "HostConfig", "HostState", "ProcessEnd", "WorkerEnd", "log"]

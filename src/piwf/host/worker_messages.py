@@ -11,7 +11,7 @@ from typing import Any
 
 from piwf import faults
 from piwf.errors import ClaimLost, PiwfError, Rejected
-from piwf.status import Hold
+from piwf.status import Hold, NotificationKind
 from piwf.store.api import UnitOfWork
 from piwf.store.api.rules import STEPS_PAGE_BYTES
 from piwf.protocol.worker import (
@@ -34,20 +34,20 @@ async def _ready(host: HostState, tx: UnitOfWork, active: ActiveRun, message: Re
     run's first attempt is started here too, saving the worker a round trip (unless the run
     is paused: then its first start stops). A workflow that did not load, or whose digest
     is not the run's, holds the run instead."""
-    await tx.queue.mark_running(active.run_id, active.claim.token, now)
+    await tx.queue.mark_running(active.claim.run_id, active.claim.token, now)
     await tx.workers.mark_ready(active.worker_epoch, now)
-    run_input, start, paused, digest = await tx.runs.ready_state(active.run_id)
+    run_input, start, paused, digest = await tx.runs.ready_state(active.claim.run_id)
     held = _source_problem(message, digest)
     if held is not None:
-        await tx.queue.park_run(active.run_id, active.claim.token, now, hold=Hold.SOURCE, detail=held[:2000])
+        await tx.queue.park_run(active.claim.run_id, active.claim.token, now, hold=Hold.SOURCE, detail=held[:2000])
         return ReadyResult(stop="source"), Conclusion.DONE
-    steps, more = await tx.runs.accepted_steps(active.run_id, budget=STEPS_PAGE_BYTES)
+    steps, more = await tx.runs.accepted_steps(active.claim.run_id, budget=STEPS_PAGE_BYTES)
     result = ReadyResult(input=run_input, steps=[AcceptedStep(**step) for step in steps], more=more)
     if not steps and start is not None and not paused and await tx.interactions.waiting_attempt(
-            active.run_id, 0, start, now) is None:  # a first node that waits is started by the worker
-        attempt_id, _ = await tx.runs.start_attempt(active.run_id, active.claim.token, seq=0, node=start,
+            active.claim.run_id, 0, start, now) is None:  # a first node that waits is started by the worker
+        attempt_id, _ = await tx.runs.start_attempt(active.claim.run_id, active.claim.token, seq=0, node=start,
                                            generation=active.claim.generation, now=now)
-        change, value = await tx.settings.attempt_settings(active.run_id, attempt_id)
+        change, value = await tx.settings.attempt_settings(active.claim.run_id, attempt_id)
         result.attempt = StartedAttempt(seq=0, node=start, attemptId=attempt_id, settings=value,
                                         settingsChange=change)
     return result, None
@@ -64,7 +64,7 @@ def _source_problem(message: Ready, digest: str) -> str | None:
 
 
 async def _steps_read(host: HostState, tx: UnitOfWork, active: ActiveRun, message: StepsRead, now: int) -> Outcome:
-    steps, more = await tx.runs.accepted_steps(active.run_id, message.payload.afterSeq, budget=STEPS_PAGE_BYTES)
+    steps, more = await tx.runs.accepted_steps(active.claim.run_id, message.payload.afterSeq, budget=STEPS_PAGE_BYTES)
     return StepsPage(steps=[AcceptedStep(**step) for step in steps], more=more), None
 
 
@@ -73,17 +73,17 @@ async def _attempt_start(host: HostState, tx: UnitOfWork,
     """Start a node's attempt; at a node waiting for its request, hand over the waiting
     attempt with the submission to validate, or (nothing to validate) park the run as
     waiting again."""
-    if await tx.runs.is_paused(active.run_id):
+    if await tx.runs.is_paused(active.claim.run_id):
         return AttemptStartResult(stop="paused"), Conclusion.STOP
     payload = message.payload
-    waiting = await tx.interactions.waiting_attempt(active.run_id, payload.seq, payload.node, now)
+    waiting = await tx.interactions.waiting_attempt(active.claim.run_id, payload.seq, payload.node, now)
     if waiting is not None:
         attempt_id, submission = waiting
         if submission is None:
-            await tx.interactions.park_again(active.run_id, active.claim.token, now)
+            await tx.interactions.park_again(active.claim.run_id, active.claim.token, now)
             return AttemptStartResult(stop="waiting"), Conclusion.DONE
         return await _started(host, tx, active, attempt_id, submission), None
-    attempt_id, _ = await tx.runs.start_attempt(active.run_id, active.claim.token, seq=payload.seq,
+    attempt_id, _ = await tx.runs.start_attempt(active.claim.run_id, active.claim.token, seq=payload.seq,
                                        node=payload.node, generation=active.claim.generation, now=now)
     return await _started(host, tx, active, attempt_id), None
 
@@ -91,7 +91,7 @@ async def _attempt_start(host: HostState, tx: UnitOfWork,
 async def _started(host: HostState, tx: UnitOfWork,
           active: ActiveRun, attempt_id: str, submission: Any = None) -> AttemptStartResult:
     """An attempt to run, with the settings (and their change number) it started under."""
-    change, value = await tx.settings.attempt_settings(active.run_id, attempt_id)
+    change, value = await tx.settings.attempt_settings(active.claim.run_id, attempt_id)
     return AttemptStartResult(attemptId=attempt_id, submission=submission, settings=value, settingsChange=change)
 
 
@@ -100,18 +100,18 @@ async def _attempt_accept(host: HostState, tx: UnitOfWork,
     """Accept a node's output; with ``final`` (the run's last node) complete the run with it,
     in the same transaction."""
     payload = message.payload
-    await tx.runs.accept_attempt(active.run_id, active.claim.token, attempt_id=payload.attemptId,
+    await tx.runs.accept_attempt(active.claim.run_id, active.claim.token, attempt_id=payload.attemptId,
                         output=payload.output, exit_name=payload.exit, now=now,
                         waiting=payload.submissionId is not None)
     if payload.submissionId is not None:
-        await tx.interactions.accept_submission(active.run_id, payload.submissionId, payload.output, now)
+        await tx.interactions.accept_submission(active.claim.run_id, payload.submissionId, payload.output, now)
     if payload.final:
         return await _complete(host, tx, active, payload.output, now)
     return NOTHING, None
 
 
 async def _attempt_fail(host: HostState, tx: UnitOfWork, active: ActiveRun, message: AttemptFail, now: int) -> Outcome:
-    await tx.runs.fail_attempt(active.run_id, active.claim.token, attempt_id=message.payload.attemptId,
+    await tx.runs.fail_attempt(active.claim.run_id, active.claim.token, attempt_id=message.payload.attemptId,
                       error=message.payload.error, now=now)
     return NOTHING, None
 
@@ -122,26 +122,26 @@ async def _run_complete(host: HostState, tx: UnitOfWork, active: ActiveRun, mess
 
 async def _complete(host: HostState, tx: UnitOfWork, active: ActiveRun, output: Any, now: int) -> Outcome:
     if not await _held_for_effects(host, tx, active, now):
-        await tx.queue.complete_run(active.run_id, active.claim.token, output, now)
+        await tx.queue.complete_run(active.claim.run_id, active.claim.token, output, now)
     return NOTHING, Conclusion.DONE
 
 
 async def _run_fail(host: HostState, tx: UnitOfWork, active: ActiveRun, message: RunFail, now: int) -> Outcome:
     if not await _held_for_effects(host, tx, active, now):
-        await tx.queue.fail_run(active.run_id, active.claim.token, message.payload.error, now)
+        await tx.queue.fail_run(active.claim.run_id, active.claim.token, message.payload.error, now)
     return NOTHING, Conclusion.DONE
 
 
 async def _held_for_effects(host: HostState, tx: UnitOfWork, active: ActiveRun, now: int) -> bool:
     """A run does not end while an effect's outcome is unknown: it is held instead."""
-    ambiguous = await tx.effects.interrupted_before(active.run_id, active.claim.generation, now)
+    ambiguous = await tx.effects.interrupted_before(active.claim.run_id, active.claim.generation, now)
     if ambiguous:
         await _hold_ambiguous(host, tx, active, ambiguous[0], now)
     return bool(ambiguous)
 
 
 async def _hold_ambiguous(host: HostState, tx: UnitOfWork, active: ActiveRun, key: str, now: int) -> None:
-    await tx.queue.park_run(active.run_id, active.claim.token, now, hold=Hold.EFFECT,
+    await tx.queue.park_run(active.claim.run_id, active.claim.token, now, hold=Hold.EFFECT,
                    detail=f"ambiguous effect {key}")
 
 
@@ -151,7 +151,7 @@ async def _hold_ambiguous(host: HostState, tx: UnitOfWork, active: ActiveRun, ke
 async def _effect_reserve(host: HostState, tx: UnitOfWork,
           active: ActiveRun, message: EffectReserve, now: int) -> Outcome:
     payload = message.payload
-    state = EffectState(**await tx.effects.reserve(active.run_id, payload.key, node=payload.node,
+    state = EffectState(**await tx.effects.reserve(active.claim.run_id, payload.key, node=payload.node,
                                           generation=active.claim.generation, observable=payload.observable,
                                           now=now))
     if state.state == "ambiguous":
@@ -161,14 +161,14 @@ async def _effect_reserve(host: HostState, tx: UnitOfWork,
 
 
 async def _effect_apply(host: HostState, tx: UnitOfWork, active: ActiveRun, message: EffectApply, now: int) -> Outcome:
-    await tx.effects.begin_apply(active.run_id, message.payload.key, generation=active.claim.generation, now=now)
+    await tx.effects.begin_apply(active.claim.run_id, message.payload.key, generation=active.claim.generation, now=now)
     return NOTHING, None
 
 
 async def _effect_settle(host: HostState, tx: UnitOfWork,
           active: ActiveRun, message: EffectSettle, now: int) -> Outcome:
     payload = message.payload
-    await tx.effects.settle(active.run_id, payload.key, generation=active.claim.generation,
+    await tx.effects.settle(active.claim.run_id, payload.key, generation=active.claim.generation,
                    result=payload.result, error=payload.error, now=now)
     return NOTHING, None
 
@@ -179,7 +179,7 @@ async def _effect_settle(host: HostState, tx: UnitOfWork,
 async def _process_register(host: HostState, tx: UnitOfWork,
           active: ActiveRun, message: ProcessRegister, now: int) -> Outcome:
     payload = message.payload
-    await tx.workers.register_process(worker_epoch=active.worker_epoch, run_id=active.run_id, pid=payload.pid,
+    await tx.workers.register_process(worker_epoch=active.worker_epoch, run_id=active.claim.run_id, pid=payload.pid,
                              identity=payload.identity, node=payload.node, now=now)
     return NOTHING, None
 
@@ -196,7 +196,7 @@ async def _process_unregister(host: HostState, tx: UnitOfWork,
 async def _interaction_open(host: HostState, tx: UnitOfWork,
           active: ActiveRun, message: InteractionOpen, now: int) -> Outcome:
     """A decision or ask node waits: the run parks as waiting and the worker's part ends."""
-    await tx.interactions.open_request(active.run_id, active.claim.token, message.payload, now)
+    await tx.interactions.open_request(active.claim.run_id, active.claim.token, message.payload, now)
     host.interactions_changed()
     return NOTHING, Conclusion.DONE
 
@@ -204,7 +204,7 @@ async def _interaction_open(host: HostState, tx: UnitOfWork,
 async def _submission_reject(host: HostState, tx: UnitOfWork,
           active: ActiveRun, message: SubmissionReject, now: int) -> Outcome:
     payload = message.payload
-    await tx.interactions.reject_submission(active.run_id, active.claim.token, payload.submissionId,
+    await tx.interactions.reject_submission(active.claim.run_id, active.claim.token, payload.submissionId,
                                    payload.error, now)
     host.interactions_changed()
     return NOTHING, Conclusion.DONE
@@ -216,14 +216,14 @@ async def _submission_reject(host: HostState, tx: UnitOfWork,
 async def _notification_send(host: HostState, tx: UnitOfWork,
           active: ActiveRun, message: NotificationSend, now: int) -> Outcome:
     payload = message.payload
-    await tx.delivery.notify(active.run_id, active.claim.token, attempt_id=payload.attemptId, index=payload.index,
-                    kind=payload.kind, content=payload.content, now=now)
+    await tx.delivery.notify(active.claim.run_id, active.claim.token, attempt_id=payload.attemptId,
+                             index=payload.index, kind=NotificationKind(payload.kind), content=payload.content, now=now)
     return NOTHING, None
 
 
 async def _presentation_request(host: HostState, tx: UnitOfWork,
           active: ActiveRun, message: PresentationRequest, now: int) -> Outcome:
-    await tx.delivery.request_presentation(active.run_id, active.claim.token,
+    await tx.delivery.request_presentation(active.claim.run_id, active.claim.token,
                                   instructions=message.payload.instructions, now=now)
     return NOTHING, None
 
@@ -231,7 +231,7 @@ async def _presentation_request(host: HostState, tx: UnitOfWork,
 async def _update_publish(host: HostState, tx: UnitOfWork,
           active: ActiveRun, message: UpdatePublish, now: int) -> Outcome:
     payload = message.payload
-    await tx.updates.publish(active.run_id, active.claim.token, attempt_id=payload.attemptId, type=payload.type,
+    await tx.updates.publish(active.claim.run_id, active.claim.token, attempt_id=payload.attemptId, type=payload.type,
                     key=payload.key, data=payload.data, now=now)
     return NOTHING, None
 
@@ -274,11 +274,11 @@ async def handle(host: HostState, active: ActiveRun, message: WorkerMessage) -> 
         # One unit of work: the fence (the live claim and the run revision), the revision
         # check, the handler's changes, and the recorded answer; nothing of it if any raises.
         async with store.transaction() as tx:
-            current = await tx.queue.fenced_revision(active.run_id, active.claim.token, now)
+            current = await tx.queue.fenced_revision(active.claim.run_id, active.claim.token, now)
             if kind is not Ready and message.expectedRevision != current:
                 raise Rejected(f"run revision conflict: expected {message.expectedRevision}, now {current}")
             result, conclusion = await handler(host, tx, active, message, now)
-            revision = await tx.queue.revision_of(active.run_id) if kind in REVISING else current
+            revision = await tx.queue.revision_of(active.claim.run_id) if kind in REVISING else current
             response = WorkerResponse(message.messageId, "accepted", revision=revision, result=result)
             await tx.workers.record_message(message, response, now)
         active.answered.add(message.messageId)
@@ -287,7 +287,7 @@ async def handle(host: HostState, active: ActiveRun, message: WorkerMessage) -> 
         active.conclusion = Conclusion.CLAIM_LOST
         return WorkerResponse(message.messageId, "claimLost", error=str(exc))
     except PiwfError as exc:
-        log.warning("run %s: worker %s refused: %s", active.run_id, message.operation, exc)
+        log.warning("run %s: worker %s refused: %s", active.claim.run_id, message.operation, exc)
         return WorkerResponse(message.messageId, "rejected", error=str(exc))
     if kind is Ready:
         active.ready.set()

@@ -17,16 +17,14 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import msgspec
 import trio
 
-from piwf import faults, processes
-from piwf.errors import PiwfError, ProtocolError
-from piwf.status import StopReason
-from piwf.wire import LineBuffer, canonical_json, encode_line
-from piwf.protocol.worker import MAX_WORKER_LINE, LaunchEnvelope, parse_worker_message
+from piwf import processes
+from piwf.errors import PiwfError
+from piwf.wire import canonical_json
 from piwf.host.launcher import Launch, LauncherUnavailable, WorkerHandle
-from piwf.host.state import ActiveRun, Conclusion, HostState, ProcessEnd, log
-from piwf.host.worker_messages import handle
+from piwf.host.state import Active, HostState, ProcessEnd, log
 
 DIAGNOSTIC_BYTES = 64 * 1024
 REAP_S = 5.0  # after SIGKILL, how long reaping may take before the cleanup gives up
@@ -37,11 +35,11 @@ class Diagnostics:
     """The last 64 KiB of a worker's stdout and stderr."""
 
     def __init__(self) -> None:
-        self._chunks: deque[bytes] = deque()
+        self._chunks: deque[bytes | bytearray] = deque()
         self._size = 0
         self.complete = False  # the output reached its end: nothing more to read
 
-    def add(self, data: bytes) -> None:
+    def add(self, data: bytes | bytearray) -> None:
         self._chunks.append(data)
         self._size += len(data)
         while self._size - len(self._chunks[0]) >= DIAGNOSTIC_BYTES:
@@ -97,16 +95,15 @@ def cleanup_scope(host: HostState, budget_s: float) -> trio.CancelScope:
     return trio.CancelScope(shield=True, deadline=min(trio.current_time() + budget_s, host.drain_deadline))
 
 
-Pump = Callable[[HostState, Any, trio.lowlevel.FdStream, trio.lowlevel.FdStream], Awaitable[None]]
+Pump = Callable[[trio.lowlevel.FdStream, trio.lowlevel.FdStream], Awaitable[None]]  # (receive, send)
 Attach = Callable[[int, str], Awaitable[None]]  # record the started worker's pid and start identity
 
 
-async def run_worker(host: HostState, active: ActiveRun, envelope: LaunchEnvelope, project: str, *,
-                     launch_var: str = "PIWF_WORKER_LAUNCH", pump: Pump | None = None,
-                     attach: Attach | None = None) -> None:
+async def run_worker(host: HostState, active: Active[Any], envelope: msgspec.Struct, project: str, *,
+                     launch_var: str, pump: Pump, attach: Attach) -> None:
     """Run the worker to its exit; on cancellation stop it. ``active.process_end`` says
-    how the process ended, whichever way this returns. A controller's reconcile worker
-    (``host/reconciles.py``) comes through here too, with its own launch variable and pump."""
+    how the process ended, whichever way this returns. The worker's lane (host/lane.py)
+    gives its launch variable, its message pump and how its pid is recorded."""
     env = {**_base_env(host),
            launch_var: base64.urlsafe_b64encode(canonical_json(envelope)).decode().rstrip("=")}
     with Pipes() as pipes:
@@ -120,22 +117,19 @@ async def run_worker(host: HostState, active: ActiveRun, envelope: LaunchEnvelop
             return
         pipes.close_child_ends()
         send, receive = pipes.streams()
-    await _supervise_process(host, active, envelope, proc, send, receive, pump or _pump, attach)
+    await _supervise_process(host, active, proc, send, receive, pump, attach)
 
 
-async def _supervise_process(host: HostState, active: ActiveRun, envelope: LaunchEnvelope, proc: WorkerHandle,
+async def _supervise_process(host: HostState, active: Active[Any], proc: WorkerHandle,
                              send: trio.lowlevel.FdStream, receive: trio.lowlevel.FdStream, pump: Pump,
-                             attach: Attach | None) -> None:
+                             attach: Attach) -> None:
     diagnostics = Diagnostics()
     exited = False
     try:
-        if attach is not None:
-            await attach(proc.pid, proc.identity or "")
-        else:
-            await host.store.workers.attach_process(envelope.workerEpoch, proc.pid, proc.identity or "")
+        await attach(proc.pid, proc.identity or "")
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_read_output, proc.stdout, diagnostics)
-            nursery.start_soon(pump, host, active, receive, send)
+            nursery.start_soon(pump, receive, send)
             await proc.wait_exited()
             exited = True
             nursery.cancel_scope.cancel()
@@ -148,13 +142,13 @@ async def _supervise_process(host: HostState, active: ActiveRun, envelope: Launc
                     await _read_output(proc.stdout, diagnostics)
         end = ProcessEnd(returncode, diagnostics.text())
         if cleanup.cancelled_caught and returncode is None:
-            log.warning("run %s: worker pid %d not reaped before the cleanup deadline", active.run_id, proc.pid)
+            log.warning("%s: worker pid %d not reaped before the cleanup deadline", active.label, proc.pid)
             end = end.noted("the worker was not reaped before the cleanup deadline; its exit status is unknown")
         elif returncode is None:
             end = end.noted("the fork server that started the worker died first; its exit status is unknown")
         active.process_end = end
         with cleanup_scope(host, 1):
-            await reap_registered(host, await host.store.workers.live_processes([envelope.workerEpoch]))
+            await reap_registered(host, await host.store.workers.live_processes([active.worker_epoch]))
             for stream in (send, receive, proc.stdout):
                 if stream is not None:
                     await stream.aclose()
@@ -204,49 +198,3 @@ async def receive_before(stream: trio.lowlevel.FdStream, deadline: float | None)
     with trio.move_on_at(deadline):
         return await stream.receive_some(65536)
     return None
-
-
-async def _pump(host: HostState, active: ActiveRun, receive: trio.lowlevel.FdStream,
-                send: trio.lowlevel.FdStream) -> None:
-    buffer = LineBuffer(MAX_WORKER_LINE)
-    startup_deadline = trio.current_time() + host.config.worker_startup_s
-    while True:
-        # Until the worker reports ready, a read waits no longer than the startup timeout.
-        chunk = await receive_before(receive, None if active.ready.is_set() else startup_deadline)
-        if chunk is None:
-            note = f"not ready after {host.config.worker_startup_s:g} s (loading its workflow included)"
-            log.warning("run %s: worker %s; stopping it", active.run_id, note)
-            active.stop(StopReason.STARTUP_TIMEOUT, note)
-            return
-        if not chunk:
-            return
-        try:
-            messages = [parse_worker_message(line) for line in buffer.feed(chunk)]
-        except ProtocolError as exc:
-            log.warning("run %s: worker broke the protocol (%s); stopping it", active.run_id, exc)
-            active.stop(StopReason.PROTOCOL, f"broke the worker protocol: {exc}")
-            return
-        for message in messages:
-            response = await handle(host, active, message)
-            await host.durable()
-            try:
-                await send.send_all(encode_line(response))
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                return
-            faults.point("host.worker.answered")
-            if active.conclusion is not None:
-                await _let_it_end(host, active)
-                return
-
-
-async def _let_it_end(host: HostState, active: ActiveRun) -> None:
-    """A worker told its part is over (its run done, stop at a boundary, claim lost) ends
-    on its own, and its exit cancels this wait; one still there after the kill grace is
-    stopped. Nothing more it sends is read."""
-    await trio.sleep(host.config.kill_grace_s)
-    assert active.conclusion is not None
-    log.warning("run %s: worker did not end after being told %s; stopping it", active.run_id,
-                active.conclusion.value)
-    lost = active.conclusion is Conclusion.CLAIM_LOST
-    note = f"did not end within {host.config.kill_grace_s:g} s of being told {active.conclusion.value}"
-    active.stop(StopReason.CLAIM_LOST if lost else StopReason.LINGERING, note)

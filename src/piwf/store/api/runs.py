@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from piwf.protocol import RunDetail, RunEventsPage, RunSummary
     from piwf.protocol.worker import WorkerMessage, WorkerResponse
     from piwf.status import WorkerStatus
-    from piwf.store.api.types import Claim, HostClaim, LeaseRecord, WorkerEnded
+    from piwf.store.api.types import Claim, Delay, HostClaim, LeaseRecord, WorkerEnded
     from piwf.wire import HostRequest, HostResponse
 
 
@@ -91,10 +91,11 @@ class RunsStore(Protocol):
     async def resume_run(
             self, run_id: str, now: int, *, definition: tuple[str, bytes, str | None] | None = None,
             expected_revision: int | None = None) -> dict[str, Any]:
-        """Release a held run. ``definition`` (digest, source, start node) replaces the run's workflow
-        definition: resuming a run held because its workflow changed adopts the new one — only while it is still
-        held so (``hold = 'source'``; Conflict if it was resumed meanwhile). ``expected_revision`` as for
-        ``pause_run``; every condition is checked by the write itself. Raises NotFound, Conflict, Rejected.
+        """Release a held run, its crash count and crash back-off cleared. ``definition`` (digest, source, start
+        node) replaces the run's workflow definition: resuming a run held because its workflow changed adopts
+        the new one — only while it is still held so (``hold = 'source'``; Conflict if it was resumed
+        meanwhile). ``expected_revision`` as for ``pause_run``; every condition is checked by the write itself.
+        Raises NotFound, Conflict, Rejected.
         """
 
     async def hold_of(self, run_id: str) -> str | None:
@@ -196,20 +197,24 @@ class SupervisionStore(Protocol):
     async def claim_runs(
             self, *, room: int, exclude: frozenset[str], runner_id: str, lease_ms: int, now: int, epoch: int,
     ) -> list[tuple[Claim, str]]:
-        """Claim up to ``room`` runs, oldest first, none in ``exclude``, each with a fresh token and a worker
-        record (its worker epoch): one transaction, one commit.
+        """Claim up to ``room`` runs, oldest first, none in ``exclude`` and none before its crash back-off
+        ends (``end_worker``), each with a fresh token and a worker record (its worker epoch): one
+        transaction, one commit.
         """
 
     async def end_worker(
             self, *, worker_epoch: str, run_id: str, token: str, status: WorkerStatus, now: int,
             exit_code: int | None, signal: int | None, diagnostic: str | None, park: bool, max_crashes: int,
-            last_output: str = '') -> WorkerEnded:
+            last_output: str = '', backoff: Delay | None = None) -> WorkerEnded:
         """Record how a worker ended and, with ``park``, release its run's claim. A crash is counted on the run
         (durably: a run that keeps killing what runs it is held however often the host restarts); the
-        ``max_crashes``-th in a row holds it with the worker's last output. Once the run has ended, the
-        answers stored for its ended workers are deleted. Returns the run's crashes in a row (0 when this
-        end was no crash), and whether its run waits for a person again (the worker was validating a
-        submission).
+        ``max_crashes``-th in a row holds it with the worker's last output. ``backoff`` is how long the parked
+        run waits before any host may claim it again, kept with the run (its ``not_before``, set in this
+        transaction; ``claim_runs`` skips it until then): ms, or ms as a function of the crashes in a row
+        before this one (applied only after a crash that does not hold the run); None: at once. Once the run
+        has ended, the answers stored for its ended workers are deleted. Returns the run's crashes in a row
+        (0 when this end was no crash), whether its run waits for a person again (the worker was validating
+        a submission), and the ``not_before`` it was parked with.
         """
 
 

@@ -22,6 +22,10 @@ class Claim:
     generation: int
     expires_at: int
 
+    @property
+    def label(self) -> str:  # what the host's logs call the claimed run
+        return f"run {self.run_id}"
+
 
 @dataclass(frozen=True)
 class HostClaim:
@@ -73,9 +77,14 @@ class ControllerClaim:
     controller: str
     key: str
 
+    @property
+    def label(self) -> str:  # what the host's logs call the claimed resource
+        return f"resource {self.controller}/{self.key}"
+
 
 class WorkerEnded(NamedTuple):
     """What recording a worker's end found."""
 
     crashes: int  # in a row, this end included (0: it was no crash)
     waiting_again: bool  # its run waits for a person again: deadlines apply to it again
+    not_before: int | None = None  # its run was parked with a back-off: not claimed before this (ms)

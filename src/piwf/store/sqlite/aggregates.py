@@ -200,11 +200,11 @@ class SqliteSupervisionStore:
     async def end_worker(
             self, *, worker_epoch: str, run_id: str, token: str, status: WorkerStatus, now: int,
             exit_code: int | None, signal: int | None, diagnostic: str | None, park: bool, max_crashes: int,
-            last_output: str = '') -> WorkerEnded:
+            last_output: str = '', backoff: Delay | None = None) -> WorkerEnded:
         return _supervision.end_worker(
             self.db, worker_epoch=worker_epoch, run_id=run_id, token=token, status=status, now=now,
             exit_code=exit_code, signal=signal, diagnostic=diagnostic, park=park, max_crashes=max_crashes,
-            last_output=last_output)
+            last_output=last_output, backoff=backoff)
 
 
 class SqliteWorkersStore:

@@ -17,7 +17,8 @@ from piwf.store.api.types import Claim
 from piwf.store.sqlite.schema import one_of
 
 LIVE = f"status IN ({one_of(ACTIVE_QUEUE)})"
-READY = "(q.status IN ('queued', 'parked') AND q.hold IS NULL)"
+# Ready: not held, and past its crash back-off (layout 10), if any.
+READY = "(q.status IN ('queued', 'parked') AND q.hold IS NULL AND (q.not_before IS NULL OR q.not_before <= :now))"
 EXPIRED = """(q.status IN ('starting', 'running')
   AND q.claim_expires_at IS NOT NULL AND q.claim_expires_at <= :now)"""
 CLAIMABLE = f"({READY} OR {EXPIRED})"
@@ -60,7 +61,7 @@ def claim_run(
 
 
 # CLAIMABLE for one row, in an UPDATE: the claim is taken only while the run is claimable.
-STILL_CLAIMABLE = """((status IN ('queued', 'parked') AND hold IS NULL)
+STILL_CLAIMABLE = """((status IN ('queued', 'parked') AND hold IS NULL AND (not_before IS NULL OR not_before <= ?))
   OR (status IN ('starting', 'running') AND claim_expires_at IS NOT NULL AND claim_expires_at <= ?))"""
 
 
@@ -73,7 +74,7 @@ def _take(db: Database, run_id: str, runner_id: str, token: str, lease_ms: int, 
               claim_expires_at = ?, generation = generation + 1, owner_epoch = ?,
               started_at = COALESCE(started_at, ?), updated_at = ?
             WHERE run_id = ? AND {STILL_CLAIMABLE} RETURNING generation""",
-        (runner_id, token, now + lease_ms, epoch, now, now, run_id, now),
+        (runner_id, token, now + lease_ms, epoch, now, now, run_id, now, now),
     )
     if generation is None:
         return None
@@ -162,8 +163,9 @@ def mark_running(db: Database, run_id: str, token: str, now: int) -> bool:
 
 
 def park_run(db: Database, run_id: str, token: str, now: int, *,
-             hold: str | None = None, detail: str | None = None) -> bool:
-    """Release a live claim, leaving the run for the next claim.
+             hold: str | None = None, detail: str | None = None, not_before: int | None = None) -> bool:
+    """Release a live claim, leaving the run for the next claim (not before ``not_before``,
+    ms, when given: a crash's back-off).
 
     With ``hold`` ('source', 'crashed') the run is not claimed again until resumed, and
     ``detail`` says why; a run paused meanwhile stays held as paused.
@@ -171,9 +173,9 @@ def park_run(db: Database, run_id: str, token: str, now: int, *,
     with db.write():
         db.execute(
             f"""UPDATE run_queue SET status = 'parked', runner_id = NULL, claim_token = NULL,
-                  claim_expires_at = NULL, hold = COALESCE(hold, ?), updated_at = ?
+                  claim_expires_at = NULL, hold = COALESCE(hold, ?), not_before = ?, updated_at = ?
                 WHERE run_id = ? AND claim_token = ? AND {LIVE}""",
-            (hold, now, run_id, token),
+            (hold, not_before, now, run_id, token),
         )
         if db.changes() != 1:
             return False

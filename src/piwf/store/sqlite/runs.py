@@ -145,8 +145,8 @@ def resume_run(db: Database, run_id: str, now: int, *, definition: tuple[str, by
             db.execute("UPDATE runs SET definition_digest = ?, definition_hash = ?, start_node = ? WHERE run_id = ?",
                        (digest, db.put_blob(source, now), start_node, run_id))
         # a waiting run stays held for its answer
-        db.execute("UPDATE run_queue SET hold = NULL, crash_count = 0, updated_at = ? WHERE run_id = ? "
-                   "AND hold IS NOT 'waiting'", (now, run_id))
+        db.execute("UPDATE run_queue SET hold = NULL, crash_count = 0, not_before = NULL, updated_at = ? "
+                   "WHERE run_id = ? AND hold IS NOT 'waiting'", (now, run_id))
         db.execute(
             "UPDATE runs SET paused = 0, status_detail = CASE WHEN status = 'waiting' THEN status_detail END, "
             "updated_at = ? WHERE run_id = ?",

@@ -4,7 +4,7 @@ from piwf.status import AttemptStatus, Hold, QueueStatus, RunStatus, WorkerStatu
 from piwf.store.sqlite.schema_features import CONTROLLERS_SQL, DELIVERY_SQL, INTERACTIONS_SQL, SETTINGS_SQL, one_of
 
 APPLICATION_ID = 0x70697766  # "piwf"
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 
 RUN_WORKERS_SQL = f"""
@@ -214,6 +214,13 @@ CRASH_COUNT_SQL = """
 ALTER TABLE run_queue ADD COLUMN crash_count INTEGER NOT NULL DEFAULT 0;
 """
 
+# Layout 10: a crashed run's back-off, kept where the run is claimed (so a host that starts
+# later honours it too): claims skip a ready run before ``not_before`` (ms). A fresh
+# database adds the column the same way, so both keep one CREATE TABLE text.
+NOT_BEFORE_SQL = """
+ALTER TABLE run_queue ADD COLUMN not_before INTEGER;
+"""
+
 COUNTED_TRIGGERS = [f"{table}_counted_{event}" for table in ("runs", "run_queue")
                     for event in ("insert", "status", "moved", "delete")] + ["runs_counted_paused"]
 
@@ -319,7 +326,8 @@ CREATE TABLE worker_messages (
   completed_at INTEGER NOT NULL,
   PRIMARY KEY (worker_epoch, message_id)
 );
-""" + EFFECTS_AND_PROCESSES_SQL + RUN_COUNTS_SQL + INTERACTIONS_SQL + CONTROLLERS_SQL + DELIVERY_SQL + SETTINGS_SQL
+""" + EFFECTS_AND_PROCESSES_SQL + RUN_COUNTS_SQL + INTERACTIONS_SQL + CONTROLLERS_SQL + DELIVERY_SQL + SETTINGS_SQL \
+    + NOT_BEFORE_SQL
 
 
 
@@ -366,4 +374,6 @@ DROP TABLE run_workers_v2;
     # 9: run settings: scopes, their changes, the change number each attempt started under;
     # and the index of a run's turns, for a layout-8 database made before layout 8 had it.
     8: "CREATE INDEX IF NOT EXISTS turns_run ON turns(run_id);\n" + SETTINGS_SQL,
+    # 10: a crashed run's back-off (run_queue.not_before), durable.
+    9: NOT_BEFORE_SQL,
 }

@@ -7,7 +7,7 @@ import secrets
 from piwf.status import CRASHES, Hold, WorkerStatus
 from piwf.store.sqlite import interactions, queue, workers
 from piwf.store.sqlite.db import Database
-from piwf.store.api.types import WorkerEnded
+from piwf.store.api.types import Delay, WorkerEnded
 from piwf.store.sqlite.queue import Claim
 
 
@@ -34,13 +34,16 @@ def claim_runs(db: Database, *, room: int, exclude: frozenset[str], runner_id: s
 
 def end_worker(db: Database, *, worker_epoch: str, run_id: str, token: str, status: WorkerStatus, now: int,
                exit_code: int | None, signal: int | None, diagnostic: str | None, park: bool,
-               max_crashes: int, last_output: str = "") -> WorkerEnded:
+               max_crashes: int, last_output: str = "", backoff: Delay | None = None) -> WorkerEnded:
     """Record how a worker ended and, with ``park``, release its run's claim. A crash is
     counted on the run (durably: a run that keeps killing what runs it is held however
     often the host restarts); the ``max_crashes``-th in a row holds it with the worker's
-    last output. Once the run has ended, the answers stored for its ended workers are
-    deleted. Returns the run's crashes in a row (0 when this end was no crash), and whether
-    its run waits for a person again (the worker was validating a submission)."""
+    last output. ``backoff``: how long the parked run waits before it may be claimed again
+    (``not_before``, kept with the run, so any host honours it): ms, or ms as a function
+    of the crashes in a row before this one (then only after a crash not held). Once the
+    run has ended, the answers stored for its ended workers are deleted. Returns the run's
+    crashes in a row (0 when this end was no crash), whether its run waits for a person
+    again (the worker was validating a submission), and the run's ``not_before``."""
     with db.write():
         workers.finish(db, worker_epoch, run_id, status, now, exit_code=exit_code, signal=signal,
                        diagnostic=diagnostic)
@@ -53,7 +56,17 @@ def end_worker(db: Database, *, worker_epoch: str, run_id: str, token: str, stat
             crashes = queue.count_crash(db, run_id, token)
         held = crashes >= max_crashes
         detail = f"worker crashed {crashes} times in a row; last output: {last_output}" if held else None
-        parked = park and queue.park_run(db, run_id, token, now, hold=Hold.CRASHED if held else None, detail=detail)
+        not_before = _not_before(backoff, crashes, held, now)
+        parked = park and queue.park_run(db, run_id, token, now, hold=Hold.CRASHED if held else None, detail=detail,
+                                         not_before=not_before)
         if not parked:  # the run has ended (or is another's): no worker of it will repeat a message
             workers.forget_messages(db, run_id)
-        return WorkerEnded(crashes=crashes, waiting_again=False)
+        return WorkerEnded(crashes=crashes, waiting_again=False, not_before=not_before if parked else None)
+
+
+def _not_before(backoff: Delay | None, crashes: int, held: bool, now: int) -> int | None:
+    if backoff is None or held:
+        return None
+    if callable(backoff):
+        return None if crashes == 0 else now + backoff(crashes - 1)
+    return now + backoff

@@ -1,0 +1,277 @@
+"""One supervision lane, for runs and for reconciles: a dispatcher, a claim renewer, one
+supervisor per claimed piece of work, its worker's message pump, and the recording of its
+end. What differs between the two is a ``Lane`` (host/runs.py, host/reconciles.py).
+
+    dispatcher     claims work while its lane has room, woken at once by the events that
+    │              free room or queue work, with a poll as backstop; each round first
+    │              retries the ends the store refused
+    ├── claim renewer   every active claim, one transaction per tick; a lost one cancels
+    │                   that work's scope with reason claimLost
+    └── supervisor      one per claim, in its own cancel scope: the worker process
+                        (host/worker_process.py) and its message pump
+
+Stopping work is cancelling its scope with a ``StopReason``; a cancellation from outside
+means the host is stopping. Either way the reason arrives with the ``Cancelled``, and
+the supervisor records the end under a shielded, bounded scope, so cancellation cannot
+interrupt the record; an end the store refused (a full disk) is kept and retried.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Generic
+
+import msgspec
+import trio
+import trio_util
+
+from piwf.errors import PiwfError, ProtocolError
+from piwf.protocol.worker import MAX_WORKER_LINE, WorkerMessage, WorkerResponse
+from piwf.status import StopReason
+from piwf.wire import LineBuffer, encode_line
+from piwf.host.lane_state import Active, C, Conclusion, E, LaneState, ProcessEnd
+from piwf.host.state import HostState, log
+from piwf.host.worker_process import cleanup_scope, receive_before, run_worker
+
+RECORD_S = 5.0  # how long recording a worker's end may take, shielded
+
+
+class Lane(ABC, Generic[C, E]):
+    """What one kind of work (runs, reconciles) does its own way; the loops are below."""
+
+    kind: str  # what the work is called in logs: "run", "reconcile"
+    loads: str  # what its worker loads before it reports ready: "workflow", "controller"
+    launch_var: str  # the environment variable its launch envelope travels in
+
+    def __init__(self, host: HostState, state: LaneState[C, E]) -> None:
+        self.host, self.state = host, state
+
+    @abstractmethod
+    def key(self, claim: C) -> str:
+        """The work's key in ``state.active`` (a run id, a resource uid)."""
+
+    @abstractmethod
+    def room(self) -> int:
+        """How much more work may be claimed now."""
+
+    @abstractmethod
+    async def claim(self, room: int) -> list[Active[C]]:
+        """Claim up to ``room`` (> 0) pieces of work none of which is active here; a store
+        error ends the round with nothing claimed (logged)."""
+
+    @abstractmethod
+    def claimed(self) -> None:
+        """A claim committed, before its supervisor starts (its fault point)."""
+
+    @abstractmethod
+    async def next_wait(self) -> float:
+        """How long the dispatcher may sleep when nothing wakes it."""
+
+    @property
+    @abstractmethod
+    def renew_period_s(self) -> float: ...
+
+    @abstractmethod
+    async def renew(self, claims: list[tuple[str, str]]) -> set[str]:
+        """Renew the (key, token) claims in one transaction; the keys whose claim was lost."""
+
+    @abstractmethod
+    async def envelope(self, active: Active[C]) -> tuple[msgspec.Struct, str]:
+        """The launch envelope of its worker and the project it runs in."""
+
+    @abstractmethod
+    async def attach(self, active: Active[C], pid: int, identity: str) -> None:
+        """Record the started worker's pid and start identity."""
+
+    @abstractmethod
+    def parse(self, line: bytes) -> WorkerMessage: ...
+
+    @abstractmethod
+    async def handle(self, active: Active[C], message: WorkerMessage) -> WorkerResponse:
+        """Answer one message (one unit of work fenced by the claim)."""
+
+    @abstractmethod
+    def answered(self) -> None:
+        """An answer was written to the worker (its fault point)."""
+
+    @abstractmethod
+    def end_of(self, active: Active[C], stopped_by: StopReason | None) -> E | None:
+        """What to record of the work's end; None: nothing (its worker recorded it)."""
+
+    @abstractmethod
+    async def write_end(self, end: E) -> bool:
+        """Record an end; False when the store refused it (logged): it is retried."""
+
+    @abstractmethod
+    def recorded(self, active: Active[C]) -> None:
+        """The end was recorded (its fault point), before the work leaves ``state.active``."""
+
+    def left(self, active: Active[C]) -> None:
+        """The work left ``state.active`` (its dispatcher is woken already)."""
+
+
+# --- the dispatcher and the claim renewer ---------------------------------------------------
+
+
+async def serve(lane: Lane[Any, Any], *, also: Sequence[Callable[[], Awaitable[None]]] = (),
+                task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+    """The lane's dispatcher, with its claim renewer and the tasks in ``also`` beside it."""
+    state = lane.state
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(renew_claims, lane)
+        for task in also:
+            nursery.start_soon(task)
+        task_status.started()
+        while True:
+            state.wake_event = trio.Event()
+            await retry_unrecorded(lane)
+            room = lane.room()
+            for active in await lane.claim(room) if room > 0 else []:
+                lane.claimed()
+                state.active[lane.key(active.claim)] = active
+                nursery.start_soon(supervise, lane, active)
+            with trio.move_on_after(await lane.next_wait()):
+                await state.wake_event.wait()
+
+
+async def renew_claims(lane: Lane[Any, Any]) -> None:
+    """One renewer for all of a lane's work: every claim renewed in one transaction each
+    tick. Work whose claim is lost has its scope cancelled; a failed renewal is retried at
+    the next tick (the claims stay live for a few more)."""
+    async with contextlib.aclosing(trio_util.periodic(lane.renew_period_s)) as ticks:
+        async for _ in ticks:
+            active = list(lane.state.active.values())
+            if not active:
+                continue
+            try:
+                lost = await lane.renew([(lane.key(work.claim), work.claim.token) for work in active])
+            except PiwfError as exc:
+                log.warning("%s claim renewal failed (%s); will retry", lane.kind, exc)
+                continue
+            for work in active:
+                # A worker whose own message ended its part released the claim.
+                if lane.key(work.claim) in lost and work.conclusion is None:
+                    log.warning("%s: claim lost; stopping its worker", work.label)
+                    work.stop(StopReason.CLAIM_LOST)
+
+
+# --- one supervisor per claim -----------------------------------------------------------------
+
+
+async def supervise(lane: Lane[C, Any], active: Active[C]) -> None:
+    cancelled = False
+    try:
+        with active.scope:
+            try:
+                await _launch_contained(lane, active)
+            except* trio.Cancelled:  # it goes on unwinding; its reason is the scope's
+                cancelled = True
+                raise
+    finally:
+        # Stopped with a reason by piwf (kept by the work's scope: trio hands a task the
+        # reason of its innermost cancelled scope, which may be a nursery's), or by a
+        # cancellation from outside: the host is stopping.
+        stopped_by = active.stop_reason or (StopReason.HOST_STOPPING if cancelled else None)
+        with cleanup_scope(lane.host, RECORD_S):  # shielded: cancellation cannot interrupt it
+            await record_end(lane, lane.end_of(active, stopped_by))
+        lane.recorded(active)
+        del lane.state.active[lane.key(active.claim)]
+        lane.left(active)
+        lane.state.wake()
+
+
+async def _launch_contained(lane: Lane[C, Any], active: Active[C]) -> None:
+    """A failure supervising one piece of work ends it (as a crash); it never takes the
+    host down."""
+    try:
+        envelope, project = await lane.envelope(active)
+        await run_worker(lane.host, active, envelope, project, launch_var=lane.launch_var,
+                         pump=functools.partial(pump, lane, active), attach=functools.partial(lane.attach, active))
+    except* Exception as failed:  # a cancellation in the same group goes on unwinding
+        log.error("%s: supervision failed", active.label, exc_info=failed)
+        end = active.process_end or ProcessEnd(None, "")
+        active.process_end = end.noted(f"supervision failed: {failed.exceptions[0]!r}")
+
+
+# --- the message pump ---------------------------------------------------------------------
+
+
+async def pump(lane: Lane[C, Any], active: Active[C], receive: trio.lowlevel.FdStream,
+               send: trio.lowlevel.FdStream) -> None:
+    """Read the worker's messages, answer each once its commit is durable. Until the
+    worker reports ready, a read waits no longer than the startup timeout; after, no
+    longer than the work's own timeout, if it has one."""
+    host = lane.host
+    buffer = LineBuffer(MAX_WORKER_LINE)
+    deadline: float | None = trio.current_time() + host.config.worker_startup_s
+    while True:
+        chunk = await receive_before(receive, deadline)
+        if chunk is None:
+            _timed_out(lane, active)
+            return
+        if not chunk:
+            return
+        try:
+            messages = [lane.parse(line) for line in buffer.feed(chunk)]
+        except ProtocolError as exc:
+            log.warning("%s: worker broke the protocol (%s); stopping it", active.label, exc)
+            active.stop(StopReason.PROTOCOL, f"broke the worker protocol: {exc}")
+            return
+        for message in messages:
+            was_ready = active.ready.is_set()
+            response = await lane.handle(active, message)
+            await host.durable()  # group commit: no answer before its commit's fsync
+            if not was_ready and active.ready.is_set():
+                deadline = None if active.timeout_s is None else trio.current_time() + active.timeout_s
+            try:
+                await send.send_all(encode_line(response))
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                return
+            lane.answered()
+            if active.conclusion is not None:
+                await _let_it_end(lane, active)
+                return
+
+
+def _timed_out(lane: Lane[C, Any], active: Active[C]) -> None:
+    if active.ready.is_set():
+        note = f"{lane.kind} did not finish within its timeout of {active.timeout_s:g} s"
+        reason = StopReason.RECONCILE_TIMEOUT
+    else:
+        note = f"not ready after {lane.host.config.worker_startup_s:g} s (loading its {lane.loads} included)"
+        reason = StopReason.STARTUP_TIMEOUT
+    log.warning("%s: worker %s; stopping it", active.label, note)
+    active.stop(reason, note)
+
+
+async def _let_it_end(lane: Lane[C, Any], active: Active[C]) -> None:
+    """A worker told its part is over (its run done, stop at a boundary, its result
+    recorded, claim lost) ends on its own, and its exit cancels this wait; one still there
+    after the kill grace is stopped. Nothing more it sends is read."""
+    grace = lane.host.config.kill_grace_s
+    await trio.sleep(grace)
+    assert active.conclusion is not None
+    told = active.conclusion.value
+    log.warning("%s: worker did not end after being told %s; stopping it", active.label, told)
+    lost = active.conclusion is Conclusion.CLAIM_LOST
+    active.stop(StopReason.CLAIM_LOST if lost else StopReason.LINGERING,
+                f"did not end within {grace:g} s of being told {told}")
+
+
+# --- ends ---------------------------------------------------------------------------------
+
+
+async def record_end(lane: Lane[Any, E], end: E | None) -> None:
+    if end is not None and not await lane.write_end(end):
+        lane.state.unrecorded[lane.key(end.active.claim)] = end
+
+
+async def retry_unrecorded(lane: Lane[Any, Any]) -> None:
+    """Ends the store refused before (a full disk): try them again."""
+    for key, end in list(lane.state.unrecorded.items()):
+        if await lane.write_end(end):
+            del lane.state.unrecorded[key]
+            log.info("%s: recorded the end of its worker after an earlier failure", end.active.label)

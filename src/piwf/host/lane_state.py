@@ -1,0 +1,140 @@
+"""What a supervision lane holds (host/lane.py): its active work, each with the scope that
+owns its worker, and the ends the store refused, kept until they are recorded.
+
+A lane is runs or reconciles; the types here are the same for both, parameterised by the
+claim (a run's ``Claim``, a resource's ``ControllerClaim``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Generic, Protocol, TypeVar
+
+import trio
+
+from piwf.status import StopReason
+
+
+class WorkClaim(Protocol):
+    """What the lane needs of a claim: the token its writes name, its number, a label."""
+
+    @property
+    def token(self) -> str: ...
+
+    @property
+    def generation(self) -> int: ...
+
+    @property
+    def label(self) -> str: ...
+
+
+C = TypeVar("C", bound=WorkClaim)
+
+
+class Conclusion(Enum):
+    """What the host told a worker that ends its part; a worker that exits without having
+    been told one of these crashed, whatever its exit status."""
+
+    DONE = "done"  # its part is done: its run ended or was parked by its own message; its reconcile reported
+    STOP = "stop"  # stop at this node boundary (the run was paused)
+    CLAIM_LOST = "claimLost"  # its claim moved on: nothing it writes is kept
+
+
+@dataclass(frozen=True)
+class ProcessEnd:
+    """How a worker process ended: ``returncode`` negative for a signal, None if unknown."""
+
+    returncode: int | None
+    diagnostic: str
+    started: bool = True  # False: no process was started at all
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.returncode if self.returncode is not None and self.returncode >= 0 else None
+
+    @property
+    def signal(self) -> int | None:
+        return -self.returncode if self.returncode is not None and self.returncode < 0 else None
+
+    def noted(self, note: str) -> ProcessEnd:
+        """The same end with a line of piwf's own after what the worker printed."""
+        return dataclasses.replace(self, diagnostic=f"{self.diagnostic}\n[piwf] {note}".lstrip("\n"))
+
+
+@dataclass(eq=False)
+class Active(Generic[C]):
+    """One piece of work this host holds a claim on (a run, or a resource's reconcile),
+    with the scope that owns its worker.
+
+    Stopping it is cancelling ``scope`` with a ``StopReason``, kept with the scope (and
+    given to trio, so a ``Cancelled`` says it too); the supervisor records it.
+    """
+
+    claim: C
+    worker_epoch: str
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    ready: trio.Event = field(default_factory=trio.Event)
+    answered: set[str] = field(default_factory=set)  # message ids this host answered for the worker
+    conclusion: Conclusion | None = None
+    process_end: ProcessEnd | None = None
+    stop_reason: StopReason | None = None  # owned by ``scope``: the first reason it was cancelled with
+    stop_note: str = ""  # what the worker's record should say about that reason
+    timeout_s: float | None = None  # once ready, how long the worker may take (a reconcile's controller timeout)
+    spec_generation: int = 0  # a reconcile: the resource generation its worker was shown
+
+    @property
+    def label(self) -> str:
+        """What logs call it: ``run <id>``, ``resource <controller>/<key>``."""
+        return self.claim.label
+
+    def stop(self, reason: StopReason, note: str = "") -> None:
+        """Cancel the scope: the worker is stopped and ``reason`` recorded (with ``note`` in
+        its record). The first reason given wins."""
+        if self.stop_reason is None:
+            self.stop_reason, self.stop_note = reason, note
+        self.scope.cancel(reason=reason.value)
+
+
+@dataclass(eq=False)
+class End(Generic[C]):
+    """A worker's end as its lane records it; kept until the store takes it."""
+
+    active: Active[C]
+
+
+E = TypeVar("E", bound="End[Any]")
+
+
+@dataclass(eq=False)
+class LaneState(Generic[C, E]):
+    """A lane's active work by key (run id, resource uid), the ends the store refused
+    (retried each dispatcher round), and the dispatcher's wake-up."""
+
+    active: dict[str, Active[C]] = field(default_factory=dict)
+    unrecorded: dict[str, E] = field(default_factory=dict)
+    wake_event: trio.Event = field(default_factory=trio.Event)
+
+    def wake(self) -> None:
+        self.wake_event.set()
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """The one back-off policy of both lanes: ``base_ms·2^min(n, max_exponent)`` for a
+    failure after ``n`` in a row, at most ``max_ms``, less up to ``jitter`` of it (drawn
+    from ``random``, so the retries of many spread out)."""
+
+    base_ms: float
+    max_ms: int = 60_000
+    max_exponent: int = 62
+    jitter: float = 0.0
+    random: random.Random | None = None
+
+    def delay_ms(self, failures_before: int) -> int:
+        delay = min(self.max_ms, self.base_ms * 2 ** min(failures_before, self.max_exponent))
+        if self.jitter and self.random is not None:
+            delay *= 1 - self.jitter * self.random.random()
+        return int(delay)
