@@ -127,7 +127,7 @@ async def test_bad_input_is_one_line_and_changes_nothing(host: Any, paths: State
                                            "expectedResourceVersion": 99})
     assert stale.outcome == "conflict"
     # a spec over 1 MiB cannot fit a request line (1 MiB): the client refuses to send it
-    # (the store's own check of the spec's size: tests/test_store_controllers.py)
+    # (the store's own check of the spec's size: tests/conformance/test_controllers.py)
     with pytest.raises(RequestTooLarge, match="at most 1048576 bytes"):
         await refused(paths, "apply", {**base, "controller": "mirror", "key": "big",
                                        "spec": {"text": "x" * (1024 * 1024 - 200)}})

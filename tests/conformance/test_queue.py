@@ -1,0 +1,242 @@
+"""Every run-queue transition and every refused one (seed 003): claims, fences, ends."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from piwf.clock import ManualClock
+from piwf.errors import ClaimLost, NotFound, Rejected
+
+from .helpers import LEASE, claim, claims, new_run, statuses
+
+
+async def test_new_run_is_queued(store: Any, clock: ManualClock) -> None:
+    await new_run(store, clock)
+    assert await statuses(store) == ("queued", "queued")
+    assert (await store.runs.get_run("r1")).input == {"n": 1}
+
+
+async def test_claim_starts_the_run_and_bumps_generation(store: Any, clock: ManualClock) -> None:
+    await new_run(store, clock)
+    first = await claim(store, clock)
+    assert first is not None and first.generation == 1 and first.expires_at == clock.now_ms() + LEASE
+    assert await statuses(store) == ("running", "starting")
+    assert await claim(store, clock) is None  # a live claim is not claimable
+
+
+async def test_expired_claim_is_claimable_again_with_a_new_generation_and_the_old_token_is_fenced_off(
+        store: Any, clock: ManualClock) -> None:
+    await new_run(store, clock)
+    first = await claim(store, clock)
+    clock.advance(LEASE)
+    second = await claim(store, clock)
+    assert second is not None and second.generation == first.generation + 1 and second.token != first.token
+    with pytest.raises(ClaimLost):
+        await store.queue.fenced_revision("r1", first.token, clock.now_ms())
+    assert await store.queue.fenced_revision("r1", second.token, clock.now_ms()) == await store.runs.revision("r1")
+
+
+async def test_renew_extends_only_live_claims(store: Any, clock: ManualClock) -> None:
+    await new_run(store, clock)
+    await new_run(store, clock, "r2")
+    first = await claim(store, clock)
+    other = await claim(store, clock)
+    clock.advance(LEASE - 1)
+    assert await store.queue.renew_claims([("r1", first.token), ("r2", "wrong")], LEASE, clock.now_ms()) == {"r2"}
+    clock.advance(LEASE - 1)
+    await store.queue.fenced_revision("r1", first.token, clock.now_ms())  # renewed: still live
+    clock.advance(1)
+    assert await store.queue.renew_claims([("r1", first.token), ("r2", other.token)], LEASE, clock.now_ms()) == {
+        "r1", "r2"}
+    assert await store.queue.renew_claims([], LEASE, clock.now_ms()) == set()
+
+
+async def test_mark_running_is_fenced(store: Any, clock: ManualClock) -> None:
+    await new_run(store, clock)
+    got = await claim(store, clock)
+    with pytest.raises(ClaimLost):
+        await store.queue.mark_running("r1", "wrong", clock.now_ms())
+    assert await statuses(store) == ("running", "starting")
+    assert await store.queue.mark_running("r1", got.token, clock.now_ms())
+    assert await statuses(store) == ("running", "running")
+    assert not await store.queue.mark_running("r1", got.token, clock.now_ms())  # already running
+
+
+async def test_park_releases_the_claim(store: Any, clock: ManualClock) -> None:
+    await new_run(store, clock)
+    got = await claim(store, clock)
+    assert not await store.queue.park_run("r1", "wrong", clock.now_ms())
+    assert await statuses(store) == ("running", "starting")
+    assert await store.queue.park_run("r1", got.token, clock.now_ms())
+    assert await statuses(store) == ("running", "parked")
+    assert not await store.queue.park_run("r1", got.token, clock.now_ms())  # no longer claimed
+    again = await claim(store, clock)
+    assert again is not None and again.generation == 2
+
+
+async def test_park_with_hold_is_not_claimed_until_resumed(store: Any, clock: ManualClock) -> None:
+    await new_run(store, clock)
+    got = await claim(store, clock)
+    assert await store.queue.park_run("r1", got.token, clock.now_ms(), hold="source", detail="workflow source changed")
+    assert (await store.runs.get_run("r1")).statusDetail == "workflow source changed"
+    assert await store.runs.hold_of("r1") == "source"
+    assert await claim(store, clock) is None
+    await store.runs.resume_run("r1", clock.now_ms())
+    assert await store.runs.hold_of("r1") is None
+    assert await claim(store, clock) is not None
+
+
+async def test_complete_and_fail_need_the_live_token(store: Any, clock: ManualClock) -> None:
+    await new_run(store, clock)
+    await new_run(store, clock, "r2")
+    one = await claim(store, clock)
+    two = await claim(store, clock)
+    with pytest.raises(ClaimLost):
+        await store.queue.complete_run("r1", two.token, {"x": 1}, clock.now_ms())
+    assert await statuses(store) == ("running", "starting")
+    revision = await store.queue.complete_run("r1", one.token, {"x": 1}, clock.now_ms())
+    assert revision == await store.runs.revision("r1")
+    assert await statuses(store) == ("completed", "done")
+    assert (await store.runs.get_run("r1")).output == {"x": 1}
+    await store.queue.fail_run("r2", two.token, {"type": "ValueError", "message": "bad"}, clock.now_ms())
+    assert await statuses(store, "r2") == ("failed", "failed")
+    assert (await store.runs.get_run("r2")).error["message"] == "bad"
+    with pytest.raises(ClaimLost):
+        await store.queue.complete_run("r2", two.token, None, clock.now_ms())  # settled runs take no writes
+    with pytest.raises(ClaimLost):
+        await store.queue.fail_run("r1", one.token, {"type": "E", "message": "late"}, clock.now_ms())
+    assert await statuses(store, "r2") == ("failed", "failed")
+
+
+async def test_expired_claim_cannot_complete(store: Any, clock: ManualClock) -> None:
+    await new_run(store, clock)
+    got = await claim(store, clock)
+    clock.advance(LEASE)
+    with pytest.raises(ClaimLost):
+        await store.queue.complete_run("r1", got.token, None, clock.now_ms())
+    assert await statuses(store) == ("running", "starting")
+
+
+async def test_cancel_unclaimed_runs_without_a_token(store: Any, clock: ManualClock) -> None:
+    await new_run(store, clock)
+    assert await store.queue.cancel_run("r1", clock.now_ms())
+    assert await statuses(store) == ("cancelled", "cancelled")
+    assert not await store.queue.cancel_run("r1", clock.now_ms())  # already ended
+
+
+async def test_cancel_of_a_claimed_run_needs_its_token(store: Any, clock: ManualClock) -> None:
+    await new_run(store, clock)
+    got = await claim(store, clock)
+    assert not await store.queue.cancel_run("r1", clock.now_ms())
+    assert not await store.queue.cancel_run("r1", clock.now_ms(), token="wrong")
+    assert await statuses(store) == ("running", "starting")
+    assert await store.queue.cancel_run("r1", clock.now_ms(), token=got.token)
+    assert await statuses(store) == ("cancelled", "cancelled")
+    assert await claim(store, clock) is None
+
+
+async def test_cancel_a_parked_run(store: Any, clock: ManualClock) -> None:
+    await new_run(store, clock)
+    got = await claim(store, clock)
+    await store.queue.park_run("r1", got.token, clock.now_ms())
+    assert await store.queue.cancel_run("r1", clock.now_ms())
+
+
+async def test_one_active_run_per_origin_session(store: Any, clock: ManualClock) -> None:
+    await new_run(store, clock, "r1", session="s")
+    with pytest.raises(Rejected, match="already has an active run r1"):
+        await new_run(store, clock, "r2", session="s")
+    await new_run(store, clock, "d1")  # detached runs are exempt
+    await new_run(store, clock, "d2")
+    await store.queue.cancel_run("r1", clock.now_ms())
+    await new_run(store, clock, "r2", session="s")
+
+
+async def test_parked_session_run_waits_while_its_session_has_another_active_run(
+        store: Any, clock: ManualClock) -> None:
+    await new_run(store, clock, "r1", session="s")
+    first = await claim(store, clock)
+    await store.queue.park_run("r1", first.token, clock.now_ms())
+    await new_run(store, clock, "r2", session="s")  # parked runs do not hold the session
+    got = await claim(store, clock)
+    assert got is not None and got.run_id == "r2"
+    assert await claim(store, clock) is None  # r1 waits for r2
+    await store.queue.complete_run("r2", got.token, None, clock.now_ms())
+    got = await claim(store, clock)
+    assert got is not None and got.run_id == "r1"
+
+
+async def test_claims_take_the_oldest_first_and_honour_exclusions(store: Any, clock: ManualClock) -> None:
+    for run_id in ("a", "b", "c"):
+        await new_run(store, clock, run_id)
+    got = await claim(store, clock, exclude=frozenset({"a"}))
+    assert got is not None and got.run_id == "b"
+    got = await claim(store, clock)
+    assert got is not None and got.run_id == "a"
+
+
+async def test_many_claimed_at_once_each_get_a_token_and_a_worker(store: Any, clock: ManualClock) -> None:
+    for run_id in ("a", "b", "c", "d"):
+        await new_run(store, clock, run_id)
+    got = await claims(store, clock, room=3, exclude=frozenset({"b"}))
+    assert [c.run_id for c, _ in got] == ["a", "c", "d"]
+    assert len({c.token for c, _ in got}) == len({w for _, w in got}) == 3
+    assert [w.status for w in (await store.runs.get_run("a")).workers] == ["starting"]
+    assert [c.run_id for c, _ in await claims(store, clock, room=3)] == ["b"]
+    assert await claims(store, clock, room=3) == []
+
+
+async def test_many_excluded_runs_do_not_hide_a_claimable_one(store: Any, clock: ManualClock) -> None:
+    for i in range(40):
+        await new_run(store, clock, f"r{i:02}")
+    got = await claim(store, clock, exclude=frozenset(f"r{i:02}" for i in range(39)))
+    assert got is not None and got.run_id == "r39"
+
+
+async def test_takeover_expires_claims_of_earlier_epochs(store: Any, clock: ManualClock) -> None:
+    await new_run(store, clock)
+    first = await claim(store, clock, epoch=1)
+    assert await claim(store, clock, epoch=2) is None
+    assert await store.queue.expire_claims_before(2, clock.now_ms()) == ["r1"]
+    got = await claim(store, clock, epoch=2)
+    assert got is not None and got.generation == 2
+    with pytest.raises(ClaimLost):
+        await store.queue.mark_running("r1", first.token, clock.now_ms())
+
+
+async def test_claim_interrupts_running_attempts_of_the_previous_generation(store: Any, clock: ManualClock) -> None:
+    await new_run(store, clock)
+    got = await claim(store, clock)
+    await store.runs.start_attempt("r1", got.token, seq=0, node="a", generation=1, now=clock.now_ms())
+    clock.advance(LEASE)
+    await claim(store, clock)
+    assert [s.status for s in (await store.runs.get_run("r1")).steps] == ["interrupted"]
+
+
+async def test_the_revision_is_fenced_and_read_without_a_claim(store: Any, clock: ManualClock) -> None:
+    assert await store.queue.revision_of("nope") is None
+    await new_run(store, clock)
+    assert await store.queue.revision_of("r1") == await store.runs.revision("r1") == 1
+    with pytest.raises(ClaimLost):
+        await store.queue.fenced_revision("r1", "no-claim", clock.now_ms())
+    with pytest.raises(NotFound):
+        await store.runs.revision("nope")
+
+
+async def test_two_stores_on_one_database_never_hold_one_run_at_once(store: Any, open_store: Any,
+                                                                     clock: ManualClock) -> None:
+    other = await open_store()  # another host's store
+    await new_run(store, clock, "a")
+    await new_run(store, clock, "b")
+    mine = await claim(store, clock, epoch=1)
+    theirs = await claim(other, clock, epoch=1)
+    assert (mine.run_id, theirs.run_id) == ("a", "b")
+    assert await claim(other, clock, epoch=2) is None
+    assert await other.queue.expire_claims_before(2, clock.now_ms()) == ["a", "b"]  # a takeover, through the other
+    taken = await claim(other, clock, epoch=2)
+    with pytest.raises(ClaimLost):
+        await store.queue.complete_run(taken.run_id, mine.token, None, clock.now_ms())
+    await other.queue.complete_run(taken.run_id, taken.token, {"by": "other"}, clock.now_ms())
+    assert (await store.runs.get_run(taken.run_id)).output == {"by": "other"}

@@ -1,0 +1,73 @@
+"""The store as a whole: units of work, durability, its background work, closing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+
+from piwf.clock import ManualClock
+from piwf.errors import NotFound, StoreError
+
+from .helpers import new_run
+
+
+async def test_what_was_committed_is_there_after_close_and_reopen(store: Any, open_store: Any,
+                                                                  clock: ManualClock) -> None:
+    await new_run(store, clock)
+    await store.durable()  # before serve: commits are durable one by one
+    await store.close()
+    reopened = await open_store()
+    assert (await reopened.runs.run_summary("r1")).status == "queued"
+
+
+async def test_commits_are_durable_through_the_stores_background_work(store: Any, open_store: Any,
+                                                                      clock: ManualClock) -> None:
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.serve)
+        for run_id in ("a", "b", "c"):
+            await new_run(store, clock, run_id)
+        await store.durable()
+        other = await open_store()
+        assert [r.runId for r in await other.runs.list_runs()] == ["c", "b", "a"]
+        nursery.cancel_scope.cancel()
+    await store.durable()
+    await store.close()
+
+
+async def test_units_of_work_do_not_nest(store: Any, clock: ManualClock) -> None:
+    async with store.transaction() as tx:
+        with pytest.raises(StoreError):
+            async with store.transaction():
+                pass
+        await tx.runs.create_run(run_id="r1", workflow="w", project_path="/p", source=b"s", digest="d",
+                                 input=None, origin_session_id=None, now=clock.now_ms())
+    assert (await store.runs.run_summary("r1")).status == "queued"  # the outer one committed
+    async with store.transaction():  # and another may open now
+        pass
+
+
+async def test_another_store_sees_a_unit_of_work_only_once_it_committed(store: Any, open_store: Any,
+                                                                         clock: ManualClock) -> None:
+    other = await open_store()
+    async with store.transaction() as tx:
+        await tx.runs.create_run(run_id="r1", workflow="w", project_path="/p", source=b"s", digest="d", input=None,
+                                 origin_session_id=None, now=clock.now_ms())
+        with pytest.raises(NotFound):
+            await other.runs.run_summary("r1")
+    assert (await other.runs.run_summary("r1")).status == "queued"
+
+
+async def test_a_cancelled_caller_learns_whether_its_call_committed(store: Any, clock: ManualClock) -> None:
+    receipt = None
+    with trio.CancelScope() as scope:
+        scope.cancel()  # already cancelled as the call starts: it commits or not, never half
+        receipt = await store.runs.create_run(run_id="r1", workflow="w", project_path="/p", source=b"s", digest="d",
+                                              input=None, origin_session_id=None, now=clock.now_ms())
+    try:
+        await store.runs.run_summary("r1")
+        committed = True
+    except NotFound:
+        committed = False
+    assert committed == (receipt is not None)

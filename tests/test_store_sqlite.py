@@ -1,0 +1,134 @@
+"""What only the SQLite backend has: its counting triggers and its query plans. Everything
+the interface promises is in tests/conformance/, run against every backend."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import apsw
+
+from piwf.clock import ManualClock
+from piwf.store.sqlite import Database, delivery, queue, runs
+from piwf.store.sqlite import controllers as res
+from piwf.store.sqlite.schema import APPLICATION_ID, SCHEMA_VERSION
+
+LEASE = 30_000
+
+
+def new_run(db: Database, clock: ManualClock, run_id: str) -> None:
+    runs.create_run(db, run_id=run_id, workflow="w", project_path="/p", source=b"src", digest="d1",
+                    input=None, origin_session_id=None, now=clock.now_ms())
+    clock.advance(1)
+
+
+def claim(db: Database, clock: ManualClock, token: str) -> Any:
+    return queue.claim_next_run(db, runner_id="h", token=token, lease_ms=LEASE, now=clock.now_ms(), epoch=1)
+
+
+def test_the_maintained_lifecycle_count_sees_a_contradiction(db: Database, clock: ManualClock) -> None:
+    for run_id in ("a", "b", "c", "d"):
+        new_run(db, clock, run_id)
+    claim(db, clock, "t1")
+    claim(db, clock, "t2")
+    queue.park_run(db, "a", "t1", clock.now_ms())
+    queue.complete_run(db, "b", "t2", None, clock.now_ms())
+    queue.cancel_run(db, "c", clock.now_ms())
+    assert runs.status_counts(db, clock.now_ms())["lifecycleContradictions"] == 0
+    db.execute("UPDATE runs SET status = 'completed' WHERE run_id = 'd'")
+    assert runs.status_counts(db, clock.now_ms())["lifecycleContradictions"] == 1
+    assert runs.recounted(db, clock.now_ms())["lifecycleContradictions"] == 1
+
+
+def test_a_resource_keeps_exactly_its_most_recent_events(db: Database, clock: ManualClock) -> None:
+    def apply(key: str) -> Any:
+        return res.apply_resource(db, project="/p", controller="c", key=key, spec={}, initial=None,
+                                  expected_version=None, now=clock.now)
+
+    receipt, other = apply("a"), apply("b")
+    with db.write():
+        for n in range(res.KEPT_EVENTS + 37):
+            res.add_resource_event(db, receipt.uid, "log", {"message": str(n)}, clock.now)
+            if n % 3 == 0:  # interleaved with another resource's: counted per resource
+                res.add_resource_event(db, other.uid, "log", {"message": str(n)}, clock.now)
+
+    def count(uid: str) -> int:
+        return db.scalar("SELECT COUNT(*) FROM controller_events WHERE uid = ?", (uid,))
+
+    assert count(receipt.uid) == res.KEPT_EVENTS
+    assert count(other.uid) == 1 + len(range(0, res.KEPT_EVENTS + 37, 3))  # its "applied" and the logs: not pruned
+    assert res.events(db, receipt.uid, 1)[0].detail == {"message": str(res.KEPT_EVENTS + 36)}
+    assert res.request_delete(db, "/p", "c", "a", clock.now).deleted
+    assert count(receipt.uid) == 0  # its events went with it
+
+
+def test_the_queries_of_a_runs_end_use_an_index_of_turns(db: Database, clock: ManualClock) -> None:
+    """Each end of a run with a session reads the run's turns inside the write transaction:
+    by an index, never by a scan of every turn ever kept."""
+    for sql in (delivery.OPEN_TURN_SQL, delivery.TURNS_OF_RUN_SQL, delivery.LAST_INSTRUCTIONS_SQL,
+                delivery.COUNT_UNRESOLVED_SQL):
+        plan = [str(row[-1]) for row in db.execute("EXPLAIN QUERY PLAN " + sql, ("r1", "s1")[:sql.count("?")])]
+        assert all(" USING " in step and "INDEX turns_" in step for step in plan if "turns" in step), (sql, plan)
+        assert any("turns" in step for step in plan), (sql, plan)
+
+
+def test_a_layout_6_database_is_migrated_with_the_delivery_tables(tmp_path: Path) -> None:
+    path = tmp_path / "v6.db"
+    conn = apsw.Connection(str(path))
+    conn.execute((Path(__file__).parent / "data" / "schema_v6.sql").read_text())
+    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = 6")
+    conn.execute("INSERT INTO runs (run_id, workflow, project_path, definition_hash, definition_digest, status, "
+                 "origin_session_id, created_at, updated_at) VALUES ('a', 'w', '/p', 'h', 'd', 'completed', 's', 1, 1)")
+    conn.execute("INSERT INTO run_queue (run_id, status, created_at, updated_at) VALUES ('a', 'done', 1, 1)")
+    conn.close()
+    db = Database.open(path)
+    assert db.scalar("PRAGMA user_version") == SCHEMA_VERSION >= 8
+    counts = runs.status_counts(db, 1)
+    assert (counts["completedRuns"], counts["undeliveredNotifications"], counts["unresolvedTurns"]) == (1, 0, 0)
+    assert {"notifications_undelivered", "turns_unresolved", "run_updates_seq"} <= {
+        name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert runs.get_run(db, "a").updates == []
+    assert db.scalar("PRAGMA integrity_check") == "ok"
+    db.close()
+
+
+def test_status_counts_of_a_layout_6_database_read_as_it_is(tmp_path: Path) -> None:
+    """`piwf status` with no host reads the database read-only, before any migration."""
+    path = tmp_path / "v6.db"
+    conn = apsw.Connection(str(path))
+    conn.execute((Path(__file__).parent / "data" / "schema_v6.sql").read_text())
+    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = 6")
+    conn.close()
+    db = Database.open_readonly(path)
+    counts = runs.status_counts(db, 1)
+    assert (counts["undeliveredNotifications"], counts["unresolvedTurns"]) == (0, 0)
+    db.close()
+
+
+def test_a_crash_back_off_is_kept_with_the_run_and_claims_skip_it_until_it_ends(db: Database,
+                                                                                 clock: ManualClock) -> None:
+    """(lane's, moved here from tests/test_store_queue.py when conform removed that file.)"""
+    from piwf.status import WorkerStatus
+    from piwf.store.api import WorkerEnded
+    from piwf.store.sqlite import supervision
+
+    def end(status: WorkerStatus) -> WorkerEnded:
+        """Claim the run and record its worker's end, with a back-off doubling per crash."""
+        records = supervision.claim_runs(db, room=1, exclude=frozenset(), runner_id="h", lease_ms=LEASE,
+                                         now=clock.now_ms(), epoch=1)
+        assert [c.run_id for c, _ in records] == ["r1"]
+        ended = supervision.end_worker(db, worker_epoch=records[0][1], run_id="r1", token=records[0][0].token,
+                                       status=status, now=clock.now_ms(), exit_code=1, signal=None, diagnostic=None,
+                                       park=True, max_crashes=3, backoff=lambda before: 1000 * 2 ** before)
+        return ended
+
+    new_run(db, clock, "r1")
+    first = end(WorkerStatus.CRASHED)
+    assert (first.crashes, first.not_before) == (1, clock.now_ms() + 1000)
+    clock.advance(999)
+    assert claim(db, clock, "t1") is None  # within the back-off: no host claims it
+    clock.advance(1)
+    second = end(WorkerStatus.CRASHED)  # the back-off doubles
+    assert (second.crashes, second.not_before) == (2, clock.now_ms() + 2000)
+    runs.resume_run(db, "r1", clock.now_ms())  # an operator's resume lifts it
+    assert claim(db, clock, "t3") is not None
