@@ -14,7 +14,7 @@ import grimp
 # TEMPORARY (issue 19): circles entirely inside host/ or store/ are tolerated until the
 # store and lane branches, which rewrite those packages, have landed. Any circle that
 # reaches one module outside them fails now; empty this tuple then.
-TOLERATED_INSIDE = ("piwf.host", "piwf.store")
+TOLERATED_INSIDE = ("piwf.host",)
 
 
 def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
@@ -77,4 +77,5 @@ def test_a_circle_is_found() -> None:
     graph.add_import(importer="p.c", imported="p.a")
     graph.add_import(importer="p", imported="p.a")
     assert _cycles(graph) == [["p.a", "p.b", "p.c"]]
-    assert not _tolerated(["p.a", "piwf.host.x"]) and _tolerated(["piwf.store.a", "piwf.store.b"])
+    assert not _tolerated(["p.a", "piwf.host.x"]) and not _tolerated(["piwf.store.a", "piwf.store.b"])
+    assert _tolerated(["piwf.host.a", "piwf.host.b"])

@@ -80,7 +80,8 @@ class RunsStore(Protocol):
         """Raises NotFound."""
 
     async def check_revision(self, run_id: str, expected: int | None) -> int:
-        """Raises Conflict, NotFound."""
+        """The run's revision if it is ``expected`` (None: any), checked by a write (a guard of the run that holds
+        for the rest of the unit of work). Raises NotFound, Conflict."""
 
     async def pause_run(self, run_id: str, now: int, *, expected_revision: int | None = None) -> dict[str, Any]:
         """Hold a run: it is not claimed again, and an active worker stops at the next node boundary.

@@ -132,6 +132,8 @@ def sync_children(db: Database, now: int) -> list[str]:
 
 
 def _moved_children(db: Database) -> list[tuple[str, str, str, int, str]]:
-    return db.execute(f"""SELECT c.uid, c.request_key, c.run_id, c.attempt, {CHILD_STATE} FROM controller_workflows c
+    result: list[tuple[str, str, str, int, str]] = db.execute(
+        f"""SELECT c.uid, c.request_key, c.run_id, c.attempt, {CHILD_STATE} FROM controller_workflows c
                           JOIN runs r ON r.run_id = c.run_id JOIN run_queue q ON q.run_id = c.run_id
                           WHERE c.state IN ('running', 'waiting') AND c.state != {CHILD_STATE}""").fetchall()
+    return result
