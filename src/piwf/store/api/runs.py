@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from piwf.protocol import RunDetail, RunEventsPage, RunSummary
     from piwf.protocol.worker import WorkerMessage, WorkerResponse
     from piwf.status import WorkerStatus
-    from piwf.store.api.types import Claim, Delay, HostClaim, LeaseRecord, WorkerEnded
+    from piwf.store.api.types import Claim, Delay, HostClaim, LeaseRecord, NewScope, WorkerEnded
     from piwf.wire import HostRequest, HostResponse
 
 
@@ -73,8 +73,11 @@ class RunsStore(Protocol):
 
     async def create_run(
             self, *, run_id: str, workflow: str, project_path: str, source: bytes, digest: str, input: Any,
-            origin_session_id: str | None, now: int, start_node: str | None = None) -> dict[str, Any]:
-        """Raises Rejected."""
+            origin_session_id: str | None, now: int, start_node: str | None = None,
+            settings: NewScope | None = None) -> dict[str, Any]:
+        """A new run, queued, with its settings scope (``settings``, for a workflow that declares settings): the
+        one way a run is made, by ``run.start`` and by a controller's ``ctx.workflows.ensure`` alike. Raises
+        Rejected."""
 
     async def revision(self, run_id: str) -> int:
         """Raises NotFound."""

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from piwf.protocol.resources import ApplyReceipt, ResourceDetail, ResourceRef, ResourceSummary
     from piwf.protocol.worker import InteractionOpenPayload, PendingSubmission, WorkerMessage, WorkerResponse
     from piwf.status import NotificationKind, TurnResolution, WorkerStatus
-    from piwf.store.api.types import Actor, Claim, ControllerClaim, Delay, HostClaim, LeaseRecord, WorkerEnded
+    from piwf.store.api.types import Actor, Claim, ControllerClaim, Delay, HostClaim, LeaseRecord, NewScope, WorkerEnded
     from piwf.store.sqlite.db import Database
     from piwf.wire import HostRequest, HostResponse
 
@@ -86,10 +86,11 @@ class SqliteRunsStore:
 
     async def create_run(
             self, *, run_id: str, workflow: str, project_path: str, source: bytes, digest: str, input: Any,
-            origin_session_id: str | None, now: int, start_node: str | None = None) -> dict[str, Any]:
+            origin_session_id: str | None, now: int, start_node: str | None = None,
+            settings: NewScope | None = None) -> dict[str, Any]:
         return _runs.create_run(
             self.db, run_id=run_id, workflow=workflow, project_path=project_path, source=source, digest=digest,
-            input=input, origin_session_id=origin_session_id, now=now, start_node=start_node)
+            input=input, origin_session_id=origin_session_id, now=now, start_node=start_node, settings=settings)
 
     async def revision(self, run_id: str) -> int:
         return _runs.revision(self.db, run_id)

@@ -17,7 +17,9 @@ from piwf.store.sqlite import delivery, updates
 from piwf.store.sqlite.interactions import count_open, list_requests
 from piwf.store.sqlite.base import RUN_COLUMNS, add_event, require_claim, revision_of, summary_fields
 from piwf.store.sqlite.queue import AT_REVISION, refuse_revision
+from piwf.store.api.types import NewScope
 from piwf.store.sqlite.schema import lifecycle_contradicts
+from piwf.store.sqlite.settings import ensure_scope
 from piwf.store.sqlite.timefmt import iso
 from piwf.store.sqlite.workers import worker_summaries
 
@@ -25,7 +27,9 @@ from piwf.store.sqlite.workers import worker_summaries
 def create_run(
     db: Database, *, run_id: str, workflow: str, project_path: str, source: bytes, digest: str,
     input: Any, origin_session_id: str | None, now: int, start_node: str | None = None,
+    settings: NewScope | None = None,
 ) -> dict[str, Any]:
+    """A new run, queued, and its settings scope (``settings``): every run is made here."""
     with db.write():
         if db.one("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)):
             raise Rejected(f"run id {run_id} is already taken")
@@ -56,6 +60,9 @@ def create_run(
         except ConstraintViolation as exc:
             raise Rejected(f"run {run_id} cannot be queued: {exc}") from exc
         add_event(db, run_id, "created", {"workflow": workflow}, now)
+        if settings is not None:
+            ensure_scope(db, run_id, settings=settings.settings, mutable=settings.mutable, patch=settings.patch,
+                         actor_id=settings.actor_id, now=now)
     return {"runId": run_id, "status": RunStatus.QUEUED, "revision": 1}
 
 
