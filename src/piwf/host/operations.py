@@ -130,7 +130,8 @@ async def _run_wait(host: HostState, request: WaitRun) -> WaitReceipt:
     this host has recorded how its worker ended: the receipt never shows a run at rest
     beside a worker still `running`."""
     run_id = request.runId
-    with trio.move_on_after(request.payload.timeoutMs / 1000):  # changed: every change, and a run leaving host.active
+    with trio.move_on_after(request.payload.timeoutMs / 1000):
+        # asked again on every change, and when a run leaves host.active
         await until_changed(host, lambda: _summary_settled(host, run_id))
     run = await host.store.runs.get_run(run_id, host.now())
     return WaitReceipt(**msgspec.structs.asdict(run), atRest=_settled(host, run))

@@ -19,6 +19,7 @@ from piwf.store.sqlite.base import RUN_COLUMNS, add_event, require_claim, revisi
 from piwf.store.sqlite.queue import AT_REVISION, refuse_revision
 from piwf.store.api.types import NewScope
 from piwf.store.sqlite.schema import lifecycle_contradicts
+from piwf.store.sqlite.schema_features import one_of
 from piwf.store.sqlite.settings import ensure_scope
 from piwf.store.sqlite.timefmt import iso
 from piwf.store.sqlite.workers import worker_summaries
@@ -93,7 +94,7 @@ def check_revision(db: Database, run_id: str, expected: int | None) -> int:
 # expected (and whatever ``extra`` adds). Being a write, what it checked holds for the rest
 # of the transaction however many writers there are.
 HOLD_GUARD = f"""UPDATE run_queue SET claim_token = claim_token
-  WHERE run_id = ? AND status NOT IN ({", ".join(f"'{status}'" for status in sorted(ENDED))}) {AT_REVISION}"""
+  WHERE run_id = ? AND status NOT IN ({one_of(sorted(ENDED))}) {AT_REVISION}"""
 
 
 def _guard_hold(db: Database, run_id: str, expected: int | None, extra: str = "",
