@@ -141,3 +141,17 @@ def test_every_operation_has_a_hand_written_section() -> None:
 def _request_line(operation: str, **fields: object) -> bytes:
     body = msgspec.structs.asdict(make_request(operation, client_id="c", request_id="req-1"))
     return canonical_json({**body, **fields, "schema": HOST_REQUEST}) + b"\n"
+
+
+def test_a_payload_naming_one_resource_sends_its_address_first() -> None:
+    from piwf.protocol.resources import (
+        ApplyResourcePayload, DeleteResourcePayload, ResolveResourceEffectPayload, ResourcePayload,
+    )
+    address = {"projectPath": "/p", "controller": "c", "key": "k"}
+    assert msgspec.json.encode(ResourcePayload(**address)) == b'{"projectPath":"/p","controller":"c","key":"k"}'
+    assert msgspec.json.encode(ApplyResourcePayload(**address, spec={"a": 1}, expectedResourceVersion=2)) == (
+        b'{"projectPath":"/p","controller":"c","key":"k","spec":{"a":1},"expectedResourceVersion":2}')
+    assert msgspec.json.encode(DeleteResourcePayload(**address, force=True)) == (
+        b'{"projectPath":"/p","controller":"c","key":"k","force":true}')
+    assert msgspec.json.encode(ResolveResourceEffectPayload(**address, effectKey="e", applied=True, result=1)) == (
+        b'{"projectPath":"/p","controller":"c","key":"k","effectKey":"e","applied":true,"result":1}')

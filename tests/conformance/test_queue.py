@@ -240,3 +240,29 @@ async def test_two_stores_on_one_database_never_hold_one_run_at_once(store: Any,
         await store.queue.complete_run(taken.run_id, mine.token, None, clock.now_ms())
     await other.queue.complete_run(taken.run_id, taken.token, {"by": "other"}, clock.now_ms())
     assert (await store.runs.get_run(taken.run_id)).output == {"by": "other"}
+
+
+async def test_a_crash_back_off_is_kept_with_the_run_and_claims_skip_it_until_it_ends(
+        store: Any, clock: ManualClock) -> None:
+    from piwf.status import WorkerStatus
+
+    async def crash() -> Any:
+        """Claim the run and record its worker's crash, with a back-off doubling per crash."""
+        got = await claims(store, clock)
+        assert [c.run_id for c, _ in got] == ["r1"]
+        (claimed, worker_epoch), = got
+        return await store.supervision.end_worker(
+            worker_epoch=worker_epoch, run_id="r1", token=claimed.token, status=WorkerStatus.CRASHED,
+            now=clock.now_ms(), exit_code=1, signal=None, diagnostic=None, park=True, max_crashes=3,
+            backoff=lambda before: 1000 * 2 ** before)
+
+    await new_run(store, clock)
+    first = await crash()
+    assert (first.crashes, first.not_before) == (1, clock.now_ms() + 1000)
+    clock.advance(999)
+    assert await claim(store, clock) is None  # within the back-off: no host claims it
+    clock.advance(1)
+    second = await crash()  # the back-off doubles
+    assert (second.crashes, second.not_before) == (2, clock.now_ms() + 2000)
+    await store.runs.resume_run("r1", clock.now_ms())  # an operator's resume lifts it
+    assert await claim(store, clock) is not None

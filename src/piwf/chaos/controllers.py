@@ -15,6 +15,7 @@ import time
 from collections import Counter
 from typing import Any
 
+from piwf.chaos import ledger
 from piwf.chaos.common import Harness
 from piwf.client import make_request
 
@@ -23,24 +24,12 @@ CONTROLLER = """
     import time
     from pathlib import Path
     from piwf import Controller, Result
+    from piwf.chaos import ledger
 
     LEDGER = Path(os.environ["PIWF_CHAOS_CTL_LEDGER"])
 
     def reconcile(ctx):
-        entry = f"{ctx.resource.key} {ctx.generation}"
-
-        def apply():
-            with LEDGER.open("a") as handle:
-                handle.write(entry + "\\n")
-                handle.flush()
-                os.fsync(handle.fileno())
-            time.sleep(0.01)  # a window for kills between apply and settle
-            return {"entry": entry}
-
-        def observe():
-            applied = LEDGER.exists() and entry in LEDGER.read_text().splitlines()
-            return {"entry": entry} if applied else None
-
+        apply, observe = ledger.effect(LEDGER, f"{ctx.resource.key} {ctx.generation}", "entry")
         done = ctx.effects.ensure("touch", apply, observe)
         time.sleep(ctx.resource.spec["pause"])
         return Result.settled(status={"entry": done["entry"]},
@@ -86,7 +75,7 @@ class ControllerChaos:
 
     def settle(self, deadline: float) -> dict[str, Any]:
         final = [self._wait(index, deadline) for index in range(self.count)]
-        applied = Counter(self.ledger.read_text().splitlines()) if self.ledger.exists() else Counter()
+        applied = Counter(ledger.entries(self.ledger))
         converged = [r for r in final if _converged(r)]
         return {
             "resources": self.count,
@@ -111,7 +100,7 @@ class ControllerChaos:
         """The operator's part: the ledger says whether the ambiguous effect was applied."""
         self.ambiguous += 1
         entry = f"{resource['key']} {resource['generation']}"
-        applied = self.ledger.exists() and entry in self.ledger.read_text().splitlines()
+        applied = entry in ledger.entries(self.ledger)
         self.chaos.call("controller.resolve", payload={**self._target(int(resource["key"][1:])), "effectKey": "touch",
                                                        "applied": applied,
                                                        "result": {"entry": entry} if applied else None})

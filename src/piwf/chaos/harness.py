@@ -38,7 +38,7 @@ from typing import Any
 
 import psutil
 
-from piwf.chaos import people
+from piwf.chaos import ledger, people
 from piwf.chaos.common import Tally
 from piwf.chaos.controllers import ControllerChaos, bad as controllers_bad
 from piwf.chaos.people import Person
@@ -54,24 +54,12 @@ WORKFLOW = """
     import time
     from pathlib import Path
     from piwf import Workflow, compute, shell
+    from piwf.chaos import ledger
 
     LEDGER = Path(os.environ["PIWF_CHAOS_LEDGER"])
 
     def effect(ctx, key, observable):
-        entry = f"{ctx.run_id} {key}"
-
-        def apply():
-            with LEDGER.open("a") as handle:
-                handle.write(entry + "\\n")
-                handle.flush()
-                os.fsync(handle.fileno())
-            time.sleep(0.01)  # a window for kills between apply and settle
-            return {"done": entry}
-
-        def observe():
-            applied = LEDGER.exists() and entry in LEDGER.read_text().splitlines()
-            return {"done": entry} if applied else None
-
+        apply, observe = ledger.effect(LEDGER, f"{ctx.run_id} {key}", "done")
         return ctx.effect(key, apply, observe if observable else None)
 
     workflow = Workflow(
@@ -352,7 +340,7 @@ class Chaos:
 
     def resolve(self, run: dict[str, Any]) -> None:
         """The operator's part: the ledger says whether each ambiguous effect was applied."""
-        entries = set(self.ledger.read_text().splitlines()) if self.ledger.exists() else set()
+        entries = set(ledger.entries(self.ledger))
         for effect in run["effects"]:
             if effect["status"] != "ambiguous":
                 continue
@@ -364,7 +352,7 @@ class Chaos:
 
     def summarize(self, final: dict[str, dict[str, Any]]) -> dict[str, Any]:
         known = {r["runId"] for r in self.call("run.list", payload={"limit": 1000})}
-        applied = Counter(self.ledger.read_text().splitlines()) if self.ledger.exists() else Counter()
+        applied = Counter(ledger.entries(self.ledger))
         status = self.call("host.status")
         takeover = self.tally.takeover_ms or [0.0]
         normal = {run_id: run for run_id, run in final.items() if run_id not in self.tally.hostile}

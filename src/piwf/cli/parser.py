@@ -30,37 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(common, defaults=False)  # on subcommands too, without overriding the top level
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    serve = commands.add_parser("serve", parents=[common], help="run the host in the foreground")
-    serve.add_argument("--max-workers", type=_positive, default=4, metavar="N", help="concurrent runs (default 4)")
-    serve.add_argument("--durability", choices=("full", "normal"), default="full",
-                       help="SQLite synchronous setting (default full)")
-    serve.add_argument("--worker-startup-timeout", type=_seconds, default=15.0, metavar="S",
-                       help="seconds a worker has to report ready (default 15)")
-    serve.add_argument("--drain-timeout", type=_seconds, default=15.0, metavar="S",
-                       help="seconds a stop may take to stop workers and park their runs (default 15)")
-    serve.add_argument("--kill-grace", type=_seconds, default=2.0, metavar="S",
-                       help="seconds between SIGTERM and SIGKILL when stopping a worker (default 2)")
-    serve.add_argument("--request-timeout", type=_seconds, default=10.0, metavar="S",
-                       help="seconds a client has to send a whole request once it began (default 10)")
-    serve.add_argument("--reply-timeout", type=_seconds, default=10.0, metavar="S",
-                       help="seconds a client has to take a reply before it is disconnected (default 10)")
-    serve.add_argument("--presentation-lease", type=_seconds, default=10.0, metavar="S",
-                       help="seconds a client presenting a decision or ask holds it (default 10)")
-    serve.add_argument("--max-controller-workers", type=_positive, default=4, metavar="N",
-                       help="concurrent reconciles (default 4)")
-    serve.add_argument("--delivery-lease", type=_seconds, default=10.0, metavar="S",
-                       help="seconds a client delivering a notification or turn holds it (default 10)")
-    serve.add_argument("--worker-start", choices=("fork", "spawn"), default="fork",
-                       help="fork workers from a preloaded template process (default; Linux) "
-                            "or spawn a new interpreter for each")
-    serve.add_argument("--log-format", choices=("auto", "text", "json"), default="auto",
-                       help="text, JSON lines (ts, level, msg, epoch, runId), or auto: text on a terminal, "
-                            "JSON lines otherwise (default)")
-    serve.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
-                       help="the least severe records logged (default info)")
-    serve.add_argument("--standby", action="store_true",
-                       help="start, load everything, and wait: take over at once when the live host stops or dies")
-    serve.set_defaults(handler="host:cmd_serve")
+    _add_serve(commands, common)
     commands.add_parser("status", parents=[common], help="host state and counts").set_defaults(
         handler="host:cmd_status")
     commands.add_parser("stop", parents=[common], help="ask the host to drain and exit").set_defaults(
@@ -104,10 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
                              help="say whether an ambiguous effect was applied, releasing its run")
     resolve.add_argument("run_id", metavar="RUN_ID")
     resolve.add_argument("key", metavar="KEY")
-    outcome = resolve.add_mutually_exclusive_group(required=True)
-    outcome.add_argument("--applied", action="store_true", help="it was applied: the run goes on with --result")
-    outcome.add_argument("--not-applied", action="store_true", help="it was not applied: the run applies it again")
-    resolve.add_argument("--result", metavar="JSON", help="the effect's result as JSON, with --applied (default null)")
+    _add_outcome(resolve, applied="it was applied: the run goes on with --result",
+                 not_applied="it was not applied: the run applies it again",
+                 result="the effect's result as JSON, with --applied (default null)")
     resolve.set_defaults(handler="run:cmd_run_resolve_effect")
     _add_settings(run, common)
     _add_interact(commands, common)
@@ -115,6 +84,55 @@ def build_parser() -> argparse.ArgumentParser:
     _add_controller(commands, common)
     _add_watch(commands, common)
     return parser
+
+
+def _add_serve(commands: Any, common: argparse.ArgumentParser) -> None:
+    serve = commands.add_parser("serve", parents=[common], help="run the host in the foreground")
+    serve.add_argument("--max-workers", type=_positive, default=4, metavar="N", help="concurrent runs (default 4)")
+    serve.add_argument("--durability", choices=("full", "normal"), default="full",
+                       help="SQLite synchronous setting (default full)")
+    for flag, default, text in (
+        ("--worker-startup-timeout", 15.0, "a worker has to report ready"),
+        ("--drain-timeout", 15.0, "a stop may take to stop workers and park their runs"),
+        ("--kill-grace", 2.0, "between SIGTERM and SIGKILL when stopping a worker"),
+        ("--request-timeout", 10.0, "a client has to send a whole request once it began"),
+        ("--reply-timeout", 10.0, "a client has to take a reply before it is disconnected"),
+        ("--presentation-lease", 10.0, "a client presenting a decision or ask holds it"),
+    ):
+        _add_seconds(serve, flag, default, text)
+    serve.add_argument("--max-controller-workers", type=_positive, default=4, metavar="N",
+                       help="concurrent reconciles (default 4)")
+    _add_seconds(serve, "--delivery-lease", 10.0, "a client delivering a notification or turn holds it")
+    serve.add_argument("--worker-start", choices=("fork", "spawn"), default="fork",
+                       help="fork workers from a preloaded template process (default; Linux) "
+                            "or spawn a new interpreter for each")
+    serve.add_argument("--log-format", choices=("auto", "text", "json"), default="auto",
+                       help="text, JSON lines (ts, level, msg, epoch, runId), or auto: text on a terminal, "
+                            "JSON lines otherwise (default)")
+    serve.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
+                       help="the least severe records logged (default info)")
+    serve.add_argument("--standby", action="store_true",
+                       help="start, load everything, and wait: take over at once when the live host stops or dies")
+    serve.set_defaults(handler="host:cmd_serve")
+
+
+def _add_seconds(parser: argparse.ArgumentParser, flag: str, default: float, text: str) -> None:
+    """A duration option: ``flag`` S, the seconds ``text`` (``default`` when absent)."""
+    parser.add_argument(flag, type=_seconds, default=default, metavar="S", help=f"seconds {text} (default {default:g})")
+
+
+def _add_request_id(parser: argparse.ArgumentParser) -> None:
+    """``--request-id``: the id of the command's request, so that running it again is a retry."""
+    parser.add_argument("--request-id", dest="command_id", metavar="ID",
+                        help="this command's request id: the same id again is a safe retry")
+
+
+def _add_outcome(parser: argparse.ArgumentParser, *, applied: str, not_applied: str, result: str) -> None:
+    """``resolve-effect``'s answer: ``--applied`` (with ``--result``) or ``--not-applied``."""
+    outcome = parser.add_mutually_exclusive_group(required=True)
+    outcome.add_argument("--applied", action="store_true", help=applied)
+    outcome.add_argument("--not-applied", action="store_true", help=not_applied)
+    parser.add_argument("--result", metavar="JSON", help=result)
 
 
 def _add_common(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
@@ -135,12 +153,21 @@ def _run_list_limit(text: str) -> int:
 
 
 def _positive(text: str) -> int:
+    return _whole(text, noun="a whole number", least=1, too_small="must be at least 1")
+
+
+def _change_number(text: str) -> int:
+    return _whole(text, noun="a change number", least=0, too_small="a change number is 0 or more")
+
+
+def _whole(text: str, *, noun: str, least: int, too_small: str) -> int:
+    """An integer option value of at least ``least``; refused as ``not <noun>`` or ``too_small``."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
+        raise argparse.ArgumentTypeError(f"{text!r} is not {noun}") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(too_small)
     return value
 
 
@@ -165,10 +192,9 @@ def _add_controller(commands: Any, common: argparse.ArgumentParser) -> None:
     resolve = _keyed(group, common, "resolve-effect", "say whether an ambiguous effect was applied",
                      "controller:cmd_resolve")
     resolve.add_argument("effect_key", metavar="EFFECT_KEY")
-    outcome = resolve.add_mutually_exclusive_group(required=True)
-    outcome.add_argument("--applied", action="store_true", help="it was applied (its result: --result)")
-    outcome.add_argument("--not-applied", action="store_true", help="it was not: the next pass applies it")
-    resolve.add_argument("--result", metavar="JSON", help="the effect's result as JSON, with --applied")
+    _add_outcome(resolve, applied="it was applied (its result: --result)",
+                 not_applied="it was not: the next pass applies it",
+                 result="the effect's result as JSON, with --applied")
 
 
 def _keyed(group: Any, common: argparse.ArgumentParser, name: str, text: str, handler: Any) -> Any:
@@ -192,8 +218,7 @@ def _add_interact(commands: Any, common: argparse.ArgumentParser) -> None:
     decide.add_argument("request_id", metavar="REQUEST_ID")
     decide.add_argument("choice", metavar="CHOICE", help="one of the decision's choice ids")
     decide.add_argument("--input", metavar="TEXT", help="the text a choice with input takes (kept exactly)")
-    decide.add_argument("--request-id", dest="command_id", metavar="ID",
-                        help="this command's request id: the same id again is a safe retry")
+    _add_request_id(decide)
     decide.set_defaults(handler="interact:cmd_decide")
     answer = commands.add_parser("answer", parents=[common], help="submit a value to an ask; the workflow "
                                  "validates it")
@@ -203,8 +228,7 @@ def _add_interact(commands: Any, common: argparse.ArgumentParser) -> None:
     answer.add_argument("--session", metavar="ID", help="the submitting session (the run's origin session, if any)")
     answer.add_argument("--wait", action="store_true", help="wait until it is validated; exit 1 with the reason "
                         "when it is rejected")
-    answer.add_argument("--request-id", dest="command_id", metavar="ID",
-                        help="this command's request id: the same id again is a safe retry")
+    _add_request_id(answer)
     answer.set_defaults(handler="interact:cmd_answer")
 
 
@@ -233,19 +257,8 @@ def _add_settings(run: Any, common: argparse.ArgumentParser) -> None:
     sub.add_argument("--expect", type=_change_number, metavar="N",
                      help="refuse (conflict) unless the settings are at change N")
     sub.add_argument("--scope", metavar="ID", help="the settings scope (default: the run's)")
-    sub.add_argument("--request-id", dest="command_id", metavar="ID",
-                     help="this command's request id: the same id again is a safe retry")
+    _add_request_id(sub)
     sub.set_defaults(handler="settings:cmd_run_settings")
-
-
-def _change_number(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a change number") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError("a change number is 0 or more")
-    return value
 
 
 def _add_watch(commands: Any, common: argparse.ArgumentParser) -> None:

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from piwf.engine.loader import import_user_file
+from piwf.engine.loader import load_named, user_file_path
 from piwf.errors import ControllerLoadError, PiwfError
 from piwf.wire import canonical_json
 from piwf.controllers import Controller
@@ -21,22 +21,11 @@ CONTROLLER_DIR = Path(".piwf") / "controllers"
 
 
 def controller_path(project: str | Path, name: str) -> Path:
-    if not name or "/" in name or name.startswith(".") or not name.replace("-", "_").isidentifier():
-        raise ControllerLoadError(f"{name!r} is not a controller name")
-    return Path(project) / CONTROLLER_DIR / f"{name}.py"
+    return user_file_path(project, CONTROLLER_DIR, name, "controller", ControllerLoadError)
 
 
 def load_controller(project: str | Path, name: str) -> Controller:
-    path = controller_path(project, name)
-    if not path.is_file():
-        raise ControllerLoadError(f"no controller {name!r}: {path} does not exist")
-    module = import_user_file(path, f"piwf_controller_{name.replace('-', '_')}", ControllerLoadError)
-    controller = getattr(module, "controller", None)
-    if not isinstance(controller, Controller):
-        raise ControllerLoadError(f"{path} defines no module-level `controller = Controller(...)`")
-    if controller.name != name:
-        raise ControllerLoadError(f"{path} defines controller {controller.name!r}; the file name says {name!r}")
-    return controller
+    return load_named(controller_path(project, name), name, "controller", Controller, ControllerLoadError)
 
 
 def inspect_controller(project: str, name: str) -> dict[str, Any]:

@@ -1,4 +1,8 @@
-"""Finding and importing workflow files: ``<project>/.piwf/workflows/<name>.py``."""
+"""Finding and importing workflow files: ``<project>/.piwf/workflows/<name>.py``.
+
+How a project's named file is found, imported and checked (``user_file_path``,
+``import_user_file``, ``load_named``) is written once here; ``piwf.controllers.loader``
+loads controller files with the same functions."""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import sys
 import traceback
 from pathlib import Path
 from types import ModuleType
+from typing import Protocol, TypeVar
 
 from piwf.errors import DefinitionError, PiwfError, WorkflowLoadError
 from piwf.engine.definition import Workflow
@@ -14,10 +19,16 @@ from piwf.engine.definition import Workflow
 WORKFLOW_DIR = Path(".piwf") / "workflows"
 
 
-def workflow_path(project: str | Path, name: str) -> Path:
+def user_file_path(project: str | Path, directory: Path, name: str, kind: str, error: type[PiwfError]) -> Path:
+    """``<project>/<directory>/<name>.py`` of a project's ``kind`` (``workflow``,
+    ``controller``); a name that is not one (empty, a path, a dotfile) is refused as ``error``."""
     if not name or "/" in name or name.startswith(".") or not name.replace("-", "_").isidentifier():
-        raise WorkflowLoadError(f"{name!r} is not a workflow name")
-    return Path(project) / WORKFLOW_DIR / f"{name}.py"
+        raise error(f"{name!r} is not a {kind} name")
+    return Path(project) / directory / f"{name}.py"
+
+
+def workflow_path(project: str | Path, name: str) -> Path:
+    return user_file_path(project, WORKFLOW_DIR, name, "workflow", WorkflowLoadError)
 
 
 def workflow_names(project: str | Path) -> list[str]:
@@ -49,14 +60,28 @@ def import_user_file(path: Path, module_name: str, error: type[PiwfError], *,
     return module
 
 
-def load_workflow(project: str | Path, name: str) -> Workflow:
-    path = workflow_path(project, name)
+class Named(Protocol):
+    @property
+    def name(self) -> str: ...
+
+
+N = TypeVar("N", bound=Named)
+
+
+def load_named(path: Path, name: str, kind: str, cls: type[N], error: type[PiwfError], *,
+               definitions: bool = False) -> N:
+    """The ``kind`` (``workflow``, ``controller``) called ``name`` that the project's file
+    ``path`` defines: its module-level ``<kind> = <cls>(...)``, with that name."""
     if not path.is_file():
-        raise WorkflowLoadError(f"no workflow {name!r}: {path} does not exist")
-    module = import_user_file(path, f"piwf_workflow_{name.replace('-', '_')}", WorkflowLoadError, definitions=True)
-    workflow = getattr(module, "workflow", None)
-    if not isinstance(workflow, Workflow):
-        raise WorkflowLoadError(f"{path} defines no module-level `workflow = Workflow(...)`")
-    if workflow.name != name:
-        raise WorkflowLoadError(f"{path} defines workflow {workflow.name!r}; the file name says {name!r}")
-    return workflow
+        raise error(f"no {kind} {name!r}: {path} does not exist")
+    module = import_user_file(path, f"piwf_{kind}_{name.replace('-', '_')}", error, definitions=definitions)
+    found = getattr(module, kind, None)
+    if not isinstance(found, cls):
+        raise error(f"{path} defines no module-level `{kind} = {cls.__name__}(...)`")
+    if found.name != name:
+        raise error(f"{path} defines {kind} {found.name!r}; the file name says {name!r}")
+    return found
+
+
+def load_workflow(project: str | Path, name: str) -> Workflow:
+    return load_named(workflow_path(project, name), name, "workflow", Workflow, WorkflowLoadError, definitions=True)

@@ -23,24 +23,20 @@ ResourceKey = Annotated[str, Meta(min_length=1, description="the resource's key 
 Project = Annotated[str, Meta(description="absolute path of the project holding `.piwf/controllers/`")]
 
 
-class ApplyResourcePayload(NoPayload, frozen=True):
-    projectPath: Project
-    controller: ControllerName
-    key: ResourceKey
-    spec: Annotated[Any, Meta(description="what is wanted: any JSON, at most 1 MiB")]
-    expectedResourceVersion: Annotated[int, Meta(ge=0)] | None = None  # refused as a `conflict` when stale
-
-
+# Which resource: the payload of `controller.get` and `controller.reconcile`, and the first
+# fields (base first, so in this order on the wire) of every payload that names one resource.
 class ResourcePayload(NoPayload, frozen=True):
     projectPath: Project
     controller: ControllerName
     key: ResourceKey
 
 
-class DeleteResourcePayload(NoPayload, frozen=True):
-    projectPath: Project
-    controller: ControllerName
-    key: ResourceKey
+class ApplyResourcePayload(ResourcePayload, frozen=True):
+    spec: Annotated[Any, Meta(description="what is wanted: any JSON, at most 1 MiB")]
+    expectedResourceVersion: Annotated[int, Meta(ge=0)] | None = None  # refused as a `conflict` when stale
+
+
+class DeleteResourcePayload(ResourcePayload, frozen=True):
     force: Annotated[bool, Meta(description="remove the resource and its finalizers now, without a reconcile "
                                             "(for a controller that is gone); nothing is cleaned up")] = False
 
@@ -50,10 +46,7 @@ class ListResourcesPayload(NoPayload, frozen=True):
     controller: Annotated[str | None, Meta(description="only this controller's resources")] = None
 
 
-class ResolveResourceEffectPayload(NoPayload, frozen=True):
-    projectPath: Project
-    controller: ControllerName
-    key: ResourceKey
+class ResolveResourceEffectPayload(ResourcePayload, frozen=True):
     effectKey: Annotated[str, Meta(min_length=1, description="the ambiguous effect's key")]
     applied: Annotated[bool, Meta(description="whether the effect was applied")]
     result: Annotated[Any, Meta(description="its result (JSON), only with `applied: true`")] = None
