@@ -103,32 +103,3 @@ def test_status_counts_of_a_layout_6_database_read_as_it_is(tmp_path: Path) -> N
     counts = runs.status_counts(db, 1)
     assert (counts["undeliveredNotifications"], counts["unresolvedTurns"]) == (0, 0)
     db.close()
-
-
-def test_a_crash_back_off_is_kept_with_the_run_and_claims_skip_it_until_it_ends(db: Database,
-                                                                                 clock: ManualClock) -> None:
-    """(lane's, moved here from tests/test_store_queue.py when conform removed that file.)"""
-    from piwf.status import WorkerStatus
-    from piwf.store.api import WorkerEnded
-    from piwf.store.sqlite import supervision
-
-    def end(status: WorkerStatus) -> WorkerEnded:
-        """Claim the run and record its worker's end, with a back-off doubling per crash."""
-        records = supervision.claim_runs(db, room=1, exclude=frozenset(), runner_id="h", lease_ms=LEASE,
-                                         now=clock.now_ms(), epoch=1)
-        assert [c.run_id for c, _ in records] == ["r1"]
-        ended = supervision.end_worker(db, worker_epoch=records[0][1], run_id="r1", token=records[0][0].token,
-                                       status=status, now=clock.now_ms(), exit_code=1, signal=None, diagnostic=None,
-                                       park=True, max_crashes=3, backoff=lambda before: 1000 * 2 ** before)
-        return ended
-
-    new_run(db, clock, "r1")
-    first = end(WorkerStatus.CRASHED)
-    assert (first.crashes, first.not_before) == (1, clock.now_ms() + 1000)
-    clock.advance(999)
-    assert claim(db, clock, "t1") is None  # within the back-off: no host claims it
-    clock.advance(1)
-    second = end(WorkerStatus.CRASHED)  # the back-off doubles
-    assert (second.crashes, second.not_before) == (2, clock.now_ms() + 2000)
-    runs.resume_run(db, "r1", clock.now_ms())  # an operator's resume lifts it
-    assert claim(db, clock, "t3") is not None
