@@ -11,12 +11,6 @@ from __future__ import annotations
 
 import grimp
 
-# TEMPORARY (issue 19): circles entirely inside store/ are tolerated until the store
-# consolidation, which breaks them, has landed. Any circle that
-# reaches one module outside them fails now; empty this tuple then.
-TOLERATED_INSIDE = ("piwf.store",)
-
-
 def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
     """The module groups that import each other in a circle (Tarjan, iterative)."""
     index: dict[str, int] = {}
@@ -59,12 +53,9 @@ def _cycles(graph: grimp.ImportGraph) -> list[list[str]]:
     return found
 
 
-def _tolerated(group: list[str]) -> bool:
-    return any(all(m == package or m.startswith(package + ".") for m in group) for package in TOLERATED_INSIDE)
-
 
 def test_no_module_of_piwf_imports_itself_in_a_circle() -> None:
-    cycles = [group for group in _cycles(grimp.build_graph("piwf", cache_dir=None)) if not _tolerated(group)]
+    cycles = _cycles(grimp.build_graph("piwf", cache_dir=None))
     assert not cycles, f"modules that import each other in a circle: {cycles}"
 
 
@@ -77,4 +68,3 @@ def test_a_circle_is_found() -> None:
     graph.add_import(importer="p.c", imported="p.a")
     graph.add_import(importer="p", imported="p.a")
     assert _cycles(graph) == [["p.a", "p.b", "p.c"]]
-    assert not _tolerated(["p.a", "piwf.host.x"]) and _tolerated(["piwf.store.a", "piwf.store.b"])

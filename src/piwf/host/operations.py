@@ -186,9 +186,8 @@ async def _run_start(host: HostState, tx: UnitOfWork, request: StartRun, prepare
         run_id=run_id, workflow=info.name, project_path=payload.projectPath, source=info.source,
         digest=info.digest, input=payload.input, origin_session_id=payload.originSessionId,
         now=now, start_node=info.start_at,
+        settings=settings_operations.new_scope(info, initial, patch=payload.settings, actor_id=request.clientId),
     )
-    await settings_operations.start_scope(tx, run_id, info, initial, patch=payload.settings,
-                                          actor_id=request.clientId, now=now)
     after.append(host.wake)
     return HostResponse(request.requestId, Outcome.ACCEPTED, revision=1,
                         receipt=StartReceipt(runId=run_id, workflow=info.name, status=RunStatus.QUEUED,

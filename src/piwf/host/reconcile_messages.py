@@ -160,8 +160,8 @@ async def _workflow_ensure(host: HostState, tx: UnitOfWork, active: ActiveReconc
             check_id(p.originSessionId, "originSessionId")
         await tx.runs.create_run(run_id=run_id, workflow=info.name, project_path=active.claim.project,
                                  source=info.source, digest=info.digest, input=p.input,
-                                 origin_session_id=p.originSessionId, now=now, start_node=info.start_at)
-        await settings_operations.start_scope(tx, run_id, info, None, actor_id=active.claim.uid, now=now)
+                                 origin_session_id=p.originSessionId, now=now, start_node=info.start_at,
+                                 settings=settings_operations.new_scope(info, None, actor_id=active.claim.uid))
         child = await tx.controller_effects.record_child(active.claim.uid, p.requestKey, info.name, p.input, run_id,
                                                          now)
     return ChildRun(**child), None

@@ -14,7 +14,7 @@ from typing import Any
 from piwf.errors import Conflict, Rejected
 from piwf.protocol import SETTINGS_LIMIT, ChangeSettings, GetSettings, RunSettings, StartRunPayload
 from piwf.status import ENDED
-from piwf.store.api import UnitOfWork
+from piwf.store.api import NewScope, UnitOfWork
 from piwf.wire import HostResponse, Outcome, canonical_json
 from piwf.host.catalog import WorkflowInfo
 from piwf.host.operation_types import After, Reads, Writes
@@ -41,14 +41,23 @@ async def initial_settings(host: HostState, payload: StartRunPayload, info: Work
     return value
 
 
+def new_scope(info: WorkflowInfo, initial: Any, *, patch: Any = None, actor_id: str | None = None) -> NewScope | None:
+    """A new run's settings scope, made with it (``runs.create_run(settings=...)``); None for
+    a workflow without settings."""
+    if info.settings is None:
+        return None
+    return NewScope(settings=initial if initial is not None else info.settings["defaults"],
+                    mutable=list(info.settings["mutable"]), patch=patch, actor_id=actor_id)
+
+
 async def start_scope(tx: UnitOfWork, run_id: str, info: WorkflowInfo, initial: Any, *, patch: Any = None,
                       actor_id: str | None = None, now: int) -> None:
-    """The new run's settings scope, in the unit of work that creates the run (nothing for a
-    workflow without settings)."""
-    if info.settings is None:
-        return
-    await tx.settings.ensure_scope(run_id, settings=initial if initial is not None else info.settings["defaults"],
-                                   mutable=list(info.settings["mutable"]), patch=patch, actor_id=actor_id, now=now)
+    """The run's settings scope as ``info`` declares it, unless it exists (a resumed run's
+    mutable paths are the workflow's now)."""
+    scope = new_scope(info, initial, patch=patch, actor_id=actor_id)
+    if scope is not None:
+        await tx.settings.ensure_scope(run_id, settings=scope.settings, mutable=scope.mutable, patch=scope.patch,
+                                       actor_id=scope.actor_id, now=now)
 
 
 def _check_size(patch: Any) -> None:

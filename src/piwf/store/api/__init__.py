@@ -79,7 +79,9 @@ from piwf.store.api.people import DeliveryStore, InteractionsStore, SettingsStor
 from piwf.store.api.runs import (
     CommandsStore, EffectsStore, HostsStore, QueueStore, RunsStore, SupervisionStore, WorkersStore,
 )
-from piwf.store.api.types import Actor, Claim, ControllerClaim, Delay, HostClaim, LeaseRecord, WorkerEnded
+from piwf.store.api.types import (
+    Actor, Claim, ControllerClaim, Delay, HostClaim, LeaseRecord, NewScope, WorkerEnded,
+)
 
 
 class UnitOfWork(Protocol):
@@ -145,6 +147,6 @@ def open_store(paths: Any, *, durability: str = "full", backend: str = "sqlite")
 __all__ = [
     "Actor", "Claim", "CommandsStore", "ControllerClaim", "ControllerEffectsStore", "ControllerQueueStore",
     "ControllersStore", "Delay", "DeliveryStore", "EffectsStore", "HostClaim", "HostsStore", "InteractionsStore",
-    "LeaseRecord", "QueueStore", "RunsStore", "SettingsStore", "Store", "SupervisionStore", "UnitOfWork",
+    "LeaseRecord", "NewScope", "QueueStore", "RunsStore", "SettingsStore", "Store", "SupervisionStore", "UnitOfWork",
     "UpdatesStore", "WorkerEnded", "WorkersStore", "open_store",
 ]

@@ -209,8 +209,9 @@ class SettingsStore(Protocol):
             actor: Actor, actor_id: str | None, now: int, request_key: str | None = None,
     ) -> tuple[ChangeSettingsReceipt, bool]:
         """Commit ``settings`` (``patch`` applied to the scope's settings at change ``base``, checked outside
-        the host) as the next change: a compare-and-set on the change number. Returns (receipt, adopted):
-        ``request_key`` seen before returns that change, adopted. Raises Conflict, NotFound, Rejected.
+        the host) as the next change: a compare-and-set on the change number, and the run not having ended, both
+        checked by the write. Returns (receipt, adopted): ``request_key`` seen before returns that change, adopted.
+        Raises Conflict, NotFound, Rejected.
         """
 
     async def attempt_settings(self, run_id: str, attempt_id: str) -> tuple[int | None, Any]:

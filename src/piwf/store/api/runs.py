@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from piwf.protocol import Request, RunDetail, RunEventsPage, RunSummary
     from piwf.protocol.worker import WorkerMessage, WorkerResponse
     from piwf.status import WorkerStatus
-    from piwf.store.api.types import Claim, Delay, HostClaim, LeaseRecord, WorkerEnded
+    from piwf.store.api.types import Claim, Delay, HostClaim, LeaseRecord, NewScope, WorkerEnded
     from piwf.wire import HostRequest, HostResponse
 
 
@@ -74,14 +74,18 @@ class RunsStore(Protocol):
 
     async def create_run(
             self, *, run_id: str, workflow: str, project_path: str, source: bytes, digest: str, input: Any,
-            origin_session_id: str | None, now: int, start_node: str | None = None) -> dict[str, Any]:
-        """Raises Rejected."""
+            origin_session_id: str | None, now: int, start_node: str | None = None,
+            settings: NewScope | None = None) -> dict[str, Any]:
+        """A new run, queued, with its settings scope (``settings``, for a workflow that declares settings): the
+        one way a run is made, by ``run.start`` and by a controller's ``ctx.workflows.ensure`` alike. Raises
+        Rejected."""
 
     async def revision(self, run_id: str) -> int:
         """Raises NotFound."""
 
     async def check_revision(self, run_id: str, expected: int | None) -> int:
-        """Raises Conflict, NotFound."""
+        """The run's revision if it is ``expected`` (None: any), checked by a write (a guard of the run that holds
+        for the rest of the unit of work). Raises NotFound, Conflict."""
 
     async def pause_run(self, run_id: str, now: int, *, expected_revision: int | None = None) -> dict[str, Any]:
         """Hold a run: it is not claimed again, and an active worker stops at the next node boundary.

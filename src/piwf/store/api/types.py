@@ -14,6 +14,18 @@ Delay = int | Callable[[int], int]  # ms, or ms as a function of the failures in
 
 
 @dataclass(frozen=True)
+class NewScope:
+    """A new run's settings scope, made with the run (``RunsStore.create_run``): its
+    settings (change 0), the paths that may change, the patch the start request gave and
+    who gave it."""
+
+    settings: Any
+    mutable: list[str]
+    patch: Any = None
+    actor_id: str | None = None
+
+
+@dataclass(frozen=True)
 class Claim:
     """A run's claim: the token every fenced write names, and the run's generation."""
 

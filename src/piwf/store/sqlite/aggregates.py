@@ -11,11 +11,13 @@ from piwf.store.api.rules import RETENTION_MS
 from piwf.store.sqlite import hosts as _hosts
 from piwf.store.sqlite import commands as _commands
 from piwf.store.sqlite import runs as _runs
+from piwf.store.sqlite import base as _base
 from piwf.store.sqlite import queue as _queue
 from piwf.store.sqlite import supervision as _supervision
 from piwf.store.sqlite import workers as _workers
 from piwf.store.sqlite import effects as _effects
 from piwf.store.sqlite import interactions as _interactions
+from piwf.store.sqlite import deadlines as _deadlines
 from piwf.store.sqlite import delivery as _delivery
 from piwf.store.sqlite import updates as _updates
 from piwf.store.sqlite import settings as _settings
@@ -32,7 +34,7 @@ if TYPE_CHECKING:
     from piwf.protocol.resources import ApplyReceipt, ResourceDetail, ResourceRef, ResourceSummary
     from piwf.protocol.worker import InteractionOpenPayload, PendingSubmission, WorkerMessage, WorkerResponse
     from piwf.status import NotificationKind, TurnResolution, WorkerStatus
-    from piwf.store.api.types import Actor, Claim, ControllerClaim, Delay, HostClaim, LeaseRecord, WorkerEnded
+    from piwf.store.api.types import Actor, Claim, ControllerClaim, Delay, HostClaim, LeaseRecord, NewScope, WorkerEnded
     from piwf.store.sqlite.db import Database
     from piwf.protocol import Request
     from piwf.wire import HostRequest, HostResponse
@@ -86,10 +88,11 @@ class SqliteRunsStore:
 
     async def create_run(
             self, *, run_id: str, workflow: str, project_path: str, source: bytes, digest: str, input: Any,
-            origin_session_id: str | None, now: int, start_node: str | None = None) -> dict[str, Any]:
+            origin_session_id: str | None, now: int, start_node: str | None = None,
+            settings: NewScope | None = None) -> dict[str, Any]:
         return _runs.create_run(
             self.db, run_id=run_id, workflow=workflow, project_path=project_path, source=source, digest=digest,
-            input=input, origin_session_id=origin_session_id, now=now, start_node=start_node)
+            input=input, origin_session_id=origin_session_id, now=now, start_node=start_node, settings=settings)
 
     async def revision(self, run_id: str) -> int:
         return _runs.revision(self.db, run_id)
@@ -161,7 +164,7 @@ class SqliteQueueStore:
         return _queue.fenced_revision(self.db, run_id, token, now)
 
     async def revision_of(self, run_id: str) -> int | None:
-        return _queue.revision_of(self.db, run_id)
+        return _base.revision_of(self.db, run_id)
 
     async def expire_claims_before(self, epoch: int, now: int) -> list[str]:
         return _queue.expire_claims_before(self.db, epoch, now)
@@ -320,10 +323,10 @@ class SqliteInteractionsStore:
             entry_id=entry_id, progress=progress, lease_ms=lease_ms, now=now)
 
     async def expire_due(self, now: int) -> tuple[list[str], list[tuple[str, Exception]]]:
-        return _interactions.expire_due(self.db, now)
+        return _deadlines.expire_due(self.db, now)
 
     async def next_deadline(self) -> int | None:
-        return _interactions.next_deadline(self.db)
+        return _deadlines.next_deadline(self.db)
 
     async def list_requests(
             self, *, session_id: str | None = None, run_id: str | None = None, open_only: bool = True,

@@ -95,7 +95,8 @@ class _UnitOfWork:
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
         self.store.in_unit_of_work = False
         assert self.write is not None
-        return self.write.__exit__(exc_type, exc, tb)
+        self.write.__exit__(exc_type, exc, tb)
+        return False
 
 
 def open_store(paths: Any, *, durability: str = "full") -> SqliteStore:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from piwf.protocol import Request
-from piwf.wire import HostRequest, HostResponse, request_fingerprint
+from piwf.wire import HostRequest, HostResponse, Outcome, request_fingerprint
 from piwf.store.api.rules import RETENTION_MS
 from piwf.store.sqlite.db import Database, atomic
 
@@ -41,17 +41,18 @@ def lookup(db: Database, request: HostRequest | Request, fingerprint: bytes) -> 
     if by_request:
         row = by_request[0]
         if bytes(row[0]) != fingerprint:
-            return HostResponse(request.requestId, "conflict", error="requestId was reused with another request body")
+            return HostResponse(request.requestId, Outcome.CONFLICT,
+                                error="requestId was reused with another request body")
         stored = _stored_response(db, request.requestId, row[1:])
-        stored.outcome = "adopted"
+        stored.outcome = Outcome.ADOPTED
         return stored
     row = rows[0][1:]
     if bytes(row[0]) != fingerprint:
         return HostResponse(
-            request.requestId, "conflict", error="idempotencyKey was reused with another request body"
+            request.requestId, Outcome.CONFLICT, error="idempotencyKey was reused with another request body"
         )
     stored = _stored_response(db, request.requestId, row[1:])
-    stored.outcome = "adopted"
+    stored.outcome = Outcome.ADOPTED
     return stored
 
 

@@ -1,11 +1,11 @@
 """A reconcile's effects and child workflow runs.
 
-Effects follow the rules of a run's (``store/effects.py``): reserve → apply → settle;
-``applying`` found by a later claim is observed (when the caller can observe) or becomes
-ambiguous and holds the resource for an operator; an applied effect is final. Unlike a
-run's, an effect whose ``apply()`` raised goes back to pending (a reconcile is retried by
-design, so the next pass applies it again), except after ``PermanentError``: that is
-stored as rejected, and raised again by later passes of the same spec generation.
+Effects follow the effect ledger (``store/sqlite/ledger.py``), as a run's do: reserve →
+apply → settle; ``applying`` found by a later claim is observed (when the caller can
+observe) or becomes ambiguous and holds the resource for an operator; an applied effect is
+final. Unlike a run's, an effect whose ``apply()`` raised goes back to pending (a reconcile
+is retried by design, so the next pass applies it again), except after ``PermanentError``:
+that is stored as rejected, and raised again by later passes of the same spec generation.
 They are keyed by (resource, spec generation, key): an effect is applied at most once per
 generation of the spec, so a changed spec applies its effects again and a retried
 reconcile of the same spec never does. Every write here is made fenced by the caller.
@@ -16,13 +16,19 @@ from __future__ import annotations
 from typing import Any
 
 from piwf.errors import NotFound, Rejected
-from piwf.status import EffectStatus as E
-from piwf.wire import canonical_json, decode_json, sha256_hex
+from piwf.wire import canonical_json, sha256_hex
+from piwf.store.sqlite import ledger
 from piwf.store.sqlite.controller_queue import hold_for_effect, release_effect_hold, set_workflow_run
 from piwf.store.sqlite.controllers import add_resource_event, enqueue
 from piwf.store.sqlite.db import Database, atomic
 
-WHERE = "uid = ? AND spec_generation = ? AND effect_key = ?"
+# A reconcile's effects: their events in the resource's; an ambiguous one holds the
+# resource; a failed apply() is retried (but after PermanentError).
+LEDGER = ledger.Ledger(
+    table="controller_effects", key_columns=("uid", "spec_generation", "effect_key"), event=add_resource_event,
+    names={step: f"effect_{step}" for step in ("applying", "ambiguous", "applied", "rejected", "failed",
+                                               "resolved")},
+    hold=hold_for_effect, retry_failures=True, attempt="reconcile", claim="claim")
 
 
 @atomic
@@ -31,56 +37,20 @@ def reserve(db: Database, uid: str, spec_generation: int, key: str, *, generatio
     """What ``ctx.effects.ensure(key, ...)`` must do next: ``new`` (apply it), ``applied`` /
     ``rejected`` (return or raise what is stored), ``observe``, or ``ambiguous`` (the
     resource is now held)."""
-    ident = (uid, spec_generation, key)
-    row = db.one(f"SELECT status, generation, result_json, result_hash, error_json FROM controller_effects "
-                 f"WHERE {WHERE}", ident)
-    if row is None:
-        db.execute("""INSERT INTO controller_effects (uid, spec_generation, effect_key, status, generation,
-                        created_at, updated_at) VALUES (?, ?, ?, 'pending', ?, ?, ?)""", (*ident, generation, now, now))
-        return {"state": "new"}
-    status, owner, result_json, result_hash, error_json = row
-    if status == E.APPLIED:
-        return {"state": E.APPLIED, "result": db.get_json(result_json, result_hash)}
-    if status == E.REJECTED:
-        return {"state": E.REJECTED, "error": decode_json(error_json.encode())}
-    if status in (E.PENDING, E.APPLYING) and owner == generation:
-        raise Rejected(f"effect {key!r} is already in progress in this reconcile")
-    if status == E.PENDING:
-        _set(db, ident, E.PENDING, generation, now)
-        return {"state": "new"}
-    if status == E.APPLYING and observable:
-        _set(db, ident, E.APPLYING, generation, now)
-        return {"state": "observe"}
-    _set(db, ident, E.AMBIGUOUS, None, now)
-    hold_for_effect(db, uid, key, now)
-    return {"state": E.AMBIGUOUS}
+    return ledger.reserve(LEDGER, db, (uid, spec_generation, key), generation=generation, observable=observable,
+                          now=now)
 
 
 @atomic
 def begin_apply(db: Database, uid: str, spec_generation: int, key: str, *, generation: int, now: int) -> None:
-    ident = (uid, spec_generation, key)
-    status = _status(db, ident, generation)
-    if status not in (E.PENDING, E.APPLYING):
-        raise Rejected(f"effect {key!r} is {status}; it cannot be applied")
-    _set(db, ident, E.APPLYING, generation, now)
-    add_resource_event(db, uid, "effect_applying", {"key": key}, now)
+    ledger.begin_apply(LEDGER, db, (uid, spec_generation, key), generation=generation, now=now)
 
 
 @atomic
 def settle(db: Database, uid: str, spec_generation: int, key: str, *, generation: int, result: Any = None,
            error: dict[str, Any] | None = None, now: int) -> None:
-    ident = (uid, spec_generation, key)
-    status = _status(db, ident, generation)
-    if status != E.APPLYING:
-        raise Rejected(f"effect {key!r} is {status}, not applying; it cannot be settled")
-    if error is not None and error.get("type") != "PermanentError":
-        # apply() raised: it did not take effect as far as anyone can tell; the next pass
-        # (or this one, if it calls ensure again) applies it afresh.
-        db.execute(f"UPDATE controller_effects SET status = 'pending', generation = 0, updated_at = ? WHERE {WHERE}",
-                   (now, *ident))
-        add_resource_event(db, uid, "effect_failed", {"key": key, "error": _error_line(error)}, now)
-        return
-    _finish(db, ident, result=result, error=error, now=now)
+    ledger.settle(LEDGER, db, (uid, spec_generation, key), generation=generation, result=result, error=error,
+                  now=now)
 
 
 def resolve(db: Database, uid: str, key: str, *, applied: bool, result: Any, now: int) -> dict[str, Any]:
@@ -91,49 +61,12 @@ def resolve(db: Database, uid: str, key: str, *, applied: bool, result: Any, now
                                        AND status = 'ambiguous'""", (uid, key))
         if spec_generation is None:
             raise NotFound(f"resource {uid} has no ambiguous effect {key!r}")
-        ident = (uid, spec_generation, key)
-        if applied:
-            _finish(db, ident, result=result, error=None, now=now)
-        else:
-            _set(db, ident, E.PENDING, None, now)
-        add_resource_event(db, uid, "effect_resolved", {"key": key, "applied": applied}, now)
+        status = ledger.resolve(LEDGER, db, (uid, spec_generation, key), applied=applied, result=result, now=now)
         remaining = [k for (k,) in db.execute("SELECT effect_key FROM controller_effects WHERE uid = ? "
                                               "AND status = 'ambiguous' ORDER BY effect_key", (uid,))]
         if not remaining:
             release_effect_hold(db, uid, now)
-        return {"uid": uid, "effectKey": key, "status": E.APPLIED if applied else E.PENDING, "ambiguous": remaining}
-
-
-def _error_line(error: dict[str, Any]) -> str:
-    message = str(error.get("message") or "").splitlines()
-    return f"{error.get('type')}: {message[0] if message else ''}"[:500]
-
-
-def _status(db: Database, ident: tuple[str, int, str], generation: int) -> str:
-    row = db.one(f"SELECT status, generation FROM controller_effects WHERE {WHERE}", ident)
-    if row is None:
-        raise Rejected(f"effect {ident[2]!r} was never reserved")
-    if row[1] != generation:
-        raise Rejected(f"effect {ident[2]!r} belongs to claim {row[1]}, not {generation}")
-    return row[0]
-
-
-def _set(db: Database, ident: tuple[str, int, str], status: str, generation: int | None, now: int) -> None:
-    db.execute(f"""UPDATE controller_effects SET status = ?, generation = COALESCE(?, generation), updated_at = ?
-                   WHERE {WHERE}""", (status, generation, now, *ident))
-    if status == E.AMBIGUOUS:
-        add_resource_event(db, ident[0], "effect_ambiguous", {"key": ident[2]}, now)
-
-
-def _finish(db: Database, ident: tuple[str, int, str], *, result: Any, error: dict[str, Any] | None,
-            now: int) -> None:
-    inline, digest = (None, None) if error is not None else db.put_json(result, now)
-    db.execute(f"""UPDATE controller_effects SET status = ?, result_json = ?, result_hash = ?, error_json = ?,
-                     updated_at = ?, settled_at = ? WHERE {WHERE}""",
-               (E.REJECTED if error is not None else E.APPLIED, inline, digest,
-                None if error is None else canonical_json(error).decode(), now, now, *ident))
-    kind = "effect_rejected" if error is not None else "effect_applied"
-    add_resource_event(db, ident[0], kind, {"key": ident[2]}, now)
+        return {"uid": uid, "effectKey": key, "status": status, "ambiguous": remaining}
 
 
 # --- child workflow runs --------------------------------------------------------------------
@@ -199,6 +132,8 @@ def sync_children(db: Database, now: int) -> list[str]:
 
 
 def _moved_children(db: Database) -> list[tuple[str, str, str, int, str]]:
-    return db.execute(f"""SELECT c.uid, c.request_key, c.run_id, c.attempt, {CHILD_STATE} FROM controller_workflows c
+    result: list[tuple[str, str, str, int, str]] = db.execute(
+        f"""SELECT c.uid, c.request_key, c.run_id, c.attempt, {CHILD_STATE} FROM controller_workflows c
                           JOIN runs r ON r.run_id = c.run_id JOIN run_queue q ON q.run_id = c.run_id
                           WHERE c.state IN ('running', 'waiting') AND c.state != {CHILD_STATE}""").fetchall()
+    return result

@@ -19,7 +19,8 @@ from typing import Any
 from piwf.protocol.resources import MAX_ERROR_CHARS
 from piwf.errors import ClaimLost, Rejected
 from piwf.wire import canonical_json, decode_json
-from piwf.store.sqlite.controllers import add_resource_event, check_json_size, delete_resource
+from piwf.store.api.rules import check_json_size
+from piwf.store.sqlite.controllers import add_resource_event, delete_resource
 from piwf.store.sqlite.db import Database, atomic
 from piwf.store.api.types import ControllerClaim, Delay
 from piwf.store.sqlite.timefmt import iso
@@ -43,7 +44,7 @@ def claim_due(db: Database, *, room: int, exclude: frozenset[str], lease_ms: int
                WHERE q.hold IS NULL AND ((q.claim_token IS NULL AND q.available_at <= ?1)
                                          OR (q.claim_token IS NOT NULL AND q.claim_expires_at <= ?1))
                ORDER BY q.available_at LIMIT ?2""", (now, room + len(exclude))).fetchall()
-        claims = []
+        claims: list[ControllerClaim] = []
         for uid, project, controller, key in rows:
             if uid in exclude or len(claims) >= room:
                 continue
@@ -87,7 +88,8 @@ def next_due(db: Database) -> int | None:
     due = db.scalar("""SELECT MIN(CASE WHEN claim_token IS NULL THEN available_at ELSE claim_expires_at END)
                        FROM controller_queue WHERE hold IS NULL
                          AND (available_at IS NOT NULL OR claim_token IS NOT NULL)""")
-    return due
+    result: int | None = due
+    return result
 
 
 def renew_claims(db: Database, claims: list[tuple[str, str]], lease_ms: int, now: int) -> set[str]:
@@ -193,7 +195,8 @@ def finish_failure(db: Database, uid: str, token: str, *, error: str, delay_ms: 
         _release(db, uid, now, due, errors=errors, last_error=error)
     add_resource_event(db, uid, "reconcile_failed", {"error": error[:500], "delayMs": None if permanent else delay_ms,
                                             "permanent": permanent, "consecutiveErrors": errors}, now)
-    return errors
+    result: int = errors
+    return result
 
 
 def record_failure(db: Database, uid: str, token: str, *, error: str, delay_ms: Delay, now: int,
@@ -248,7 +251,8 @@ def expire_claims_before(db: Database, epoch: int, now: int) -> int:
 def _claim(db: Database, uid: str) -> tuple[int, int | None, int]:
     row = db.one("SELECT claim_version, claim_resource_version, version FROM controller_queue WHERE uid = ?", (uid,))
     assert row is not None
-    return row
+    result: tuple[int, int | None, int] = row
+    return result
 
 
 def _release(db: Database, uid: str, now: int, due: int | None, *, errors: int | None = None,
@@ -305,6 +309,6 @@ def merge_conditions(old: list[dict[str, Any]], new: list[dict[str, Any]], gener
             raise Rejected(f"condition {kind!r}: status must be 'True', 'False' or 'Unknown', not {status!r}")
         before = merged.get(kind)
         changed = before is None or before.get("status") != status
-        merged[kind] = {**condition, "observedGeneration": generation,
-                        "lastTransitionTime": iso(now) if changed else before.get("lastTransitionTime")}
+        since = iso(now) if before is None or changed else before.get("lastTransitionTime")
+        merged[kind] = {**condition, "observedGeneration": generation, "lastTransitionTime": since}
     return sorted(merged.values(), key=lambda c: c["type"])

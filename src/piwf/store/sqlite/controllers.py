@@ -149,7 +149,8 @@ def _locate(db: Database, project: str, controller: str, key: str) -> tuple[str,
                     WHERE project_path = ? AND controller = ? AND resource_key = ?""", (project, controller, key))
     if row is None:
         raise NotFound(f"no resource {controller}/{key} in {project}")
-    return row
+    result: tuple[str, int, int | None] = row
+    return result
 
 
 def locate_uid(db: Database, project: str, controller: str, key: str) -> str:
@@ -182,7 +183,8 @@ def events(db: Database, uid: str, limit: int = RECENT_EVENTS) -> list[ResourceE
 
 
 def count_events(db: Database, uid: str, kind: str) -> int:
-    return db.scalar("SELECT COUNT(*) FROM controller_events WHERE uid = ? AND type = ?", (uid, kind))
+    result: int = db.scalar("SELECT COUNT(*) FROM controller_events WHERE uid = ? AND type = ?", (uid, kind))
+    return result
 
 
 # --- reads ----------------------------------------------------------------------------------

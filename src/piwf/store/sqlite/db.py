@@ -144,7 +144,7 @@ class Database:
         whole file; it skips what ``integrity_check`` adds: index contents against tables).
         Raises CorruptStateError with its first finding."""
         try:
-            finding = self.conn.execute("PRAGMA quick_check(1)").fetchall()[0][0]
+            finding = str(self.conn.execute("PRAGMA quick_check(1)").fetchall()[0][0])
         except apsw.Error as exc:
             raise CorruptStateError(f"{self.path} is damaged (quick_check failed: {exc}). {DAMAGE_HINT}") from exc
         if finding != "ok":
@@ -194,9 +194,9 @@ class Database:
             raise SchemaError(f"{self.path} is missing tables {', '.join(missing)}. {RESET_HINT}")
 
     def _layout(self) -> tuple[int, int]:
-        app_id = self.conn.execute("PRAGMA application_id").fetchall()[0][0]
-        version = self.conn.execute("PRAGMA user_version").fetchall()[0][0]
-        return app_id, version
+        app_id: Any = self.conn.execute("PRAGMA application_id").fetchall()[0][0]
+        version: Any = self.conn.execute("PRAGMA user_version").fetchall()[0][0]
+        return int(app_id), int(version)
 
     def _tables(self) -> set[str]:
         rows = self.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
@@ -219,13 +219,13 @@ class Database:
         """Several reads from one snapshot of the database (and one WAL read lock, not one each)."""
         return _Read(self)
 
-    def execute(self, sql: str, params: Any = ()) -> apsw.Cursor:
+    def execute(self, sql: str, params: Any = ()) -> Any:  # an apsw.Cursor; its rows are untyped SQL values
         try:
             return self.conn.execute(sql, params)
         except apsw.Error as exc:
             raise _translate(exc, self.path) from exc
 
-    def one(self, sql: str, params: Any = ()) -> tuple[Any, ...] | None:
+    def one(self, sql: str, params: Any = ()) -> Any:
         for row in self.execute(sql, params):
             return row
         return None
@@ -302,21 +302,20 @@ class _Write:
         self.outer = True
         return db
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
         db = self.db
         if not self.outer:
             db._depth -= 1
-            return False
+            return
         db._depth = 0
         if exc_type is not None:
             db._rollback()
-            return False
+            return
         try:
             db.conn.execute("COMMIT")
         except apsw.Error as error:
             db._rollback()
             raise _translate(error, db.path) from error
-        return False
 
 
 class _Read:
@@ -335,10 +334,9 @@ class _Read:
             self.began = True
         return db
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
         if self.began and self.db.conn.in_transaction:
             self.db.conn.execute("COMMIT")
-        return False
 
 
 def _verify_readonly(path: Path, verify: Callable[[Database], None]) -> None:

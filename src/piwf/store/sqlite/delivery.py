@@ -31,7 +31,7 @@ from piwf.protocol import (
 from piwf.status import ENDED, FollowUpState, Hold, NotificationKind, RunStatus, TurnCause, TurnResolution
 from piwf.wire import canonical_json, decode_json
 from piwf.store.sqlite.db import Database, atomic
-from piwf.store.sqlite import queue
+from piwf.store.sqlite.base import add_event, require_claim
 from piwf.store.sqlite.timefmt import iso
 
 FACT_LIMIT = 4096  # each text fact (error, output, detail), in characters
@@ -69,11 +69,13 @@ def _running_attempt(db: Database, run_id: str, attempt_id: str) -> tuple[int, s
                  (attempt_id, run_id))
     if row is None:
         raise Rejected(f"attempt {attempt_id} is not running: only the live attempt may do this")
-    return row
+    result: tuple[int, str] = row
+    return result
 
 
 def _session(db: Database, run_id: str) -> str | None:
-    return db.scalar("SELECT origin_session_id FROM runs WHERE run_id = ?", (run_id,))
+    result: str | None = db.scalar("SELECT origin_session_id FROM runs WHERE run_id = ?", (run_id,))
+    return result
 
 
 # --- notifications ------------------------------------------------------------------------
@@ -85,7 +87,7 @@ def notify(db: Database, run_id: str, token: str, *, attempt_id: str, index: int
     """Store the attempt's ``index``-th notification for the run's origin session (inside
     the worker message's transaction). Idempotent per (run, step, index): a retried node
     notifying again finds the copy already stored. None for a detached run (nobody hears)."""
-    queue.require_claim(db, run_id, token, now)
+    require_claim(db, run_id, token, now)
     seq, node = _running_attempt(db, run_id, attempt_id)
     check_content(content, "a notification")
     session = _session(db, run_id)
@@ -97,7 +99,7 @@ def notify(db: Database, run_id: str, token: str, *, attempt_id: str, index: int
              content, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING""",
         (notification_id, run_id, seq, node, index, session, kind, content, now))
     if db.changes():
-        queue.add_event(db, run_id, "notification", {"notificationId": notification_id, "kind": kind,
+        add_event(db, run_id, "notification", {"notificationId": notification_id, "kind": kind,
                                                      "index": index}, now)
     return notification_id
 
@@ -160,6 +162,7 @@ def list_notifications(db: Database, *, session_id: str | None, run_id: str | No
 
 
 def _filters(session_id: str | None, run_id: str | None, alias: str) -> tuple[str, tuple[str, ...]]:
+    params: tuple[str, ...]
     where, params = "", ()
     if session_id is not None:
         where, params = f"AND {alias}.session_id = ?", (session_id,)
@@ -169,7 +172,8 @@ def _filters(session_id: str | None, run_id: str | None, alias: str) -> tuple[st
 
 
 def count_undelivered(db: Database) -> int:
-    return db.scalar("SELECT COUNT(*) FROM notifications WHERE delivered_at IS NULL")
+    result: int = db.scalar("SELECT COUNT(*) FROM notifications WHERE delivered_at IS NULL")
+    return result
 
 
 # --- turns ----------------------------------------------------------------------------------
@@ -194,7 +198,7 @@ def turn_for_run(db: Database, run_id: str, now: int) -> str | None:
 def request_presentation(db: Database, run_id: str, token: str, *, instructions: str, now: int) -> str | None:
     """``ctx.present``: the run's turn carries ``instructions`` when the run completes (the
     turn waits, not eligible, until the run ends). None for a detached run."""
-    queue.require_claim(db, run_id, token, now)
+    require_claim(db, run_id, token, now)
     check_content(instructions, "presentation instructions")
     session = _session(db, run_id)
     if session is None:
@@ -233,8 +237,9 @@ def _write_turn(db: Database, run_id: str, session: str, cause: TurnCause, now: 
                         ({LAST_INSTRUCTIONS_SQL}), ?, ?, ?)""",
                    (turn_id, run_id, session, run_id, cause, facts, run_id, now if eligible else None, now, now))
     if eligible:
-        queue.add_event(db, run_id, "turn", {"turnId": turn_id, "cause": cause}, now)
-    return turn_id
+        add_event(db, run_id, "turn", {"turnId": turn_id, "cause": cause}, now)
+    result: str = turn_id
+    return result
 
 
 def _facts(db: Database, run_id: str) -> TurnFacts:
@@ -314,7 +319,7 @@ def resolve_turn(db: Database, *, turn_id: str, claim_id: str, client_id: str, r
         db.execute("""UPDATE followups SET state = 'delivered', turn_id = ?, updated_at = ?
                       WHERE run_id = ? AND state = 'queued' AND position <= ?""", (turn_id, now, run_id, through or 0))
         delivered = db.changes()
-        queue.add_event(db, run_id, "turn.resolved", {"turnId": turn_id, "outcome": resolution}, now)
+        add_event(db, run_id, "turn.resolved", {"turnId": turn_id, "outcome": resolution}, now)
         _carry_late_followups(db, run_id, turn_id, now)
         return ResolveTurnReceipt(turnId=turn_id, resolution=resolution, followUpsDelivered=delivered)
 
@@ -345,7 +350,8 @@ COUNT_UNRESOLVED_SQL = "SELECT COUNT(*) FROM turns WHERE resolved_at IS NULL AND
 def count_unresolved(db: Database) -> int:
     """Turns waiting for a session: eligible and unresolved (a ``ctx.present`` turn of a
     run still going is not one yet)."""
-    return db.scalar(COUNT_UNRESOLVED_SQL)
+    result: int = db.scalar(COUNT_UNRESOLVED_SQL)
+    return result
 
 
 # --- follow-ups -------------------------------------------------------------------------------
@@ -375,7 +381,7 @@ def queue_followup(db: Database, *, run_id: str, request_key: str, prompt: str, 
         db.execute("""INSERT INTO followups (followup_id, run_id, request_key, prompt, position, state, created_at,
                         updated_at) VALUES (?, ?, ?, ?, ?, 'queued', ?, ?)""",
                    (followup_id, run_id, request_key, prompt, position, now, now))
-        queue.add_event(db, run_id, "followup.queued", {"followUpId": followup_id}, now)
+        add_event(db, run_id, "followup.queued", {"followUpId": followup_id}, now)
         return FollowUpReceipt(followUpId=followup_id, runId=run_id, order=position, state=FollowUpState.QUEUED,
                                adopted=False)
 
@@ -400,7 +406,7 @@ def remove_followup(db: Database, *, run_id: str, followup_id: str, now: int) ->
         if state == FollowUpState.QUEUED:
             db.execute("UPDATE followups SET state = 'removed', updated_at = ? WHERE followup_id = ?",
                        (now, followup_id))
-            queue.add_event(db, run_id, "followup.removed", {"followUpId": followup_id}, now)
+            add_event(db, run_id, "followup.removed", {"followUpId": followup_id}, now)
         return FollowUpReceipt(followUpId=followup_id, runId=run_id, order=position, state=FollowUpState.REMOVED,
                                adopted=state == FollowUpState.REMOVED)
 

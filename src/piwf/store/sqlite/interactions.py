@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from piwf.errors import ClaimLost, Conflict, NotFound, PiwfError, Rejected
+from piwf.errors import ClaimLost, Conflict, NotFound, Rejected
 from piwf.protocol import (
     AnswerReceipt, ChoiceSpec, DefaultAnswer, InteractionRequest, Resolution, SubmissionInfo, SubmitReceipt,
     UpdateAction, UpdateReceipt,
@@ -23,10 +23,9 @@ from piwf.protocol import (
 from piwf.status import AttemptStatus, Provenance, RequestStatus, SubmissionStatus
 from piwf.wire import canonical_json, decode_json
 from piwf.protocol.worker import InteractionOpenPayload, PendingSubmission
-from piwf.store.sqlite import delivery
 from piwf.store.sqlite.db import Database, atomic
-from piwf.store.sqlite.queue import LIVE, add_event, require_claim
-from piwf.store.sqlite.schema import one_of
+from piwf.store.sqlite.base import LIVE, add_event, require_claim
+from piwf.store.sqlite.schema_features import one_of
 from piwf.store.sqlite.timefmt import iso
 
 OPEN = f"status IN ({one_of((RequestStatus.PENDING, RequestStatus.PRESENTING))})"
@@ -146,7 +145,7 @@ def accept_submission(db: Database, run_id: str, submission_id: str, value: Any,
                (now, submission_id))
     submitted_by = db.scalar("SELECT submitted_by FROM interaction_submissions WHERE submission_id = ?",
                              (submission_id,))
-    _close(db, request_id, RequestStatus.SETTLED, Resolution(
+    close_request(db, request_id, RequestStatus.SETTLED, Resolution(
         provenance=Provenance.HUMAN, answeredBy=submitted_by, answeredAt=iso(now) or "", value=value,
         submissionId=submission_id), now)
     add_event(db, run_id, "submission.accepted", {"requestId": request_id, "submissionId": submission_id}, now)
@@ -170,7 +169,8 @@ def _validating_request(db: Database, run_id: str, submission_id: str) -> str:
         (submission_id, run_id))
     if request_id is None:
         raise Rejected(f"submission {submission_id} is not being validated")
-    return request_id
+    result: str = request_id
+    return result
 
 
 def _reject(db: Database, submission_id: str, error: str, now: int) -> None:
@@ -237,7 +237,8 @@ def _open_request(db: Database, request_id: str, kind: str, expected_revision: i
         raise Rejected(f"request {request_id} is {status}: it takes no more answers")
     if expected_revision is not None and expected_revision != revision:
         raise Conflict(f"request {request_id} is at revision {revision}, not {expected_revision}")
-    return row
+    result: tuple[Any, ...] = row
+    return result
 
 
 def _how_closed(db: Database, request_id: str, status: str) -> str:
@@ -259,7 +260,7 @@ def answer_decision(db: Database, *, request_id: str, choice: str, text: str | N
         text = check_answer(spec, choice, text)
         resolution = Resolution(provenance=Provenance.HUMAN, answeredBy=answered_by, answeredAt=iso(now) or "",
                                 choice=choice, input=text)
-        _resolve_decision(db, run_id, attempt_id, request_id, resolution, now)
+        resolve_decision(db, run_id, attempt_id, request_id, resolution, now)
         return AnswerReceipt(requestId=request_id, runId=run_id, choice=choice, input=text,
                              provenance=Provenance.HUMAN, revision=revision + 1)
 
@@ -285,17 +286,18 @@ def check_answer(spec: Spec, choice: str, text: str | None) -> str | None:
     return text
 
 
-def _resolve_decision(db: Database, run_id: str, attempt_id: str, request_id: str, resolution: Resolution,
+def resolve_decision(db: Database, run_id: str, attempt_id: str, request_id: str, resolution: Resolution,
                       now: int) -> None:
     output = {"choice": resolution.choice, "input": resolution.input, "provenance": resolution.provenance,
               "answeredBy": resolution.answeredBy, "answeredAt": resolution.answeredAt}
-    _close(db, request_id, RequestStatus.SETTLED, resolution, now)
-    _continue(db, run_id, attempt_id, output, resolution.choice or TIMEOUT_EXIT, now)
+    close_request(db, request_id, RequestStatus.SETTLED, resolution, now)
+    continue_attempt(db, run_id, attempt_id, output, resolution.choice or TIMEOUT_EXIT, now)
     add_event(db, run_id, "decision.answered", {"requestId": request_id, "choice": resolution.choice,
                                                 "provenance": resolution.provenance}, now)
 
 
-def _close(db: Database, request_id: str, status: RequestStatus, resolution: Resolution | None, now: int) -> None:
+def close_request(db: Database, request_id: str, status: RequestStatus, resolution: Resolution | None,
+                  now: int) -> None:
     db.execute(
         f"""UPDATE interaction_requests SET status = ?, resolution_json = ?, presenter = NULL,
               presenter_expires_at = NULL, revision = revision + 1, closed_at = ?, updated_at = ?
@@ -306,7 +308,7 @@ def _close(db: Database, request_id: str, status: RequestStatus, resolution: Res
         raise Conflict(f"request {request_id} was closed meanwhile")
 
 
-def _continue(db: Database, run_id: str, attempt_id: str, output: Any, exit_name: str, now: int) -> None:
+def continue_attempt(db: Database, run_id: str, attempt_id: str, output: Any, exit_name: str, now: int) -> None:
     """The waiting attempt is accepted with ``output``; the run may be claimed again (held
     as paused if it was paused while it waited)."""
     inline, digest = db.put_json(output, now)
@@ -376,6 +378,7 @@ def update(db: Database, *, request_id: str, expected_revision: int, action: Upd
             raise Rejected(f"request {request_id} is {status}")
         if expected_revision != revision:
             raise Conflict(f"request {request_id} is at revision {revision}, not {expected_revision}")
+        sets: tuple[str, tuple[Any, ...]]
         if action is UpdateAction.CLAIM:
             held = status == RequestStatus.PRESENTING and presenter != client_id and (expires or 0) > now
             if held:
@@ -411,78 +414,7 @@ def _apply_update(db: Database, request_id: str, revision: int, sets: tuple[str,
 # --- deadlines and cancellation --------------------------------------------------------------
 
 
-def next_deadline(db: Database) -> int | None:
-    """The nearest deadline of an open request whose run is not claimed (a request being
-    validated waits for its outcome: that outcome wakes the timer again)."""
-    return db.scalar(
-        f"""SELECT MIN(r.deadline_at) FROM interaction_requests r INDEXED BY interaction_requests_open
-            JOIN run_queue q ON q.run_id = r.run_id WHERE {IDLE} AND r.deadline_at IS NOT NULL""")
-
-
-def expire_due(db: Database, now: int) -> tuple[list[str], list[tuple[str, Exception]]]:
-    """Close every open request past its deadline whose run is idle, each in its own
-    transaction: a decision with a default is answered with it (provenance ``timeout``);
-    otherwise the request expires and its node leaves through ``timeout`` when the graph
-    has that exit, else the run ends ``timed_out``. Exactly once: each transaction closes
-    only a request still open. Returns the request ids closed, and those that could not be
-    (with the error; the others are closed all the same)."""
-    due = db.execute(
-        f"""SELECT r.request_id FROM interaction_requests r INDEXED BY interaction_requests_open
-            JOIN run_queue q ON q.run_id = r.run_id WHERE {IDLE} AND r.deadline_at <= ?
-            ORDER BY r.deadline_at""", (now,)).fetchall()
-    closed, failed = [], []
-    for (request_id,) in due:
-        try:
-            if _expire(db, request_id, now):
-                closed.append(request_id)
-        except (PiwfError, msgspec.DecodeError) as exc:  # a damaged record: the others go on
-            failed.append((request_id, exc))
-    return closed, failed
-
-
-def _expire(db: Database, request_id: str, now: int) -> bool:
-    with db.write():
-        row = db.one(
-            f"""SELECT r.run_id, r.attempt_id, r.kind, r.spec_json FROM interaction_requests r
-                JOIN run_queue q ON q.run_id = r.run_id
-                WHERE r.request_id = ? AND {IDLE} AND r.deadline_at <= ?""", (request_id, now))
-        if row is None:  # answered, cancelled or claimed meanwhile
-            return False
-        run_id, attempt_id, kind, spec_json = row
-        spec = msgspec.json.decode(spec_json, type=Spec)
-        at = iso(now) or ""
-        if kind == "decision" and spec.default is not None:
-            _resolve_decision(db, run_id, attempt_id, request_id, Resolution(
-                provenance=Provenance.TIMEOUT, answeredBy=None, answeredAt=at, choice=spec.default.choice,
-                input=spec.default.input), now)
-            return True
-        _close(db, request_id, RequestStatus.EXPIRED, Resolution(provenance=Provenance.TIMEOUT, answeredBy=None,
-                                                                 answeredAt=at), now)
-        _reject_validating(db, request_id, "the request expired", now)
-        add_event(db, run_id, "request.expired", {"requestId": request_id}, now)
-        if spec.timeoutExit:
-            output = ({"choice": None, "input": None, "provenance": Provenance.TIMEOUT, "answeredBy": None,
-                       "answeredAt": at} if kind == "decision" else None)
-            _continue(db, run_id, attempt_id, output, TIMEOUT_EXIT, now)
-        else:
-            _time_out(db, run_id, attempt_id, request_id, now)
-        return True
-
-
-def _time_out(db: Database, run_id: str, attempt_id: str, request_id: str, now: int) -> None:
-    error = {"type": "Timeout", "message": f"request {request_id} expired with no answer"}
-    db.execute("""UPDATE node_attempts SET status = 'failed', error_json = ?, finished_at = ?
-                  WHERE attempt_id = ?""", (canonical_json(error).decode(), now, attempt_id))
-    db.execute("""UPDATE run_queue SET status = 'failed', hold = NULL, error_code = 'Timeout', error_message = ?,
-                    finished_at = ?, updated_at = ? WHERE run_id = ?""", (error["message"], now, now, run_id))
-    db.execute("""UPDATE runs SET status = 'timed_out', error_json = ?, status_detail = NULL, finished_at = ?,
-                    updated_at = ?, revision = revision + 1 WHERE run_id = ?""",
-               (canonical_json(error).decode(), now, now, run_id))
-    add_event(db, run_id, "timed_out", {"requestId": request_id}, now)
-    delivery.turn_for_run(db, run_id, now)  # the origin session's turn, in the same transaction
-
-
-def _reject_validating(db: Database, request_id: str, error: str, now: int) -> None:
+def reject_validating(db: Database, request_id: str, error: str, now: int) -> None:
     db.execute("""UPDATE interaction_submissions SET status = 'rejected', error = ?, settled_at = ?
                   WHERE request_id = ? AND status = 'validating'""", (error, now, request_id))
 
@@ -494,8 +426,8 @@ def close_open(db: Database, run_id: str, now: int, reason: str) -> list[str]:
     rows = db.execute(f"SELECT request_id FROM interaction_requests WHERE run_id = ? AND {OPEN}",
                       (run_id,)).fetchall()
     for (request_id,) in rows:
-        _close(db, request_id, RequestStatus.CANCELLED, None, now)
-        _reject_validating(db, request_id, reason, now)
+        close_request(db, request_id, RequestStatus.CANCELLED, None, now)
+        reject_validating(db, request_id, reason, now)
     db.execute("""UPDATE node_attempts SET status = 'interrupted', finished_at = ?
                   WHERE run_id = ? AND status = 'waiting'""", (now, run_id))
     return [request_id for (request_id,) in rows]
@@ -566,4 +498,6 @@ def _resolution(db: Database, request_id: str) -> Resolution | None:
 
 
 def count_open(db: Database) -> int:
-    return db.scalar(f"SELECT COUNT(*) FROM interaction_requests INDEXED BY interaction_requests_open WHERE {OPEN}")
+    result: int = db.scalar(
+        f"SELECT COUNT(*) FROM interaction_requests INDEXED BY interaction_requests_open WHERE {OPEN}")
+    return result

@@ -10,13 +10,13 @@ from typing import Any
 
 from piwf.errors import ClaimLost, Conflict, NotFound
 from piwf.wire import canonical_json
-from piwf.status import ACTIVE_QUEUE, QueueStatus
-from piwf.store.sqlite import delivery
+from piwf.status import QueueStatus
+from piwf.store.sqlite import ending
+from piwf.store.sqlite.base import (  # noqa: F401 (FENCE, holds_claim: re-exported)
+    FENCE, LIVE, add_event, holds_claim, interrupt_attempts, require_claim, revision_of,
+)
 from piwf.store.sqlite.db import Database
 from piwf.store.api.types import Claim
-from piwf.store.sqlite.schema import one_of
-
-LIVE = f"status IN ({one_of(ACTIVE_QUEUE)})"
 # Ready: not held, and past its crash back-off (layout 10), if any.
 READY = "(q.status IN ('queued', 'parked') AND q.hold IS NULL AND (q.not_before IS NULL OR q.not_before <= :now))"
 EXPIRED = """(q.status IN ('starting', 'running')
@@ -81,7 +81,7 @@ def _take(db: Database, run_id: str, runner_id: str, token: str, lease_ms: int, 
     # a waiting run is claimed once a submission to it awaits validation
     db.execute("UPDATE runs SET status = 'running', updated_at = ? "
                "WHERE run_id = ? AND status IN ('queued', 'waiting')", (now, run_id))
-    _interrupt_attempts(db, run_id, now)  # whatever a previous generation left running
+    interrupt_attempts(db, run_id, now)  # whatever a previous generation left running
     add_event(db, run_id, "claimed", {"generation": generation, "epoch": epoch}, now)
     return Claim(run_id, token, generation, now + lease_ms)
 
@@ -114,38 +114,14 @@ def verify_claim(db: Database, run_id: str, token: str, now: int) -> bool:
     return row is not None
 
 
-# The fence: a write of the claim's row that changes nothing, taken only while the claim is
-# live. Being a write, it holds the row for the rest of the transaction however many
-# writers there are (a read would not: the claim could move on between it and the writes).
-FENCE = f"""UPDATE run_queue SET claim_token = claim_token
-  WHERE run_id = ? AND claim_token = ? AND {LIVE} AND claim_expires_at > ?"""
-
-
 def fenced_revision(db: Database, run_id: str, token: str, now: int) -> int:
     """The run's revision under its live claim, fenced (``FENCE``); ClaimLost otherwise."""
     revision = db.scalar(f"{FENCE} RETURNING (SELECT revision FROM runs r WHERE r.run_id = run_queue.run_id)",
                          (run_id, token, now))
     if revision is None:
         raise ClaimLost(f"the claim on run {run_id} is no longer live")
-    return revision
-
-
-def revision_of(db: Database, run_id: str) -> int | None:
-    """The run's revision, None for an unknown run."""
-    return db.scalar("SELECT revision FROM runs WHERE run_id = ?", (run_id,))
-
-
-def holds_claim(db: Database, run_id: str, token: str, now: int) -> bool:
-    """Whether the claim is live, checked by the fence (``FENCE``): call inside the write
-    transaction it guards."""
-    db.execute(FENCE, (run_id, token, now))
-    return db.changes() == 1
-
-
-def require_claim(db: Database, run_id: str, token: str, now: int) -> None:
-    """The fence (``FENCE``), or ClaimLost."""
-    if not holds_claim(db, run_id, token, now):
-        raise ClaimLost(f"the claim on run {run_id} is no longer live")
+    result: int = revision
+    return result
 
 
 def mark_running(db: Database, run_id: str, token: str, now: int) -> bool:
@@ -179,12 +155,12 @@ def park_run(db: Database, run_id: str, token: str, now: int, *,
         )
         if db.changes() != 1:
             return False
-        _interrupt_attempts(db, run_id, now)
+        interrupt_attempts(db, run_id, now)
         if detail is not None:
             db.execute("UPDATE runs SET status_detail = ?, updated_at = ? WHERE run_id = ?", (detail, now, run_id))
         add_event(db, run_id, "parked", {} if detail is None else {"reason": detail}, now)
-        if hold is not None:  # held for a person: the origin session's turn, in this transaction
-            delivery.turn_for_run(db, run_id, now)
+        if hold is not None:  # held for a person
+            ending.cascade(db, run_id, now)
         return True
 
 
@@ -207,8 +183,9 @@ def complete_run(db: Database, run_id: str, token: str, output: Any, now: int) -
             (inline, digest, now, now, run_id),
         )
         add_event(db, run_id, "completed", {}, now)
-        delivery.turn_for_run(db, run_id, now)
-        return revision
+        ending.cascade(db, run_id, now, ended=QueueStatus.DONE)
+        result: int = revision
+        return result
 
 
 def fail_run(db: Database, run_id: str, token: str, error: dict[str, Any], now: int) -> int:
@@ -220,8 +197,9 @@ def fail_run(db: Database, run_id: str, token: str, error: dict[str, Any], now: 
             (canonical_json(error).decode(), now, now, run_id),
         )
         add_event(db, run_id, "failed", {"error": error.get("message")}, now)
-        delivery.turn_for_run(db, run_id, now)
-        return revision
+        ending.cascade(db, run_id, now, ended=QueueStatus.FAILED)
+        result: int = revision
+        return result
 
 
 def _end_claimed(db: Database, run_id: str, token: str, status: str, now: int,
@@ -263,22 +241,16 @@ def cancel_run(db: Database, run_id: str, now: int, *, token: str | None = None,
                  updated_at = ?, revision = revision + 1 WHERE run_id = ?""",
             (now, now, run_id),
         )
-        _interrupt_attempts(db, run_id, now)
+        interrupt_attempts(db, run_id, now)
         add_event(db, run_id, "cancelled", {}, now)
-        delivery.turn_for_run(db, run_id, now)
+        ending.cascade(db, run_id, now, ended=QueueStatus.CANCELLED)
         return True
-
-
-def _interrupt_attempts(db: Database, run_id: str, now: int) -> None:
-    """A node attempt still running when its run is parked, cancelled or claimed again was
-    interrupted: it will run again on the next claim."""
-    db.execute("""UPDATE node_attempts SET status = 'interrupted', finished_at = ?
-                  WHERE run_id = ? AND status = 'running'""", (now, run_id))
 
 
 def _end_queue_row(db: Database, run_id: str, status: str, now: int, error: dict[str, Any] | None = None,
                   fence: tuple[str, tuple[Any, ...]] = ("", ())) -> bool:
-    """End the queue row (where ``fence`` holds); whether it did."""
+    """End the queue row (where ``fence`` holds); whether it did. The caller ends the run
+    and calls ``ending.cascade`` in the same transaction."""
     db.execute(
         f"""UPDATE run_queue SET status = ?, runner_id = NULL, claim_token = NULL,
               claim_expires_at = NULL, hold = NULL, error_code = ?, error_message = ?,
@@ -287,20 +259,7 @@ def _end_queue_row(db: Database, run_id: str, status: str, now: int, error: dict
         (status, error and error.get("type"), error and str(error.get("message", ""))[:2048], now, now, run_id,
          *fence[1]),
     )
-    if db.changes() != 1:
-        return False
-    _close_interactions(db, run_id, status, now)
-    return True
-
-
-def _close_interactions(db: Database, run_id: str, status: str, now: int) -> None:
-    """A run that ends, however it ends, closes the requests it waited on: a later answer
-    is refused, and nothing is left pending for a run that will never take it. (An open
-    request always has its attempt waiting: one indexed look-up for every other run.)"""
-    if db.one("SELECT 1 FROM node_attempts WHERE run_id = ? AND status = 'waiting' LIMIT 1", (run_id,)):
-        from piwf.store.sqlite.interactions import close_open  # interactions builds on this module
-
-        close_open(db, run_id, now, f"the run ended ({status})")
+    return db.changes() == 1
 
 
 def expire_claims_before(db: Database, epoch: int, now: int) -> list[str]:
@@ -316,10 +275,3 @@ def expire_claims_before(db: Database, epoch: int, now: int) -> list[str]:
         )
         return [run_id for (run_id,) in rows]
 
-
-def add_event(db: Database, run_id: str, kind: str, payload: dict[str, Any], now: int) -> int:
-    """Append to the run's trace; returns the event's id (the cursor ``run.watch`` follows)."""
-    return db.scalar(
-        "INSERT INTO run_events (run_id, at, type, payload_json) VALUES (?, ?, ?, ?) RETURNING event_id",
-        (run_id, now, kind, canonical_json(payload).decode()),
-    )

@@ -15,8 +15,12 @@ from piwf.store.sqlite.db import Database
 from piwf.store.sqlite.effects import list_effects
 from piwf.store.sqlite import delivery, updates
 from piwf.store.sqlite.interactions import count_open, list_requests
-from piwf.store.sqlite.queue import AT_REVISION, add_event, refuse_revision, require_claim, revision_of
-from piwf.store.sqlite.schema import lifecycle_contradicts, one_of
+from piwf.store.sqlite.base import RUN_COLUMNS, add_event, require_claim, revision_of, summary_fields
+from piwf.store.sqlite.queue import AT_REVISION, refuse_revision
+from piwf.store.api.types import NewScope
+from piwf.store.sqlite.schema import lifecycle_contradicts
+from piwf.store.sqlite.schema_features import one_of
+from piwf.store.sqlite.settings import ensure_scope
 from piwf.store.sqlite.timefmt import iso
 from piwf.store.sqlite.workers import worker_summaries
 
@@ -24,7 +28,9 @@ from piwf.store.sqlite.workers import worker_summaries
 def create_run(
     db: Database, *, run_id: str, workflow: str, project_path: str, source: bytes, digest: str,
     input: Any, origin_session_id: str | None, now: int, start_node: str | None = None,
+    settings: NewScope | None = None,
 ) -> dict[str, Any]:
+    """A new run, queued, and its settings scope (``settings``): every run is made here."""
     with db.write():
         if db.one("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)):
             raise Rejected(f"run id {run_id} is already taken")
@@ -55,6 +61,9 @@ def create_run(
         except ConstraintViolation as exc:
             raise Rejected(f"run {run_id} cannot be queued: {exc}") from exc
         add_event(db, run_id, "created", {"workflow": workflow}, now)
+        if settings is not None:
+            ensure_scope(db, run_id, settings=settings.settings, mutable=settings.mutable, patch=settings.patch,
+                         actor_id=settings.actor_id, now=now)
     return {"runId": run_id, "status": RunStatus.QUEUED, "revision": 1}
 
 
@@ -66,10 +75,18 @@ def revision(db: Database, run_id: str) -> int:
 
 
 def check_revision(db: Database, run_id: str, expected: int | None) -> int:
-    current = revision(db, run_id)
-    if expected is not None and expected != current:
-        raise Conflict(f"run {run_id} is at revision {current}, not {expected}")
-    return current
+    """The run's revision, if it is ``expected`` (None: any): a compare-and-set guard checked
+    by a write of the run's queue row that changes nothing (``AT_REVISION``), so what it
+    checked holds for the rest of the unit of work however many writers there are."""
+    with db.write():
+        current: int | None = db.scalar(
+            f"""UPDATE run_queue SET claim_token = claim_token WHERE run_id = ? {AT_REVISION}
+                RETURNING (SELECT r.revision FROM runs r WHERE r.run_id = run_queue.run_id)""",
+            (run_id, expected, expected))
+        if current is None:
+            refuse_revision(db, run_id, expected)  # NotFound or Conflict
+            raise Conflict(f"run {run_id} changed meanwhile; try again")
+        return current
 
 
 # The guard of an operator's hold change: a write of the run's queue row that changes
@@ -83,7 +100,8 @@ HOLD_GUARD = f"""UPDATE run_queue SET claim_token = claim_token
 def _guard_hold(db: Database, run_id: str, expected: int | None, extra: str = "",
                 params: tuple[Any, ...] = ()) -> str | None:
     """The run's queue status if the guard (HOLD_GUARD) holds, else None."""
-    return db.scalar(f"{HOLD_GUARD} {extra} RETURNING status", (run_id, expected, expected, *params))
+    result: str | None = db.scalar(f"{HOLD_GUARD} {extra} RETURNING status", (run_id, expected, expected, *params))
+    return result
 
 
 def _refuse_hold(db: Database, run_id: str, expected: int | None) -> None:
@@ -109,17 +127,21 @@ def pause_run(db: Database, run_id: str, now: int, *, expected_revision: int | N
             raise Conflict(f"run {run_id} changed while it was paused; try again")
         db.execute("UPDATE run_queue SET hold = COALESCE(hold, 'paused'), updated_at = ? WHERE run_id = ?",
                    (now, run_id))
-        db.execute(
-            "UPDATE runs SET paused = 1, status_detail = CASE WHEN status = 'waiting' THEN status_detail "
-            "ELSE 'paused' END, updated_at = ? WHERE run_id = ?",
-            (now, run_id),
-        )
-        add_event(db, run_id, "paused", {}, now)
-        return {"runId": run_id, "paused": True, "queueStatus": queue_status}
+        return _set_paused(db, run_id, True, queue_status, now)
+
+
+def _set_paused(db: Database, run_id: str, paused: bool, queue_status: str, now: int) -> dict[str, Any]:
+    """The run's paused flag and status detail (a waiting run keeps saying what it waits
+    for), its event, and the receipt of a pause or resume."""
+    db.execute("UPDATE runs SET paused = ?, status_detail = CASE WHEN status = 'waiting' THEN status_detail "
+               "ELSE ? END, updated_at = ? WHERE run_id = ?", (int(paused), "paused" if paused else None, now, run_id))
+    add_event(db, run_id, "paused" if paused else "resumed", {}, now)
+    return {"runId": run_id, "paused": paused, "queueStatus": queue_status}
 
 
 def hold_of(db: Database, run_id: str) -> str | None:
-    return db.scalar("SELECT hold FROM run_queue WHERE run_id = ?", (run_id,))
+    result: str | None = db.scalar("SELECT hold FROM run_queue WHERE run_id = ?", (run_id,))
+    return result
 
 
 def resume_run(db: Database, run_id: str, now: int, *, definition: tuple[str, bytes, str | None] | None = None,
@@ -129,6 +151,7 @@ def resume_run(db: Database, run_id: str, now: int, *, definition: tuple[str, by
     one, only while it is held so (Conflict otherwise). ``expected_revision`` is a
     compare-and-set on the run's revision. Both are checked by the write."""
     with db.write():
+        params: tuple[Any, ...]
         extra, params = "AND hold IS NOT ?", (Hold.EFFECT,)
         if definition is not None:
             extra, params = f"{extra} AND hold = ?", (*params, Hold.SOURCE)
@@ -147,13 +170,7 @@ def resume_run(db: Database, run_id: str, now: int, *, definition: tuple[str, by
         # a waiting run stays held for its answer
         db.execute("UPDATE run_queue SET hold = NULL, crash_count = 0, not_before = NULL, updated_at = ? "
                    "WHERE run_id = ? AND hold IS NOT 'waiting'", (now, run_id))
-        db.execute(
-            "UPDATE runs SET paused = 0, status_detail = CASE WHEN status = 'waiting' THEN status_detail END, "
-            "updated_at = ? WHERE run_id = ?",
-            (now, run_id),
-        )
-        add_event(db, run_id, "resumed", {}, now)
-        return {"runId": run_id, "paused": False, "queueStatus": queue_status}
+        return _set_paused(db, run_id, False, queue_status, now)
 
 
 def is_paused(db: Database, run_id: str) -> bool:
@@ -164,7 +181,8 @@ def _queue_status(db: Database, run_id: str) -> str:
     status = db.scalar("SELECT status FROM run_queue WHERE run_id = ?", (run_id,))
     if status is None:
         raise NotFound(f"run {run_id} not found")
-    return status
+    result: str = status
+    return result
 
 
 # --- node attempts (written on behalf of a claim) ---------------------------------------
@@ -223,8 +241,9 @@ def fail_attempt(db: Database, run_id: str, token: str, *, attempt_id: str, erro
 
 
 def _bump(db: Database, run_id: str, now: int) -> int:
-    return db.scalar("UPDATE runs SET revision = revision + 1, updated_at = ? WHERE run_id = ? RETURNING revision",
-                     (now, run_id))
+    result: int = db.scalar(
+        "UPDATE runs SET revision = revision + 1, updated_at = ? WHERE run_id = ? RETURNING revision", (now, run_id))
+    return result
 
 
 
@@ -250,18 +269,6 @@ def accepted_steps(db: Database, run_id: str, after_seq: int = -1,
 
 
 # --- reads -------------------------------------------------------------------------------
-
-RUN_COLUMNS = """r.run_id, r.workflow, r.status, q.status, r.paused, r.status_detail, r.revision,
-  r.origin_session_id, r.created_at, r.updated_at, r.finished_at, q.generation, q.hold"""
-
-
-def summary_fields(row: tuple[Any, ...]) -> tuple[Any, ...]:
-    """RunSummary's fields, in its order, from a row in RUN_COLUMNS order."""
-    (run_id, workflow, status, queue_status, paused, detail, rev, session, created, updated,
-     finished, generation, hold) = row
-    return (run_id, workflow, status, queue_status, bool(paused), hold, detail, rev, session, generation,
-            iso(created), iso(updated), iso(finished))
-
 
 def list_runs(db: Database, limit: int = 50, status: str | None = None) -> list[RunSummary]:
     where, params = ("WHERE r.status = ?", (status, limit)) if status else ("", (limit,))

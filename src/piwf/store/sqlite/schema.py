@@ -1,7 +1,9 @@
 """The state database layout. Bump SCHEMA_VERSION and add a migration for any change."""
 
 from piwf.status import AttemptStatus, Hold, QueueStatus, RunStatus, WorkerStatus
-from piwf.store.sqlite.schema_features import CONTROLLERS_SQL, DELIVERY_SQL, INTERACTIONS_SQL, SETTINGS_SQL, one_of
+from piwf.store.sqlite.schema_features import (
+    CONTROLLERS_SQL, DELIVERY_SQL, EFFECT_OUTCOME, EFFECT_STATUS, INTERACTIONS_SQL, SETTINGS_SQL, one_of,
+)
 
 APPLICATION_ID = 0x70697766  # "piwf"
 SCHEMA_VERSION = 10
@@ -91,15 +93,9 @@ EFFECTS_AND_PROCESSES_SQL = """
 CREATE TABLE effects (
   run_id TEXT NOT NULL REFERENCES runs(run_id),
   effect_key TEXT NOT NULL,
-  status TEXT NOT NULL CHECK (status IN ('pending', 'applying', 'applied', 'rejected', 'ambiguous')),
+  """ + EFFECT_STATUS + """
   node_id TEXT NOT NULL,
-  generation INTEGER NOT NULL,
-  result_json TEXT,
-  result_hash TEXT,
-  error_json TEXT,
-  created_at INTEGER NOT NULL,
-  updated_at INTEGER NOT NULL,
-  settled_at INTEGER,
+  """ + EFFECT_OUTCOME + """
   PRIMARY KEY (run_id, effect_key)
 );
 

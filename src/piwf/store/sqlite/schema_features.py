@@ -137,6 +137,18 @@ CREATE INDEX run_updates_seq ON run_updates(seq);
 # Layout 7: controllers (DESIGN.md §9). A resource per (project, controller, key); its
 # queue row (one per resource: dedupe, back-off, the claim); its events; its effects (the
 # same states and rules as a run's, keyed per spec generation); its child workflow runs.
+# The effect ledger's columns (store/sqlite/ledger.py), the same in a run's effects table
+# (schema.py) and a reconcile's: its status, and the claim and outcome columns after it.
+EFFECT_STATUS = "status TEXT NOT NULL CHECK (status IN ('pending', 'applying', 'applied', 'rejected', 'ambiguous')),"
+EFFECT_OUTCOME = """generation INTEGER NOT NULL,
+  result_json TEXT,
+  result_hash TEXT,
+  error_json TEXT,
+  created_at INTEGER NOT NULL,
+  updated_at INTEGER NOT NULL,
+  settled_at INTEGER,"""
+
+
 CONTROLLERS_SQL = """
 CREATE TABLE controller_resources (
   uid TEXT PRIMARY KEY,
@@ -189,14 +201,8 @@ CREATE TABLE controller_effects (
   uid TEXT NOT NULL REFERENCES controller_resources(uid) ON DELETE CASCADE,
   spec_generation INTEGER NOT NULL,
   effect_key TEXT NOT NULL,
-  status TEXT NOT NULL CHECK (status IN ('pending', 'applying', 'applied', 'rejected', 'ambiguous')),
-  generation INTEGER NOT NULL,
-  result_json TEXT,
-  result_hash TEXT,
-  error_json TEXT,
-  created_at INTEGER NOT NULL,
-  updated_at INTEGER NOT NULL,
-  settled_at INTEGER,
+  """ + EFFECT_STATUS + """
+  """ + EFFECT_OUTCOME + """
   PRIMARY KEY (uid, spec_generation, effect_key)
 );
 

@@ -17,7 +17,8 @@ from piwf.status import ENDED
 from piwf.wire import canonical_json, decode_json
 from piwf.store.api.types import Actor
 from piwf.store.sqlite.db import Database
-from piwf.store.sqlite.queue import add_event
+from piwf.store.sqlite.base import add_event
+from piwf.store.sqlite.schema_features import one_of
 from piwf.store.sqlite.timefmt import iso
 
 ROOT = ""  # the mount path of a run's own scope
@@ -39,7 +40,8 @@ def ensure_scope(db: Database, run_id: str, *, settings: Any, mutable: list[str]
         if found is not None:  # a run resumed on an edited workflow: its mutable paths are the file's now
             db.execute("UPDATE settings_scopes SET mutable_json = ? WHERE scope_id = ?",
                        (canonical_json(mutable).decode(), found))
-            return found
+            result: str = found
+            return result
         scope_id = "settings-" + secrets.token_hex(8)
         stored = _json(settings, "the settings")
         db.execute("""INSERT INTO settings_scopes (scope_id, run_id, mount_path, settings_json, change_number,
@@ -130,15 +132,31 @@ def change_settings(db: Database, run_id: str, *, scope_id: str, base: int, expe
                            f"(now at change {current}); try again")
         stored = _json(settings, "the settings")
         number = current + 1
-        db.execute("""UPDATE settings_scopes SET settings_json = ?, change_number = ?, updated_at = ?
-                      WHERE scope_id = ? AND change_number = ?""", (stored, number, now, found, current))
-        if db.changes() != 1:  # the compare-and-set is in the write: another writer changed it since the read
-            raise Conflict(f"the settings of run {run_id} changed while the patch was checked; try again")
+        # The compare-and-set on the change number and "the run has not ended" are in the write
+        # (the reads above only say why a request is refused).
+        db.execute(f"""UPDATE settings_scopes SET settings_json = ?, change_number = ?, updated_at = ?
+                       WHERE scope_id = ? AND change_number = ? AND {NOT_ENDED}""",
+                   (stored, number, now, found, current, run_id))
+        if db.changes() != 1:
+            _refuse_change(db, run_id)
         db.execute("""INSERT INTO settings_changes (scope_id, change_number, request_key, actor_type, actor_id,
                         patch_json, settings_json, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)""",
                    (found, number, request_key, actor, actor_id, _json(patch, "the settings patch"), stored, now))
         add_event(db, run_id, "settings.changed", {"changeNumber": number}, now)
     return ChangeSettingsReceipt(runId=run_id, scopeId=found, changeNumber=number, settings=settings), False
+
+
+# In a write of a run's settings: its run (the last parameter) has not ended.
+NOT_ENDED = f"(SELECT q.status FROM run_queue q WHERE q.run_id = ?) NOT IN ({one_of(sorted(ENDED))})"
+
+
+def _refuse_change(db: Database, run_id: str) -> None:
+    """Why a settings write changed nothing: the run ended (Rejected), or another writer
+    changed the settings since they were read (Conflict)."""
+    status = db.scalar("SELECT status FROM run_queue WHERE run_id = ?", (run_id,))
+    if status in ENDED:
+        raise Rejected(f"run {run_id} has ended ({status}): its settings can no longer change")
+    raise Conflict(f"the settings of run {run_id} changed while the patch was checked; try again")
 
 
 def attempt_settings(db: Database, run_id: str, attempt_id: str) -> tuple[int | None, Any]:

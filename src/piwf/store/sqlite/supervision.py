@@ -7,8 +7,7 @@ import secrets
 from piwf.status import CRASHES, Hold, WorkerStatus
 from piwf.store.sqlite import interactions, queue, workers
 from piwf.store.sqlite.db import Database
-from piwf.store.api.types import Delay, WorkerEnded
-from piwf.store.sqlite.queue import Claim
+from piwf.store.api.types import Claim, Delay, WorkerEnded
 
 
 def claim_runs(db: Database, *, room: int, exclude: frozenset[str], runner_id: str, lease_ms: int, now: int,

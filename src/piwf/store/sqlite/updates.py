@@ -13,7 +13,7 @@ from typing import Any
 from piwf.errors import Rejected
 from piwf.protocol import CONTENT_LIMIT, RunEvent, RunUpdate, WatchedRun, WatchEvent, WatchPage
 from piwf.wire import canonical_json, decode_json
-from piwf.store.sqlite import queue, runs
+from piwf.store.sqlite.base import RUN_COLUMNS, add_event, require_claim, summary_fields
 from piwf.store.sqlite.db import Database, atomic
 from piwf.store.sqlite.interactions import list_requests
 from piwf.store.sqlite.timefmt import iso
@@ -26,7 +26,7 @@ def publish(db: Database, run_id: str, token: str, *, attempt_id: str, type: str
             now: int) -> int:
     """Replace the run's (type, key) with ``data``, from the live attempt under a live claim
     (inside the worker message's transaction); returns the update's seq."""
-    queue.require_claim(db, run_id, token, now)
+    require_claim(db, run_id, token, now)
     if not db.one("SELECT 1 FROM node_attempts WHERE attempt_id = ? AND run_id = ? AND status = 'running'",
                   (attempt_id, run_id)):
         raise Rejected(f"attempt {attempt_id} is not running: only the live attempt may publish")
@@ -35,7 +35,7 @@ def publish(db: Database, run_id: str, token: str, *, attempt_id: str, type: str
     encoded = canonical_json(data).decode()
     if len(encoded.encode()) > CONTENT_LIMIT:
         raise Rejected(f"update {type}/{key} is {len(encoded.encode())} bytes as JSON; the limit is {CONTENT_LIMIT}")
-    seq = queue.add_event(db, run_id, "update", {"updateType": type, "key": key}, now)
+    seq = add_event(db, run_id, "update", {"updateType": type, "key": key}, now)
     db.execute("""INSERT INTO run_updates (run_id, type, key, data_json, seq, updated_at) VALUES (?, ?, ?, ?, ?, ?)
                   ON CONFLICT (run_id, type, key) DO UPDATE SET data_json = excluded.data_json, seq = excluded.seq,
                     updated_at = excluded.updated_at""", (run_id, type, key, encoded, seq, now))
@@ -55,8 +55,10 @@ def list_updates(db: Database, run_id: str, after: int = 0) -> list[RunUpdate]:
 def last_event(db: Database, run_id: str | None = None) -> int:
     """The newest event id (of one run, or of all): a watch waits until it moves past its cursor."""
     if run_id is None:
-        return db.scalar("SELECT COALESCE(MAX(event_id), 0) FROM run_events")
-    return db.scalar("SELECT COALESCE(MAX(event_id), 0) FROM run_events WHERE run_id = ?", (run_id,))
+        newest: int = db.scalar("SELECT COALESCE(MAX(event_id), 0) FROM run_events")
+        return newest
+    result: int = db.scalar("SELECT COALESCE(MAX(event_id), 0) FROM run_events WHERE run_id = ?", (run_id,))
+    return result
 
 
 def snapshot(db: Database, *, run_id: str | None, limit: int, now: int) -> WatchPage:
@@ -104,10 +106,10 @@ def _page(db: Database, cursor: int, run_ids: list[str], rows: list[tuple[Any, .
 
 
 def _watched(db: Database, run_id: str) -> WatchedRun | None:
-    row = db.one(f"SELECT {runs.RUN_COLUMNS} FROM runs r JOIN run_queue q ON q.run_id = r.run_id WHERE r.run_id = ?",
+    row = db.one(f"SELECT {RUN_COLUMNS} FROM runs r JOIN run_queue q ON q.run_id = r.run_id WHERE r.run_id = ?",
                  (run_id,))
     if row is None:
         return None
     node = db.scalar("SELECT node_id FROM node_attempts WHERE run_id = ? ORDER BY seq DESC, started_at DESC LIMIT 1",
                      (run_id,))
-    return WatchedRun(*runs.summary_fields(row), currentNode=node)
+    return WatchedRun(*summary_fields(row), currentNode=node)

@@ -10,8 +10,8 @@ from piwf.status import ENDED, LIVE_WORKER
 from piwf.wire import canonical_json
 from piwf.protocol.worker import WorkerMessage, WorkerResponse, worker_fingerprint
 from piwf.store.sqlite.db import Database
-from piwf.store.sqlite.queue import add_event
-from piwf.store.sqlite.schema import one_of
+from piwf.store.sqlite.base import add_event
+from piwf.store.sqlite.schema_features import one_of
 
 ACTIVE = "status IN ('starting', 'running')"
 

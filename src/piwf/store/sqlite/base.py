@@ -1,0 +1,70 @@
+"""What every store module builds on (the bottom of the SQLite backend, above ``db``): a
+run's trace (``add_event``), its revision, the claim fence, the run summary's columns.
+It imports no other store module, so the aggregates' modules can all use it without
+importing each other."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from piwf.errors import ClaimLost
+from piwf.status import ACTIVE_QUEUE
+from piwf.store.sqlite.db import Database
+from piwf.store.sqlite.schema_features import one_of
+from piwf.store.sqlite.timefmt import iso
+from piwf.wire import canonical_json
+
+LIVE = f"status IN ({one_of(ACTIVE_QUEUE)})"
+
+# The fence: a write of the claim's row that changes nothing, taken only while the claim is
+# live. Being a write, it holds the row for the rest of the transaction however many
+# writers there are (a read would not: the claim could move on between it and the writes).
+FENCE = f"""UPDATE run_queue SET claim_token = claim_token
+  WHERE run_id = ? AND claim_token = ? AND {LIVE} AND claim_expires_at > ?"""
+
+
+def add_event(db: Database, run_id: str, kind: str, payload: dict[str, Any], now: int) -> int:
+    """Append to the run's trace; returns the event's id (the cursor ``run.watch`` follows)."""
+    event_id: int = db.scalar(
+        "INSERT INTO run_events (run_id, at, type, payload_json) VALUES (?, ?, ?, ?) RETURNING event_id",
+        (run_id, now, kind, canonical_json(payload).decode()),
+    )
+    return event_id
+
+
+def revision_of(db: Database, run_id: str) -> int | None:
+    """The run's revision, None for an unknown run."""
+    revision: int | None = db.scalar("SELECT revision FROM runs WHERE run_id = ?", (run_id,))
+    return revision
+
+
+def holds_claim(db: Database, run_id: str, token: str, now: int) -> bool:
+    """Whether the claim is live, checked by the fence (``FENCE``): call inside the write
+    transaction it guards."""
+    db.execute(FENCE, (run_id, token, now))
+    return db.changes() == 1
+
+
+def require_claim(db: Database, run_id: str, token: str, now: int) -> None:
+    """The fence (``FENCE``), or ClaimLost."""
+    if not holds_claim(db, run_id, token, now):
+        raise ClaimLost(f"the claim on run {run_id} is no longer live")
+
+
+def interrupt_attempts(db: Database, run_id: str, now: int) -> None:
+    """A node attempt still running when its run is parked, cancelled or claimed again was
+    interrupted: it will run again on the next claim."""
+    db.execute("""UPDATE node_attempts SET status = 'interrupted', finished_at = ?
+                  WHERE run_id = ? AND status = 'running'""", (now, run_id))
+
+
+RUN_COLUMNS = """r.run_id, r.workflow, r.status, q.status, r.paused, r.status_detail, r.revision,
+  r.origin_session_id, r.created_at, r.updated_at, r.finished_at, q.generation, q.hold"""
+
+
+def summary_fields(row: tuple[Any, ...]) -> tuple[Any, Any, Any, Any, bool, Any, Any, Any, Any, Any, Any, Any, Any]:
+    """RunSummary's fields, in its order, from a row in RUN_COLUMNS order."""
+    (run_id, workflow, status, queue_status, paused, detail, rev, session, created, updated,
+     finished, generation, hold) = row
+    return (run_id, workflow, status, queue_status, bool(paused), hold, detail, rev, session, generation,
+            iso(created), iso(updated), iso(finished))
