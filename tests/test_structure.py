@@ -33,7 +33,7 @@ def _imports(path: Path) -> set[str]:
 
 def test_the_host_runs_no_sql_and_opens_no_transaction_but_a_unit_of_work() -> None:
     source = _host_source()
-    for forbidden in (r"\.write\(\)", r"\.read\(\)", r"BEGIN", r"COMMIT", r"\.execute\((?!host\.db, request)",
+    for forbidden in (r"\.write\(\)", r"\.read\(\)", r"BEGIN", r"COMMIT", r"\.execute\(",
                       r"\.scalar\(", r"\.one\(", r"SELECT |UPDATE |INSERT |DELETE "):
         found = re.findall(forbidden, source)
         assert not found, f"host/ has {forbidden!r}: every change is a named store operation"

@@ -175,8 +175,7 @@ async def supervise(lane: Lane[C, Any], active: Active[C]) -> None:
         # reason of its innermost cancelled scope, which may be a nursery's), or by a
         # cancellation from outside: the host is stopping.
         stopped_by = active.stop_reason or (StopReason.HOST_STOPPING if cancelled else None)
-        with cleanup_scope(lane.host, RECORD_S):  # shielded: cancellation cannot interrupt it
-            await record_end(lane, lane.end_of(active, stopped_by))
+        await record_end(lane, lane.end_of(active, stopped_by))
         lane.recorded(active)
         del lane.state.active[lane.key(active.claim)]
         lane.left(active)
@@ -265,7 +264,17 @@ async def _let_it_end(lane: Lane[C, Any], active: Active[C]) -> None:
 
 
 async def record_end(lane: Lane[Any, E], end: E | None) -> None:
-    if end is not None and not await lane.write_end(end):
+    """Record a worker's end, shielded and bounded; one the store refused, or that the
+    deadline cut short (the drain's), is kept and retried each dispatcher round. A retry
+    is safe: the store records an end once, fenced by the worker and the claim."""
+    if end is None:
+        return
+    written = False
+    with cleanup_scope(lane.host, RECORD_S) as scope:  # shielded: cancellation cannot interrupt it
+        written = await lane.write_end(end)
+    if not written:
+        if scope.cancelled_caught:
+            log.error("%s: the end of its worker was not recorded in time; will retry", end.active.label)
         lane.state.unrecorded[lane.key(end.active.claim)] = end
 
 

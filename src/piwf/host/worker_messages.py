@@ -283,7 +283,7 @@ async def handle(host: HostState, active: ActiveRun, message: WorkerMessage) -> 
             await tx.workers.record_message(message, response, now)
         active.answered.add(message.messageId)
         faults.point("host.worker.committed")
-    except ClaimLost as exc:  # the answer is sent; the worker ends on it (see worker_process._let_it_end)
+    except ClaimLost as exc:  # the answer is sent; the worker ends on it (see lane._let_it_end)
         active.conclusion = Conclusion.CLAIM_LOST
         return WorkerResponse(message.messageId, "claimLost", error=str(exc))
     except PiwfError as exc:

@@ -147,11 +147,25 @@ async def _supervise_process(host: HostState, active: Active[Any], proc: WorkerH
         elif returncode is None:
             end = end.noted("the fork server that started the worker died first; its exit status is unknown")
         active.process_end = end
-        with cleanup_scope(host, 1):
-            await reap_registered(host, await host.store.workers.live_processes([active.worker_epoch]))
-            for stream in (send, receive, proc.stdout):
-                if stream is not None:
-                    await stream.aclose()
+        try:
+            with cleanup_scope(host, REAP_S):
+                await _reap_groups_of(host, active.worker_epoch)
+        finally:
+            with cleanup_scope(host, 1):
+                for stream in (send, receive, proc.stdout):
+                    if stream is not None:
+                        await stream.aclose()
+
+
+async def _reap_groups_of(host: HostState, worker_epoch: str) -> None:
+    """Kill the process groups the worker registered; a store that cannot say which
+    leaves them to the next host's takeover (they are recorded live), and says so."""
+    try:
+        rows = await host.store.workers.live_processes([worker_epoch])
+    except PiwfError as exc:
+        log.warning("could not read the process groups worker %s registered: %s", worker_epoch, exc)
+        return
+    await reap_registered(host, rows)
 
 
 async def reap_registered(host: HostState, rows: list[tuple[str, int, str]]) -> None:
