@@ -57,9 +57,9 @@ async def _status_is(paths: StatePaths, run_id: str, status: str) -> bool:
     return (await run_status(paths, run_id))["status"] == status
 
 
-def _answer(db: Database, run_id: str, token: str, worker_epoch: str, message_id: str, now: int) -> None:
+def _answer(db: Database, run_id: str, token: str, worker_id: str, message_id: str, now: int) -> None:
     message = parse_worker_message(canonical_json({
-        "messageId": message_id, "workerEpoch": worker_epoch, "generation": 1, "expectedRevision": 0,
+        "messageId": message_id, "workerEpoch": worker_id, "generation": 1, "expectedRevision": 0,
         "operation": "worker.ready", "payload": {}}))
     with db.write():  # as the host answers it: the fence, then the recorded answer
         revision = queue.fenced_revision(db, run_id, token, now)
@@ -71,7 +71,7 @@ def _claimed_run_with_a_worker(db: Database, run_id: str, now: int) -> str:
                     origin_session_id=None, now=now)
     claim = queue.claim_run(db, run_id, runner_id="h", token=f"t-{run_id}", lease_ms=60_000, now=now, epoch=1)
     assert claim is not None
-    workers.record_start(db, worker_epoch=f"w-{run_id}", run_id=run_id, generation=1, host_epoch=1, now=now)
+    workers.record_start(db, worker_id=f"w-{run_id}", run_id=run_id, generation=1, host_epoch=1, now=now)
     _answer(db, run_id, claim.token, f"w-{run_id}", "m1", now)
     return claim.token
 

@@ -213,7 +213,7 @@ def _claim_another(host: HostState, run_id: str) -> ActiveRun:
     claim = queue.claim_run(host.store.db, run_id, runner_id=host.host_id, token=f"mine-{run_id}", lease_ms=3000,
                             now=host.now(), epoch=host.epoch)
     assert claim is not None
-    run = ActiveRun(claim, worker_epoch=f"w-{run_id}")
+    run = ActiveRun(claim, worker_id=f"w-{run_id}")
     host.active[run_id] = run
     return run
 
@@ -229,7 +229,7 @@ def _claimed_run(tmp_path: Path) -> tuple[HostState, ActiveRun]:
     claim = queue.claim_next_run(db, runner_id=host.host_id, token="mine", lease_ms=3000, now=host.now(),
                                  epoch=host.epoch)
     assert claim is not None
-    active = ActiveRun(claim, worker_epoch="w1")
+    active = ActiveRun(claim, worker_id="w1")
     host.active[claim.run_id] = active
     return host, active
 

@@ -50,9 +50,9 @@ def setup(tmp_path: Path) -> tuple[HostState, ActiveRun, ManualClock]:
     claim = queue.claim_next_run(db, runner_id=host.host_id, token="tok", lease_ms=LEASE, now=clock.now_ms(),
                                  epoch=host.epoch)
     assert claim is not None
-    workers.record_start(db, worker_epoch="w1", run_id="r", generation=claim.generation, host_epoch=host.epoch,
+    workers.record_start(db, worker_id="w1", run_id="r", generation=claim.generation, host_epoch=host.epoch,
                          now=clock.now_ms())
-    yield host, ActiveRun(claim, worker_epoch="w1"), clock
+    yield host, ActiveRun(claim, worker_id="w1"), clock
     db.close()
 
 
@@ -96,7 +96,7 @@ def test_a_repeated_message_id_gets_the_stored_answer_and_changes_nothing(setup)
     assert len(runs.get_run(host.store.db, "r").steps) == 1
 
 
-def test_a_stale_generation_or_worker_epoch_gets_claim_lost(setup) -> None:
+def test_a_stale_generation_or_worker_id_gets_claim_lost(setup) -> None:
     host, active, _ = setup
     assert handle(host, active, message("m1", "worker.ready", 0, generation=0)).outcome == "claimLost"
     assert handle(host, active, message("m1", "worker.ready", 0, epoch="w0")).outcome == "claimLost"
@@ -175,9 +175,9 @@ def test_ready_starts_a_fresh_runs_first_attempt(tmp_path: Path) -> None:
         assert claim is not None
         if paused:
             runs.pause_run(db, run_id, clock.now_ms())
-        workers.record_start(db, worker_epoch=run_id, run_id=run_id, generation=claim.generation,
+        workers.record_start(db, worker_id=run_id, run_id=run_id, generation=claim.generation,
                              host_epoch=host.epoch, now=clock.now_ms())
-        ready = handle(host, ActiveRun(claim, worker_epoch=run_id), message("m1", "worker.ready", 0, epoch=run_id))
+        ready = handle(host, ActiveRun(claim, worker_id=run_id), message("m1", "worker.ready", 0, epoch=run_id))
         steps = runs.get_run(db, run_id).steps
         if paused:  # a paused run starts nothing: its worker's first start is told to stop
             assert ready.result.attempt is None and steps == []

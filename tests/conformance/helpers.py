@@ -28,7 +28,7 @@ async def claim(store: Any, clock: ManualClock, *, epoch: int = 1, exclude: froz
 
 async def claims(store: Any, clock: ManualClock, *, room: int = 1, epoch: int = 1,
                  exclude: frozenset[str] = frozenset(), lease_ms: int = LEASE) -> list[tuple[Any, str]]:
-    """Up to ``room`` (claim, worker epoch) pairs."""
+    """Up to ``room`` (claim, worker id) pairs."""
     return await store.supervision.claim_runs(room=room, exclude=exclude, runner_id=RUNNER, lease_ms=lease_ms,
                                               now=clock.now_ms(), epoch=epoch)
 

@@ -289,7 +289,7 @@ async def test_a_worker_ending_while_validating(store: Any, clock: ManualClock, 
     _, _, got, worker = await validating(store, clock)
     if paused:
         await store.runs.pause_run("r1", clock.now_ms())
-    ended = await store.supervision.end_worker(worker_epoch=worker, run_id="r1", token=got.token, status=status,
+    ended = await store.supervision.end_worker(worker_id=worker, run_id="r1", token=got.token, status=status,
                                                now=clock.now_ms(), exit_code=None, signal=9, diagnostic=None,
                                                park=True, max_crashes=5)
     assert ended.waiting_again is not kept

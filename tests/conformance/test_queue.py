@@ -250,9 +250,9 @@ async def test_a_crash_back_off_is_kept_with_the_run_and_claims_skip_it_until_it
         """Claim the run and record its worker's crash, with a back-off doubling per crash."""
         got = await claims(store, clock)
         assert [c.run_id for c, _ in got] == ["r1"]
-        (claimed, worker_epoch), = got
+        (claimed, worker_id), = got
         return await store.supervision.end_worker(
-            worker_epoch=worker_epoch, run_id="r1", token=claimed.token, status=WorkerStatus.CRASHED,
+            worker_id=worker_id, run_id="r1", token=claimed.token, status=WorkerStatus.CRASHED,
             now=clock.now_ms(), exit_code=1, signal=None, diagnostic=None, park=True, max_crashes=3,
             backoff=lambda before: 1000 * 2 ** before)
 

@@ -16,7 +16,7 @@ from .helpers import LEASE, claim, claims, new_run, statuses
 
 
 async def claimed(store: Any, clock: ManualClock, run_id: str = "r1", epoch: int = 1) -> tuple[Any, str]:
-    """A new run claimed by host ``epoch``: (claim, worker epoch)."""
+    """A new run claimed by host ``epoch``: (claim, worker id)."""
     await new_run(store, clock, run_id)
     [(got, worker)] = await claims(store, clock, epoch=epoch)
     assert got.run_id == run_id
@@ -29,7 +29,7 @@ def start(worker: str, message_id: str = "m1", seq: int = 0) -> AttemptStart:
 
 async def end(store: Any, clock: ManualClock, got: Any, worker: str, status: WorkerStatus, *, park: bool = True,
               max_crashes: int = 3, output: str = "") -> Any:
-    return await store.supervision.end_worker(worker_epoch=worker, run_id=got.run_id, token=got.token,
+    return await store.supervision.end_worker(worker_id=worker, run_id=got.run_id, token=got.token,
                                               status=status, now=clock.now_ms(), exit_code=None, signal=9,
                                               diagnostic=None, park=park, max_crashes=max_crashes,
                                               last_output=output)
@@ -103,7 +103,7 @@ async def test_takeover_orphans_the_workers_of_earlier_hosts(store: Any, clock: 
 async def test_registered_processes_are_tracked_until_gone(store: Any, clock: ManualClock) -> None:
     _, worker = await claimed(store, clock)
     for pid in (10, 11, 12):
-        await store.workers.register_process(worker_epoch=worker, run_id="r1", pid=pid, identity=f"id{pid}",
+        await store.workers.register_process(worker_id=worker, run_id="r1", pid=pid, identity=f"id{pid}",
                                              node="sh", now=clock.now_ms())
     await store.workers.unregister_process(worker, 10, clock.now_ms())
     assert sorted(await store.workers.live_processes([worker])) == [(worker, 11, "id11"), (worker, 12, "id12")]

@@ -223,9 +223,9 @@ async def _take_over(host: HostState, pid: int, identity: str) -> None:
     host.lease = await store.hosts.acquire_lease(host_id=host.host_id, pid=pid, identity=identity,
                                                  lease_ms=host.config.host_lease_ms, now=now, owner_dead=True)
     reclaimed = await store.queue.expire_claims_before(host.epoch, now)
-    for worker_epoch, worker_pid, worker_identity in await store.workers.orphan_before(host.epoch, now):
+    for worker_id, worker_pid, worker_identity in await store.workers.orphan_before(host.epoch, now):
         if processes.kill_recorded_group(worker_pid, worker_identity):
-            log.info("killed orphaned worker %s (pid %d)", worker_epoch, worker_pid)
+            log.info("killed orphaned worker %s (pid %d)", worker_id, worker_pid)
     await reap_registered(host, await store.workers.orphaned_processes(host.epoch))
     faults.point("host.takeover.committed")
     if previous.host_id is not None:

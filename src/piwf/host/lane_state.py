@@ -74,7 +74,7 @@ class Active(Generic[C]):
     """
 
     claim: C
-    worker_epoch: str
+    worker_id: str
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     ready: trio.Event = field(default_factory=trio.Event)
     answered: set[str] = field(default_factory=set)  # message ids this host answered for the worker

@@ -31,7 +31,7 @@ Outcome = tuple[Result, Conclusion | None]
 
 
 async def handle(host: HostState, active: ActiveReconcile, message: WorkerMessage) -> WorkerResponse:
-    if message.workerEpoch != active.worker_epoch or message.generation != active.claim.generation:
+    if message.workerEpoch != active.worker_id or message.generation != active.claim.generation:
         active.conclusion = Conclusion.CLAIM_LOST
         return WorkerResponse(message.messageId, "claimLost", error="worker epoch or claim generation is stale")
     try:

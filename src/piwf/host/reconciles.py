@@ -78,7 +78,7 @@ class ReconcileLane(lane.Lane[ControllerClaim, ReconcileEnd]):
         except PiwfError as exc:
             log.error("controller dispatcher could not claim: %s", exc)
             return []
-        return [Active(claim, worker_epoch="cw-" + secrets.token_hex(8), timeout_s=TIMEOUT_S) for claim in claimed]
+        return [Active(claim, worker_id="cw-" + secrets.token_hex(8), timeout_s=TIMEOUT_S) for claim in claimed]
 
     def claimed(self) -> None:
         faults.point("host.reconcile.claimed")
@@ -106,7 +106,7 @@ class ReconcileLane(lane.Lane[ControllerClaim, ReconcileEnd]):
     async def envelope(self, active: ActiveReconcile) -> tuple[msgspec.Struct, str]:
         claim = active.claim
         log.info("%s: reconciling (claim %d)", active.label, claim.generation)
-        return ReconcileLaunch(uid=claim.uid, generation=claim.generation, workerEpoch=active.worker_epoch,
+        return ReconcileLaunch(uid=claim.uid, generation=claim.generation, workerEpoch=active.worker_id,
                                projectPath=claim.project, controller=claim.controller), claim.project
 
     async def attach(self, active: ActiveReconcile, pid: int, identity: str) -> None:

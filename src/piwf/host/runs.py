@@ -55,7 +55,7 @@ class RunLane(lane.Lane[Claim, WorkerEnd]):
         except PiwfError as exc:
             log.error("dispatcher could not claim runs: %s", exc)
             return []
-        return [Active(claim, worker_epoch=worker_epoch) for claim, worker_epoch in claimed]
+        return [Active(claim, worker_id=worker_id) for claim, worker_id in claimed]
 
     def claimed(self) -> None:
         faults.point("host.claim.committed")
@@ -78,14 +78,14 @@ class RunLane(lane.Lane[Claim, WorkerEnd]):
         run_id = active.claim.run_id
         workflow, project, digest, run_input, _ = await self.host.store.runs.run_source(run_id)
         envelope = LaunchEnvelope(
-            runId=run_id, generation=active.claim.generation, workerEpoch=active.worker_epoch, projectPath=project,
+            runId=run_id, generation=active.claim.generation, workerEpoch=active.worker_id, projectPath=project,
             workflow=workflow, definitionDigest=digest, inputHash=input_hash(run_input),
         )
         log.info("run %s: claimed (generation %d)", run_id, active.claim.generation)
         return envelope, project
 
     async def attach(self, active: ActiveRun, pid: int, identity: str) -> None:
-        await self.host.store.workers.attach_process(active.worker_epoch, pid, identity)
+        await self.host.store.workers.attach_process(active.worker_id, pid, identity)
 
     def parse(self, line: bytes) -> WorkerMessage:
         return parse_worker_message(line)
@@ -113,7 +113,7 @@ class RunLane(lane.Lane[Claim, WorkerEnd]):
         now = host.now()
         try:
             ended = await host.store.supervision.end_worker(
-                worker_epoch=active.worker_epoch, run_id=active.claim.run_id, token=active.claim.token,
+                worker_id=active.worker_id, run_id=active.claim.run_id, token=active.claim.token,
                 status=end.status, now=now, exit_code=process.exit_code, signal=process.signal,
                 diagnostic=process.diagnostic or None, park=end.park, max_crashes=host.config.max_crashes,
                 last_output=_last_line(process.diagnostic), backoff=self._backoff(end.status))

@@ -35,7 +35,7 @@ async def _ready(host: HostState, tx: UnitOfWork, active: ActiveRun, message: Re
     is paused: then its first start stops). A workflow that did not load, or whose digest
     is not the run's, holds the run instead."""
     await tx.queue.mark_running(active.claim.run_id, active.claim.token, now)
-    await tx.workers.mark_ready(active.worker_epoch, now)
+    await tx.workers.mark_ready(active.worker_id, now)
     run_input, start, paused, digest = await tx.runs.ready_state(active.claim.run_id)
     held = _source_problem(message, digest)
     if held is not None:
@@ -179,14 +179,14 @@ async def _effect_settle(host: HostState, tx: UnitOfWork,
 async def _process_register(host: HostState, tx: UnitOfWork,
           active: ActiveRun, message: ProcessRegister, now: int) -> Outcome:
     payload = message.payload
-    await tx.workers.register_process(worker_epoch=active.worker_epoch, run_id=active.claim.run_id, pid=payload.pid,
+    await tx.workers.register_process(worker_id=active.worker_id, run_id=active.claim.run_id, pid=payload.pid,
                              identity=payload.identity, node=payload.node, now=now)
     return NOTHING, None
 
 
 async def _process_unregister(host: HostState, tx: UnitOfWork,
           active: ActiveRun, message: ProcessUnregister, now: int) -> Outcome:
-    await tx.workers.unregister_process(active.worker_epoch, message.payload.pid, now)
+    await tx.workers.unregister_process(active.worker_id, message.payload.pid, now)
     return NOTHING, None
 
 
@@ -261,7 +261,7 @@ REVISING = frozenset({Ready, AttemptStart, AttemptAccept, AttemptFail, RunComple
 
 
 async def handle(host: HostState, active: ActiveRun, message: WorkerMessage) -> WorkerResponse:
-    if message.workerEpoch != active.worker_epoch or message.generation != active.claim.generation:
+    if message.workerEpoch != active.worker_id or message.generation != active.claim.generation:
         active.conclusion = Conclusion.CLAIM_LOST
         return WorkerResponse(message.messageId, "claimLost", error="worker epoch or generation is stale")
     store = host.store

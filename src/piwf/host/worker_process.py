@@ -149,7 +149,7 @@ async def _supervise_process(host: HostState, active: Active[Any], proc: WorkerH
         active.process_end = end
         try:
             with cleanup_scope(host, REAP_S):
-                await _reap_groups_of(host, active.worker_epoch)
+                await _reap_groups_of(host, active.worker_id)
         finally:
             with cleanup_scope(host, 1):
                 for stream in (send, receive, proc.stdout):
@@ -157,22 +157,22 @@ async def _supervise_process(host: HostState, active: Active[Any], proc: WorkerH
                         await stream.aclose()
 
 
-async def _reap_groups_of(host: HostState, worker_epoch: str) -> None:
+async def _reap_groups_of(host: HostState, worker_id: str) -> None:
     """Kill the process groups the worker registered; a store that cannot say which
     leaves them to the next host's takeover (they are recorded live), and says so."""
     try:
-        rows = await host.store.workers.live_processes([worker_epoch])
+        rows = await host.store.workers.live_processes([worker_id])
     except PiwfError as exc:
-        log.warning("could not read the process groups worker %s registered: %s", worker_epoch, exc)
+        log.warning("could not read the process groups worker %s registered: %s", worker_id, exc)
         return
     await reap_registered(host, rows)
 
 
 async def reap_registered(host: HostState, rows: list[tuple[str, int, str]]) -> None:
     """Kill the process groups a worker registered (its shell nodes) and forget them."""
-    for worker_epoch, pid, identity in rows:
+    for worker_id, pid, identity in rows:
         if processes.kill_recorded_group(pid, identity):
-            log.info("killed process group %d left by worker %s", pid, worker_epoch)
+            log.info("killed process group %d left by worker %s", pid, worker_id)
     if rows:
         try:
             await host.store.workers.mark_processes_gone(rows, host.now())

@@ -27,12 +27,12 @@ R = TypeVar("R")
 
 
 class Channel:
-    def __init__(self, read_fd: int, write_fd: int, *, worker_epoch: str, generation: int) -> None:
+    def __init__(self, read_fd: int, write_fd: int, *, worker_id: str, generation: int) -> None:
         self._read_fd = read_fd
         self._write_fd = write_fd
         self._buffer = LineBuffer(MAX_WORKER_LINE)
         self._lines: list[bytes] = []
-        self.worker_epoch = worker_epoch
+        self.worker_id = worker_id
         self.generation = generation
         self.revision = 0
         self._sent = 0
@@ -71,7 +71,7 @@ class Channel:
         ``result`` when given. ClaimLost or HostRefused when the host did not accept it."""
         self._sent += 1
         fields = {} if payload is None else {"payload": payload}
-        message = kind(messageId=f"m{self._sent}", workerEpoch=self.worker_epoch, generation=self.generation,
+        message = kind(messageId=f"m{self._sent}", workerEpoch=self.worker_id, generation=self.generation,
                        expectedRevision=self.revision, **fields)
         line = encode_line(message)
         if len(line) > MAX_WORKER_LINE:

@@ -89,7 +89,7 @@ def main() -> int:
         return reconcile_main()
     envelope = read_envelope()
     read_fd, write_fd = (int(fd) for fd in os.environ["PIWF_WORKER_FDS"].split(","))
-    channel = Channel(read_fd, write_fd, worker_epoch=envelope.workerEpoch, generation=envelope.generation)
+    channel = Channel(read_fd, write_fd, worker_id=envelope.workerEpoch, generation=envelope.generation)
     try:
         run(envelope, channel)
     except ClaimLost:  # told so by the host: nothing more to do here

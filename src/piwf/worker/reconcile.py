@@ -175,7 +175,7 @@ def _load(launch: ReconcileLaunch) -> tuple[Controller | None, ReconcileReadyPay
 def main() -> int:
     launch = read_launch()
     read_fd, write_fd = (int(fd) for fd in os.environ["PIWF_WORKER_FDS"].split(","))
-    channel = Channel(read_fd, write_fd, worker_epoch=launch.workerEpoch, generation=launch.generation)
+    channel = Channel(read_fd, write_fd, worker_id=launch.workerEpoch, generation=launch.generation)
     try:
         run(launch, channel)
     except ClaimLost:

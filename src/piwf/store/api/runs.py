@@ -203,12 +203,12 @@ class SupervisionStore(Protocol):
             self, *, room: int, exclude: frozenset[str], runner_id: str, lease_ms: int, now: int, epoch: int,
     ) -> list[tuple[Claim, str]]:
         """Claim up to ``room`` runs, oldest first, none in ``exclude`` and none before its crash back-off
-        ends (``end_worker``), each with a fresh token and a worker record (its worker epoch): one
+        ends (``end_worker``), each with a fresh token and a worker record (its worker id): one
         transaction, one commit.
         """
 
     async def end_worker(
-            self, *, worker_epoch: str, run_id: str, token: str, status: WorkerStatus, now: int,
+            self, *, worker_id: str, run_id: str, token: str, status: WorkerStatus, now: int,
             exit_code: int | None, signal: int | None, diagnostic: str | None, park: bool, max_crashes: int,
             last_output: str = '', backoff: Delay | None = None) -> WorkerEnded:
         """Record how a worker ended and, with ``park``, release its run's claim. A crash is counted on the run
@@ -241,27 +241,27 @@ class WorkersStore(Protocol):
         Returns how many answers were deleted; call again until it returns 0.
         """
 
-    async def mark_ready(self, worker_epoch: str, now: int) -> None:
+    async def mark_ready(self, worker_id: str, now: int) -> None:
         ...
 
-    async def attach_process(self, worker_epoch: str, pid: int, identity: str) -> None:
+    async def attach_process(self, worker_id: str, pid: int, identity: str) -> None:
         ...
 
     async def orphan_before(self, host_epoch: int, now: int) -> list[tuple[str, int, str]]:
-        """Mark workers of earlier host epochs orphaned; returns (worker epoch, pid, identity) to reap."""
+        """Mark workers of earlier host epochs orphaned; returns (worker id, pid, identity) to reap."""
 
     async def orphaned_processes(self, host_epoch: int) -> list[tuple[str, int, str]]:
         """Registered processes of workers started by earlier host epochs, still marked live."""
 
     async def register_process(
-            self, *, worker_epoch: str, run_id: str, pid: int, identity: str, node: str | None, now: int) -> None:
+            self, *, worker_id: str, run_id: str, pid: int, identity: str, node: str | None, now: int) -> None:
         ...
 
-    async def unregister_process(self, worker_epoch: str, pid: int, now: int) -> None:
+    async def unregister_process(self, worker_id: str, pid: int, now: int) -> None:
         ...
 
-    async def live_processes(self, worker_epochs: list[str]) -> list[tuple[str, int, str]]:
-        """(worker epoch, pid, identity) of registered processes not yet known to be gone."""
+    async def live_processes(self, worker_ids: list[str]) -> list[tuple[str, int, str]]:
+        """(worker id, pid, identity) of registered processes not yet known to be gone."""
 
     async def mark_processes_gone(self, rows: list[tuple[str, int, str]], now: int) -> None:
         ...

@@ -203,11 +203,11 @@ class SqliteSupervisionStore:
             self.db, room=room, exclude=exclude, runner_id=runner_id, lease_ms=lease_ms, now=now, epoch=epoch)
 
     async def end_worker(
-            self, *, worker_epoch: str, run_id: str, token: str, status: WorkerStatus, now: int,
+            self, *, worker_id: str, run_id: str, token: str, status: WorkerStatus, now: int,
             exit_code: int | None, signal: int | None, diagnostic: str | None, park: bool, max_crashes: int,
             last_output: str = '', backoff: Delay | None = None) -> WorkerEnded:
         return _supervision.end_worker(
-            self.db, worker_epoch=worker_epoch, run_id=run_id, token=token, status=status, now=now,
+            self.db, worker_id=worker_id, run_id=run_id, token=token, status=status, now=now,
             exit_code=exit_code, signal=signal, diagnostic=diagnostic, park=park, max_crashes=max_crashes,
             last_output=last_output, backoff=backoff)
 
@@ -227,11 +227,11 @@ class SqliteWorkersStore:
     async def prune_messages(self, batch: int = 500) -> int:
         return _workers.prune_messages(self.db, batch)
 
-    async def mark_ready(self, worker_epoch: str, now: int) -> None:
-        return _workers.mark_ready(self.db, worker_epoch, now)
+    async def mark_ready(self, worker_id: str, now: int) -> None:
+        return _workers.mark_ready(self.db, worker_id, now)
 
-    async def attach_process(self, worker_epoch: str, pid: int, identity: str) -> None:
-        return _workers.attach_process(self.db, worker_epoch, pid, identity)
+    async def attach_process(self, worker_id: str, pid: int, identity: str) -> None:
+        return _workers.attach_process(self.db, worker_id, pid, identity)
 
     async def orphan_before(self, host_epoch: int, now: int) -> list[tuple[str, int, str]]:
         return _workers.orphan_before(self.db, host_epoch, now)
@@ -240,15 +240,15 @@ class SqliteWorkersStore:
         return _workers.orphaned_processes(self.db, host_epoch)
 
     async def register_process(
-            self, *, worker_epoch: str, run_id: str, pid: int, identity: str, node: str | None, now: int) -> None:
+            self, *, worker_id: str, run_id: str, pid: int, identity: str, node: str | None, now: int) -> None:
         return _workers.register_process(
-            self.db, worker_epoch=worker_epoch, run_id=run_id, pid=pid, identity=identity, node=node, now=now)
+            self.db, worker_id=worker_id, run_id=run_id, pid=pid, identity=identity, node=node, now=now)
 
-    async def unregister_process(self, worker_epoch: str, pid: int, now: int) -> None:
-        return _workers.unregister_process(self.db, worker_epoch, pid, now)
+    async def unregister_process(self, worker_id: str, pid: int, now: int) -> None:
+        return _workers.unregister_process(self.db, worker_id, pid, now)
 
-    async def live_processes(self, worker_epochs: list[str]) -> list[tuple[str, int, str]]:
-        return _workers.live_processes(self.db, worker_epochs)
+    async def live_processes(self, worker_ids: list[str]) -> list[tuple[str, int, str]]:
+        return _workers.live_processes(self.db, worker_ids)
 
     async def mark_processes_gone(self, rows: list[tuple[str, int, str]], now: int) -> None:
         return _workers.mark_processes_gone(self.db, rows, now)

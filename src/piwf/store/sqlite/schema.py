@@ -9,6 +9,10 @@ APPLICATION_ID = 0x70697766  # "piwf"
 SCHEMA_VERSION = 10
 
 
+# The columns named worker_epoch (run_workers, run_processes, worker_messages and the run_processes_live index)
+# hold the worker's id, a random id the host makes for each worker it starts (the protocol's workerEpoch);
+# the Python code calls it worker_id. Renaming the columns needs a new layout and a migration, so they keep
+# their old name until then.
 RUN_WORKERS_SQL = f"""
 CREATE TABLE run_workers (
   worker_epoch TEXT PRIMARY KEY,

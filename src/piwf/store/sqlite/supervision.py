@@ -13,7 +13,7 @@ from piwf.store.api.types import Claim, Delay, WorkerEnded
 def claim_runs(db: Database, *, room: int, exclude: frozenset[str], runner_id: str, lease_ms: int, now: int,
                epoch: int) -> list[tuple[Claim, str]]:
     """Claim up to ``room`` runs, oldest first, none in ``exclude``, each with a fresh
-    token and a worker record (its worker epoch): one transaction, one commit."""
+    token and a worker record (its worker id): one transaction, one commit."""
     taken: list[tuple[Claim, str]] = []
     skip = set(exclude)
     with db.write():
@@ -22,16 +22,16 @@ def claim_runs(db: Database, *, room: int, exclude: frozenset[str], runner_id: s
                                          lease_ms=lease_ms, now=now, epoch=epoch, exclude=frozenset(skip))
             if claim is None:
                 break
-            worker_epoch = secrets.token_hex(8)
-            workers.record_start(db, worker_epoch=worker_epoch, run_id=claim.run_id, generation=claim.generation,
+            worker_id = secrets.token_hex(8)
+            workers.record_start(db, worker_id=worker_id, run_id=claim.run_id, generation=claim.generation,
                                  host_epoch=epoch, now=now)
-            taken.append((claim, worker_epoch))
+            taken.append((claim, worker_id))
             skip.add(claim.run_id)
     return taken
 
 
 
-def end_worker(db: Database, *, worker_epoch: str, run_id: str, token: str, status: WorkerStatus, now: int,
+def end_worker(db: Database, *, worker_id: str, run_id: str, token: str, status: WorkerStatus, now: int,
                exit_code: int | None, signal: int | None, diagnostic: str | None, park: bool,
                max_crashes: int, last_output: str = "", backoff: Delay | None = None) -> WorkerEnded:
     """Record how a worker ended and, with ``park``, release its run's claim. A crash is
@@ -44,7 +44,7 @@ def end_worker(db: Database, *, worker_epoch: str, run_id: str, token: str, stat
     crashes in a row (0 when this end was no crash), whether its run waits for a person
     again (the worker was validating a submission), and the run's ``not_before``."""
     with db.write():
-        workers.finish(db, worker_epoch, run_id, status, now, exit_code=exit_code, signal=signal,
+        workers.finish(db, worker_id, run_id, status, now, exit_code=exit_code, signal=signal,
                        diagnostic=diagnostic)
         # A worker that ended while validating a submission: it is rejected and the run waits
         # again; unless its host stopped (a planned stop keeps the value: the next host validates it).

@@ -16,49 +16,49 @@ from piwf.store.sqlite.schema_features import one_of
 ACTIVE = "status IN ('starting', 'running')"
 
 
-def record_start(db: Database, *, worker_epoch: str, run_id: str, generation: int, host_epoch: int, now: int) -> None:
+def record_start(db: Database, *, worker_id: str, run_id: str, generation: int, host_epoch: int, now: int) -> None:
     with db.write():
         db.execute(
             """INSERT INTO run_workers (worker_epoch, run_id, generation, host_epoch, status, started_at)
                VALUES (?, ?, ?, ?, 'starting', ?)""",
-            (worker_epoch, run_id, generation, host_epoch, now),
+            (worker_id, run_id, generation, host_epoch, now),
         )
 
 
-def attach_process(db: Database, worker_epoch: str, pid: int, identity: str) -> None:
+def attach_process(db: Database, worker_id: str, pid: int, identity: str) -> None:
     with db.write():
         db.execute(
             "UPDATE run_workers SET pid = ?, process_start_identity = ? WHERE worker_epoch = ?",
-            (pid, identity, worker_epoch),
+            (pid, identity, worker_id),
         )
 
 
-def mark_ready(db: Database, worker_epoch: str, now: int) -> None:
+def mark_ready(db: Database, worker_id: str, now: int) -> None:
     db.execute(
         "UPDATE run_workers SET status = 'running', ready_at = ? WHERE worker_epoch = ? AND status = 'starting'",
-        (now, worker_epoch),
+        (now, worker_id),
     )
 
 
 def finish(
-    db: Database, worker_epoch: str, run_id: str, outcome: str, now: int, *,
+    db: Database, worker_id: str, run_id: str, outcome: str, now: int, *,
     exit_code: int | None = None, signal: int | None = None, diagnostic: str | None = None,
 ) -> bool:
     with db.write():
         db.execute(
             f"""UPDATE run_workers SET status = ?, finished_at = ?, exit_code = ?, signal = ?, diagnostic = ?
                 WHERE worker_epoch = ? AND {ACTIVE}""",
-            (outcome, now, exit_code, signal, diagnostic, worker_epoch),
+            (outcome, now, exit_code, signal, diagnostic, worker_id),
         )
         if db.changes() != 1:
             return False
         add_event(db, run_id, "worker.finished",
-                  {"workerEpoch": worker_epoch, "outcome": outcome, "exitCode": exit_code, "signal": signal}, now)
+                  {"workerEpoch": worker_id, "outcome": outcome, "exitCode": exit_code, "signal": signal}, now)
         return True
 
 
 def orphan_before(db: Database, host_epoch: int, now: int) -> list[tuple[str, int, str]]:
-    """Mark workers of earlier host epochs orphaned; returns (worker epoch, pid, identity) to reap."""
+    """Mark workers of earlier host epochs orphaned; returns (worker id, pid, identity) to reap."""
     with db.write():
         rows = db.execute(
             f"""SELECT worker_epoch, pid, process_start_identity FROM run_workers
@@ -136,30 +136,30 @@ def worker_summaries(db: Database, run_id: str) -> list[WorkerSummary]:
 # --- processes a worker registered (shell nodes in their own process groups) ------------------
 
 
-def register_process(db: Database, *, worker_epoch: str, run_id: str, pid: int, identity: str,
+def register_process(db: Database, *, worker_id: str, run_id: str, pid: int, identity: str,
                      node: str | None, now: int) -> None:
     db.execute(
         """INSERT OR REPLACE INTO run_processes
              (worker_epoch, pid, process_start_identity, run_id, node_id, status, registered_at)
            VALUES (?, ?, ?, ?, ?, 'live', ?)""",
-        (worker_epoch, pid, identity, run_id, node, now),
+        (worker_id, pid, identity, run_id, node, now),
     )
 
 
-def unregister_process(db: Database, worker_epoch: str, pid: int, now: int) -> None:
+def unregister_process(db: Database, worker_id: str, pid: int, now: int) -> None:
     db.execute("UPDATE run_processes SET status = 'gone', ended_at = ? WHERE worker_epoch = ? AND pid = ?",
-               (now, worker_epoch, pid))
+               (now, worker_id, pid))
 
 
-def live_processes(db: Database, worker_epochs: list[str]) -> list[tuple[str, int, str]]:
-    """(worker epoch, pid, identity) of registered processes not yet known to be gone."""
-    if not worker_epochs:
+def live_processes(db: Database, worker_ids: list[str]) -> list[tuple[str, int, str]]:
+    """(worker id, pid, identity) of registered processes not yet known to be gone."""
+    if not worker_ids:
         return []
-    marks = ", ".join("?" * len(worker_epochs))
+    marks = ", ".join("?" * len(worker_ids))
     rows = db.execute(
         f"""SELECT worker_epoch, pid, process_start_identity FROM run_processes
             WHERE status = 'live' AND worker_epoch IN ({marks})""",
-        worker_epochs,
+        worker_ids,
     )
     return list(rows)
 
@@ -177,5 +177,5 @@ def orphaned_processes(db: Database, host_epoch: int) -> list[tuple[str, int, st
 
 def mark_processes_gone(db: Database, rows: list[tuple[str, int, str]], now: int) -> None:
     with db.write():
-        for worker_epoch, pid, _ in rows:
-            unregister_process(db, worker_epoch, pid, now)
+        for worker_id, pid, _ in rows:
+            unregister_process(db, worker_id, pid, now)
