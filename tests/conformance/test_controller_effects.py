@@ -19,11 +19,11 @@ async def effect(store: Any, clock: ManualClock, c: Any, gen: int, key: str, ste
     def call(tx: Any) -> Any:
         ledger = tx.controller_effects
         if step == "reserve":
-            return ledger.reserve(c.uid, gen, key, generation=c.generation, observable=kw.get("observable", False),
+            return ledger.reserve(c.uid, gen, key, generation=c.claim_number, observable=kw.get("observable", False),
                                   now=clock.now)
         if step == "begin":
-            return ledger.begin_apply(c.uid, gen, key, generation=c.generation, now=clock.now)
-        return ledger.settle(c.uid, gen, key, generation=c.generation, now=clock.now, **kw)
+            return ledger.begin_apply(c.uid, gen, key, generation=c.claim_number, now=clock.now)
+        return ledger.settle(c.uid, gen, key, generation=c.claim_number, now=clock.now, **kw)
 
     return await fenced(store, clock, c, call)
 

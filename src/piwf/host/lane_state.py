@@ -19,13 +19,12 @@ from piwf.status import StopReason
 
 
 class WorkClaim(Protocol):
-    """What the lane needs of a claim: the token its writes name, its number, a label."""
+    """What the lane needs of a claim: the token its writes name, a label. (Each lane's own
+    code reads the claim's number: a run's ``Claim.generation``, a reconcile's
+    ``ControllerClaim.claim_number``.)"""
 
     @property
     def token(self) -> str: ...
-
-    @property
-    def generation(self) -> int: ...
 
     @property
     def label(self) -> str: ...

@@ -31,7 +31,7 @@ Outcome = tuple[Result, Conclusion | None]
 
 
 async def handle(host: HostState, active: ActiveReconcile, message: WorkerMessage) -> WorkerResponse:
-    if message.workerEpoch != active.worker_id or message.generation != active.claim.generation:
+    if message.workerEpoch != active.worker_id or message.generation != active.claim.claim_number:
         active.conclusion = Conclusion.CLAIM_LOST
         return WorkerResponse(message.messageId, "claimLost", error="worker epoch or claim generation is stale")
     try:
@@ -128,7 +128,7 @@ async def _effect_reserve(host: HostState, tx: UnitOfWork, active: ActiveReconci
                           prepared: None, now: int) -> Outcome:
     p = message.payload
     state = EffectState(**await tx.controller_effects.reserve(
-        active.claim.uid, active.spec_generation, p.key, generation=active.claim.generation, observable=p.observable,
+        active.claim.uid, active.spec_generation, p.key, generation=active.claim.claim_number, observable=p.observable,
         now=now))
     return state, Conclusion.DONE if state.state == "ambiguous" else None
 
@@ -136,7 +136,7 @@ async def _effect_reserve(host: HostState, tx: UnitOfWork, active: ActiveReconci
 async def _effect_apply(host: HostState, tx: UnitOfWork, active: ActiveReconcile, message: EffectApply,
                         prepared: None, now: int) -> Outcome:
     await tx.controller_effects.begin_apply(active.claim.uid, active.spec_generation, message.payload.key,
-                                            generation=active.claim.generation, now=now)
+                                            generation=active.claim.claim_number, now=now)
     return NOTHING, None
 
 
@@ -144,7 +144,7 @@ async def _effect_settle(host: HostState, tx: UnitOfWork, active: ActiveReconcil
                          prepared: None, now: int) -> Outcome:
     p = message.payload
     await tx.controller_effects.settle(active.claim.uid, active.spec_generation, p.key,
-                                       generation=active.claim.generation, result=p.result, error=p.error, now=now)
+                                       generation=active.claim.claim_number, result=p.result, error=p.error, now=now)
     return NOTHING, None
 
 

@@ -105,8 +105,8 @@ class ReconcileLane(lane.Lane[ControllerClaim, ReconcileEnd]):
 
     async def envelope(self, active: ActiveReconcile) -> tuple[msgspec.Struct, str]:
         claim = active.claim
-        log.info("%s: reconciling (claim %d)", active.label, claim.generation)
-        return ReconcileLaunch(uid=claim.uid, generation=claim.generation, workerEpoch=active.worker_id,
+        log.info("%s: reconciling (claim %d)", active.label, claim.claim_number)
+        return ReconcileLaunch(uid=claim.uid, generation=claim.claim_number, workerEpoch=active.worker_id,
                                projectPath=claim.project, controller=claim.controller), claim.project
 
     async def attach(self, active: ActiveReconcile, pid: int, identity: str) -> None:

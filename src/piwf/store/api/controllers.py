@@ -55,7 +55,7 @@ class ControllersStore(Protocol):
 
 
 class ControllerQueueStore(Protocol):
-    """The controller queue: claims (token, lease, claim generation) and reconcile
+    """The controller queue: claims (token, lease, claim number) and reconcile
     results. A reconcile worker's message is one unit of work opened by ``fence`` (which
     renews the claim); ``reconcile_view``, ``finish_success`` and ``finish_failure`` name no
     token: call them on such a unit of work only.
@@ -121,10 +121,11 @@ class ControllerQueueStore(Protocol):
 
 
 class ControllerEffectsStore(Protocol):
-    """A resource's effect ledger and the child runs it started, fenced by the
-    claim ``generation`` and the resource's spec generation; call them on the unit of work of
-    a fenced reconcile message (after ``controller_queue.fence``), except ``resolve`` and
-    ``sync_children``, which are each one commit of their own.
+    """A resource's effect ledger and the child runs it started, fenced by the claim's
+    number (``ControllerClaim.claim_number``, these methods' ``generation``) and the resource's
+    spec generation; call them on the unit of work of a fenced reconcile message (after
+    ``controller_queue.fence``), except ``resolve`` and ``sync_children``, which are each one
+    commit of their own.
     """
 
     async def reserve(

@@ -84,7 +84,7 @@ class ControllerClaim:
 
     uid: str
     token: str
-    generation: int  # this claim's number: the worker's messages carry it
+    claim_number: int  # this claim's number (column claim_generation); the worker's messages carry it as `generation`
     project: str
     controller: str
     key: str

@@ -6,8 +6,9 @@
                                                            └─ lease expired ─▶ claimable again
 
 A claim records the queue ``version`` it saw (``claim_version``), a random token, an
-expiry and a claim ``generation`` (+1 per claim; a reconcile worker speaks for one). The
-``resourceVersion`` its worker was shown is the compare-and-set token of its result.
+expiry and a claim number (column ``claim_generation``, +1 per claim; a reconcile worker
+speaks for one). The ``resourceVersion`` its worker was shown is the compare-and-set token
+of its result.
 Holds (``permanent``, ``effect``) keep a row from being claimed until someone acts.
 """
 
@@ -49,7 +50,7 @@ def claim_due(db: Database, *, room: int, exclude: frozenset[str], lease_ms: int
             if uid in exclude or len(claims) >= room:
                 continue
             token = secrets.token_hex(16)
-            generation = db.scalar(  # still due, checked in the UPDATE: another writer may have taken it
+            claim_number = db.scalar(  # still due, checked in the UPDATE: another writer may have taken it
                 """UPDATE controller_queue SET claim_token = ?, claim_expires_at = ?, claim_version = version,
                      claim_generation = claim_generation + 1, claim_epoch = ?, claim_resource_version = NULL,
                      worker_pid = NULL, worker_identity = NULL, available_at = NULL, updated_at = ?
@@ -57,10 +58,10 @@ def claim_due(db: Database, *, room: int, exclude: frozenset[str], lease_ms: int
                                                        OR (claim_token IS NOT NULL AND claim_expires_at <= ?4))
                    RETURNING claim_generation""",
                 (token, now + lease_ms, epoch, now, uid))
-            if generation is None:
+            if claim_number is None:
                 continue
-            add_resource_event(db, uid, "reconcile_started", {"claim": generation}, now)
-            claims.append(ControllerClaim(uid, token, generation, project, controller, key))
+            add_resource_event(db, uid, "reconcile_started", {"claim": claim_number}, now)
+            claims.append(ControllerClaim(uid, token, claim_number, project, controller, key))
         return claims
 
 
