@@ -12,7 +12,7 @@ from piwf.client import AsyncClient
 from piwf.clock import ManualClock, TrioClock
 from piwf.host.host import Host, _heartbeat
 from piwf.host.lane import renew_claims
-from piwf.host.runs import RunLane
+from piwf.host.run_lane import RunLane
 from piwf.host.state import ActiveRun, Conclusion, HostState
 from piwf.paths import StatePaths
 from piwf.status import StopReason
@@ -286,12 +286,12 @@ async def test_dispatch_is_bounded_and_event_driven(paths: StatePaths, project: 
 async def test_a_bug_while_supervising_one_run_parks_it_and_the_host_serves_on(
     paths: StatePaths, project: Path, nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from piwf.host import runs
+    from piwf.host import run_lane
 
     def broken(*args: object) -> None:
         raise ValueError("a bug in the message pump")
 
-    monkeypatch.setattr(runs, "handle", broken)
+    monkeypatch.setattr(run_lane, "handle", broken)
     await nursery.start(Host(config(paths, crash_backoff_s=60)).serve)
     async with AsyncClient(paths) as client:
         run_id = (await client.call("run.start", payload={"workflow": "greet", "projectPath": str(project)})

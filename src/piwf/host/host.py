@@ -16,7 +16,7 @@
     ├── run dispatcher   claims runs in batches
     │   ├── claim renewer    every active claim, one transaction; a lost one cancels its run
     │   └── run supervisor   one per active run, in its own scope: the worker process
-    └── controller dispatcher  claims due resources (host/reconciles.py)
+    └── controller dispatcher  claims due resources (host/reconcile_lane.py)
         ├── claim renewer, child watcher
         └── reconcile supervisor   one per reconcile, in its own scope: the worker process
 """
@@ -44,8 +44,8 @@ from piwf.host.launcher import fork_available
 from piwf.host.lock import HostLock
 from piwf.host.notify import Notifier, open_notifier
 from piwf.host.deadlines import serve_deadlines
-from piwf.host.reconciles import serve_controllers
-from piwf.host.runs import serve_dispatcher
+from piwf.host.reconcile_lane import serve_controllers
+from piwf.host.run_lane import serve_dispatcher
 from piwf.host.server import adopt_listener, check_socket_path, open_listener, serve_socket
 from piwf.host.state import HostConfig, HostState, log
 from piwf.host.worker_process import reap_registered

@@ -1,6 +1,6 @@
 """One supervision lane, for runs and for reconciles: a dispatcher, a claim renewer, one
 supervisor per claimed piece of work, its worker's message pump, and the recording of its
-end. What differs between the two is a ``Lane`` (host/runs.py, host/reconciles.py).
+end. What differs between the two is a ``Lane`` (host/run_lane.py, host/reconcile_lane.py).
 
     dispatcher     claims work while its lane has room, woken at once by the events that
     │              free room or queue work, with a poll as backstop; each round first
