@@ -103,3 +103,20 @@ def test_status_counts_of_a_layout_6_database_read_as_it_is(tmp_path: Path) -> N
     counts = runs.status_counts(db, 1)
     assert (counts["undeliveredNotifications"], counts["unresolvedTurns"]) == (0, 0)
     db.close()
+
+
+def test_the_claims_update_itself_keeps_one_active_run_per_session(db: Database, clock: ManualClock) -> None:
+    """SESSION_FREE is in the claim's UPDATE, not only its SELECT: a writer that found a
+    parked run of a session free takes nothing once another run of that session is active.
+    (Through the interface the SELECT and UPDATE share one transaction; ``_take`` alone is the
+    UPDATE another writer's claim would race.)"""
+    runs.create_run(db, run_id="r1", workflow="w", project_path="/p", source=b"src", digest="d1",
+                    input=None, origin_session_id="s", now=clock.now_ms())
+    first = claim(db, clock, "t1")
+    assert queue.park_run(db, "r1", first.token, clock.now_ms())
+    runs.create_run(db, run_id="r2", workflow="w", project_path="/p", source=b"src", digest="d1",
+                    input=None, origin_session_id="s", now=clock.now_ms())
+    assert claim(db, clock, "t2").run_id == "r2"
+    with db.write():
+        assert queue._take(db, "r1", "h", "t3", LEASE, clock.now_ms(), 1) is None
+    assert db.scalar("SELECT status FROM run_queue WHERE run_id = 'r1'") == "parked"

@@ -60,9 +60,11 @@ def claim_run(
         return None if row is None else _take(db, run_id, runner_id, token, lease_ms, now, epoch)
 
 
-# CLAIMABLE for one row, in an UPDATE: the claim is taken only while the run is claimable.
+# CLAIMABLE and SESSION_FREE for one row, in an UPDATE: the claim is taken only while the
+# run is claimable and no other run of its session is active.
 STILL_CLAIMABLE = """((status IN ('queued', 'parked') AND hold IS NULL AND (not_before IS NULL OR not_before <= ?))
-  OR (status IN ('starting', 'running') AND claim_expires_at IS NOT NULL AND claim_expires_at <= ?))"""
+  OR (status IN ('starting', 'running') AND claim_expires_at IS NOT NULL AND claim_expires_at <= ?))
+  AND """ + SESSION_FREE.replace("q.", "run_queue.")
 
 
 def _take(db: Database, run_id: str, runner_id: str, token: str, lease_ms: int, now: int,
