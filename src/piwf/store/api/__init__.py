@@ -4,8 +4,8 @@ The host holds a ``Store`` and nothing else of the store: per-aggregate interfac
 (``store.runs``, ``store.queue``, ``store.workers``, ...; one ``typing.Protocol`` each, in
 ``runs``, ``people`` and ``controllers``), every method ``async``. A backend implements them
 (``piwf.store.sqlite`` today; PostgreSQL later); the host imports no backend: the code that
-starts a host or a CLI command opens one (``piwf.store.sqlite.open_store``) and hands the
-``Store`` over.
+starts a host or a CLI command opens one by name (``piwf.store.api.open_store``, which
+imports the backend asked for) and hands the ``Store`` over.
 
 Conventions every method keeps:
 

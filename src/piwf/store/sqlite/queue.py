@@ -1,4 +1,4 @@
-"""The run queue state machine (seed 003): claim, renew, verify, run, park, end.
+"""The run queue state machine (seed 003): claim, renew, fence, run, park, end.
 
 Queue status and engine status change together in one transaction so the lifecycle
 projection (``lifecycle_contradictions``) always holds.
@@ -106,14 +106,6 @@ def renew_claims(db: Database, claims: list[tuple[str, str]], lease_ms: int, now
             if not renew_claim(db, run_id, token, lease_ms, now):
                 lost.add(run_id)
     return lost
-
-
-def verify_claim(db: Database, run_id: str, token: str, now: int) -> bool:
-    row = db.one(
-        f"SELECT 1 FROM run_queue WHERE run_id = ? AND claim_token = ? AND {LIVE} AND claim_expires_at > ?",
-        (run_id, token, now),
-    )
-    return row is not None
 
 
 def fenced_revision(db: Database, run_id: str, token: str, now: int) -> int:
