@@ -7,9 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import apsw
+import pytest
 
 from piwf.clock import ManualClock
-from piwf.store.sqlite import Database, delivery, queue, runs
+from piwf.errors import Conflict
+from piwf.protocol import ChoiceSpec
+from piwf.protocol.worker import InteractionOpenPayload
+from piwf.store.sqlite import Database, delivery, interactions, queue, runs
 from piwf.store.sqlite import controllers as res
 from piwf.store.sqlite.schema import APPLICATION_ID, SCHEMA_VERSION
 
@@ -103,3 +107,52 @@ def test_status_counts_of_a_layout_6_database_read_as_it_is(tmp_path: Path) -> N
     counts = runs.status_counts(db, 1)
     assert (counts["undeliveredNotifications"], counts["unresolvedTurns"]) == (0, 0)
     db.close()
+
+
+def test_the_claims_update_itself_keeps_one_active_run_per_session(db: Database, clock: ManualClock) -> None:
+    """SESSION_FREE is in the claim's UPDATE, not only its SELECT: a writer that found a
+    parked run of a session free takes nothing once another run of that session is active.
+    (Through the interface the SELECT and UPDATE share one transaction; ``_take`` alone is the
+    UPDATE another writer's claim would race.)"""
+    runs.create_run(db, run_id="r1", workflow="w", project_path="/p", source=b"src", digest="d1",
+                    input=None, origin_session_id="s", now=clock.now_ms())
+    first = claim(db, clock, "t1")
+    assert queue.park_run(db, "r1", first.token, clock.now_ms())
+    runs.create_run(db, run_id="r2", workflow="w", project_path="/p", source=b"src", digest="d1",
+                    input=None, origin_session_id="s", now=clock.now_ms())
+    assert claim(db, clock, "t2").run_id == "r2"
+    with db.write():
+        assert queue._take(db, "r1", "h", "t3", LEASE, clock.now_ms(), 1) is None
+    assert db.scalar("SELECT status FROM run_queue WHERE run_id = 'r1'") == "parked"
+
+
+@pytest.mark.parametrize("kind", ["decision", "ask"])
+def test_an_answers_expected_revision_is_compared_in_its_write(
+        db: Database, clock: ManualClock, monkeypatch: pytest.MonkeyPatch, kind: str) -> None:
+    """answer_decision's and submit's compare-and-set on the request's revision is in the
+    write: a request changed after its read (another writer's, as a backend whose reads are
+    not serialised with its writes would see) is refused with the read's message."""
+    new_run(db, clock, "r1")
+    got = claim(db, clock, "t1")
+    attempt_id, _ = runs.start_attempt(db, "r1", got.token, seq=0, node="n", generation=got.generation,
+                                       now=clock.now_ms())
+    spec: dict[str, Any] = {"choices": {"yes": ChoiceSpec("Yes")}} if kind == "decision" else {}
+    request_id = interactions.open_request(
+        db, "r1", got.token, InteractionOpenPayload(attemptId=attempt_id, kind=kind, title="?", **spec), clock.now_ms())
+    read = interactions._open_request
+
+    def read_then_changed(*args: Any) -> Any:
+        row = read(*args)
+        db.execute("UPDATE interaction_requests SET revision = revision + 1 WHERE request_id = ?", (request_id,))
+        return row
+
+    monkeypatch.setattr(interactions, "_open_request", read_then_changed)
+    with pytest.raises(Conflict, match=f"request {request_id} is at revision 2, not 1"):
+        if kind == "decision":
+            interactions.answer_decision(db, request_id=request_id, choice="yes", text=None, answered_by="ann",
+                                         expected_revision=1, now=clock.now_ms())
+        else:
+            interactions.submit(db, request_id=request_id, value=1, session_id=None, submitted_by="ann",
+                                expected_revision=1, now=clock.now_ms())
+    assert db.scalar("SELECT status FROM interaction_requests WHERE request_id = ?", (request_id,)) == "pending"
+    assert db.scalar("SELECT COUNT(*) FROM interaction_submissions") == 0

@@ -144,7 +144,8 @@ async def test_claim_renewal_keeps_every_active_claim_live_across_many_leases(
             nursery.start_soon(renew_claims, RunLane(host))
             await trio.sleep(host.config.run_lease_ms / 1000 * 20)
             for run in (active, second):
-                assert queue.verify_claim(host.store.db, run.claim.run_id, run.claim.token, host.now())
+                # the fence: ClaimLost unless the claim is still live
+                queue.fenced_revision(host.store.db, run.claim.run_id, run.claim.token, host.now())
             nursery.cancel_scope.cancel()
     assert not active.scope.cancel_called and not second.scope.cancel_called
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 
 from piwf.client import make_request
@@ -135,3 +136,36 @@ async def test_a_request_recorded_meanwhile_by_another_store_is_a_constraint_vio
             await tx.commands.record(request, fingerprint, HostResponse("q1", "accepted"), 1, clock.now_ms())
     adopted = await store.commands.lookup(request, fingerprint)
     assert (adopted.outcome, adopted.receipt) == ("adopted", {"by": "other"})
+
+
+class OwnKey(msgspec.Struct):
+    """A write request of neither the host's envelope nor its protocol: only what the log reads."""
+
+    requestId: str
+    clientId: str
+    idempotencyKey: str
+    operation: str
+    runId: str | None = None
+    body: int = 0
+
+
+async def test_the_log_takes_a_command_key_not_the_hosts_requests(store: Any, clock: ManualClock) -> None:
+    """The interface names a CommandKey (ids, operation, run), not the host protocol's
+    request types; any request with those is logged and replayed."""
+    from piwf.store.api import CommandsStore, types
+
+    for method in (CommandsStore.lookup, CommandsStore.record):  # annotations are strings (PEP 563)
+        assert method.__annotations__["request"] == "CommandKey", method
+    assert {"requestId", "clientId", "idempotencyKey", "operation", "runId"} <= set(vars(types.CommandKey))
+    await new_run(store, clock)
+    request = OwnKey("q1", "c", "k", "run.pause", "r1")
+    fingerprint = request_fingerprint(request)
+    async with store.transaction() as tx:
+        assert await tx.commands.lookup(request, fingerprint) is None
+        await tx.commands.record(request, fingerprint, HostResponse("q1", "accepted", receipt={"n": 1}), 1,
+                                 clock.now_ms())
+    again = await store.commands.lookup(OwnKey("q2", "c", "k", "run.pause", "r1"), fingerprint)
+    assert again is not None and (again.outcome, again.receipt) == ("adopted", {"n": 1})
+    other = OwnKey("q3", "c", "k", "run.pause", "r1", body=1)
+    refused = await store.commands.lookup(other, request_fingerprint(other))
+    assert refused is not None and refused.outcome == "conflict"

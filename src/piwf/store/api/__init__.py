@@ -4,8 +4,8 @@ The host holds a ``Store`` and nothing else of the store: per-aggregate interfac
 (``store.runs``, ``store.queue``, ``store.workers``, ...; one ``typing.Protocol`` each, in
 ``runs``, ``people`` and ``controllers``), every method ``async``. A backend implements them
 (``piwf.store.sqlite`` today; PostgreSQL later); the host imports no backend: the code that
-starts a host or a CLI command opens one (``piwf.store.sqlite.open_store``) and hands the
-``Store`` over.
+starts a host or a CLI command opens one by name (``piwf.store.api.open_store``, which
+imports the backend asked for) and hands the ``Store`` over.
 
 Conventions every method keeps:
 
@@ -80,7 +80,7 @@ from piwf.store.api.runs import (
     CommandsStore, EffectsStore, HostsStore, QueueStore, RunsStore, SupervisionStore, WorkersStore,
 )
 from piwf.store.api.types import (
-    Actor, Claim, ControllerClaim, Delay, HostClaim, LeaseRecord, NewScope, WorkerEnded,
+    Actor, Claim, CommandKey, ControllerClaim, Delay, HostClaim, LeaseRecord, NewScope, WorkerEnded,
 )
 
 
@@ -145,8 +145,8 @@ def open_store(paths: Any, *, durability: str = "full", backend: str = "sqlite")
 
 
 __all__ = [
-    "Actor", "Claim", "CommandsStore", "ControllerClaim", "ControllerEffectsStore", "ControllerQueueStore",
-    "ControllersStore", "Delay", "DeliveryStore", "EffectsStore", "HostClaim", "HostsStore", "InteractionsStore",
-    "LeaseRecord", "NewScope", "QueueStore", "RunsStore", "SettingsStore", "Store", "SupervisionStore", "UnitOfWork",
-    "UpdatesStore", "WorkerEnded", "WorkersStore", "open_store",
+    "Actor", "Claim", "CommandKey", "CommandsStore", "ControllerClaim", "ControllerEffectsStore",
+    "ControllerQueueStore", "ControllersStore", "Delay", "DeliveryStore", "EffectsStore", "HostClaim", "HostsStore",
+    "InteractionsStore", "LeaseRecord", "NewScope", "QueueStore", "RunsStore", "SettingsStore", "Store",
+    "SupervisionStore", "UnitOfWork", "UpdatesStore", "WorkerEnded", "WorkersStore", "open_store",
 ]

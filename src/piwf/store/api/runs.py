@@ -12,11 +12,11 @@ from piwf.protocol import EVENTS_PAGE
 from piwf.store.api.rules import RETENTION_MS
 
 if TYPE_CHECKING:
-    from piwf.protocol import Request, RunDetail, RunEventsPage, RunSummary
+    from piwf.protocol import RunDetail, RunEventsPage, RunSummary
     from piwf.protocol.worker import WorkerMessage, WorkerResponse
     from piwf.status import WorkerStatus
-    from piwf.store.api.types import Claim, Delay, HostClaim, LeaseRecord, NewScope, WorkerEnded
-    from piwf.wire import HostRequest, HostResponse
+    from piwf.store.api.types import Claim, CommandKey, Delay, HostClaim, LeaseRecord, NewScope, WorkerEnded
+    from piwf.wire import HostResponse
 
 
 class HostsStore(Protocol):
@@ -52,11 +52,11 @@ class CommandsStore(Protocol):
                 await tx.commands.record(request, fingerprint, response, epoch, now)
     """
 
-    async def lookup(self, request: HostRequest | Request, fingerprint: bytes) -> HostResponse | None:
+    async def lookup(self, request: CommandKey, fingerprint: bytes) -> HostResponse | None:
         """A stored response for this request (``adopted``), a ``conflict``, or None if new."""
 
     async def record(
-            self, request: HostRequest | Request, fingerprint: bytes, response: HostResponse, epoch: int,
+            self, request: CommandKey, fingerprint: bytes, response: HostResponse, epoch: int,
             now: int) -> None:
         """Record a write request's answer; call inside the unit of work that made its change (after ``lookup``
         found none). A request id or key recorded meanwhile: ConstraintViolation. Raises

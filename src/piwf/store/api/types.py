@@ -7,10 +7,28 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, Protocol
 
 Actor = Literal["start", "client", "controller"]  # who changed a run's settings
 Delay = int | Callable[[int], int]  # ms, or ms as a function of the failures in a row before this one
+
+
+class CommandKey(Protocol):
+    """What the command log (``CommandsStore``) reads of a write request: its ids, the
+    operation and the run it names. The host's requests (``piwf.wire.HostRequest``, the
+    typed ``piwf.protocol.Request``) are command keys; the store names neither. The
+    fingerprint the log compares is the caller's (``piwf.wire.request_fingerprint``)."""
+
+    @property
+    def requestId(self) -> str: ...
+    @property
+    def clientId(self) -> str: ...
+    @property
+    def idempotencyKey(self) -> str: ...
+    @property
+    def operation(self) -> str: ...
+    @property
+    def runId(self) -> str | None: ...
 
 
 @dataclass(frozen=True)

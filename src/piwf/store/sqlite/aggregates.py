@@ -34,10 +34,11 @@ if TYPE_CHECKING:
     from piwf.protocol.resources import ApplyReceipt, ResourceDetail, ResourceRef, ResourceSummary
     from piwf.protocol.worker import InteractionOpenPayload, PendingSubmission, WorkerMessage, WorkerResponse
     from piwf.status import NotificationKind, TurnResolution, WorkerStatus
-    from piwf.store.api.types import Actor, Claim, ControllerClaim, Delay, HostClaim, LeaseRecord, NewScope, WorkerEnded
+    from piwf.store.api.types import (
+        Actor, Claim, CommandKey, ControllerClaim, Delay, HostClaim, LeaseRecord, NewScope, WorkerEnded,
+    )
     from piwf.store.sqlite.db import Database
-    from piwf.protocol import Request
-    from piwf.wire import HostRequest, HostResponse
+    from piwf.wire import HostResponse
 
 
 class SqliteHostsStore:
@@ -68,11 +69,11 @@ class SqliteCommandsStore:
     def __init__(self, db: Database) -> None:
         self.db = db
 
-    async def lookup(self, request: HostRequest | Request, fingerprint: bytes) -> HostResponse | None:
+    async def lookup(self, request: CommandKey, fingerprint: bytes) -> HostResponse | None:
         return _commands.lookup(self.db, request, fingerprint)
 
     async def record(
-            self, request: HostRequest | Request, fingerprint: bytes, response: HostResponse, epoch: int,
+            self, request: CommandKey, fingerprint: bytes, response: HostResponse, epoch: int,
             now: int) -> None:
         return _commands.record(self.db, request, fingerprint, response, epoch, now)
 

@@ -28,8 +28,8 @@ if TYPE_CHECKING:
 
 
 class SqliteStore:
-    """``piwf.store.api.Store`` on one SQLite database. ``db`` is the backend's own (tests,
-    and host code not yet ported to the interface, use it); the host must not."""
+    """``piwf.store.api.Store`` on one SQLite database. ``db`` is the backend's own (tests
+    use it); the host must not."""
 
     def __init__(self, db: Database) -> None:
         self.db = db

@@ -8,12 +8,15 @@ the request id.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from piwf.protocol import Request
-from piwf.wire import HostRequest, HostResponse, Outcome, request_fingerprint
+from piwf.wire import HostResponse, Outcome, request_fingerprint
 from piwf.store.api.rules import RETENTION_MS
 from piwf.store.sqlite.db import Database, atomic
+
+if TYPE_CHECKING:
+    from piwf.store.api.types import CommandKey
+    from piwf.wire import HostRequest
 
 
 
@@ -28,7 +31,7 @@ def _stored_response(db: Database, request_id: str, row: tuple[Any, ...]) -> Hos
     )
 
 
-def lookup(db: Database, request: HostRequest | Request, fingerprint: bytes) -> HostResponse | None:
+def lookup(db: Database, request: CommandKey, fingerprint: bytes) -> HostResponse | None:
     """A stored response for this request (``adopted``), a ``conflict``, or None if new."""
     rows = db.execute(
         """SELECT request_id = ?, request_fingerprint, outcome, revision, receipt_json, receipt_hash, error
@@ -57,7 +60,7 @@ def lookup(db: Database, request: HostRequest | Request, fingerprint: bytes) -> 
 
 
 def execute(
-    db: Database, request: HostRequest | Request, epoch: int, now: int,
+    db: Database, request: HostRequest, epoch: int, now: int,
     operation: Callable[[], HostResponse],
 ) -> HostResponse:
     """Run ``operation`` and record its response atomically, or answer from the log.
@@ -76,7 +79,7 @@ def execute(
 
 
 @atomic
-def record(db: Database, request: HostRequest | Request, fingerprint: bytes, response: HostResponse, epoch: int,
+def record(db: Database, request: CommandKey, fingerprint: bytes, response: HostResponse, epoch: int,
            now: int) -> None:
     """Record a write request's answer; call inside the unit of work that made its change
     (after ``lookup`` found none). A request id or key recorded meanwhile: ConstraintViolation."""

@@ -235,10 +235,19 @@ def _open_request(db: Database, request_id: str, kind: str, expected_revision: i
                        f"({winner.choice if winner else '?'} by {winner.answeredBy if winner else '?'})")
     if status not in (RequestStatus.PENDING, RequestStatus.PRESENTING):
         raise Rejected(f"request {request_id} is {status}: it takes no more answers")
-    if expected_revision is not None and expected_revision != revision:
-        raise Conflict(f"request {request_id} is at revision {revision}, not {expected_revision}")
+    refuse_revision(request_id, revision, expected_revision)  # early, in the order refusals are given
     result: tuple[Any, ...] = row
     return result
+
+
+# In a write of interaction_requests: the request is at the revision a client expected
+# (? IS NULL: any). The compare-and-set is the write's; _open_request's read only refuses early.
+AT_REVISION = "(? IS NULL OR revision = ?)"
+
+
+def refuse_revision(request_id: str, revision: int | None, expected_revision: int | None) -> None:
+    if expected_revision is not None and expected_revision != revision:
+        raise Conflict(f"request {request_id} is at revision {revision}, not {expected_revision}")
 
 
 def _how_closed(db: Database, request_id: str, status: str) -> str:
@@ -260,7 +269,7 @@ def answer_decision(db: Database, *, request_id: str, choice: str, text: str | N
         text = check_answer(spec, choice, text)
         resolution = Resolution(provenance=Provenance.HUMAN, answeredBy=answered_by, answeredAt=iso(now) or "",
                                 choice=choice, input=text)
-        resolve_decision(db, run_id, attempt_id, request_id, resolution, now)
+        resolve_decision(db, run_id, attempt_id, request_id, resolution, now, expected_revision=expected_revision)
         return AnswerReceipt(requestId=request_id, runId=run_id, choice=choice, input=text,
                              provenance=Provenance.HUMAN, revision=revision + 1)
 
@@ -287,25 +296,36 @@ def check_answer(spec: Spec, choice: str, text: str | None) -> str | None:
 
 
 def resolve_decision(db: Database, run_id: str, attempt_id: str, request_id: str, resolution: Resolution,
-                      now: int) -> None:
+                      now: int, *, expected_revision: int | None = None) -> None:
     output = {"choice": resolution.choice, "input": resolution.input, "provenance": resolution.provenance,
               "answeredBy": resolution.answeredBy, "answeredAt": resolution.answeredAt}
-    close_request(db, request_id, RequestStatus.SETTLED, resolution, now)
+    close_request(db, request_id, RequestStatus.SETTLED, resolution, now, expected_revision=expected_revision)
     continue_attempt(db, run_id, attempt_id, output, resolution.choice or TIMEOUT_EXIT, now)
     add_event(db, run_id, "decision.answered", {"requestId": request_id, "choice": resolution.choice,
                                                 "provenance": resolution.provenance}, now)
 
 
 def close_request(db: Database, request_id: str, status: RequestStatus, resolution: Resolution | None,
-                  now: int) -> None:
+                  now: int, *, expected_revision: int | None = None) -> None:
+    """Close an open request; with ``expected_revision``, only at that revision (the
+    compare-and-set is in the UPDATE)."""
     db.execute(
         f"""UPDATE interaction_requests SET status = ?, resolution_json = ?, presenter = NULL,
               presenter_expires_at = NULL, revision = revision + 1, closed_at = ?, updated_at = ?
-            WHERE request_id = ? AND {OPEN}""",
-        (status, None if resolution is None else canonical_json(resolution).decode(), now, now, request_id),
+            WHERE request_id = ? AND {OPEN} AND {AT_REVISION}""",
+        (status, None if resolution is None else canonical_json(resolution).decode(), now, now, request_id,
+         expected_revision, expected_revision),
     )
     if db.changes() != 1:
+        _refuse_write(db, request_id, expected_revision)
         raise Conflict(f"request {request_id} was closed meanwhile")
+
+
+def _refuse_write(db: Database, request_id: str, expected_revision: int | None) -> None:
+    """After a write guarded by OPEN and AT_REVISION changed nothing: Conflict, with the
+    read's message, if the revision is why."""
+    refuse_revision(request_id, db.scalar("SELECT revision FROM interaction_requests WHERE request_id = ?",
+                                          (request_id,)), expected_revision)
 
 
 def continue_attempt(db: Database, run_id: str, attempt_id: str, output: Any, exit_name: str, now: int) -> None:
@@ -352,11 +372,16 @@ def submit(db: Database, *, request_id: str, value: Any, session_id: str | None,
                   (request_id,)):
             raise Conflict(f"a submission to {request_id} is being validated; wait for its outcome")
         submission_id = "sub-" + secrets.token_hex(8)
-        db.execute(
-            """INSERT INTO interaction_submissions (submission_id, request_id, status, value_json, submitted_by,
-                 session_id, created_at) VALUES (?, ?, 'validating', ?, ?, ?, ?)""",
-            (submission_id, request_id, canonical_json(value).decode(), submitted_by, session_id, now),
+        db.execute(  # only while the request is open at the expected revision: the compare-and-set is here
+            f"""INSERT INTO interaction_submissions (submission_id, request_id, status, value_json, submitted_by,
+                 session_id, created_at) SELECT ?, ?, 'validating', ?, ?, ?, ?
+                 WHERE EXISTS (SELECT 1 FROM interaction_requests WHERE request_id = ? AND {OPEN} AND {AT_REVISION})""",
+            (submission_id, request_id, canonical_json(value).decode(), submitted_by, session_id, now,
+             request_id, expected_revision, expected_revision),
         )
+        if db.changes() != 1:
+            _refuse_write(db, request_id, expected_revision)
+            raise Conflict(f"request {request_id} was closed meanwhile")
         _unhold(db, run_id, now)  # the dispatcher claims it, and a worker validates the value
         add_event(db, run_id, "submission.received", {"requestId": request_id, "submissionId": submission_id}, now)
         return SubmitReceipt(requestId=request_id, runId=run_id, submissionId=submission_id,

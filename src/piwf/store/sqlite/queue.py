@@ -1,4 +1,4 @@
-"""The run queue state machine (seed 003): claim, renew, verify, run, park, end.
+"""The run queue state machine (seed 003): claim, renew, fence, run, park, end.
 
 Queue status and engine status change together in one transaction so the lifecycle
 projection (``lifecycle_contradictions``) always holds.
@@ -60,9 +60,11 @@ def claim_run(
         return None if row is None else _take(db, run_id, runner_id, token, lease_ms, now, epoch)
 
 
-# CLAIMABLE for one row, in an UPDATE: the claim is taken only while the run is claimable.
+# CLAIMABLE and SESSION_FREE for one row, in an UPDATE: the claim is taken only while the
+# run is claimable and no other run of its session is active.
 STILL_CLAIMABLE = """((status IN ('queued', 'parked') AND hold IS NULL AND (not_before IS NULL OR not_before <= ?))
-  OR (status IN ('starting', 'running') AND claim_expires_at IS NOT NULL AND claim_expires_at <= ?))"""
+  OR (status IN ('starting', 'running') AND claim_expires_at IS NOT NULL AND claim_expires_at <= ?))
+  AND """ + SESSION_FREE.replace("q.", "run_queue.")
 
 
 def _take(db: Database, run_id: str, runner_id: str, token: str, lease_ms: int, now: int,
@@ -104,14 +106,6 @@ def renew_claims(db: Database, claims: list[tuple[str, str]], lease_ms: int, now
             if not renew_claim(db, run_id, token, lease_ms, now):
                 lost.add(run_id)
     return lost
-
-
-def verify_claim(db: Database, run_id: str, token: str, now: int) -> bool:
-    row = db.one(
-        f"SELECT 1 FROM run_queue WHERE run_id = ? AND claim_token = ? AND {LIVE} AND claim_expires_at > ?",
-        (run_id, token, now),
-    )
-    return row is not None
 
 
 def fenced_revision(db: Database, run_id: str, token: str, now: int) -> int:
