@@ -7,17 +7,14 @@ the request id.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from piwf.wire import HostResponse, Outcome, request_fingerprint
+from piwf.wire import HostResponse, Outcome
 from piwf.store.api.rules import RETENTION_MS
 from piwf.store.sqlite.db import Database, atomic
 
 if TYPE_CHECKING:
     from piwf.store.api.types import CommandKey
-    from piwf.wire import HostRequest
-
 
 
 def _stored_response(db: Database, request_id: str, row: tuple[Any, ...]) -> HostResponse:
@@ -57,25 +54,6 @@ def lookup(db: Database, request: CommandKey, fingerprint: bytes) -> HostRespons
     stored = _stored_response(db, request.requestId, row[1:])
     stored.outcome = Outcome.ADOPTED
     return stored
-
-
-def execute(
-    db: Database, request: HostRequest, epoch: int, now: int,
-    operation: Callable[[], HostResponse],
-) -> HostResponse:
-    """Run ``operation`` and record its response atomically, or answer from the log.
-
-    ``operation`` raising leaves nothing behind: the transaction rolls back and the
-    error propagates to the caller, which answers ``rejected`` without logging.
-    """
-    fingerprint = request_fingerprint(request)
-    with db.write():
-        stored = lookup(db, request, fingerprint)
-        if stored is not None:
-            return stored
-        response = operation()
-        record(db, request, fingerprint, response, epoch, now)
-    return response
 
 
 @atomic
