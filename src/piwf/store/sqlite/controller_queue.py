@@ -26,7 +26,6 @@ from piwf.store.sqlite.db import Database, atomic
 from piwf.store.api.types import ControllerClaim, Delay
 from piwf.store.sqlite.timefmt import iso
 
-FREE_CLAIM = "(claim_token IS NULL OR claim_expires_at <= ?)"
 MIN_REQUEUE_MS = 1000  # Result.requeue() and short requeue_after(ms): at most one pass a second
 HOST_REASONS = ("PermanentError", "EffectAmbiguous")  # a Ready=False set by the host, not by the controller
 

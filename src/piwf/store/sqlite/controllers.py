@@ -182,11 +182,6 @@ def events(db: Database, uid: str, limit: int = RECENT_EVENTS) -> list[ResourceE
             for event_id, at, kind, payload in reversed(rows)]
 
 
-def count_events(db: Database, uid: str, kind: str) -> int:
-    result: int = db.scalar("SELECT COUNT(*) FROM controller_events WHERE uid = ? AND type = ?", (uid, kind))
-    return result
-
-
 # --- reads ----------------------------------------------------------------------------------
 
 

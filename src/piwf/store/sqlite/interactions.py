@@ -36,7 +36,6 @@ IDLE = """r.status IN ('pending', 'presenting') AND q.status = 'parked' AND q.cl
   AND NOT EXISTS (SELECT 1 FROM interaction_submissions s WHERE s.request_id = r.request_id
                   AND s.status = 'validating')"""
 TIMEOUT_EXIT = "timeout"
-TEXT_LIMIT = 4000  # a TextInput's largest maxLength
 TITLE_LIMIT = 2000
 
 

@@ -83,15 +83,6 @@ def get_settings(db: Database, run_id: str, scope_id: str | None = None) -> RunS
                        changes=changes)
 
 
-def settings_at_change(db: Database, scope_id: str, change_number: int) -> Any:
-    """The settings a scope had at ``change_number`` (seed ``getSettingsScopeAtChange``)."""
-    found = db.scalar("SELECT settings_json FROM settings_changes WHERE scope_id = ? AND change_number = ?",
-                      (scope_id, change_number))
-    if found is None:
-        raise NotFound(f"settings scope {scope_id} has no change {change_number}")
-    return decode_json(found.encode())
-
-
 def prior_change(db: Database, run_id: str, request_key: str, scope_id: str | None = None,
                  patch: Any = None) -> ChangeSettingsReceipt | None:
     """The change made earlier under ``request_key`` (a controller's retry), if any; a
