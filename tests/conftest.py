@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import apsw
 import pytest
 import trio
 
@@ -21,6 +22,7 @@ from piwf.host.host import Host
 from piwf.host.state import HostConfig, HostState
 from piwf.paths import StatePaths
 from piwf.store.sqlite import Database
+from piwf.store.sqlite.schema import APPLICATION_ID
 
 WORKFLOWS = {
     "greet": """
@@ -216,3 +218,12 @@ async def piwf(
     if check and done.returncode != 0:
         raise AssertionError(f"piwf {' '.join(args)} exited {done.returncode}: {done.stderr.decode()}")
     return done
+
+
+def frozen_layout(path: Path, version: int) -> apsw.Connection:
+    """A database at the old layout ``version``, as tests/data/schema_v{version}.sql froze it
+    (piwf's application id, ``user_version`` set): the starting point of a migration test."""
+    conn = apsw.Connection(str(path))
+    conn.execute((Path(__file__).parent / "data" / f"schema_v{version}.sql").read_text())
+    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = {version}")
+    return conn

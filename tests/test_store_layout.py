@@ -15,6 +15,9 @@ from piwf.store.sqlite import Database
 from piwf.store.sqlite.schema import APPLICATION_ID, SCHEMA_VERSION
 
 
+from .conftest import frozen_layout
+
+
 def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -96,9 +99,7 @@ def test_durability_sets_sqlite_synchronous(tmp_path: Path) -> None:
 
 def test_a_layout_1_database_is_migrated_with_its_runs_intact(tmp_path: Path) -> None:
     path = tmp_path / "old.db"
-    conn = apsw.Connection(str(path))
-    conn.execute((Path(__file__).parent / "data" / "schema_v1.sql").read_text())
-    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = 1")
+    conn = frozen_layout(path, 1)
     conn.execute("INSERT INTO runs (run_id, workflow, project_path, definition_hash, definition_digest, status, "
                  "created_at, updated_at) VALUES ('r1', 'w', '/p', 'h', 'd', 'running', 1, 1)")
     conn.execute("INSERT INTO run_queue (run_id, status, hold, generation, created_at, updated_at) "
@@ -121,9 +122,7 @@ def test_a_layout_3_database_is_migrated_with_its_run_counts_filled(tmp_path: Pa
     from piwf.store.sqlite import runs
 
     path = tmp_path / "v3.db"
-    conn = apsw.Connection(str(path))
-    conn.execute((Path(__file__).parent / "data" / "schema_v3.sql").read_text())
-    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = 3")
+    conn = frozen_layout(path, 3)
     stored = [("a", "completed", "done", 0), ("b", "completed", "done", 0), ("c", "running", "parked", 1),
               ("d", "queued", "queued", 0), ("e", "cancelled", "cancelled", 1), ("f", "failed", "done", 0)]
     for run_id, status, queue_status, paused in stored:
@@ -151,9 +150,7 @@ def test_a_layout_5_database_is_migrated_keeping_runs_steps_and_counts(tmp_path:
     from piwf.store.sqlite import runs
 
     path = tmp_path / "v5.db"
-    conn = apsw.Connection(str(path))
-    conn.execute((Path(__file__).parent / "data" / "schema_v5.sql").read_text())
-    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = 5")
+    conn = frozen_layout(path, 5)
     for run_id, status, queue_status in [("a", "completed", "done"), ("b", "running", "parked"),
                                          ("c", "queued", "queued")]:
         conn.execute("INSERT INTO runs (run_id, workflow, project_path, definition_hash, definition_digest, status, "
@@ -191,9 +188,7 @@ def test_a_layout_6_database_gains_the_controller_tables_as_a_fresh_one_has_them
     assert {name for name, _ in expected} >= {"controller_resources", "controller_queue", "controller_events",
                                               "controller_effects", "controller_workflows"}
     path = tmp_path / "v6.db"
-    conn = apsw.Connection(str(path))
-    conn.execute((Path(__file__).parent / "data" / "schema_v6.sql").read_text())
-    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = 6")
+    conn = frozen_layout(path, 6)
     conn.close()
     db = Database.open(path)
     assert db.scalar("PRAGMA user_version") == SCHEMA_VERSION
@@ -214,9 +209,7 @@ def test_a_layout_9_database_gains_the_crash_back_off_as_a_fresh_one_has_it(tmp_
     expected = schema(fresh)
     fresh.close()
     path = tmp_path / "v9.db"
-    conn = apsw.Connection(str(path))
-    conn.execute((Path(__file__).parent / "data" / "schema_v9.sql").read_text())
-    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = 9")
+    conn = frozen_layout(path, 9)
     conn.execute("INSERT INTO runs (run_id, workflow, project_path, definition_hash, definition_digest, status, "
                  "created_at, updated_at) VALUES ('r', 'w', '/p', 'h', 'd', 'running', 1, 1)")
     conn.execute("INSERT INTO run_queue (run_id, status, crash_count, created_at, updated_at) "

@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import apsw
 import pytest
 
 from piwf.clock import ManualClock
@@ -15,7 +14,10 @@ from piwf.protocol import ChoiceSpec
 from piwf.protocol.worker import InteractionOpenPayload
 from piwf.store.sqlite import Database, delivery, interactions, queue, runs
 from piwf.store.sqlite import controllers as res
-from piwf.store.sqlite.schema import APPLICATION_ID, SCHEMA_VERSION
+from piwf.store.sqlite.schema import SCHEMA_VERSION
+
+from .conftest import frozen_layout
+
 
 LEASE = 30_000
 
@@ -78,9 +80,7 @@ def test_the_queries_of_a_runs_end_use_an_index_of_turns(db: Database, clock: Ma
 
 def test_a_layout_6_database_is_migrated_with_the_delivery_tables(tmp_path: Path) -> None:
     path = tmp_path / "v6.db"
-    conn = apsw.Connection(str(path))
-    conn.execute((Path(__file__).parent / "data" / "schema_v6.sql").read_text())
-    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = 6")
+    conn = frozen_layout(path, 6)
     conn.execute("INSERT INTO runs (run_id, workflow, project_path, definition_hash, definition_digest, status, "
                  "origin_session_id, created_at, updated_at) VALUES ('a', 'w', '/p', 'h', 'd', 'completed', 's', 1, 1)")
     conn.execute("INSERT INTO run_queue (run_id, status, created_at, updated_at) VALUES ('a', 'done', 1, 1)")
@@ -99,9 +99,7 @@ def test_a_layout_6_database_is_migrated_with_the_delivery_tables(tmp_path: Path
 def test_status_counts_of_a_layout_6_database_read_as_it_is(tmp_path: Path) -> None:
     """`piwf status` with no host reads the database read-only, before any migration."""
     path = tmp_path / "v6.db"
-    conn = apsw.Connection(str(path))
-    conn.execute((Path(__file__).parent / "data" / "schema_v6.sql").read_text())
-    conn.execute(f"PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = 6")
+    conn = frozen_layout(path, 6)
     conn.close()
     db = Database.open_readonly(path)
     counts = runs.status_counts(db, 1)
