@@ -32,7 +32,8 @@ BATCH = 1000
 
 def seed(db_path: Path, count: int) -> None:
     """``count`` ended runs, one transaction per thousand, and 10 paused (held) ones."""
-    from piwf.store.sqlite import Database, queue, runs
+    from piwf.store.sql import queue, runs
+    from piwf.store.sqlite import Database
 
     db = Database.open(db_path, durability="normal")
     now = int(time.time() * 1000)
@@ -65,7 +66,8 @@ def measure_one(count: int, calls: int) -> dict[str, Any]:
     """Everything with the piwf this interpreter imports (the caller sets PYTHONPATH)."""
     from piwf.client import Client
     from piwf.paths import StatePaths
-    from piwf.store.sqlite import Database, runs
+    from piwf.store.sql import runs
+    from piwf.store.sqlite import Database
 
     with tempfile.TemporaryDirectory(prefix="piwf-status-") as tmp:
         paths = StatePaths.resolve(Path(tmp) / "state")

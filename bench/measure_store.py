@@ -7,7 +7,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from piwf.store.sqlite import Database, queue, runs
+from piwf.store.sql import queue, runs
+from piwf.store.sqlite import Database
 
 LEASE_MS = 30_000
 

@@ -290,7 +290,7 @@ async def test_a_host_stop_requeues_the_reconcile_at_once(host_process: Any, pat
     first.signal(signal.SIGTERM)
     assert await first.wait() == 0
     from piwf.store.sqlite import Database
-    from piwf.store.sqlite.controllers import get_resource
+    from piwf.store.sql.controllers import get_resource
 
     db = Database.open_readonly(paths.db)
     try:
@@ -377,7 +377,7 @@ async def test_a_reconcile_end_the_store_refused_is_retried_not_dropped(
         paths: StatePaths, project: Path, nursery: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     from piwf.errors import StorageFull
     from piwf.host.host import Host
-    from piwf.store.sqlite.aggregates import SqliteControllerQueueStore
+    from piwf.store.sql.aggregates import SqliteControllerQueueStore
 
     from .conftest import config
 

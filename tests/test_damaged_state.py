@@ -15,7 +15,8 @@ import trio
 
 from piwf.errors import CorruptStateError
 from piwf.paths import StatePaths
-from piwf.store.sqlite import Database, queue, runs
+from piwf.store.sql import queue, runs
+from piwf.store.sqlite import Database
 from piwf.store.sqlite.hosts import open_state
 from piwf.store.sqlite.schema import SCHEMA_VERSION
 

@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from piwf.paths import StatePaths
 from piwf.status import QueueStatus, RunStatus
-from piwf.store.sqlite import Database, queue, runs, workers
+from piwf.store.sql import queue, runs, workers
+from piwf.store.sqlite import Database
 from piwf.protocol.worker import WorkerResponse, parse_worker_message
 from piwf.wire import canonical_json
 

@@ -21,7 +21,8 @@ from piwf.host.host import Host
 from piwf.host.state import HostState
 from piwf.paths import StatePaths
 from piwf.status import WorkerStatus
-from piwf.store.sqlite import Database, queue
+from piwf.store.sql import queue
+from piwf.store.sqlite import Database
 from piwf.wire import HOST_RESPONSE, encode_line
 
 from .conftest import config, piwf, wait_for, write_workflow

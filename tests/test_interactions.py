@@ -217,7 +217,8 @@ async def test_a_deadline_with_a_default_resolves_once_across_host_kills(
 
 async def _offline_request(paths: StatePaths, request_id: str) -> dict[str, Any]:
     """A request as stored, read with no host running."""
-    from piwf.store.sqlite import Database, interactions
+    from piwf.store.sql import interactions
+    from piwf.store.sqlite import Database
 
     db = Database.open_readonly(paths.db)
     try:

@@ -17,7 +17,7 @@ from piwf.client import AsyncClient
 from piwf.errors import StoreError
 from piwf.paths import StatePaths
 from piwf.store.sqlite import Database
-from piwf.store.sqlite.runs import LIFECYCLE_CONTRADICTIONS
+from piwf.store.sql.runs import LIFECYCLE_CONTRADICTIONS
 
 from .conftest import HostProcess, piwf, wait_for
 

@@ -8,7 +8,8 @@ import pytest
 
 from piwf.clock import ManualClock
 from piwf.errors import Conflict, NotFound, Rejected
-from piwf.store.sqlite import Database, queue, runs
+from piwf.store.sql import queue, runs
+from piwf.store.sqlite import Database
 
 LEASE = 30_000
 

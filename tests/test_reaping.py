@@ -17,7 +17,8 @@ import trio
 from piwf.engine.definition import shell
 from piwf.engine.executor import Context, run_shell
 from piwf.paths import StatePaths
-from piwf.store.sqlite import Database, queue, runs
+from piwf.store.sql import queue, runs
+from piwf.store.sqlite import Database
 
 from .conftest import HostProcess, config, wait_for, write_workflow
 from .test_engine import RecordingJournal

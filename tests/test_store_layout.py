@@ -119,7 +119,7 @@ def test_a_layout_1_database_is_migrated_with_its_runs_intact(tmp_path: Path) ->
 def test_a_layout_3_database_is_migrated_with_its_run_counts_filled(tmp_path: Path) -> None:
     """Layout 4 counts runs as they change; the migration counts the runs already there,
     contradictions and paused runs included, in the same transaction."""
-    from piwf.store.sqlite import runs
+    from piwf.store.sql import runs
 
     path = tmp_path / "v3.db"
     conn = frozen_layout(path, 3)
@@ -147,7 +147,7 @@ def test_a_layout_3_database_is_migrated_with_its_run_counts_filled(tmp_path: Pa
 def test_a_layout_5_database_is_migrated_keeping_runs_steps_and_counts(tmp_path: Path) -> None:
     """Layout 6 rebuilds run_queue and node_attempts (new CHECK lists) under the run-count
     triggers; rows, counts and indexes come through, and the new words are allowed."""
-    from piwf.store.sqlite import runs
+    from piwf.store.sql import runs
 
     path = tmp_path / "v5.db"
     conn = frozen_layout(path, 5)
@@ -200,7 +200,7 @@ def test_a_layout_6_database_gains_the_controller_tables_as_a_fresh_one_has_them
 def test_a_layout_9_database_gains_the_crash_back_off_as_a_fresh_one_has_it(tmp_path: Path) -> None:
     """Layout 10 keeps a crashed run's back-off with the run (run_queue.not_before); a
     parked run of layout 9 has none and is claimable at once, and the schema is a fresh one's."""
-    from piwf.store.sqlite import queue
+    from piwf.store.sql import queue
 
     def schema(db: Database) -> set[tuple[str, str]]:
         return set(db.execute("SELECT name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"))

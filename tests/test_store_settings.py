@@ -13,7 +13,8 @@ import pytest
 
 from piwf.engine import settings as engine_settings
 from piwf.errors import DefinitionError, Rejected
-from piwf.store.sqlite import Database, runs
+from piwf.store.sql import runs
+from piwf.store.sqlite import Database
 from piwf.store.sqlite.schema import APPLICATION_ID, SCHEMA_VERSION
 
 

@@ -12,8 +12,9 @@ from piwf.clock import ManualClock
 from piwf.errors import Conflict
 from piwf.protocol import ChoiceSpec
 from piwf.protocol.worker import InteractionOpenPayload
-from piwf.store.sqlite import Database, delivery, interactions, queue, runs
-from piwf.store.sqlite import controllers as res
+from piwf.store.sql import delivery, interactions, queue, runs
+from piwf.store.sqlite import Database
+from piwf.store.sql import controllers as res
 from piwf.store.sqlite.schema import SCHEMA_VERSION
 
 from .conftest import frozen_layout

@@ -53,7 +53,8 @@ def test_the_host_depends_on_the_store_interface_only() -> None:
 
 def test_every_store_interface_method_is_implemented_by_the_sqlite_backend_as_declared() -> None:
     from piwf.store import api
-    from piwf.store.sqlite import aggregates, backend
+    from piwf.store.sql import aggregates
+    from piwf.store.sqlite import backend
 
     store = backend.SqliteStore.__new__(backend.SqliteStore)
     for name in api.UnitOfWork.__annotations__:

@@ -16,7 +16,8 @@ from piwf.host.run_lane import RunLane
 from piwf.host.state import ActiveRun, Conclusion, HostState
 from piwf.paths import StatePaths
 from piwf.status import StopReason
-from piwf.store.sqlite import SqliteStore, Database, queue, runs
+from piwf.store.sql import queue, runs
+from piwf.store.sqlite import SqliteStore, Database
 from piwf.store.sqlite.hosts import acquire_lease, read_lease
 
 from .conftest import config, wait_for, write_workflow

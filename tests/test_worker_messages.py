@@ -11,7 +11,8 @@ from piwf.clock import ManualClock
 from piwf.host.state import ActiveRun, Conclusion, HostState
 from piwf.host import worker_messages
 from piwf.paths import StatePaths
-from piwf.store.sqlite import Database, SqliteStore, queue, runs, workers
+from piwf.store.sql import queue, runs, workers
+from piwf.store.sqlite import Database, SqliteStore
 from piwf.store.sqlite.hosts import acquire_lease
 from piwf.errors import ProtocolError
 from piwf.wire import canonical_json

@@ -94,7 +94,8 @@ def offline_status(paths: StatePaths, waited_s: float | None = None) -> dict[str
 
 def _stored_status(paths: StatePaths) -> dict[str, Any]:
     from piwf.clock import WallClock
-    from piwf.store.sqlite import Database, runs
+    from piwf.store.sql import runs
+    from piwf.store.sqlite import Database
     from piwf.store.sqlite.hosts import read_lease
 
     db = Database.open_readonly(paths.db)

@@ -1,7 +1,7 @@
-"""The SQLite backend of the store: the schema, the named statements of each aggregate
-(one module each), the group commit, and ``SqliteStore`` (``backend.py``), which implements
-``piwf.store.api.Store`` on them. SQLite-only SQL (``INDEXED BY``, ``INSERT OR ...``,
-``changes()``, the counting triggers) stays in this package."""
+"""The SQLite backend of the store: the apsw connection (``db.py``), the schema and its
+migrations, the group commit, the host lease, and ``SqliteStore`` (``backend.py``), which
+implements ``piwf.store.api.Store`` with the aggregates' SQL of ``piwf.store.sql`` run on
+its ``Database``."""
 
 from __future__ import annotations
 

@@ -15,9 +15,9 @@ import trio
 
 from piwf.errors import StoreError
 from piwf.store.sqlite import hosts
-from piwf.store.sqlite.aggregates import (
+from piwf.store.sql.aggregates import (
     SqliteCommandsStore, SqliteControllerEffectsStore, SqliteControllerQueueStore, SqliteControllersStore,
-    SqliteDeliveryStore, SqliteEffectsStore, SqliteHostsStore, SqliteInteractionsStore, SqliteQueueStore,
+    SqliteDeliveryStore, SqliteEffectsStore, SqliteInteractionsStore, SqliteQueueStore,
     SqliteRunsStore, SqliteSettingsStore, SqliteSupervisionStore, SqliteUpdatesStore, SqliteWorkersStore,
 )
 from piwf.store.sqlite.db import Database, _Write
@@ -25,6 +25,7 @@ from piwf.store.sqlite.group import GroupCommit
 
 if TYPE_CHECKING:
     from piwf.store import api
+    from piwf.store.api.types import HostClaim, LeaseRecord
 
 
 class SqliteStore:
@@ -69,6 +70,28 @@ class SqliteStore:
     def fsyncs(self) -> int:
         """Statistics: how many groups of commits were fsynced."""
         return 0 if self.group is None else self.group.fsyncs
+
+
+class SqliteHostsStore:
+    __slots__ = ("db",)
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def read_lease(self) -> LeaseRecord:
+        return hosts.read_lease(self.db)
+
+    async def acquire_lease(
+            self, *, host_id: str, pid: int, identity: str, lease_ms: int, now: int, owner_dead: bool = False,
+    ) -> HostClaim:
+        return hosts.acquire_lease(
+            self.db, host_id=host_id, pid=pid, identity=identity, lease_ms=lease_ms, now=now, owner_dead=owner_dead)
+
+    async def renew_lease(self, claim: HostClaim, lease_ms: int, now: int) -> HostClaim | None:
+        return hosts.renew_lease(self.db, claim, lease_ms, now)
+
+    async def release_lease(self, claim: HostClaim) -> bool:
+        return hosts.release_lease(self.db, claim)
 
 
 class _UnitOfWork:

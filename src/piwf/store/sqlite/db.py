@@ -6,11 +6,10 @@ mode holds the GIL through the busy timeout and freezes the trio loop (NOTES.md)
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import apsw
 
@@ -266,17 +265,6 @@ class Database:
         if content is None:
             raise StoreError(f"blob {digest} is missing")
         return bytes(content)
-
-
-def atomic(function: Callable[Concatenate[Database, _P], _T]) -> Callable[Concatenate[Database, _P], _T]:
-    """A store operation of several statements as one transaction when called by itself
-    (inside a unit of work it joins that one, as ``Database.write`` does)."""
-    @functools.wraps(function)
-    def in_one_transaction(db: Database, /, *args: _P.args, **kwargs: _P.kwargs) -> _T:
-        with db.write():
-            result = function(db, *args, **kwargs)
-        return result
-    return in_one_transaction
 
 
 class _Write:

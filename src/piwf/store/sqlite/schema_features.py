@@ -1,14 +1,8 @@
 """The tables of piwf's features past the run engine, one constant per layout that added
 them: the full layout (``schema.SCHEMA_SQL``) and each migration use the same text."""
 
-from collections.abc import Iterable
-
 from piwf.status import FollowUpState, NotificationKind, RequestStatus, SubmissionStatus, TurnCause, TurnResolution
-
-
-def one_of(values: Iterable[str]) -> str:
-    """A CHECK list from a status enum, so the schema allows exactly its words."""
-    return ", ".join(f"'{value}'" for value in values)
+from piwf.store.sql.database import one_of
 
 
 # Layout 6: people and agents in the loop (DESIGN.md §7). A request is opened by the node

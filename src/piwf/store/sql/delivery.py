@@ -30,9 +30,9 @@ from piwf.protocol import (
 )
 from piwf.status import ENDED, FollowUpState, Hold, NotificationKind, RunStatus, TurnCause, TurnResolution
 from piwf.wire import canonical_json, decode_json
-from piwf.store.sqlite.db import Database, atomic
-from piwf.store.sqlite.base import add_event, require_claim
-from piwf.store.sqlite.timefmt import iso
+from piwf.store.sql.database import Database, atomic
+from piwf.store.sql.base import add_event, require_claim
+from piwf.store.sql.timefmt import iso
 
 FACT_LIMIT = 4096  # each text fact (error, output, detail), in characters
 ENDS = {RunStatus.COMPLETED: TurnCause.COMPLETED, RunStatus.FAILED: TurnCause.FAILED,

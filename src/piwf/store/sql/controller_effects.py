@@ -17,10 +17,10 @@ from typing import Any
 
 from piwf.errors import NotFound, Rejected
 from piwf.wire import canonical_json, sha256_hex
-from piwf.store.sqlite import ledger
-from piwf.store.sqlite.controller_queue import hold_for_effect, release_effect_hold, set_workflow_run
-from piwf.store.sqlite.controllers import add_resource_event, enqueue
-from piwf.store.sqlite.db import Database, atomic
+from piwf.store.sql import ledger
+from piwf.store.sql.controller_queue import hold_for_effect, release_effect_hold, set_workflow_run
+from piwf.store.sql.controllers import add_resource_event, enqueue
+from piwf.store.sql.database import Database, atomic
 
 # A reconcile's effects: their events in the resource's; an ambiguous one holds the
 # resource; a failed apply() is retried (but after PermanentError).

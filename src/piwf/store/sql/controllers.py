@@ -20,8 +20,8 @@ from piwf.protocol.resources import (
 from piwf.errors import Conflict, NotFound, Rejected
 from piwf.wire import canonical_json, decode_json, sha256_hex
 from piwf.store.api.rules import check_json_size, check_key
-from piwf.store.sqlite.db import Database, atomic
-from piwf.store.sqlite.timefmt import iso
+from piwf.store.sql.database import Database, atomic
+from piwf.store.sql.timefmt import iso
 
 RESOURCE_COLUMNS = """r.uid, r.project_path, r.controller, r.resource_key, r.resource_version, r.generation,
   r.spec_json, r.spec_hash, r.status_json, r.status_hash, r.finalizers_json, r.deletion_requested_at,

@@ -11,13 +11,13 @@ from piwf.errors import PiwfError
 from piwf.protocol import Resolution
 from piwf.status import Provenance, QueueStatus, RequestStatus
 from piwf.wire import canonical_json
-from piwf.store.sqlite import ending
-from piwf.store.sqlite.base import add_event
-from piwf.store.sqlite.db import Database
-from piwf.store.sqlite.interactions import (
+from piwf.store.sql import ending
+from piwf.store.sql.base import add_event
+from piwf.store.sql.database import Database
+from piwf.store.sql.interactions import (
     IDLE, TIMEOUT_EXIT, Spec, close_request, continue_attempt, reject_validating, resolve_decision,
 )
-from piwf.store.sqlite.timefmt import iso
+from piwf.store.sql.timefmt import iso
 
 
 def next_deadline(db: Database) -> int | None:

@@ -21,10 +21,10 @@ from piwf.protocol.resources import MAX_ERROR_CHARS
 from piwf.errors import ClaimLost, Rejected
 from piwf.wire import canonical_json, decode_json
 from piwf.store.api.rules import check_json_size
-from piwf.store.sqlite.controllers import add_resource_event, delete_resource
-from piwf.store.sqlite.db import Database, atomic
+from piwf.store.sql.controllers import add_resource_event, delete_resource
+from piwf.store.sql.database import Database, atomic
 from piwf.store.api.types import ControllerClaim, Delay
-from piwf.store.sqlite.timefmt import iso
+from piwf.store.sql.timefmt import iso
 
 MIN_REQUEUE_MS = 1000  # Result.requeue() and short requeue_after(ms): at most one pass a second
 HOST_REASONS = ("PermanentError", "EffectAmbiguous")  # a Ready=False set by the host, not by the controller

@@ -14,9 +14,9 @@ from piwf.errors import NotFound, Rejected
 from piwf.status import EffectStatus as E, Hold
 from piwf.protocol import EffectSummary
 from piwf.wire import decode_json
-from piwf.store.sqlite import ledger
-from piwf.store.sqlite.db import Database
-from piwf.store.sqlite.base import add_event
+from piwf.store.sql import ledger
+from piwf.store.sql.database import Database
+from piwf.store.sql.base import add_event
 
 # A run's effects: keyed by (run, key), its events in the run's trace; an ambiguous effect
 # is held by the caller (the run, hold 'effect'); a failed apply() is rejected.

@@ -11,18 +11,18 @@ from piwf.protocol import EVENTS_PAGE, RunDetail, RunEvent, RunEventsPage, RunSu
 from piwf.wire import canonical_json, decode_json
 from piwf.status import ENDED, Hold, RunStatus
 from piwf.store.api.rules import STEPS_PAGE_BYTES, input_hash  # noqa: F401 (re-exported)
-from piwf.store.sqlite.db import Database
-from piwf.store.sqlite.effects import list_effects
-from piwf.store.sqlite import delivery, updates
-from piwf.store.sqlite.interactions import count_open, list_requests
-from piwf.store.sqlite.base import RUN_COLUMNS, add_event, require_claim, revision_of, summary_fields
-from piwf.store.sqlite.queue import AT_REVISION, refuse_revision
+from piwf.store.sql.database import Database
+from piwf.store.sql.effects import list_effects
+from piwf.store.sql import delivery, updates
+from piwf.store.sql.interactions import count_open, list_requests
+from piwf.store.sql.base import RUN_COLUMNS, add_event, require_claim, revision_of, summary_fields
+from piwf.store.sql.queue import AT_REVISION, refuse_revision
 from piwf.store.api.types import NewScope
-from piwf.store.sqlite.schema import lifecycle_contradicts
-from piwf.store.sqlite.schema_features import one_of
-from piwf.store.sqlite.settings import ensure_scope
-from piwf.store.sqlite.timefmt import iso
-from piwf.store.sqlite.workers import worker_summaries
+from piwf.store.sql.database import lifecycle_contradicts
+from piwf.store.sql.database import one_of
+from piwf.store.sql.settings import ensure_scope
+from piwf.store.sql.timefmt import iso
+from piwf.store.sql.workers import worker_summaries
 
 
 def create_run(

@@ -9,9 +9,9 @@ from piwf.protocol import WorkerSummary
 from piwf.status import ENDED, LIVE_WORKER
 from piwf.wire import canonical_json
 from piwf.protocol.worker import WorkerMessage, WorkerResponse, worker_fingerprint
-from piwf.store.sqlite.db import Database
-from piwf.store.sqlite.base import add_event
-from piwf.store.sqlite.schema_features import one_of
+from piwf.store.sql.database import Database
+from piwf.store.sql.base import add_event
+from piwf.store.sql.database import one_of
 
 ACTIVE = "status IN ('starting', 'running')"
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from piwf.wire import HostResponse, Outcome
 from piwf.store.api.rules import RETENTION_MS
-from piwf.store.sqlite.db import Database, atomic
+from piwf.store.sql.database import Database, atomic
 
 if TYPE_CHECKING:
     from piwf.store.api.types import CommandKey

@@ -9,9 +9,9 @@ from typing import Any
 
 from piwf.errors import ClaimLost
 from piwf.status import ACTIVE_QUEUE
-from piwf.store.sqlite.db import Database
-from piwf.store.sqlite.schema_features import one_of
-from piwf.store.sqlite.timefmt import iso
+from piwf.store.sql.database import Database
+from piwf.store.sql.database import one_of
+from piwf.store.sql.timefmt import iso
 from piwf.wire import canonical_json
 
 LIVE = f"status IN ({one_of(ACTIVE_QUEUE)})"

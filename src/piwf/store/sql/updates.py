@@ -13,10 +13,10 @@ from typing import Any
 from piwf.errors import Rejected
 from piwf.protocol import CONTENT_LIMIT, RunEvent, RunUpdate, WatchedRun, WatchEvent, WatchPage
 from piwf.wire import canonical_json, decode_json
-from piwf.store.sqlite.base import RUN_COLUMNS, add_event, require_claim, summary_fields
-from piwf.store.sqlite.db import Database, atomic
-from piwf.store.sqlite.interactions import list_requests
-from piwf.store.sqlite.timefmt import iso
+from piwf.store.sql.base import RUN_COLUMNS, add_event, require_claim, summary_fields
+from piwf.store.sql.database import Database, atomic
+from piwf.store.sql.interactions import list_requests
+from piwf.store.sql.timefmt import iso
 
 TYPE_LIMIT, KEY_LIMIT = 64, 128
 

@@ -8,22 +8,21 @@ from typing import TYPE_CHECKING, Any
 
 from piwf.protocol import EVENTS_PAGE
 from piwf.store.api.rules import RETENTION_MS
-from piwf.store.sqlite import hosts as _hosts
-from piwf.store.sqlite import commands as _commands
-from piwf.store.sqlite import runs as _runs
-from piwf.store.sqlite import base as _base
-from piwf.store.sqlite import queue as _queue
-from piwf.store.sqlite import supervision as _supervision
-from piwf.store.sqlite import workers as _workers
-from piwf.store.sqlite import effects as _effects
-from piwf.store.sqlite import interactions as _interactions
-from piwf.store.sqlite import deadlines as _deadlines
-from piwf.store.sqlite import delivery as _delivery
-from piwf.store.sqlite import updates as _updates
-from piwf.store.sqlite import settings as _settings
-from piwf.store.sqlite import controllers as _controllers
-from piwf.store.sqlite import controller_queue as _controller_queue
-from piwf.store.sqlite import controller_effects as _controller_effects
+from piwf.store.sql import commands as _commands
+from piwf.store.sql import runs as _runs
+from piwf.store.sql import base as _base
+from piwf.store.sql import queue as _queue
+from piwf.store.sql import supervision as _supervision
+from piwf.store.sql import workers as _workers
+from piwf.store.sql import effects as _effects
+from piwf.store.sql import interactions as _interactions
+from piwf.store.sql import deadlines as _deadlines
+from piwf.store.sql import delivery as _delivery
+from piwf.store.sql import updates as _updates
+from piwf.store.sql import settings as _settings
+from piwf.store.sql import controllers as _controllers
+from piwf.store.sql import controller_queue as _controller_queue
+from piwf.store.sql import controller_effects as _controller_effects
 
 if TYPE_CHECKING:
     from piwf.protocol import (
@@ -35,32 +34,10 @@ if TYPE_CHECKING:
     from piwf.protocol.worker import InteractionOpenPayload, PendingSubmission, WorkerMessage, WorkerResponse
     from piwf.status import NotificationKind, TurnResolution, WorkerStatus
     from piwf.store.api.types import (
-        Actor, Claim, CommandKey, ControllerClaim, Delay, HostClaim, LeaseRecord, NewScope, WorkerEnded,
+        Actor, Claim, CommandKey, ControllerClaim, Delay, NewScope, WorkerEnded,
     )
-    from piwf.store.sqlite.db import Database
+    from piwf.store.sql.database import Database
     from piwf.wire import HostResponse
-
-
-class SqliteHostsStore:
-    __slots__ = ("db",)
-
-    def __init__(self, db: Database) -> None:
-        self.db = db
-
-    async def read_lease(self) -> LeaseRecord:
-        return _hosts.read_lease(self.db)
-
-    async def acquire_lease(
-            self, *, host_id: str, pid: int, identity: str, lease_ms: int, now: int, owner_dead: bool = False,
-    ) -> HostClaim:
-        return _hosts.acquire_lease(
-            self.db, host_id=host_id, pid=pid, identity=identity, lease_ms=lease_ms, now=now, owner_dead=owner_dead)
-
-    async def renew_lease(self, claim: HostClaim, lease_ms: int, now: int) -> HostClaim | None:
-        return _hosts.renew_lease(self.db, claim, lease_ms, now)
-
-    async def release_lease(self, claim: HostClaim) -> bool:
-        return _hosts.release_lease(self.db, claim)
 
 
 class SqliteCommandsStore:

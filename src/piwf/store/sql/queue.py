@@ -11,11 +11,11 @@ from typing import Any
 from piwf.errors import ClaimLost, Conflict, NotFound
 from piwf.wire import canonical_json
 from piwf.status import QueueStatus
-from piwf.store.sqlite import ending
-from piwf.store.sqlite.base import (  # noqa: F401 (FENCE, holds_claim: re-exported)
+from piwf.store.sql import ending
+from piwf.store.sql.base import (  # noqa: F401 (FENCE, holds_claim: re-exported)
     FENCE, LIVE, add_event, holds_claim, interrupt_attempts, require_claim, revision_of,
 )
-from piwf.store.sqlite.db import Database
+from piwf.store.sql.database import Database
 from piwf.store.api.types import Claim
 # Ready: not held, and past its crash back-off (layout 10), if any.
 READY = "(q.status IN ('queued', 'parked') AND q.hold IS NULL AND (q.not_before IS NULL OR q.not_before <= :now))"

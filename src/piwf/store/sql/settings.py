@@ -16,10 +16,10 @@ from piwf.protocol import SETTINGS_LIMIT, ChangeSettingsReceipt, RunSettings, Se
 from piwf.status import ENDED
 from piwf.wire import canonical_json, decode_json
 from piwf.store.api.types import Actor
-from piwf.store.sqlite.db import Database
-from piwf.store.sqlite.base import add_event
-from piwf.store.sqlite.schema_features import one_of
-from piwf.store.sqlite.timefmt import iso
+from piwf.store.sql.database import Database
+from piwf.store.sql.base import add_event
+from piwf.store.sql.database import one_of
+from piwf.store.sql.timefmt import iso
 
 ROOT = ""  # the mount path of a run's own scope
 

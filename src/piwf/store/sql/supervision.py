@@ -5,8 +5,8 @@ from __future__ import annotations
 import secrets
 
 from piwf.status import CRASHES, Hold, WorkerStatus
-from piwf.store.sqlite import interactions, queue, workers
-from piwf.store.sqlite.db import Database
+from piwf.store.sql import interactions, queue, workers
+from piwf.store.sql.database import Database
 from piwf.store.api.types import Claim, Delay, WorkerEnded
 
 

@@ -23,10 +23,10 @@ from piwf.protocol import (
 from piwf.status import AttemptStatus, Provenance, RequestStatus, SubmissionStatus
 from piwf.wire import canonical_json, decode_json
 from piwf.protocol.worker import InteractionOpenPayload, PendingSubmission
-from piwf.store.sqlite.db import Database, atomic
-from piwf.store.sqlite.base import LIVE, add_event, require_claim
-from piwf.store.sqlite.schema_features import one_of
-from piwf.store.sqlite.timefmt import iso
+from piwf.store.sql.database import Database, atomic
+from piwf.store.sql.base import LIVE, add_event, require_claim
+from piwf.store.sql.database import one_of
+from piwf.store.sql.timefmt import iso
 
 OPEN = f"status IN ({one_of((RequestStatus.PENDING, RequestStatus.PRESENTING))})"
 # A deadline applies to a request whose run waits idle: parked, unclaimed, and with no

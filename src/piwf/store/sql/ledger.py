@@ -25,7 +25,7 @@ from typing import Any
 
 from piwf.errors import Rejected
 from piwf.status import EffectStatus as E
-from piwf.store.sqlite.db import Database
+from piwf.store.sql.database import Database
 from piwf.wire import canonical_json, decode_json
 
 Ident = tuple[Any, ...]  # the key columns' values, owner first, effect key last

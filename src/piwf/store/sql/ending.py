@@ -14,9 +14,9 @@ with no controller pays nothing for it.
 
 from __future__ import annotations
 
-from piwf.store.sqlite import delivery
-from piwf.store.sqlite.db import Database
-from piwf.store.sqlite.interactions import close_open
+from piwf.store.sql import delivery
+from piwf.store.sql.database import Database
+from piwf.store.sql.interactions import close_open
 
 
 def cascade(db: Database, run_id: str, now: int, *, ended: str | None = None) -> None:
