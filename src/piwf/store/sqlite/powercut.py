@@ -159,17 +159,25 @@ class _File(apsw.VFSFile):
 
 
 def _revert(path: str, state: _Unsynced, mode: str, rng: random.Random) -> tuple[int, int]:
-    """Put back, per ``mode``, what each dirty block held at the last sync."""
+    """Put back, per ``mode``, what each dirty block held at the last sync. Blocks a
+    truncation removed since then come back together or not at all (it is one change of
+    the file's size)."""
+    current = _size(path)
     choices = {block: "drop" if mode == "all" else rng.choice(("drop", "keep", "tear") if mode == "torn" else
                                                                ("drop", "keep")) for block in sorted(state.old)}
+    removed = [block for block in choices if block * BLOCK >= current]
+    if removed:
+        undo = "drop" if mode == "all" else rng.choice(("drop", "keep"))
+        choices.update((block, undo) for block in removed)
     with open(path, "r+b") as file:
         new = {}
         for block in choices:
             file.seek(block * BLOCK)
             new[block] = file.read(BLOCK)
-        # A block past the synced size that survives (whole or torn) keeps the file's length.
-        keep_length = any(choice != "drop" and block * BLOCK + len(new[block]) > state.synced_size
-                          for block, choice in choices.items())
+        # The file grew: a block past the synced size that survives (whole or torn) keeps its length.
+        keep_length = current <= state.synced_size or any(
+            choice != "drop" and block * BLOCK + len(new[block]) > state.synced_size
+            for block, choice in choices.items())
         for block, choice in choices.items():
             if choice == "keep":
                 continue
@@ -182,7 +190,7 @@ def _revert(path: str, state: _Unsynced, mode: str, rng: random.Random) -> tuple
                 content = old.ljust(length, b"\0") if keep_length else old
             file.seek(block * BLOCK)
             file.write(content)
-        if not keep_length:
+        if not keep_length or (removed and choices[removed[0]] == "drop"):
             file.truncate(state.synced_size)
     return sum(c == "drop" for c in choices.values()), sum(c == "tear" for c in choices.values())
 
