@@ -526,6 +526,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
     summary["seed"] = args.seed
+    # What a client was answered `accepted` for and is missing at the end: runs started, answers given.
+    summary["acknowledged_lost"] = summary["runs_lost"] + summary["answers_lost"]
     print(json.dumps(summary, sort_keys=True))
     bad = summary["runs_lost"] or summary["effects_applied_twice"] or summary["runs_stuck"] \
         or summary["runs_duplicated"] or summary["unexpected_host_exits"] or summary["integrity_check"] != "ok" \
