@@ -8,12 +8,14 @@ going on, so a step is either accepted durably or will run again.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -105,7 +107,8 @@ class Context:
     outputs: Mapping[str, Any]
     project_path: str
     journal: Journal = field(repr=False, compare=False)
-    _notified: list[int] = field(default_factory=lambda: [0], repr=False, compare=False)
+    _notified: itertools.count[int] = field(default_factory=lambda: itertools.count(1), repr=False, compare=False)
+    _notified_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     settings: Any = None  # the workflow's settings type, as in force when the node started (None: it has none)
 
     def effect(self, key: str, apply: Callable[[], Any], observe: Callable[[], Any] | None = None) -> Any:
@@ -148,8 +151,8 @@ class Context:
         self.journal.publish(self.attempt_id, type, key, data)
 
     def _next_index(self) -> int:
-        self._notified[0] += 1
-        return self._notified[0]
+        with self._notified_lock:  # from threads too: each call its own number
+            return next(self._notified)
 
 
 NOTIFICATION_KINDS = ("progress", "final")
