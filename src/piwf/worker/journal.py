@@ -136,9 +136,9 @@ class HostJournal:
 
 
 def _json_result(value: Any, key: str, where: str) -> Any:
-    """An effect's result is stored and sent back like a node's output: same limits."""
+    """An effect's result is stored and sent back like a node's output: same limits, and
+    handed to its caller as a replay would (a tuple as a list)."""
     try:
-        check_output(value)
+        return check_output(value, f"the value {where} returned")
     except (TypeError, ValueError) as exc:
-        raise TypeError(f"effect {key!r}: {where} returned an unusable value: {exc}") from exc
-    return value
+        raise TypeError(f"effect {key!r}: {exc}") from exc
