@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from piwf import faults
-from piwf.errors import ClaimLost, PiwfError, Rejected
+from piwf.errors import ClaimLost, PiwfError, ProtocolError, Rejected
 from piwf.status import Hold, NotificationKind
 from piwf.store.api import UnitOfWork
 from piwf.store.api.rules import STEPS_PAGE_BYTES
@@ -262,8 +262,11 @@ REVISING = frozenset({Ready, AttemptStart, AttemptAccept, AttemptFail, RunComple
 
 async def handle(host: HostState, active: ActiveRun, message: WorkerMessage) -> WorkerResponse:
     if message.workerEpoch != active.worker_id or message.generation != active.claim.generation:
-        active.conclusion = Conclusion.CLAIM_LOST
-        return WorkerResponse(message.messageId, "claimLost", error="worker epoch or generation is stale")
+        # Each worker has a pipe of its own: a stale worker's messages come on its own pipe,
+        # with its own claim, and the store's fence refuses them (claimLost). One that names
+        # another worker or generation than its pipe's lies: the pump stops it as a crash.
+        raise ProtocolError(f"a message for worker {message.workerEpoch} generation {message.generation} "
+                            f"on the pipe of worker {active.worker_id} generation {active.claim.generation}")
     store = host.store
     if message.messageId in active.answered:  # a repeat gets the stored answer (new ids skip the lookup)
         stored = await store.workers.read_message(message)
