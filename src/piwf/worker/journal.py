@@ -126,8 +126,12 @@ class HostJournal:
         identity = processes.identity(pid)
         if identity is None:  # cannot happen before the gate opens: the process waits for it
             raise PiwfError(f"shell process {pid} vanished before it was registered")
-        self.channel.children.add(pid)
-        self.channel.request(ProcessRegister, ProcessRegisterPayload(pid=pid, identity=identity, node=node))
+        self.channel.children.add(pid)  # killed with the worker should the host go, registered or not
+        try:
+            self.channel.request(ProcessRegister, ProcessRegisterPayload(pid=pid, identity=identity, node=node))
+        except PiwfError:
+            self.channel.children.discard(pid)  # not registered: nothing to unregister
+            raise
 
     def process_ended(self, pid: int) -> None:
         if pid in self.channel.children:
