@@ -9,6 +9,7 @@ import os
 import sys
 from typing import Any
 
+from piwf.cli.text import terminal_text
 from piwf.client import Client
 from piwf.errors import HostReplied, ProtocolError, UsageError
 from piwf.paths import StatePaths
@@ -83,7 +84,7 @@ def _print(args: argparse.Namespace, value: Any, human: Any) -> None:
     else:
         text = human(value)
         if text:
-            print(text)
+            print(terminal_text(text))  # workflow text within it is shown escaped
 
 
 def _emit(value: Any) -> None:

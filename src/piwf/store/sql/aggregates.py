@@ -222,7 +222,7 @@ class SqliteWorkersStore:
         return _workers.register_process(
             self.db, worker_id=worker_id, run_id=run_id, pid=pid, identity=identity, node=node, now=now)
 
-    async def unregister_process(self, worker_id: str, pid: int, now: int) -> None:
+    async def unregister_process(self, worker_id: str, pid: int, now: int) -> bool:
         return _workers.unregister_process(self.db, worker_id, pid, now)
 
     async def live_processes(self, worker_ids: list[str]) -> list[tuple[str, int, str]]:
