@@ -428,11 +428,50 @@ async def test_presentation_claims_are_leases_held_by_one_client(
         stale = await web.update_interaction(request_id, 1, "progress", progress="x")
         assert stale.outcome == "conflict"
         shown = await tui.update_interaction(request_id, 2, "presented", entry_id="msg-1")
-        assert shown.receipt["status"] == "pending" and shown.receipt["revision"] == 3
+        assert shown.receipt["status"] == "presenting" and shown.receipt["revision"] == 3
         missing = await tui.update_interaction(request_id, 3, "presented")
         assert missing.outcome == "rejected" and "entryId" in missing.error
+        # presented: claiming ends, for another client and for the presenter alike
+        for presenter in (web, tui):
+            again = await presenter.update_interaction(request_id, 3, "claim")
+            assert again.outcome == "conflict" and "presentation is over" in again.error
     request = await open_request(paths, run_id)
-    assert (request["entryId"], request["revision"], request["presenter"]) == ("msg-1", 3, None)
+    assert (request["status"], request["entryId"], request["revision"], request["presenter"]) == (
+        "presenting", "msg-1", 3, None)
+    await piwf(paths, "decide", request_id, "yes")  # a presented request is still answered as before
+    assert (await wait_run(paths, run_id))["status"] == "completed"
+
+
+async def test_progress_on_a_request_is_a_run_update_a_watcher_sees(
+        host: Any, paths: StatePaths, project: Path) -> None:
+    write_workflow(project, "deploy", deploy_source())
+    run_id = await start(paths, project, "deploy")
+    request_id = (await open_request(paths, run_id))["requestId"]
+    async with AsyncClient(paths, client_id="tui") as tui, AsyncClient(paths, client_id="agent") as agent:
+        cursor = (await tui.watch(run_id=run_id)).receipt["cursor"]
+        async with trio.open_nursery() as nursery:
+            seen: list[dict[str, Any]] = []
+
+            async def watch() -> None:
+                page = (await tui.watch(after=cursor, run_id=run_id, timeout_ms=20_000)).receipt
+                seen.append(page)
+
+            nursery.start_soon(watch)
+            reported = await agent.update_interaction(request_id, 1, "progress", progress="2 of 3 read")
+            assert reported.outcome == "accepted" and reported.receipt["revision"] == 1  # not bumped
+        [page] = seen
+        [update] = page["updates"]
+        assert (update["type"], update["key"], update["data"]["progress"], update["seq"]) == (
+            "interaction.progress", request_id, "2 of 3 read", reported.receipt["updateSeq"])
+        stale = await agent.update_interaction(request_id, 0, "progress", progress="x")
+        assert stale.outcome == "conflict"
+    shown = await run_status(paths, run_id)
+    assert [u["data"]["progress"] for u in shown["updates"] if u["type"] == "interaction.progress"] == [
+        "2 of 3 read"]
+    await piwf(paths, "run", "cancel", run_id)
+    async with AsyncClient(paths) as late:
+        after = await late.update_interaction(request_id, 2, "progress", progress="late")
+    assert after.outcome == "rejected" and "cancelled" in after.error
 
 
 @pytest.mark.parametrize("source, message", [

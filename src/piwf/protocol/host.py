@@ -187,6 +187,8 @@ class UpdateReceipt(Struct):
     revision: int
     presenter: str | None
     presenterExpiresAt: str | None
+    updateSeq: Annotated[int | None, Meta(description="`progress`: the run update's seq (`run.watch` shows it)")] = (
+        None)
 
 
 class SubmitReceipt(Struct):
