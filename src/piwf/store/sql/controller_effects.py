@@ -107,10 +107,10 @@ def record_child(db: Database, uid: str, request_key: str, workflow: str, run_in
     add_resource_event(db, uid, "workflow_started", {"requestKey": request_key, "runId": run_id}, now)
     child = {"requestKey": request_key, "runId": run_id, "state": "running", "attempt": 1}
     seen = db.scalar("SELECT resource_version FROM controller_resources WHERE uid = ?", (uid,))
-    set_workflow_run(db, uid, child, now)
-    # The reconcile's own write: its result still compares against what it was shown.
-    db.execute("""UPDATE controller_queue SET claim_resource_version = claim_resource_version + 1
-                  WHERE uid = ? AND claim_resource_version = ?""", (uid, seen))
+    if set_workflow_run(db, uid, child, now):
+        # The reconcile's own write: its result still compares against what it was shown.
+        db.execute("""UPDATE controller_queue SET claim_resource_version = claim_resource_version + 1
+                      WHERE uid = ? AND claim_resource_version = ?""", (uid, seen))
     return {**child, "output": None}
 
 
