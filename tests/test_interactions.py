@@ -311,6 +311,62 @@ async def test_an_ask_validates_in_the_worker_and_takes_the_first_value_that_fit
     assert settled["status"] == "settled" and settled["resolution"]["value"] == 5
 
 
+# holds the host's one worker until the file named by its input exists
+BLOCKER = """
+    import time
+    from pathlib import Path
+    from piwf import Workflow, compute
+
+    def hold(ctx):
+        Path(ctx.project_path, ctx.input["gate"] + ".started").write_text("")
+        while not Path(ctx.project_path, ctx.input["gate"]).exists():
+            time.sleep(0.02)
+        return {}
+
+    workflow = Workflow(name="blocker", start_at="hold", nodes={"hold": compute(hold)})
+"""
+
+
+async def test_a_run_with_a_submission_to_validate_goes_before_older_queued_runs(
+        paths: StatePaths, project: Path, nursery: trio.Nursery) -> None:
+    """Seed: runs with a validating submission are claimed first: a person waits on them."""
+    from piwf.host.host import Host
+
+    from .conftest import config
+
+    state = await nursery.start(Host(config(paths, max_workers=1)).serve)
+    write_workflow(project, "count", COUNT.replace("PROJECT", repr(str(project))))
+    write_workflow(project, "blocker", BLOCKER)
+
+    async def hold_the_worker(gate: str) -> str:
+        run_id = await start(paths, project, "blocker", input={"gate": gate})
+        await wait_for(lambda: (project / f"{gate}.started").exists())
+        return run_id
+
+    first = await hold_the_worker("g1")
+    older = await start(paths, project, "greet")  # queued behind the blocker, then held
+    await piwf(paths, "run", "pause", older)
+    asking = await start(paths, project, "count")
+    (project / "g1").touch()
+    request_id = (await open_request(paths, asking))["requestId"]  # it waits; the worker is free
+    second = await hold_the_worker("g2")
+    await piwf(paths, "run", "resume", older)  # ready, and older than the ask's run
+    async with AsyncClient(paths) as client:
+        assert (await client.submit_interaction(request_id, 5)).outcome == "accepted"
+    (project / "g2").touch()
+
+    async def ended(run_id: str) -> bool:
+        return bool((await run_status(paths, run_id))["status"] == "completed")
+
+    await wait_for(lambda: ended(asking))
+    await wait_for(lambda: ended(older))
+    claimed = {run: (await events(paths, run, "claimed"))[-1]["eventId"] for run in (asking, older)}
+    assert claimed[asking] < claimed[older]
+    for run in (first, second):
+        assert (await wait_run(paths, run))["status"] == "completed"
+    state.stop_requested.set()
+
+
 async def test_a_worker_killed_while_validating_rejects_that_submission(
         host: Any, paths: StatePaths, project: Path) -> None:
     write_workflow(project, "count", COUNT.replace("PROJECT", repr(str(project))))

@@ -254,6 +254,20 @@ async def test_progress_is_a_run_update_of_the_waiting_attempt(store: Any, clock
         "2 of 3"]
 
 
+async def test_a_run_with_a_submission_to_validate_is_claimed_before_older_runs(
+        store: Any, clock: ManualClock) -> None:
+    """Seed: runs with a validating submission are served first (a person waits on them)."""
+    await new_run(store, clock, "r0")
+    older = await claim(store, clock)
+    request_id, _, _ = await asking(store, clock, "r1", kind="ask")
+    assert await store.queue.park_run("r0", older.token, clock.now_ms())  # ready again, and older than r1
+    await new_run(store, clock, "r2")
+    assert await claim(store, clock, exclude=frozenset({"r0", "r1", "r2"})) is None
+    await submit(store, clock, request_id, 3)
+    assert (await claim(store, clock)).run_id == "r1"
+    assert [c.run_id for c, _ in await claims(store, clock, room=3)] == ["r0", "r2"]
+
+
 async def test_requests_are_listed_by_session_and_run(store: Any, clock: ManualClock) -> None:
     first, _, _ = await asking(store, clock, "r1", session="s1")
     second, _, _ = await asking(store, clock, "r2", session="s2")
