@@ -86,6 +86,9 @@ class EffectReservePayload(Payload, frozen=True):
     key: Text
     node: Text
     observable: bool
+    # a reconcile's effect: the action the key names (a reused key for another is a conflict)
+    kind: Annotated[str, msgspec.Meta(min_length=1, max_length=128)] | None = None
+    requestFingerprint: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")] | None = None
 
 
 class EffectKeyPayload(Payload, frozen=True):

@@ -31,11 +31,12 @@ from piwf.controllers import Controller, Resource, Result
 from piwf.controllers.loader import load_controller
 from piwf.engine.executor import EffectRejected, Stop
 from piwf.errors import ClaimLost, PermanentError, PiwfError, TemporaryError
-from piwf.wire import canonical_json
+from piwf.wire import canonical_json, sha256_hex
 from piwf.worker.journal import HostJournal
 from piwf.worker.channel import Channel
 
 TRACEBACK_TAIL = 4000
+DEFAULT_KIND = "effect"
 
 
 class Effects:
@@ -44,14 +45,24 @@ class Effects:
     def __init__(self, channel: Channel) -> None:
         self._journal = HostJournal(channel)  # the run worker's effect steps, reused as they are
 
-    def ensure(self, key: str, apply: Callable[[], Any], observe: Callable[[], Any] | None = None) -> Any:
+    def ensure(self, key: str, apply: Callable[[], Any], observe: Callable[[], Any] | None = None, *,
+               kind: str = DEFAULT_KIND, request: Any = None) -> Any:
         """Apply ``apply()`` once for this key and spec generation and return its result; a
         later pass gets the stored result. ``observe()`` (result, or None when not applied)
         lets a pass after a crash mid-apply find out instead of holding the resource. An
         exception from ``apply()`` fails the pass and the next pass applies it again; a
-        ``PermanentError`` from it is stored and raised again for this spec generation."""
+        ``PermanentError`` from it is stored and raised again for this spec generation.
+        ``kind`` (text) names the action and ``request`` (JSON) what it is asked to do: with
+        the key they are the effect's identity, so the key reused for another kind or
+        request fails the pass (a conflict) instead of returning the other action's result."""
+        if not isinstance(kind, str) or not 0 < len(kind) <= 128:
+            raise PiwfError(f"effect {key!r}: kind must be text of 1 to 128 characters, not {kind!r}")
         try:
-            return self._journal.effect(EFFECT_NODE, key, apply, observe)
+            fingerprint = sha256_hex(canonical_json(request))
+        except (TypeError, msgspec.EncodeError) as exc:
+            raise PiwfError(f"effect {key!r}: request must be JSON ({exc})") from None
+        try:
+            return self._journal.effect(EFFECT_NODE, key, apply, observe, kind=kind, fingerprint=fingerprint)
         except EffectRejected as exc:  # only a PermanentError is stored as rejected
             raise PermanentError(f"effect {key!r}: {exc.error.get('message', '')}") from None
 

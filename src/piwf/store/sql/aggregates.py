@@ -516,9 +516,11 @@ class SqliteControllerEffectsStore:
 
     async def reserve(
             self, uid: str, spec_generation: int, key: str, *, generation: int, observable: bool, now: int,
+            kind: str | None = None, fingerprint: str | None = None,
     ) -> dict[str, Any]:
         return _controller_effects.reserve(
-            self.db, uid, spec_generation, key, generation=generation, observable=observable, now=now)
+            self.db, uid, spec_generation, key, generation=generation, observable=observable, now=now, kind=kind,
+            fingerprint=fingerprint)
 
     async def begin_apply(self, uid: str, spec_generation: int, key: str, *, generation: int, now: int) -> None:
         return _controller_effects.begin_apply(self.db, uid, spec_generation, key, generation=generation, now=now)
