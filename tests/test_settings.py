@@ -114,6 +114,22 @@ async def test_initial_settings_are_checked_against_the_type_and_a_plain_workflo
     assert len(runs) == 2  # the refused starts left nothing behind
 
 
+async def test_an_unknown_settings_key_is_refused_at_the_start_as_a_change_refuses_it(
+        host: Any, paths: StatePaths, project: Path) -> None:
+    write_workflow(project, "tuned", TUNED)
+    for settings, path, missing in (('{"bogus": 1}', "bogus", "Settings has no field 'bogus'"),
+                                    ('{"limits": {"mx": 3}}', "limits.mx", "Limits has no field 'mx'")):
+        refused = await piwf(paths, "run", "start", "tuned", "--settings", settings, cwd=project, check=False)
+        assert refused.returncode == 1
+        assert refused.stderr.decode().splitlines() == [
+            f"piwf: rejected: settings path {path!r} of workflow tuned: {missing}"]
+    assert await call(paths, "run.list") == []  # nothing was started
+    run_id = await start(paths, project, "tuned")
+    changed = await piwf(paths, "run", "settings", run_id, "--set", "bogus=1", check=False)
+    assert changed.stderr.decode().splitlines() == [
+        "piwf: rejected: settings path 'bogus' of workflow tuned: Settings has no field 'bogus'"]
+
+
 async def test_bad_changes_are_refused_with_the_reason_and_change_nothing(
         host: Any, paths: StatePaths, project: Path) -> None:
     write_workflow(project, "tuned", TUNED)

@@ -8,7 +8,16 @@ from pathlib import Path
 from typing import Any
 
 from piwf.cli import interact as cli_interact
-from piwf.cli.common import WAIT_S, _client, _json_arg, _ok, _print
+from piwf.cli.common import (
+    DEFAULT_TIMEOUT_S,
+    LOAD_LIMIT_S,
+    WAIT_S,
+    _client,
+    _json_arg,
+    _ok,
+    _print,
+    slow_notice,
+)
 from piwf.client import Client
 from piwf.errors import ExitCode, HostUnavailable, UsageError
 from piwf.status import UNSUCCESSFUL
@@ -22,8 +31,12 @@ def cmd_run_start(args: argparse.Namespace) -> int:
         payload["originSessionId"] = args.session
     if args.settings is not None:
         payload["settings"] = _json_arg(args.settings, "--settings")
-    with _client(args) as client:
-        receipt = _ok(client.call("run.start", run_id=args.run_id, payload=payload))
+    # Loading the workflow may take the host up to LOAD_LIMIT_S: by default the CLI waits for
+    # the host's own answer (its reason), a --timeout or $PIWF_TIMEOUT bounds the wait.
+    with _client(args, default_timeout=LOAD_LIMIT_S + DEFAULT_TIMEOUT_S) as client:
+        with slow_notice(f"waiting for the host to load workflow {args.name} (its import may take up to "
+                         f"{LOAD_LIMIT_S} s; --timeout S waits less)"):
+            receipt = _ok(client.call("run.start", run_id=args.run_id, payload=payload))
         run_id = receipt["runId"]
         if not args.wait:
             _print(args, {"runId": run_id}, lambda r: run_id)
