@@ -34,6 +34,21 @@ def _seconds(text: str) -> float:
     return value
 
 
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
+
+
+def _duration(text: str) -> float:
+    """A length of time: seconds (``90``, ``1.5``) or with a unit (``90s``, ``10m``, ``2h``, ``7d``)."""
+    number, unit = (text[:-1], text[-1]) if text[-1:] in DURATION_UNITS else (text, "s")
+    try:
+        value = float(number) * DURATION_UNITS[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (like 90, 90s, 10m, 2h or 7d)") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: a duration must be more than 0")
+    return value
+
+
 def _json_arg(text: str, option: str) -> Any:
     """A JSON option value, read as the host reads frames (nesting bounded). A bare word
     (``three``) is refused with what to type instead: a JSON string has its quotes."""

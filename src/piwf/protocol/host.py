@@ -325,7 +325,9 @@ class RunDetail(RunSummary):
     definitionDigest: str
     input: Any
     output: Any
-    error: Annotated[dict[str, Any] | None, Meta(description="`type`, `message`, `node`, `traceback`")]
+    error: Annotated[dict[str, Any] | None, Meta(description="`type`, `message`, `node`, `traceback`, `where` "
+                                                              "(`file`, `line`, `function`, `code` in the user's "
+                                                              "code, or null)")]
     steps: Annotated[list[Step], Meta(description="every node attempt, in order")]
     workers: list[WorkerSummary]
     effects: list[EffectSummary]
