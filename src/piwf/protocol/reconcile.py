@@ -16,8 +16,8 @@ import msgspec
 from piwf.protocol.steering import WorkflowChangeSettings, WorkflowQueueFollowUp, WorkflowRemoveFollowUp
 from piwf.wire import decode_with
 from piwf.protocol.worker import (
-    RECONCILE_LAUNCH_SCHEMA, WORKER_PROTOCOL_VERSION, Count, EffectApply, EffectReserve, EffectSettle, Payload, Result,
-    Text, WorkerMessage,
+    RECONCILE_LAUNCH_SCHEMA, WORKER_PROTOCOL_VERSION, Count, EffectApply, EffectReserve, EffectSettle, LoadError,
+    Payload, Result, Text, WorkerMessage,
 )
 
 LAUNCH_VAR = "PIWF_RECONCILE_LAUNCH"
@@ -41,7 +41,7 @@ class ReconcileReadyPayload(Payload, frozen=True):
     """The controller loaded (with its timeout), or why it could not."""
 
     timeoutS: float | None = None
-    loadError: str | None = None
+    loadError: LoadError | None = None
 
 
 class ReconcileFinishPayload(Payload, frozen=True):

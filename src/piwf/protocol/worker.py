@@ -46,11 +46,15 @@ class WorkerMessage(msgspec.Struct, tag_field="operation", forbid_unknown_fields
 # --- payloads ------------------------------------------------------------------------------
 
 
+LOAD_ERROR_LIMIT = 8192  # characters of why a workflow or controller did not load (seed: error text)
+LoadError = Annotated[str, msgspec.Meta(max_length=LOAD_ERROR_LIMIT)]
+
+
 class ReadyPayload(Payload, frozen=True):
     """What the worker loaded: its workflow's digest, or why it could not load it."""
 
     digest: str | None = None
-    loadError: str | None = None
+    loadError: LoadError | None = None
 
 
 class AttemptStartPayload(Payload, frozen=True):

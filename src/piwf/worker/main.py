@@ -16,8 +16,8 @@ from piwf.engine.definition import Workflow
 from piwf.engine.loader import load_workflow
 from piwf.errors import ClaimLost, DefinitionError, NodeFailed, PiwfError, WorkflowLoadError
 from piwf.protocol.worker import (
-    WORKER_LAUNCH_SCHEMA, LaunchEnvelope, LaunchRefused, Ready, ReadyPayload, ReadyResult, RunComplete,
-    RunCompletePayload, RunFail, RunFailPayload, StepsPage, StepsRead, StepsReadPayload, decode_launch,
+    LOAD_ERROR_LIMIT, WORKER_LAUNCH_SCHEMA, LaunchEnvelope, LaunchRefused, Ready, ReadyPayload, ReadyResult,
+    RunComplete, RunCompletePayload, RunFail, RunFailPayload, StepsPage, StepsRead, StepsReadPayload, decode_launch,
 )
 from piwf.worker.channel import Channel
 from piwf.worker.journal import HostJournal
@@ -74,7 +74,7 @@ def _load(envelope: LaunchEnvelope) -> tuple[Workflow | None, ReadyPayload]:
     try:
         workflow = load_workflow(envelope.projectPath, envelope.workflow)
     except (WorkflowLoadError, DefinitionError) as exc:
-        return None, ReadyPayload(loadError=str(exc)[:1500])
+        return None, ReadyPayload(loadError=str(exc)[:LOAD_ERROR_LIMIT])
     return workflow, ReadyPayload(digest=workflow.digest())
 
 

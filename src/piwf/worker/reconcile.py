@@ -33,7 +33,7 @@ from piwf.errors import ClaimLost, PermanentError, PiwfError, TemporaryError
 from piwf.wire import canonical_json, sha256_hex
 from piwf.worker.journal import HostJournal
 from piwf.worker.channel import Channel
-from piwf.protocol.worker import RECONCILE_LAUNCH_SCHEMA, LaunchRefused, decode_launch
+from piwf.protocol.worker import LOAD_ERROR_LIMIT, RECONCILE_LAUNCH_SCHEMA, LaunchRefused, decode_launch
 
 EXIT_LAUNCH = 5  # as a run's worker: the launch envelope was not one this worker follows
 
@@ -180,7 +180,7 @@ def _load(launch: ReconcileLaunch) -> tuple[Controller | None, ReconcileReadyPay
     try:
         controller = load_controller(launch.projectPath, launch.controller)
     except PiwfError as exc:
-        return None, ReconcileReadyPayload(loadError=str(exc)[:1500])
+        return None, ReconcileReadyPayload(loadError=str(exc)[:LOAD_ERROR_LIMIT])
     return controller, ReconcileReadyPayload(timeoutS=float(controller.timeout))
 
 
