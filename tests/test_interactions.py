@@ -542,12 +542,33 @@ async def test_progress_on_a_request_is_a_run_update_a_watcher_sees(
     ('decision("Go?", choices={"timeout": "T"})', "must be non-empty text"),
     ('ask("Why?", deadline=-1)', "deadline must be a number of seconds above 0"),
     ('ask("Why?", deadline=1e300)', "at most 31622400"),
+    ('decision("Go?", choices={"a": Choice("A", input=TextInput("Why?", 0, 0))})',
+     "TextInput max_length must be at least 1, not 0"),
+    ('decision("Go?", choices={"a": Choice("A", input=TextInput("Why?", 0, -5))})', "at least 1, not -5"),
+    ('decision("Go?", choices={"a": Choice("A", input=TextInput("Why?", 3, 2))})', "0 <= min_length <= max_length"),
+    ('decision("Go?", choices={"a": Choice("A", input=TextInput("Why?", 1, 4001))})', "<= 4000"),
+    ('decision("Go?", choices={"a": Choice("A", input=TextInput("Why?", 1, 2.5))})', "whole numbers"),
+    ('decision("Go?", choices={"a": Choice("A", input="Why?")})', "input must be a TextInput"),
 ])
 def test_a_bad_interactive_node_is_refused_when_the_workflow_loads(source: str, message: str) -> None:
     import piwf
 
     with pytest.raises(piwf.PiwfError, match=message):
-        eval(source, {"decision": piwf.decision, "ask": piwf.ask})
+        eval(source, {"decision": piwf.decision, "ask": piwf.ask, "Choice": piwf.Choice, "TextInput": piwf.TextInput})
+
+
+async def test_a_text_input_of_no_characters_is_refused_by_run_start(
+        host: Any, paths: StatePaths, project: Path) -> None:
+    """Seed: TextInput refuses max_length < 1; the workflow is refused before any run."""
+    write_workflow(project, "mute", """
+        from piwf import Choice, TextInput, Workflow, decision
+
+        workflow = Workflow(name="mute", start_at="ask", nodes={
+            "ask": decision("Why?", choices={"say": Choice("Say", input=TextInput("Nothing", 0, 0))})})
+    """)
+    refused = await piwf(paths, "run", "start", "mute", "--project", str(project), check=False)
+    assert refused.returncode == 1 and b"TextInput max_length must be at least 1, not 0" in refused.stderr
+    assert json.loads((await piwf(paths, "run", "list", "--json")).stdout) == []
 
 
 def test_a_decision_whose_choices_lead_somewhere_needs_an_edge_for_each() -> None:

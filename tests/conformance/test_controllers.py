@@ -89,7 +89,7 @@ async def test_the_next_due_time_and_the_counts_follow_the_queue(store: Any, clo
     await apply(store, clock)
     assert await store.controller_queue.next_due() == clock.now
     assert await store.controllers.status_counts(clock.now) == {"pendingControllers": 1, "heldControllers": 0,
-                                                                  "ambiguousControllerEffects": 0}
+                                                                "ambiguousControllerEffects": 0}
     [c] = await claim(store, clock)
     assert await store.controller_queue.next_due() == clock.now + LEASE  # its claim's expiry
     await start(store, clock, c)
@@ -101,7 +101,7 @@ async def test_the_next_due_time_and_the_counts_follow_the_queue(store: Any, clo
     await fail(store, clock, c, permanent=True)
     assert await store.controller_queue.next_due() is None
     assert await store.controllers.status_counts(clock.now) == {"pendingControllers": 0, "heldControllers": 1,
-                                                                  "ambiguousControllerEffects": 0}
+                                                                "ambiguousControllerEffects": 0}
 
 
 async def test_settled_status_merges_conditions_keeping_transition_times(store: Any, clock: ManualClock) -> None:

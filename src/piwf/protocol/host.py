@@ -115,8 +115,8 @@ class AnswerDecisionPayload(NoPayload, frozen=True):
 
 class TextInputSpec(Struct, frozen=True, forbid_unknown_fields=True):
     prompt: str
-    minLength: int = 1
-    maxLength: int = 4000
+    minLength: Annotated[int, Meta(ge=0, le=4000)] = 1
+    maxLength: Annotated[int, Meta(ge=1, le=4000)] = 4000
 
 
 class ChoiceSpec(Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):

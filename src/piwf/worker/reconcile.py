@@ -9,7 +9,6 @@ says ready (the host answers with the resource), calls ``reconcile(ctx)`` and re
 
 from __future__ import annotations
 
-import base64
 import os
 import sys
 import traceback
@@ -34,6 +33,9 @@ from piwf.errors import ClaimLost, PermanentError, PiwfError, TemporaryError
 from piwf.wire import canonical_json, sha256_hex
 from piwf.worker.journal import HostJournal
 from piwf.worker.channel import Channel
+from piwf.protocol.worker import LOAD_ERROR_LIMIT, RECONCILE_LAUNCH_SCHEMA, LaunchRefused, decode_launch
+
+EXIT_LAUNCH = 5  # as a run's worker: the launch envelope was not one this worker follows
 
 TRACEBACK_TAIL = 4000
 DEFAULT_KIND = "effect"
@@ -121,8 +123,7 @@ class ReconcileContext:
 
 
 def read_launch() -> ReconcileLaunch:
-    raw = os.environ[LAUNCH_VAR]
-    return msgspec.json.decode(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)), type=ReconcileLaunch)
+    return decode_launch(os.environ[LAUNCH_VAR], RECONCILE_LAUNCH_SCHEMA, ReconcileLaunch)
 
 
 def run(launch: ReconcileLaunch, channel: Channel) -> None:
@@ -179,12 +180,16 @@ def _load(launch: ReconcileLaunch) -> tuple[Controller | None, ReconcileReadyPay
     try:
         controller = load_controller(launch.projectPath, launch.controller)
     except PiwfError as exc:
-        return None, ReconcileReadyPayload(loadError=str(exc)[:1500])
+        return None, ReconcileReadyPayload(loadError=str(exc)[:LOAD_ERROR_LIMIT])
     return controller, ReconcileReadyPayload(timeoutS=float(controller.timeout))
 
 
 def main() -> int:
-    launch = read_launch()
+    try:
+        launch = read_launch()
+    except LaunchRefused as exc:  # before any message: nothing was done
+        print(f"piwf reconcile worker: {exc}", file=sys.stderr)
+        return EXIT_LAUNCH
     read_fd, write_fd = (int(fd) for fd in os.environ["PIWF_WORKER_FDS"].split(","))
     channel = Channel(read_fd, write_fd, worker_id=launch.workerEpoch, generation=launch.generation)
     try:
