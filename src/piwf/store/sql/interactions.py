@@ -241,7 +241,7 @@ def _open_request(db: Database, request_id: str, kind: str, expected_revision: i
 
 # In a write of interaction_requests: the request is at the revision a client expected
 # (? IS NULL: any). The compare-and-set is the write's; _open_request's read only refuses early.
-AT_REVISION = "(CAST(? AS BIGINT) IS NULL OR revision = ?)"
+AT_REVISION = "(? IS NULL OR revision = ?)"
 
 
 def refuse_revision(request_id: str, revision: int | None, expected_revision: int | None) -> None:

@@ -57,7 +57,7 @@ def find_scope(db: Database, run_id: str, scope_id: str | None = None) -> tuple[
     """(scope id, change number, settings) of the run's scope (``scope_id``: that one,
     which must be the run's); ``NotFound`` when the run has none."""
     row = db.one("""SELECT scope_id, change_number, settings_json FROM settings_scopes
-                    WHERE run_id = ? AND (scope_id = ? OR (CAST(? AS TEXT) IS NULL AND mount_path = ?))""",
+                    WHERE run_id = ? AND (scope_id = ? OR (? IS NULL AND mount_path = ?))""",
                  (run_id, scope_id, scope_id, ROOT))
     if row is None:
         if scope_id is not None:
