@@ -38,6 +38,25 @@ class Database(Protocol):
     def get_json(self, inline: str | None, digest: str | None) -> Any: ...
     def get_blob(self, digest: str) -> bytes: ...
 
+    # --- what differs between dialects (store/sql/locks.py says how the modules use them) ---
+    # Where one writer at a time makes every read of a write transaction current (SQLite),
+    # each is empty or does nothing; on PostgreSQL (READ COMMITTED) they lock.
+
+    def lock_rows(self, of: str | None = None, *, skip_locked: bool = False) -> str:
+        """A clause that ends a SELECT whose rows the transaction goes on to write:
+        ``""`` on SQLite; ``" FOR UPDATE [OF of] [SKIP LOCKED]"`` on PostgreSQL."""
+        ...
+
+    def lock_key(self, namespace: str, key: str) -> None:
+        """Hold a lock on (namespace, key) until the transaction ends (a row that may not
+        exist yet, a session's stream): nothing on SQLite; a transaction-level advisory
+        lock on PostgreSQL."""
+        ...
+
+    def indexed_by(self, index: str) -> str:
+        """SQLite's ``INDEXED BY index`` hint after a table name; ``""`` elsewhere."""
+        ...
+
 
 def atomic(function: Callable[Concatenate[Any, _P], _T]) -> Callable[Concatenate[Any, _P], _T]:
     """A store operation of several statements as one transaction when called by itself

@@ -236,6 +236,17 @@ class Database:
     def changes(self) -> int:
         return self.conn.changes()
 
+    # --- dialect: one writer at a time (BEGIN IMMEDIATE) already makes each read current ---
+
+    def lock_rows(self, of: str | None = None, *, skip_locked: bool = False) -> str:
+        return ""
+
+    def lock_key(self, namespace: str, key: str) -> None:
+        return None
+
+    def indexed_by(self, index: str) -> str:
+        return f"INDEXED BY {index}"
+
     # --- blobs ------------------------------------------------------------------------
 
     def put_json(self, value: Any, now: int) -> tuple[str | None, str | None]:
