@@ -57,6 +57,12 @@ class Database(Protocol):
         """SQLite's ``INDEXED BY index`` hint after a table name; ``""`` elsewhere."""
         ...
 
+    def event_horizon(self) -> int | None:
+        """The highest run event id a reader may go up to, every event at or below it being
+        committed (or never to be): None on SQLite, whose ids commit in order; on
+        PostgreSQL ``piwf.store.postgres.cursors.event_horizon``. Call before the read."""
+        ...
+
 
 def atomic(function: Callable[Concatenate[Any, _P], _T]) -> Callable[Concatenate[Any, _P], _T]:
     """A store operation of several statements as one transaction when called by itself

@@ -339,10 +339,13 @@ def resolve_turn(db: Database, *, turn_id: str, claim_id: str, client_id: str, r
 
 
 def _lock_stream_of_turn(db: Database, turn_id: str) -> None:
-    if db.lock_rows():  # a turn's session never changes: a plain read finds it
-        session = db.scalar("SELECT session_id FROM turns WHERE turn_id = ?", (turn_id,))
-        if session is not None:
-            lock_delivery(db, session)
+    """A resolve writes its run's trace (so the run's lock, first) and may write a turn
+    (so the session's stream). A turn's run and session never change: a plain read finds them."""
+    if db.lock_rows():
+        row = db.one("SELECT run_id, session_id FROM turns WHERE turn_id = ?", (turn_id,))
+        if row is not None:
+            lock_run(db, row[0])
+            lock_delivery(db, row[1])
 
 
 def _carry_late_followups(db: Database, run_id: str, resolved_turn: str, now: int) -> None:

@@ -247,6 +247,9 @@ class Database:
     def indexed_by(self, index: str) -> str:
         return f"INDEXED BY {index}"
 
+    def event_horizon(self) -> int | None:
+        return None  # one writer at a time: event ids commit in the order they are given
+
     # --- blobs ------------------------------------------------------------------------
 
     def put_json(self, value: Any, now: int) -> tuple[str | None, str | None]:
