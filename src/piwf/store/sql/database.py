@@ -53,10 +53,6 @@ class Database(Protocol):
         lock on PostgreSQL."""
         ...
 
-    def indexed_by(self, index: str) -> str:
-        """SQLite's ``INDEXED BY index`` hint after a table name; ``""`` elsewhere."""
-        ...
-
     def event_horizon(self) -> int | None:
         """The highest run event id a reader may go up to, every event at or below it being
         committed (or never to be): None on SQLite, whose ids commit in order; on

@@ -132,7 +132,7 @@ def claim_notification(db: Database, *, session_id: str, client_id: str, lease_m
     with db.write():
         lock_delivery(db, session_id)
         row = db.one(f"""SELECT {NOTIFICATION_COLUMNS}, n.claim_client FROM notifications n
-                         {db.indexed_by('notifications_undelivered')} JOIN runs r ON r.run_id = n.run_id
+                         INDEXED BY notifications_undelivered JOIN runs r ON r.run_id = n.run_id
                          WHERE n.session_id = ? AND n.delivered_at IS NULL ORDER BY n.rowid LIMIT 1""",
                      (session_id,))
         if row is None or _held_by_another(row[9], row[11], client_id, now):
@@ -289,7 +289,7 @@ def claim_turn(db: Database, *, session_id: str, client_id: str, lease_ms: int, 
     someone else or its run has notifications not yet delivered."""
     with db.write():
         lock_delivery(db, session_id)
-        row = db.one(f"""SELECT {TURN_COLUMNS}, t.claim_client FROM turns t {db.indexed_by('turns_eligible')}
+        row = db.one(f"""SELECT {TURN_COLUMNS}, t.claim_client FROM turns t INDEXED BY turns_eligible
                          WHERE t.session_id = ? AND t.resolved_at IS NULL AND t.eligible_at IS NOT NULL
                          ORDER BY t.eligible_at, t.rowid LIMIT 1""", (session_id,))
         if row is None or _held_by_another(row[8], row[13], client_id, now) or _undelivered(db, row[1], session_id):
@@ -307,7 +307,7 @@ def claim_turn(db: Database, *, session_id: str, client_id: str, lease_ms: int, 
 
 def _undelivered(db: Database, run_id: str, session_id: str) -> bool:
     """A run's turn comes after its notifications: it waits while one is undelivered."""
-    return db.one(f"""SELECT 1 FROM notifications {db.indexed_by('notifications_undelivered')}
+    return db.one("""SELECT 1 FROM notifications INDEXED BY notifications_undelivered
                      WHERE session_id = ? AND run_id = ? AND delivered_at IS NULL LIMIT 1""",
                   (session_id, run_id)) is not None
 

@@ -537,5 +537,5 @@ def _resolution(db: Database, request_id: str) -> Resolution | None:
 
 def count_open(db: Database) -> int:
     result: int = db.scalar(
-        f"SELECT COUNT(*) FROM interaction_requests {db.indexed_by('interaction_requests_open')} WHERE {OPEN}")
+        f"SELECT COUNT(*) FROM interaction_requests INDEXED BY interaction_requests_open WHERE {OPEN}")
     return result

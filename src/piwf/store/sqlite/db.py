@@ -244,9 +244,6 @@ class Database:
     def lock_key(self, namespace: str, key: str) -> None:
         return None
 
-    def indexed_by(self, index: str) -> str:
-        return f"INDEXED BY {index}"
-
     def event_horizon(self) -> int | None:
         return None  # one writer at a time: event ids commit in the order they are given
 
