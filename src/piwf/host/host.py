@@ -154,6 +154,7 @@ class Host:
                     nursery.start_soon(_watch_stop, host, nursery.cancel_scope)
                     nursery.start_soon(_heartbeat, host)
                     nursery.start_soon(_prune_commands, host)
+                    await nursery.start(host.store.serve_wakeups, host.woken)  # other hosts' work
                     await nursery.start(serve_dispatcher, host)
                     await nursery.start(serve_deadlines, host)
                     await nursery.start(serve_controllers, host)
