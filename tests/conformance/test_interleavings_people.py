@@ -64,7 +64,6 @@ async def interleave(backend: Any, first: Callable[[Any], Awaitable[Any]], a: An
         outcome["a"] = await first(tx)
         nursery.start_soon(run_second)
         await waiting_for_a_lock(backend)
-        # A has committed: B goes on
     return outcome["a"], outcome["b"]
 
 
