@@ -11,6 +11,11 @@ Two differences, both so that the shared SQL of ``piwf.store.sql`` runs unchange
 - ``controller_events.event_id`` is an identity (SQLite's AUTOINCREMENT): a resource's
   events are written under its lock, so per resource they are in commit order.
 
+The rows updated in place again and again (a resource's queue row at every claim, renewal
+and result; a request, notification or turn at each claim) leave room in their pages
+(``fillfactor``) so PostgreSQL updates them there (HOT, no index entries), and are vacuumed
+sooner than the default (docs/operations.md, PostgreSQL: vacuum).
+
 Run after the run tables (they reference ``runs``), in the transaction (and under the
 advisory lock) that creates the layout.
 """
@@ -40,7 +45,7 @@ CREATE TABLE interaction_requests (
   created_at BIGINT NOT NULL,
   updated_at BIGINT NOT NULL,
   closed_at BIGINT
-);
+) WITH (fillfactor = 90);
 CREATE INDEX interaction_requests_open ON interaction_requests(deadline_at)
   WHERE status IN ('pending', 'presenting');
 CREATE INDEX interaction_requests_run ON interaction_requests(run_id);
@@ -80,7 +85,7 @@ CREATE TABLE notifications (
   delivered_at BIGINT,
   rowid BIGINT GENERATED ALWAYS AS IDENTITY,
   UNIQUE (run_id, seq, notification_index)
-);
+) WITH (fillfactor = 90);
 -- A session's undelivered ones in the order stored (rowid: SQLite's index keeps that order by itself).
 CREATE INDEX notifications_undelivered ON notifications(session_id, rowid) WHERE delivered_at IS NULL;
 CREATE INDEX notifications_run ON notifications(run_id);
@@ -103,7 +108,7 @@ CREATE TABLE turns (
   resolution TEXT CHECK (resolution IN ({one_of(TurnResolution)})),
   resolved_at BIGINT,
   rowid BIGINT GENERATED ALWAYS AS IDENTITY
-);
+) WITH (fillfactor = 90);
 CREATE UNIQUE INDEX turns_unresolved ON turns(run_id, session_id) WHERE resolved_at IS NULL;
 CREATE INDEX turns_eligible ON turns(session_id, eligible_at, rowid) WHERE resolved_at IS NULL;
 CREATE INDEX turns_run ON turns(run_id);
@@ -179,7 +184,7 @@ CREATE TABLE controller_queue (
   consecutive_errors BIGINT NOT NULL DEFAULT 0,
   last_error TEXT,
   updated_at BIGINT NOT NULL
-);
+) WITH (fillfactor = 70, autovacuum_vacuum_scale_factor = 0.02);
 CREATE INDEX controller_queue_due ON controller_queue(available_at) WHERE available_at IS NOT NULL AND hold IS NULL;
 CREATE INDEX controller_queue_claimed ON controller_queue(claim_expires_at) WHERE claim_token IS NOT NULL;
 
