@@ -260,3 +260,12 @@ _SCHEMAS = iter(range(1, 1 << 30))
 def pg_store_url(postgres: Any, schema: str | None = None) -> str:
     """A store URL on the session's PostgreSQL with a schema of its own (fresh by default)."""
     return f"{postgres.url()}&schema={schema or f't{os.getpid()}_{next(_SCHEMAS)}'}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_args(request: pytest.FixtureRequest) -> tuple[str, ...]:
+    """``piwf serve`` arguments for each backend: none (the state directory's SQLite), or
+    ``--store`` with a fresh schema on the session's PostgreSQL."""
+    if request.param == "sqlite":
+        return ()
+    return ("--store", pg_store_url(request.getfixturevalue("postgres")))

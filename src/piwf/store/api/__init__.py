@@ -64,11 +64,15 @@ until it has started, commits are durable one by one and ``durable()`` returns a
   that holds the directory's flock (``owner_dead``); PostgreSQL keeps one lease row per host,
   and a host's epoch numbers it among the hosts sharing the store.
 - Time: see above.
+- Wake-ups: a store shared by several hosts (PostgreSQL) tells each what the others did
+  (``announce`` / ``serve_wakeups``, LISTEN/NOTIFY), so a host acts without waiting for a
+  poll; polling stays the fallback. SQLite has one host per store: both do nothing.
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
@@ -80,7 +84,7 @@ from piwf.store.api.runs import (
     CommandsStore, EffectsStore, HostsStore, QueueStore, RunsStore, SupervisionStore, WorkersStore,
 )
 from piwf.store.api.types import (
-    Actor, Claim, CommandKey, ControllerClaim, Delay, HostClaim, LeaseRecord, NewScope, WorkerEnded,
+    Actor, Claim, CommandKey, ControllerClaim, Delay, HostClaim, LeaseRecord, NewScope, Wakeup, WorkerEnded,
 )
 
 
@@ -124,6 +128,21 @@ class Store(UnitOfWork, Protocol):
         durability). Start it once the takeover has committed."""
         ...
 
+    def announce(self, topic: Wakeup) -> None:
+        """Tell the other hosts sharing the store that ``topic`` may have work for them
+        (call after the commit that made it). Never blocks and never fails: announcements
+        are coalesced (at most one per topic in flight) and sent by ``serve_wakeups``; one
+        lost is made up for by the other hosts' polls. SQLite: nothing (no other host)."""
+        ...
+
+    async def serve_wakeups(self, wake: Callable[[Wakeup], None], *,
+                            task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Runs until cancelled: sends this host's announcements and calls ``wake(topic)``
+        (on the trio loop) for each topic another host announced — and for every topic when
+        announcements may have been missed (a listening connection lost and back). A
+        backend without them (SQLite, or PostgreSQL in poll-only mode) just waits."""
+        ...
+
     async def close(self) -> None:
         """Make what was committed durable and close the store. Never checkpoints on
         SQLite; call it shielded elsewhere."""
@@ -155,5 +174,5 @@ __all__ = [
     "Actor", "Claim", "CommandKey", "CommandsStore", "ControllerClaim", "ControllerEffectsStore",
     "ControllerQueueStore", "ControllersStore", "Delay", "DeliveryStore", "EffectsStore", "HostClaim", "HostsStore",
     "InteractionsStore", "LeaseRecord", "NewScope", "QueueStore", "RunsStore", "SettingsStore", "Store",
-    "SupervisionStore", "UnitOfWork", "UpdatesStore", "WorkerEnded", "WorkersStore", "open_store",
+    "SupervisionStore", "UnitOfWork", "UpdatesStore", "Wakeup", "WorkerEnded", "WorkersStore", "open_store",
 ]

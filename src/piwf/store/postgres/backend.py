@@ -28,11 +28,14 @@ from piwf.errors import StorageUnavailable, StoreError
 from piwf.store.postgres import hosts, layout
 from piwf.store.postgres.db import PgDatabase, translate_error
 from piwf.store.postgres.url import StoreUrl, parse
+from piwf.store.postgres.wakeups import Wakeups, channel_for
 from piwf.store.sql.aggregates import Aggregates
+
+from piwf.store.api.types import LeaseRecord
 
 if TYPE_CHECKING:
     from piwf.store import api
-    from piwf.store.api.types import HostClaim, LeaseRecord
+    from piwf.store.api.types import HostClaim, Wakeup
     from piwf.store.sql.database import Database
 
 _T = TypeVar("_T")
@@ -54,15 +57,20 @@ DIRECTORY_FILE = "store-host-id"
 class PgStore(Aggregates):
     """``piwf.store.api.Store`` on PostgreSQL (one schema of one database)."""
 
-    def __init__(self, pool: ConnectionPool[Any], url: StoreUrl, directory: str) -> None:
+    def __init__(self, pool: ConnectionPool[Any], url: StoreUrl, directory: str, *, listen: bool = True) -> None:
         self.pool = pool
         self.url = url
         self.where = url.redacted
         self.current: contextvars.ContextVar[PgDatabase | None] = contextvars.ContextVar("unit_of_work", default=None)
         self.limiter = trio.CapacityLimiter(pool.max_size)
+        # One unit of work at a time per store (per host), as on SQLite, where a unit of work
+        # is atomic to the host's other tasks: the host's code is written to that. Hosts
+        # sharing the store still run theirs at once; calls outside one need no turn.
+        self.turn = trio.Lock()
         self.call = Threaded(self)
         super().__init__(self.call)
         self.hosts: api.HostsStore = PgHostsStore(self.call, directory)
+        self.wakeups = Wakeups(self._connect_autocommit, channel_for(url.schema), listen=listen)
 
     def transaction(self) -> _UnitOfWork:
         return _UnitOfWork(self)
@@ -73,6 +81,18 @@ class PgStore(Aggregates):
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         await trio.sleep_forever()
+
+    def announce(self, topic: Wakeup) -> None:
+        self.wakeups.announce(topic)
+
+    async def serve_wakeups(self, wake: Callable[[Wakeup], None], *,
+                            task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        await self.wakeups.serve(wake, task_status=task_status)
+
+    def _connect_autocommit(self) -> psycopg.Connection[Any]:
+        conn = psycopg.connect(self.url.conninfo, autocommit=True, connect_timeout=int(CONNECT_TIMEOUT_S))
+        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.url.schema)))
+        return conn
 
     async def close(self) -> None:
         with trio.CancelScope(shield=True):
@@ -85,7 +105,7 @@ class PgStore(Aggregates):
             conn = self.pool.getconn()
         except PoolTimeout as exc:
             raise StorageUnavailable(f"no connection to the PostgreSQL store {self.where}: {exc}; retry") from exc
-        return PgDatabase(conn, self.where)
+        return PgDatabase(conn, self.where, self.url.schema)
 
     def give_back(self, db: PgDatabase) -> None:
         self.pool.putconn(db.conn)
@@ -161,6 +181,16 @@ class _UnitOfWork:
         store = self.store
         if store.current.get() is not None:
             raise StoreError("a unit of work is open already: units of work do not nest")
+        await store.turn.acquire()
+        try:
+            await self._begin()
+        except BaseException:
+            store.turn.release()
+            raise
+        return store
+
+    async def _begin(self) -> None:
+        store = self.store
 
         def begin() -> PgDatabase:
             db = store.connection()
@@ -173,7 +203,6 @@ class _UnitOfWork:
 
         self.db = await store.in_thread(begin)
         self.token = store.current.set(self.db)
-        return store
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
         store, db = self.store, self.db
@@ -186,7 +215,10 @@ class _UnitOfWork:
             finally:
                 store.give_back(db)
 
-        await store.in_thread(finish)
+        try:
+            await store.in_thread(finish)
+        finally:
+            store.turn.release()
         return False
 
 
@@ -202,6 +234,33 @@ def _configure(schema: str, durability: str) -> Callable[[psycopg.Connection[Any
         conn.execute(settings)
 
     return configure
+
+
+def read_status(root: Path, url: str, now: int) -> tuple[LeaseRecord, dict[str, int], str]:
+    """For ``piwf status`` with no host: the state directory's lease, the run counts and the
+    store's URL without password, read on one connection; nothing is written."""
+    from piwf.store.sql import runs
+
+    parsed = parse(url)
+    try:
+        with psycopg.connect(parsed.conninfo, connect_timeout=int(CONNECT_TIMEOUT_S)) as conn:
+            _configure(parsed.schema, "full")(conn)
+            db = PgDatabase(conn, parsed.redacted, parsed.schema)
+            layout.check(db, parsed.schema)
+            try:
+                directory = (root / DIRECTORY_FILE).read_text().strip()
+            except FileNotFoundError:
+                directory = ""  # no host of this state directory has used the store yet
+            return hosts.read_lease(db, directory), runs.status_counts(db, now), parsed.redacted
+    except psycopg.Error as exc:
+        raise _connect_error(exc, parsed.redacted) from exc
+
+
+def _connect_error(exc: psycopg.Error, where: str) -> StoreError:
+    if isinstance(exc, psycopg.OperationalError) and not exc.sqlstate:
+        reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else "no answer"
+        return StorageUnavailable(f"cannot connect to the PostgreSQL store {where}: {reason}")
+    return translate_error(exc, where)
 
 
 def directory_id(root: Path) -> str:
@@ -235,14 +294,9 @@ def open_store(paths: Any, *, durability: str = "full", url: str, directory: str
     try:  # one connection first: a server that cannot be reached is said at once, with libpq's reason
         with psycopg.connect(parsed.conninfo, connect_timeout=int(CONNECT_TIMEOUT_S)) as conn:
             configure(conn)
-            layout.prepare(PgDatabase(conn, parsed.redacted), parsed.schema)
-    except psycopg.OperationalError as exc:
-        if exc.sqlstate:
-            raise translate_error(exc, parsed.redacted) from exc
-        reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else "no answer"
-        raise StorageUnavailable(f"cannot connect to the PostgreSQL store {parsed.redacted}: {reason}") from exc
+            layout.prepare(PgDatabase(conn, parsed.redacted, parsed.schema), parsed.schema)
     except psycopg.Error as exc:
-        raise translate_error(exc, parsed.redacted) from exc
+        raise _connect_error(exc, parsed.redacted) from exc
     pool: ConnectionPool[Any] = ConnectionPool(
         parsed.conninfo, min_size=1, max_size=pool_size, open=False, timeout=CONNECT_TIMEOUT_S,
         configure=configure, kwargs={"connect_timeout": int(CONNECT_TIMEOUT_S)}, name="piwf")

@@ -14,12 +14,14 @@ locks that keep its read-then-write steps right are the modules' (each says whic
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import re
 from typing import Any
 
 import psycopg
 from psycopg import errors as pg_errors
 
+from piwf.store.postgres import cursors
 from piwf.errors import ConstraintViolation, SchemaError, StorageUnavailable, StoreError
 from piwf.wire import canonical_json, decode_json, sha256_hex
 
@@ -75,11 +77,12 @@ class PgDatabase:
 
     dialect = DIALECT
 
-    __slots__ = ("_depth", "_rowcount", "conn", "where")
+    __slots__ = ("_depth", "_rowcount", "conn", "schema", "where")
 
-    def __init__(self, conn: psycopg.Connection[Any], where: str) -> None:
+    def __init__(self, conn: psycopg.Connection[Any], where: str, schema: str = "piwf") -> None:
         self.conn = conn
         self.where = where  # the store's URL without a password, for messages
+        self.schema = schema
         self._depth = 0
         self._rowcount = 0
 
@@ -143,6 +146,27 @@ class PgDatabase:
 
     def changes(self) -> int:
         return self._rowcount
+
+    # --- dialect: READ COMMITTED, so a read that a write depends on locks (store/sql/locks.py) ---
+
+    def lock_rows(self, of: str | None = None, *, skip_locked: bool = False) -> str:
+        return " FOR UPDATE" + (f" OF {of}" if of else "") + (" SKIP LOCKED" if skip_locked else "")
+
+    def lock_key(self, namespace: str, key: str) -> None:
+        """A transaction-level advisory lock on (this schema, namespace, key)."""
+        self.execute("SELECT pg_advisory_xact_lock(?)", (self._lock_id(namespace, key),))
+
+    def try_lock_key(self, namespace: str, key: str) -> bool:
+        return bool(self.scalar("SELECT pg_try_advisory_xact_lock(?)", (self._lock_id(namespace, key),)))
+
+    def _lock_id(self, namespace: str, key: str) -> int:
+        """The advisory lock's 64-bit key: a hash of (schema, namespace, key), made here (a key
+        may hold any character, NUL included, which a PostgreSQL text value may not)."""
+        digest = hashlib.sha256(f"{self.schema}\x00{namespace}\x00{key}".encode()).digest()
+        return int.from_bytes(digest[:8], "big", signed=True)
+
+    def event_horizon(self) -> int | None:
+        return cursors.event_horizon(self)
 
     # --- blobs ------------------------------------------------------------------------
 

@@ -33,6 +33,16 @@ def prepare(db: PgDatabase, schema: str) -> None:
             db.execute("UPDATE piwf_layout SET version = ? WHERE id = 1", (LAYOUT_VERSION,))
 
 
+def check(db: PgDatabase, schema: str) -> None:
+    """The checks alone, for a reader (``piwf status``): nothing is created or migrated."""
+    tables = {name for (name,) in db.execute(
+        "SELECT table_name FROM information_schema.tables WHERE table_schema = ?", (schema,))}
+    if not tables:
+        raise SchemaError(f"schema {schema!r} of {db.where} holds no piwf store (a host creates it on its first start)")
+    if _check(db, schema, tables) != LAYOUT_VERSION:
+        raise SchemaError(f"schema {schema!r} of {db.where} has an older layout: start a host to migrate it")
+
+
 def _create(db: PgDatabase, schema: str) -> None:
     exists = db.scalar("SELECT 1 FROM pg_namespace WHERE nspname = ?", (schema,))
     if not exists:

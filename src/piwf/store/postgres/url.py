@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from piwf.errors import StoreError
+from piwf.store.record import join as _join, redact
 
 DEFAULT_SCHEMA = "piwf"
 SCHEMES = ("postgresql", "postgres")
 _SCHEMA_NAME = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
-_SECRET_PARAMS = ("password", "sslpassword")
 
 
 @dataclass(frozen=True)
@@ -44,27 +44,6 @@ def parse(url: str) -> StoreUrl:
     rest = [(key, value) for key, value in query if key != "schema"]
     conninfo = _join(parts.scheme, parts.netloc, parts.path, rest)
     return StoreUrl(conninfo, schema, redact(url))
-
-
-def redact(url: str) -> str:
-    """``url`` without its password (in the user part or a ``password=`` parameter)."""
-    try:
-        parts = urlsplit(url)
-        netloc = parts.netloc
-        if "@" in netloc:
-            user, _, host = netloc.rpartition("@")
-            netloc = f"{user.partition(':')[0]}@{host}"
-        query = [(key, value) for key, value in parse_qsl(parts.query, keep_blank_values=True)
-                 if key not in _SECRET_PARAMS]
-        return _join(parts.scheme, netloc, parts.path, query)
-    except ValueError:
-        return "(a store URL that cannot be read)"
-
-
-def _join(scheme: str, netloc: str, path: str, query: list[tuple[str, str]]) -> str:
-    """A URL again (urlunsplit would drop the empty host of ``postgresql:///db``)."""
-    text = urlencode(query, quote_via=quote, safe="/")
-    return f"{scheme}://{netloc}{path}" + (f"?{text}" if text else "")
 
 
 def database_name(url: str) -> str:

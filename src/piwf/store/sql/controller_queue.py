@@ -10,6 +10,11 @@ expiry and a claim number (column ``claim_generation``, +1 per claim; a reconcil
 speaks for one). The ``resourceVersion`` its worker was shown is the compare-and-set token
 of its result.
 Holds (``permanent``, ``effect``) keep a row from being claimed until someone acts.
+
+Under several writers (PostgreSQL) the queue row is the resource's lock (``locks.py``):
+claims read due rows ``FOR UPDATE SKIP LOCKED`` (two hosts claim different rows, neither
+waits for the other) and check "still due" in the UPDATE; every result is fenced by an
+UPDATE of the row (``fence``, ``record_failure``), which holds it to the commit.
 """
 
 from __future__ import annotations
@@ -39,11 +44,12 @@ def claim_due(db: Database, *, room: int, exclude: frozenset[str], lease_ms: int
         return []
     with db.write():
         rows = db.execute(
-            """SELECT q.uid, r.project_path, r.controller, r.resource_key FROM controller_queue q
+            f"""SELECT q.uid, r.project_path, r.controller, r.resource_key FROM controller_queue q
                JOIN controller_resources r ON r.uid = q.uid
-               WHERE q.hold IS NULL AND ((q.claim_token IS NULL AND q.available_at <= ?1)
-                                         OR (q.claim_token IS NOT NULL AND q.claim_expires_at <= ?1))
-               ORDER BY q.available_at LIMIT ?2""", (now, room + len(exclude))).fetchall()
+               WHERE q.hold IS NULL AND ((q.claim_token IS NULL AND q.available_at <= ?)
+                                         OR (q.claim_token IS NOT NULL AND q.claim_expires_at <= ?))
+               ORDER BY q.available_at LIMIT ?{db.lock_rows("q", skip_locked=True)}""",
+            (now, now, room + len(exclude))).fetchall()
         claims: list[ControllerClaim] = []
         for uid, project, controller, key in rows:
             if uid in exclude or len(claims) >= room:
@@ -53,10 +59,10 @@ def claim_due(db: Database, *, room: int, exclude: frozenset[str], lease_ms: int
                 """UPDATE controller_queue SET claim_token = ?, claim_expires_at = ?, claim_version = version,
                      claim_generation = claim_generation + 1, claim_epoch = ?, claim_resource_version = NULL,
                      worker_pid = NULL, worker_identity = NULL, available_at = NULL, updated_at = ?
-                   WHERE uid = ? AND hold IS NULL AND ((claim_token IS NULL AND available_at <= ?4)
-                                                       OR (claim_token IS NOT NULL AND claim_expires_at <= ?4))
+                   WHERE uid = ? AND hold IS NULL AND ((claim_token IS NULL AND available_at <= ?)
+                                                       OR (claim_token IS NOT NULL AND claim_expires_at <= ?))
                    RETURNING claim_generation""",
-                (token, now + lease_ms, epoch, now, uid))
+                (token, now + lease_ms, epoch, now, uid, now, now))
             if claim_number is None:
                 continue
             add_resource_event(db, uid, "reconcile_started", {"claim": claim_number}, now)

@@ -42,6 +42,31 @@ class Database(Protocol):
     def get_json(self, inline: str | None, digest: str | None) -> Any: ...
     def get_blob(self, digest: str) -> bytes: ...
 
+    # --- what differs between dialects (store/sql/locks.py says how the modules use them) ---
+    # Where one writer at a time makes every read of a write transaction current (SQLite),
+    # each is empty or does nothing; on PostgreSQL (READ COMMITTED) they lock.
+
+    def lock_rows(self, of: str | None = None, *, skip_locked: bool = False) -> str:
+        """A clause that ends a SELECT whose rows the transaction goes on to write:
+        ``""`` on SQLite; ``" FOR UPDATE [OF of] [SKIP LOCKED]"`` on PostgreSQL."""
+        ...
+
+    def lock_key(self, namespace: str, key: str) -> None:
+        """Hold a lock on (namespace, key) until the transaction ends (a row that may not
+        exist yet, a session's stream): nothing on SQLite; a transaction-level advisory
+        lock on PostgreSQL."""
+        ...
+
+    def try_lock_key(self, namespace: str, key: str) -> bool:
+        """``lock_key`` without waiting: whether the lock is held now (True on SQLite)."""
+        ...
+
+    def event_horizon(self) -> int | None:
+        """The highest run event id a reader may go up to, every event at or below it being
+        committed (or never to be): None on SQLite, whose ids commit in order; on
+        PostgreSQL ``piwf.store.postgres.cursors.event_horizon``. Call before the read."""
+        ...
+
 
 def atomic(function: Callable[Concatenate[Any, _P], _T]) -> Callable[Concatenate[Any, _P], _T]:
     """A store operation of several statements as one transaction when called by itself

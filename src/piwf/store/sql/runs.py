@@ -30,11 +30,18 @@ def create_run(
     input: Any, origin_session_id: str | None, now: int, start_node: str | None = None,
     settings: NewScope | None = None,
 ) -> dict[str, Any]:
-    """A new run, queued, and its settings scope (``settings``): every run is made here."""
+    """A new run, queued, and its settings scope (``settings``): every run is made here.
+
+    Several writers (PostgreSQL): the session's lock (``lock_key("session", ...)``, the one a
+    claim of a parked run of the session takes) is held from the read of the session's
+    active run to the commit, so two hosts accepting ``run.start`` for one session at once
+    answer one run and one Rejected; the partial unique index run_queue_session_reservation
+    stays the last word. A run id taken meanwhile fails the INSERT (Rejected)."""
     with db.write():
         if db.one("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)):
             raise Rejected(f"run id {run_id} is already taken")
         if origin_session_id is not None:
+            db.lock_key("session", origin_session_id)
             active = db.scalar(
                 """SELECT run_id FROM run_queue WHERE origin_session_id = ?
                    AND status IN ('queued', 'starting', 'running')""",

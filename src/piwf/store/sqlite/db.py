@@ -238,6 +238,20 @@ class Database:
     def changes(self) -> int:
         return self.conn.changes()
 
+    # --- dialect: one writer at a time (BEGIN IMMEDIATE) already makes each read current ---
+
+    def lock_rows(self, of: str | None = None, *, skip_locked: bool = False) -> str:
+        return ""
+
+    def lock_key(self, namespace: str, key: str) -> None:
+        return None
+
+    def try_lock_key(self, namespace: str, key: str) -> bool:
+        return True
+
+    def event_horizon(self) -> int | None:
+        return None  # one writer at a time: event ids commit in the order they are given
+
     # --- blobs ------------------------------------------------------------------------
 
     def put_json(self, value: Any, now: int) -> tuple[str | None, str | None]:
