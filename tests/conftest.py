@@ -227,3 +227,36 @@ def frozen_layout(path: Path, version: int) -> apsw.Connection:
     conn.execute((Path(__file__).parent / "data" / f"schema_v{version}.sql").read_text())
     conn.execute(f"PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = {version}")
     return conn
+
+
+# --- PostgreSQL ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Any:
+    """A throwaway PostgreSQL server for the session (tests/postgres_server.py), or the one
+    ``PIWF_TEST_STORE`` names (its ``url(database)``). Without PostgreSQL the test skips,
+    saying how to run it; with ``CI=true`` it fails instead."""
+    from .postgres_server import HOW_TO_RUN, External, start_server
+
+    if os.environ.get("PIWF_TEST_STORE"):
+        yield External(os.environ["PIWF_TEST_STORE"])
+        return
+    server = start_server()
+    if server is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true and no PostgreSQL: {HOW_TO_RUN}")
+        pytest.skip(HOW_TO_RUN)
+    try:
+        yield server
+    finally:
+        server.stop("immediate")
+        server.remove()
+
+
+_SCHEMAS = iter(range(1, 1 << 30))
+
+
+def pg_store_url(postgres: Any, schema: str | None = None) -> str:
+    """A store URL on the session's PostgreSQL with a schema of its own (fresh by default)."""
+    return f"{postgres.url()}&schema={schema or f't{os.getpid()}_{next(_SCHEMAS)}'}"

@@ -377,20 +377,20 @@ async def test_a_reconcile_end_the_store_refused_is_retried_not_dropped(
         paths: StatePaths, project: Path, nursery: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     from piwf.errors import StorageFull
     from piwf.host.host import Host
-    from piwf.store.sql.aggregates import SqliteControllerQueueStore
+    from piwf.store.sql.aggregates import ControllerQueueAggregate
 
     from .conftest import config
 
-    real = SqliteControllerQueueStore.record_failure
+    real = ControllerQueueAggregate.record_failure
     errors: list[str] = []
 
-    async def refused_once(self: SqliteControllerQueueStore, *args: Any, **kwargs: Any) -> int | None:
+    async def refused_once(self: ControllerQueueAggregate, *args: Any, **kwargs: Any) -> int | None:
         errors.append(kwargs["error"])
         if len(errors) == 1:
             raise StorageFull("disk full (in this test)")
         return await real(self, *args, **kwargs)
 
-    monkeypatch.setattr(SqliteControllerQueueStore, "record_failure", refused_once)
+    monkeypatch.setattr(ControllerQueueAggregate, "record_failure", refused_once)
     state = await nursery.start(Host(config(paths)).serve)
     try:
         write_controller(project, "exits", EXITS)

@@ -151,15 +151,22 @@ class Store(UnitOfWork, Protocol):
 
 # Backends by name, each "module:function" (imported when a store is opened: nothing that
 # imports the interface imports a backend). The PostgreSQL issue adds its own.
-BACKENDS = {"sqlite": "piwf.store.sqlite.backend:open_store"}
+BACKENDS = {"sqlite": "piwf.store.sqlite.backend:open_store",
+            "postgresql": "piwf.store.postgres.backend:open_store"}
 
 
-def open_store(paths: Any, *, durability: str = "full", backend: str = "sqlite") -> Store:
-    """Open the store of a state directory (``paths``: its ``StatePaths``) with ``backend``.
-    SQLite refuses a damaged database unwritten (CorruptStateError), an unknown or newer
-    layout (SchemaError), and migrates an older one."""
+def open_store(paths: Any, *, durability: str = "full", backend: str | None = None, url: str | None = None,
+               **options: Any) -> Store:
+    """Open the store of a state directory (``paths``: its ``StatePaths``): SQLite's database
+    in it, or the store at ``url`` (``postgresql://...``: PostgreSQL). Each refuses a
+    damaged store unwritten (CorruptStateError), a foreign, unknown or newer layout
+    (SchemaError), and migrates an older one; StorageUnavailable when it cannot be reached."""
+    if backend is None:
+        backend = "sqlite" if url is None or url == "sqlite" else "postgresql"
     module, _, function = BACKENDS[backend].partition(":")
-    opened: Store = getattr(importlib.import_module(module), function)(paths, durability=durability)
+    if backend != "sqlite":
+        options["url"] = url
+    opened: Store = getattr(importlib.import_module(module), function)(paths, durability=durability, **options)
     return opened
 
 

@@ -13,7 +13,11 @@ _P = ParamSpec("_P")
 
 
 class Database(Protocol):
-    """A connection the statements of ``piwf.store.sql`` run on (``piwf.store.sqlite.db``)."""
+    """A connection the statements of ``piwf.store.sql`` run on (``piwf.store.sqlite.db``,
+    ``piwf.store.postgres.db``). ``dialect`` ('sqlite', 'postgresql') is for the few places
+    whose SQL differs between the two (each says why); everything else is SQL both accept."""
+
+    dialect: str
 
     def write(self) -> AbstractContextManager[Any]:
         """A write transaction; nested calls join the outer one."""
@@ -76,12 +80,15 @@ def one_of(values: Iterable[str]) -> str:
     return ", ".join(f"'{value}'" for value in values)
 
 
-def lifecycle_contradicts(run: str, queue: str) -> str:
+def lifecycle_contradicts(run: str, queue: str, otherwise: str = "0") -> str:
     """1 when engine status ``run`` and queue status ``queue`` do not go together (the
     lifecycle projection, docs/concepts.md), else 0. A CASE, not IN lists: in a trigger a
-    constant IN list builds a temporary index each time it runs (claims measured 2x slower)."""
+    constant IN list builds a temporary index each time it runs (claims measured 2x slower).
+    ``otherwise``: the unknown statuses' value — '0' in SQLite's triggers (their text is
+    part of every layout since 4), 'FALSE' in a query PostgreSQL runs too (a CASE of
+    booleans)."""
     return f"""(NOT CASE {run} WHEN 'queued' THEN {queue} = 'queued'
   WHEN 'running' THEN {queue} = 'starting' OR {queue} = 'running' OR {queue} = 'parked'
   WHEN 'waiting' THEN {queue} = 'parked' WHEN 'completed' THEN {queue} = 'done'
   WHEN 'failed' THEN {queue} = 'failed' WHEN 'timed_out' THEN {queue} = 'failed'
-  WHEN 'cancelled' THEN {queue} = 'cancelled' ELSE 0 END)"""
+  WHEN 'cancelled' THEN {queue} = 'cancelled' ELSE {otherwise} END)"""

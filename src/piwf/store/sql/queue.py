@@ -204,8 +204,10 @@ def _end_claimed(db: Database, run_id: str, token: str, status: str, now: int,
         raise ClaimLost(f"the claim on run {run_id} is no longer live")
 
 
-# In a write of run_queue: the run is at the revision a request expected (? IS NULL: any).
-AT_REVISION = "AND (? IS NULL OR (SELECT r.revision FROM runs r WHERE r.run_id = run_queue.run_id) = ?)"
+# In a write of run_queue: the run is at the revision a request expected (NULL: any; the
+# CAST gives PostgreSQL the parameter's type).
+AT_REVISION = ("AND (CAST(? AS BIGINT) IS NULL OR "
+               "(SELECT r.revision FROM runs r WHERE r.run_id = run_queue.run_id) = ?)")
 
 
 def refuse_revision(db: Database, run_id: str, expected: int | None) -> None:

@@ -152,7 +152,7 @@ def resume_run(db: Database, run_id: str, now: int, *, definition: tuple[str, by
     compare-and-set on the run's revision. Both are checked by the write."""
     with db.write():
         params: tuple[Any, ...]
-        extra, params = "AND hold IS NOT ?", (Hold.EFFECT,)
+        extra, params = "AND hold IS DISTINCT FROM ?", (Hold.EFFECT,)
         if definition is not None:
             extra, params = f"{extra} AND hold = ?", (*params, Hold.SOURCE)
         queue_status = _guard_hold(db, run_id, expected_revision, extra, params)
@@ -169,7 +169,7 @@ def resume_run(db: Database, run_id: str, now: int, *, definition: tuple[str, by
                        (digest, db.put_blob(source, now), start_node, run_id))
         # a waiting run stays held for its answer
         db.execute("UPDATE run_queue SET hold = NULL, crash_count = 0, not_before = NULL, updated_at = ? "
-                   "WHERE run_id = ? AND hold IS NOT 'waiting'", (now, run_id))
+                   "WHERE run_id = ? AND hold IS DISTINCT FROM 'waiting'", (now, run_id))
         return _set_paused(db, run_id, False, queue_status, now)
 
 
@@ -368,13 +368,17 @@ def run_events(db: Database, run_id: str, after: int = 0, limit: int = EVENTS_PA
 # Every run whose engine and queue statuses do not go together, counted the slow way: what
 # the maintained ('lifecycle', 'contradictions') count must always equal.
 LIFECYCLE_CONTRADICTIONS = f"""SELECT COUNT(*) FROM runs r JOIN run_queue q ON q.run_id = r.run_id
-WHERE {lifecycle_contradicts('r.status', 'q.status')}"""
+WHERE {lifecycle_contradicts('r.status', 'q.status', 'FALSE')}"""
 
 
 def status_counts(db: Database, now: int) -> dict[str, int]:
-    """Run counts for host.status, from one snapshot. They cost the same however many runs
-    have ever been stored: the counts are kept as runs change (layout 4, RUN_COUNTS_SQL),
-    and expired claims are found through run_queue's (status, claim_expires_at) index."""
+    """Run counts for host.status, from one snapshot. On SQLite they cost the same however
+    many runs have ever been stored: the counts are kept as runs change (layout 4,
+    RUN_COUNTS_SQL), and expired claims are found through run_queue's (status,
+    claim_expires_at) index. PostgreSQL keeps no such rows (every change would update one of
+    a few hot rows, and hosts would serialise on them): it counts from its indexes."""
+    if db.dialect != "sqlite":
+        return recounted(db, now)
     with db.read():
         counts = {(scope, value): n for scope, value, n in db.execute("SELECT scope, value, n FROM run_counts")}
         expired = db.scalar(
@@ -403,7 +407,7 @@ def recounted(db: Database, now: int) -> dict[str, int]:
 def _delivery_counts(db: Database, counts: dict[tuple[str, str], int]) -> None:
     """Notifications and turns (layout 7), but 0 for an older layout read as it is
     (``piwf status`` with no host, before a newer piwf has migrated the database)."""
-    if db.scalar("PRAGMA user_version") < DELIVERY_LAYOUT:
+    if db.dialect == "sqlite" and db.scalar("PRAGMA user_version") < DELIVERY_LAYOUT:
         return
     counts[("notifications", "undelivered")] = delivery.count_undelivered(db)
     counts[("turns", "unresolved")] = delivery.count_unresolved(db)

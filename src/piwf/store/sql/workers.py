@@ -139,9 +139,12 @@ def worker_summaries(db: Database, run_id: str) -> list[WorkerSummary]:
 def register_process(db: Database, *, worker_id: str, run_id: str, pid: int, identity: str,
                      node: str | None, now: int) -> None:
     db.execute(
-        """INSERT OR REPLACE INTO run_processes
+        """INSERT INTO run_processes
              (worker_epoch, pid, process_start_identity, run_id, node_id, status, registered_at)
-           VALUES (?, ?, ?, ?, ?, 'live', ?)""",
+           VALUES (?, ?, ?, ?, ?, 'live', ?)
+           ON CONFLICT (worker_epoch, pid) DO UPDATE SET process_start_identity = excluded.process_start_identity,
+             run_id = excluded.run_id, node_id = excluded.node_id, status = 'live',
+             registered_at = excluded.registered_at, ended_at = NULL""",
         (worker_id, pid, identity, run_id, node, now),
     )
 

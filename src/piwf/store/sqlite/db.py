@@ -33,6 +33,8 @@ DAMAGE_HINT = ("Restore it from a backup, or move the state directory aside to s
 class Database:
     """One connection, used by one thread at a time."""
 
+    dialect = "sqlite"
+
     def __init__(self, conn: apsw.Connection, path: Path) -> None:
         self.conn = conn
         self.path = path

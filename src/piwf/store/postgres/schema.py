@@ -1,0 +1,236 @@
+"""The PostgreSQL layout: the run side's tables here, the people and controller tables in
+``schema_people``; created and migrated under an advisory lock, checked like SQLite's.
+
+The tables have the names, columns and meaning of SQLite's layout 10
+(``piwf.store.sqlite.schema``), in PostgreSQL's types: INTEGER → BIGINT (times are ms),
+BLOB → BYTEA, AUTOINCREMENT → an identity, and every TEXT column compares bytewise
+(``COLLATE "C"``, as SQLite's do, whatever the database's collation). What differs:
+
+- ``hosts``: one lease row per host (per state directory: a restarted host takes its own
+  row over), its epoch from the ``host_epochs`` sequence, so epochs number every host
+  sharing the store (SQLite: the one ``host_lease`` row of its state directory).
+- No ``run_counts`` table nor its triggers: every change would update one of a few hot
+  rows, and hosts would serialise on them. ``host.status`` counts from indexes instead
+  (``piwf.store.sql.runs.status_counts``).
+- ``rowid`` columns where the shared SQL orders by SQLite's rowid (``run_workers`` here).
+
+The layout has its own numbering (``LAYOUT_VERSION``), in the table ``piwf_layout``; a
+schema with tables but no such row is not piwf's and is refused untouched, as is a newer
+layout.
+"""
+
+from __future__ import annotations
+
+import re
+
+from piwf.status import AttemptStatus, Hold, QueueStatus, RunStatus, WorkerStatus
+from piwf.store.postgres.schema_people import CONTROLLERS_SQL, PEOPLE_SQL
+from piwf.store.sql.database import one_of
+
+APPLICATION = "piwf"
+LAYOUT_VERSION = 1
+# MIGRATIONS[v] takes layout v to v + 1 (in the transaction that holds the layout lock).
+MIGRATIONS: dict[int, str] = {}
+
+RUNS_SQL = f"""
+CREATE TABLE blobs (
+  hash TEXT PRIMARY KEY,
+  content BYTEA NOT NULL,
+  created_at BIGINT NOT NULL
+);
+
+CREATE SEQUENCE host_epochs;
+-- One row per host: ``directory`` names its state directory (a random id the host keeps
+-- there), so a host restarted on the same directory takes its own row over.
+CREATE TABLE hosts (
+  directory TEXT PRIMARY KEY,
+  epoch BIGINT UNIQUE,
+  host_id TEXT,
+  token_hash BYTEA,
+  boot_id TEXT,
+  pid BIGINT,
+  process_start_identity TEXT,
+  started_at BIGINT,
+  heartbeat_at BIGINT,
+  expires_at BIGINT
+);
+
+CREATE TABLE host_commands (
+  request_id TEXT PRIMARY KEY,
+  client_id TEXT NOT NULL,
+  idempotency_key TEXT NOT NULL,
+  operation TEXT NOT NULL,
+  request_fingerprint BYTEA NOT NULL,
+  run_id TEXT,
+  outcome TEXT NOT NULL,
+  revision BIGINT,
+  receipt_json TEXT,
+  receipt_hash TEXT,
+  error TEXT,
+  host_epoch BIGINT NOT NULL,
+  created_at BIGINT NOT NULL,
+  UNIQUE (client_id, idempotency_key)
+);
+CREATE INDEX host_commands_created ON host_commands(created_at);
+
+CREATE TABLE runs (
+  run_id TEXT PRIMARY KEY,
+  workflow TEXT NOT NULL,
+  project_path TEXT NOT NULL,
+  definition_hash TEXT NOT NULL,
+  definition_digest TEXT NOT NULL,
+  start_node TEXT,
+  input_json TEXT,
+  input_hash TEXT,
+  status TEXT NOT NULL CHECK (status IN ({one_of(RunStatus)})),
+  paused BIGINT NOT NULL DEFAULT 0,
+  status_detail TEXT,
+  output_json TEXT,
+  output_hash TEXT,
+  error_json TEXT,
+  revision BIGINT NOT NULL DEFAULT 1,
+  origin_session_id TEXT,
+  created_at BIGINT NOT NULL,
+  updated_at BIGINT NOT NULL,
+  finished_at BIGINT
+);
+CREATE INDEX runs_created ON runs(created_at);
+-- host.status counts runs per status from this index (and paused ones from the next).
+CREATE INDEX runs_status ON runs(status);
+CREATE INDEX runs_paused ON runs(paused) WHERE paused != 0;
+
+CREATE TABLE run_queue (
+  run_id TEXT PRIMARY KEY REFERENCES runs(run_id),
+  status TEXT NOT NULL CHECK (status IN ({one_of(QueueStatus)})),
+  hold TEXT CHECK (hold IN ({one_of(Hold)})),
+  runner_id TEXT,
+  claim_token TEXT,
+  claim_expires_at BIGINT,
+  generation BIGINT NOT NULL DEFAULT 0,
+  owner_epoch BIGINT,
+  origin_session_id TEXT,
+  error_code TEXT,
+  error_message TEXT,
+  created_at BIGINT NOT NULL,
+  updated_at BIGINT NOT NULL,
+  started_at BIGINT,
+  finished_at BIGINT,
+  crash_count BIGINT NOT NULL DEFAULT 0,
+  not_before BIGINT
+);
+CREATE INDEX run_queue_claimable ON run_queue(status, claim_expires_at);
+-- Claims take the oldest ready run: this index hands it over without sorting the queue.
+CREATE INDEX run_queue_ready ON run_queue(created_at, run_id)
+  WHERE status IN ('queued', 'parked') AND hold IS NULL;
+-- One active run per origin session; detached runs (no session) are exempt.
+CREATE UNIQUE INDEX run_queue_session_reservation ON run_queue(origin_session_id)
+  WHERE origin_session_id IS NOT NULL AND status IN ('queued', 'starting', 'running');
+-- A session's runs, for the session rule's checks (queue.SESSION_FREE).
+CREATE INDEX run_queue_session ON run_queue(origin_session_id) WHERE origin_session_id IS NOT NULL;
+
+CREATE TABLE node_attempts (
+  attempt_id TEXT PRIMARY KEY,
+  run_id TEXT NOT NULL REFERENCES runs(run_id),
+  seq BIGINT NOT NULL,
+  node_id TEXT NOT NULL,
+  generation BIGINT NOT NULL,
+  status TEXT NOT NULL CHECK (status IN ({one_of(AttemptStatus)})),
+  exit_name TEXT,
+  output_json TEXT,
+  output_hash TEXT,
+  error_json TEXT,
+  started_at BIGINT NOT NULL,
+  finished_at BIGINT,
+  settings_change BIGINT
+);
+CREATE INDEX node_attempts_run ON node_attempts(run_id, seq);
+-- An accepted step is accepted once.
+CREATE UNIQUE INDEX node_attempts_accepted ON node_attempts(run_id, seq) WHERE status = 'accepted';
+
+CREATE TABLE run_events (
+  event_id BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
+  run_id TEXT NOT NULL,
+  at BIGINT NOT NULL,
+  type TEXT NOT NULL,
+  payload_json TEXT NOT NULL
+);
+CREATE INDEX run_events_run ON run_events(run_id, event_id);
+
+-- worker_epoch holds the worker's id (as in SQLite's layout).
+CREATE TABLE run_workers (
+  rowid BIGINT GENERATED ALWAYS AS IDENTITY,
+  worker_epoch TEXT PRIMARY KEY,
+  run_id TEXT NOT NULL,
+  generation BIGINT NOT NULL,
+  host_epoch BIGINT NOT NULL,
+  pid BIGINT,
+  process_start_identity TEXT,
+  status TEXT NOT NULL CHECK (status IN ({one_of(WorkerStatus)})),
+  started_at BIGINT NOT NULL,
+  ready_at BIGINT,
+  finished_at BIGINT,
+  exit_code BIGINT,
+  signal BIGINT,
+  diagnostic TEXT
+);
+CREATE INDEX run_workers_active ON run_workers(status, host_epoch);
+CREATE INDEX run_workers_run ON run_workers(run_id, started_at);
+
+CREATE TABLE worker_messages (
+  worker_epoch TEXT NOT NULL,
+  message_id TEXT NOT NULL,
+  request_fingerprint BYTEA NOT NULL,
+  response_json TEXT NOT NULL,
+  completed_at BIGINT NOT NULL,
+  PRIMARY KEY (worker_epoch, message_id)
+);
+
+CREATE TABLE effects (
+  run_id TEXT NOT NULL REFERENCES runs(run_id),
+  effect_key TEXT NOT NULL,
+  status TEXT NOT NULL CHECK (status IN ('pending', 'applying', 'applied', 'rejected', 'ambiguous')),
+  node_id TEXT NOT NULL,
+  generation BIGINT NOT NULL,
+  result_json TEXT,
+  result_hash TEXT,
+  error_json TEXT,
+  created_at BIGINT NOT NULL,
+  updated_at BIGINT NOT NULL,
+  settled_at BIGINT,
+  PRIMARY KEY (run_id, effect_key)
+);
+
+-- Processes a worker started in their own process groups (shell nodes), to reap with it.
+CREATE TABLE run_processes (
+  worker_epoch TEXT NOT NULL,
+  pid BIGINT NOT NULL,
+  process_start_identity TEXT NOT NULL,
+  run_id TEXT NOT NULL,
+  node_id TEXT,
+  status TEXT NOT NULL CHECK (status IN ('live', 'gone')),
+  registered_at BIGINT NOT NULL,
+  ended_at BIGINT,
+  PRIMARY KEY (worker_epoch, pid)
+);
+CREATE INDEX run_processes_live ON run_processes(status, worker_epoch);
+"""
+
+LAYOUT_SQL = """
+CREATE TABLE piwf_layout (
+  id INTEGER PRIMARY KEY CHECK (id = 1),
+  application TEXT NOT NULL,
+  version INTEGER NOT NULL
+);
+"""
+
+
+def _bytewise(sql: str) -> str:
+    """Every TEXT column of ``sql`` compares bytewise (``COLLATE "C"``)."""
+    return re.sub(r"(\n  \w+ TEXT)\b", r'\1 COLLATE "C"', sql)
+
+
+SCHEMA_SQL = _bytewise(RUNS_SQL + PEOPLE_SQL + CONTROLLERS_SQL) + LAYOUT_SQL
+
+# Tables every layout has; a schema missing one is incomplete, not old.
+REQUIRED_TABLES = ("piwf_layout", "blobs", "hosts", "host_commands", "runs", "run_queue", "node_attempts",
+                   "run_events", "run_workers", "worker_messages")

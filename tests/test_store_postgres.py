@@ -1,0 +1,94 @@
+"""The PostgreSQL store's own parts: opening (layout, foreign and newer schemas), URLs
+without secrets, placeholders. Everything the interface promises is in tests/conformance/,
+on both backends."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import secrets
+
+import psycopg
+import pytest
+
+from piwf.errors import SchemaError, StorageUnavailable, StoreError
+from piwf.store.api import open_store
+from piwf.store.postgres.db import translate
+from piwf.store.postgres.schema import LAYOUT_VERSION
+from piwf.store.postgres.url import parse, redact
+
+from .conftest import pg_store_url
+
+
+def admin(postgres: Any) -> psycopg.Connection[Any]:
+    return psycopg.connect(postgres.url(), autocommit=True)
+
+
+def fresh(name: str) -> str:
+    """A schema name no earlier run used (PIWF_TEST_STORE may be a long-lived server)."""
+    return f"{name}_{secrets.token_hex(4)}"
+
+
+async def test_a_fresh_schema_is_created_at_the_current_layout_and_opened_again(postgres: Any,
+                                                                             tmp_path: Path) -> None:
+    schema = fresh("fresh_layout")
+    url = pg_store_url(postgres, schema)
+    store = open_store(tmp_path, url=url)
+    await store.close()
+    store = open_store(tmp_path, url=url)  # a second open finds the layout and changes nothing
+    await store.close()
+    with admin(postgres) as conn:
+        assert conn.execute(f"SELECT application, version FROM {schema}.piwf_layout").fetchall() == [
+            ("piwf", LAYOUT_VERSION)]
+
+
+async def test_a_schema_holding_other_tables_is_refused_untouched(postgres: Any, tmp_path: Path) -> None:
+    schema = fresh("foreign_app")
+    with admin(postgres) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}; CREATE TABLE {schema}.orders (id int)")
+    with pytest.raises(SchemaError, match="holds tables that are not piwf's"):
+        open_store(tmp_path, url=pg_store_url(postgres, schema))
+    with admin(postgres) as conn:
+        tables = conn.execute("SELECT table_name FROM information_schema.tables "
+                              "WHERE table_schema = %s", (schema,)).fetchall()
+    assert tables == [("orders",)]
+
+
+async def test_a_newer_layout_is_refused_untouched(postgres: Any, tmp_path: Path) -> None:
+    schema = fresh("newer_layout")
+    url = pg_store_url(postgres, schema)
+    await open_store(tmp_path, url=url).close()
+    with admin(postgres) as conn:
+        conn.execute(f"UPDATE {schema}.piwf_layout SET version = version + 1")
+    with pytest.raises(SchemaError, match=f"newer than this piwf understands \\({LAYOUT_VERSION}\\)"):
+        open_store(tmp_path, url=url)
+    with admin(postgres) as conn:
+        assert conn.execute(f"SELECT version FROM {schema}.piwf_layout").fetchone() == (LAYOUT_VERSION + 1,)
+
+
+async def test_an_unreachable_server_is_unavailable_and_names_no_password(tmp_path: Path) -> None:
+    url = f"postgresql://piwf:hunter2@/postgres?host={tmp_path}&port=1&schema=x"
+    with pytest.raises(StorageUnavailable) as caught:
+        open_store(tmp_path, url=url)
+    assert "hunter2" not in str(caught.value) and "postgresql://piwf@/postgres" in str(caught.value)
+
+
+def test_urls_lose_their_passwords_and_piwf_parameters() -> None:
+    url = "postgresql://ann:s3cret@db.example/piwf?sslmode=require&password=other&schema=team_a&port=6432"
+    parsed = parse(url)
+    assert parsed.schema == "team_a" and "schema" not in parsed.conninfo and "s3cret" in parsed.conninfo
+    assert parsed.redacted == "postgresql://ann@db.example/piwf?sslmode=require&schema=team_a&port=6432"
+    assert "s3cret" not in redact(url) and "other" not in redact(url)
+    assert parse("postgresql:///piwf?host=/run/pg").conninfo == "postgresql:///piwf?host=/run/pg"
+    with pytest.raises(StoreError, match="not a plain lower-case name"):
+        parse("postgresql:///piwf?schema=Bad-Name")
+    with pytest.raises(StoreError, match="starts with postgresql://"):
+        parse("mysql://ann:s3cret@x/db")
+
+
+def test_placeholders_become_psycopgs_outside_literals() -> None:
+    assert translate("SELECT ?, '?', 'it''s ?', 10 % 3 FROM t INDEXED BY t_i WHERE a = ?") == (
+        "SELECT %s, '?', 'it''s ?', 10 %% 3 FROM t WHERE a = %s", False)
+    assert translate("SELECT :now, x::int WHERE b = ':x'") == ("SELECT %(now)s, x::int WHERE b = ':x'", False)
+    assert translate("SELECT ?2, ?, ?1") == ("SELECT %(p2)s, %(p3)s, %(p1)s", True)
