@@ -76,11 +76,11 @@ class PostgresBackend:
 # Conformance tests a backend does not pass yet, skipped there (with this reason): a test
 # file, or a part of a test id. pg-people empties PostgreSQL's as its aggregates land.
 PENDING: dict[str, tuple[str, ...]] = {
-    "postgresql": ("test_controllers.py", "test_controller_effects.py", "controller_queue."),
+    "postgresql": (),
 }
 # What only those tests call: the coverage check does not ask for it ("Protocol" or "Protocol.method").
 PENDING_PROTOCOLS: dict[str, tuple[str, ...]] = {
-    "postgresql": ("ControllersStore", "ControllerQueueStore", "ControllerEffectsStore", "SettingsStore.started_by"),
+    "postgresql": (),
 }
 
 

@@ -28,11 +28,12 @@ from piwf.errors import StorageUnavailable, StoreError
 from piwf.store.postgres import hosts, layout
 from piwf.store.postgres.db import PgDatabase, translate_error
 from piwf.store.postgres.url import StoreUrl, parse
+from piwf.store.postgres.wakeups import Wakeups, channel_for
 from piwf.store.sql.aggregates import Aggregates
 
 if TYPE_CHECKING:
     from piwf.store import api
-    from piwf.store.api.types import HostClaim, LeaseRecord
+    from piwf.store.api.types import HostClaim, LeaseRecord, Wakeup
     from piwf.store.sql.database import Database
 
 _T = TypeVar("_T")
@@ -54,7 +55,7 @@ DIRECTORY_FILE = "store-host-id"
 class PgStore(Aggregates):
     """``piwf.store.api.Store`` on PostgreSQL (one schema of one database)."""
 
-    def __init__(self, pool: ConnectionPool[Any], url: StoreUrl, directory: str) -> None:
+    def __init__(self, pool: ConnectionPool[Any], url: StoreUrl, directory: str, *, listen: bool = True) -> None:
         self.pool = pool
         self.url = url
         self.where = url.redacted
@@ -63,6 +64,9 @@ class PgStore(Aggregates):
         self.call = Threaded(self)
         super().__init__(self.call)
         self.hosts: api.HostsStore = PgHostsStore(self.call, directory)
+        self.wakeups = Wakeups(lambda: psycopg.connect(url.conninfo, autocommit=True,
+                                                       connect_timeout=int(CONNECT_TIMEOUT_S)),
+                               channel_for(url.schema), listen=listen)
 
     def transaction(self) -> _UnitOfWork:
         return _UnitOfWork(self)
@@ -73,6 +77,13 @@ class PgStore(Aggregates):
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         await trio.sleep_forever()
+
+    def announce(self, topic: Wakeup) -> None:
+        self.wakeups.announce(topic)
+
+    async def serve_wakeups(self, wake: Callable[[Wakeup], None], *,
+                            task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        await self.wakeups.serve(wake, task_status=task_status)
 
     async def close(self) -> None:
         with trio.CancelScope(shield=True):
@@ -220,12 +231,13 @@ def directory_id(root: Path) -> str:
 
 
 def open_store(paths: Any, *, durability: str = "full", url: str, directory: str | None = None,
-               pool_size: int = POOL_SIZE) -> PgStore:
+               pool_size: int = POOL_SIZE, listen: bool = True) -> PgStore:
     """Open the PostgreSQL store at ``url`` for the host of state directory ``paths``
     (``directory``: its lease row's id, else kept in the state directory). Creates the
     schema's tables when it has none, migrates an older layout, and refuses a schema that is
     not piwf's or is of a newer layout, untouched (SchemaError); StorageUnavailable when the
-    server cannot be reached."""
+    server cannot be reached. ``listen=False``: poll-only mode (no LISTEN: for a pooler in
+    transaction mode; wake-ups are still sent)."""
     if durability not in SYNCHRONOUS_COMMIT:
         raise StoreError(f"durability must be 'full' or 'normal', not {durability!r}")
     parsed = parse(url)
@@ -252,7 +264,7 @@ def open_store(paths: Any, *, durability: str = "full", url: str, directory: str
         pool.close()
         raise StorageUnavailable(f"cannot connect to the PostgreSQL store {parsed.redacted} "
                                  f"within {CONNECT_TIMEOUT_S:g} s; is the server running?") from exc
-    return PgStore(pool, parsed, directory)
+    return PgStore(pool, parsed, directory, listen=listen)
 
 
 if TYPE_CHECKING:  # the type checker proves PgStore implements the interface

@@ -21,6 +21,7 @@ import psycopg
 from psycopg import errors as pg_errors
 
 from piwf.errors import ConstraintViolation, SchemaError, StorageUnavailable, StoreError
+from piwf.store.postgres import cursors
 from piwf.wire import canonical_json, decode_json, sha256_hex
 
 INLINE_JSON_LIMIT = 4096
@@ -143,6 +144,19 @@ class PgDatabase:
 
     def changes(self) -> int:
         return self._rowcount
+
+    # --- dialect: READ COMMITTED, so a read that a write depends on locks (sql/locks.py) ---
+
+    def lock_rows(self, of: str | None = None, *, skip_locked: bool = False) -> str:
+        return " FOR UPDATE" + (f" OF {of}" if of else "") + (" SKIP LOCKED" if skip_locked else "")
+
+    def lock_key(self, namespace: str, key: str) -> None:
+        """A transaction-level advisory lock on (this schema, namespace, key)."""
+        self.execute("SELECT pg_advisory_xact_lock(hashtextextended(current_schema() || ':' || ? || ':' || ?, 0))",
+                     (namespace, key))
+
+    def event_horizon(self) -> int | None:
+        return cursors.event_horizon(self)
 
     # --- blobs ------------------------------------------------------------------------
 
