@@ -78,14 +78,11 @@ class PostgresBackend:
 # Conformance tests a backend does not pass yet, skipped there (with this reason): a test
 # file, or a part of a test id. pg-people empties PostgreSQL's as its aggregates land.
 PENDING: dict[str, tuple[str, ...]] = {
-    "postgresql": ("test_controllers.py", "test_controller_effects.py", "controller_queue.",
-                   "test_two_applies_of_a_new_key_make_one_resource",
-                   "test_claims_from_two_hosts_skip_each_others_rows",
-                   "test_an_apply_during_a_reconcile_result_queues_it_again"),
+    "postgresql": (),
 }
 # What only those tests call: the coverage check does not ask for it ("Protocol" or "Protocol.method").
 PENDING_PROTOCOLS: dict[str, tuple[str, ...]] = {
-    "postgresql": ("ControllersStore", "ControllerQueueStore", "ControllerEffectsStore", "SettingsStore.started_by"),
+    "postgresql": (),
 }
 
 

@@ -167,7 +167,7 @@ async def test_one_request_key_twice_at_once_is_one_change(two: Any, backend: An
 
 async def notified(store: Any, clock: ManualClock, run_id: str, session: str, index: int = 1) -> str:
     token, attempt_id = await running(store, clock, run_id, session=session)
-    found = await store.delivery.notify(run_id, token, attempt_id=attempt_id, index=index, kind="info",
+    found = await store.delivery.notify(run_id, token, attempt_id=attempt_id, index=index, kind="progress",
                                         content=f"{run_id} {index}", now=clock.now_ms())
     assert found is not None
     return str(found)
@@ -190,8 +190,8 @@ async def test_a_sessions_turns_are_in_the_order_they_committed(two: Any, backen
     """Two runs of one session end at once on two hosts: the turn committed first is the
     session's first, whatever order their rows were numbered in."""
     a, b = two
-    for run_id in ("r1", "r2"):
-        await new_run(a, clock, run_id, session="s1")
+    for run_id in ("r1", "r2"):  # both waiting for an answer: parked, so one session may have both
+        await asking(a, clock, run_id, session="s1")
     await interleave(backend, lambda tx: tx.queue.cancel_run("r2", clock.now_ms()), a,
                      lambda: b.queue.cancel_run("r1", clock.now_ms()))
     turns = await a.delivery.list_turns(session_id="s1", run_id=None, limit=10, now=clock.now_ms())

@@ -279,12 +279,13 @@ def directory_id(root: Path) -> str:
 
 
 def open_store(paths: Any, *, durability: str = "full", url: str, directory: str | None = None,
-               pool_size: int = POOL_SIZE) -> PgStore:
+               pool_size: int = POOL_SIZE, listen: bool = True) -> PgStore:
     """Open the PostgreSQL store at ``url`` for the host of state directory ``paths``
     (``directory``: its lease row's id, else kept in the state directory). Creates the
     schema's tables when it has none, migrates an older layout, and refuses a schema that is
     not piwf's or is of a newer layout, untouched (SchemaError); StorageUnavailable when the
-    server cannot be reached."""
+    server cannot be reached. ``listen=False``: poll-only mode (no LISTEN: for a pooler in
+    transaction mode; wake-ups are still sent)."""
     if durability not in SYNCHRONOUS_COMMIT:
         raise StoreError(f"durability must be 'full' or 'normal', not {durability!r}")
     parsed = parse(url)
@@ -306,7 +307,7 @@ def open_store(paths: Any, *, durability: str = "full", url: str, directory: str
         pool.close()
         raise StorageUnavailable(f"cannot connect to the PostgreSQL store {parsed.redacted} "
                                  f"within {CONNECT_TIMEOUT_S:g} s; is the server running?") from exc
-    return PgStore(pool, parsed, directory)
+    return PgStore(pool, parsed, directory, listen=listen)
 
 
 if TYPE_CHECKING:  # the type checker proves PgStore implements the interface

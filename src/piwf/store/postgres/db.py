@@ -21,8 +21,8 @@ from typing import Any
 import psycopg
 from psycopg import errors as pg_errors
 
-from piwf.store.postgres import cursors
 from piwf.errors import ConstraintViolation, SchemaError, StorageUnavailable, StoreError
+from piwf.store.postgres import cursors
 from piwf.wire import canonical_json, decode_json, sha256_hex
 
 INLINE_JSON_LIMIT = 4096

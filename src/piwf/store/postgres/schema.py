@@ -25,7 +25,7 @@ import re
 
 from piwf.status import AttemptStatus, Hold, QueueStatus, RunStatus, WorkerStatus
 from piwf.store.postgres.cursors import EVENT_ID_COLUMN, EVENT_ID_SQL
-from piwf.store.postgres.schema_people import PEOPLE_SQL, PEOPLE_TABLES
+from piwf.store.postgres.schema_people import CONTROLLERS_SQL, PEOPLE_SQL, PEOPLE_TABLES
 from piwf.store.sql.database import one_of
 
 APPLICATION = "piwf"
@@ -148,8 +148,7 @@ CREATE INDEX node_attempts_run ON node_attempts(run_id, seq);
 -- An accepted step is accepted once.
 CREATE UNIQUE INDEX node_attempts_accepted ON node_attempts(run_id, seq) WHERE status = 'accepted';
 
--- Event ids in commit order for readers: piwf.store.postgres.cursors.
-""" + EVENT_ID_SQL + f"""
+-- Its ids are given in commit order as readers see them: store/postgres/cursors.py.
 CREATE TABLE run_events (
   {EVENT_ID_COLUMN},
   run_id TEXT NOT NULL,
@@ -232,7 +231,7 @@ def _bytewise(sql: str) -> str:
     return re.sub(r"(\n  \w+ TEXT)\b", r'\1 COLLATE "C"', sql)
 
 
-SCHEMA_SQL = _bytewise(RUNS_SQL + PEOPLE_SQL) + LAYOUT_SQL
+SCHEMA_SQL = EVENT_ID_SQL + _bytewise(RUNS_SQL + PEOPLE_SQL + CONTROLLERS_SQL) + LAYOUT_SQL
 
 # Tables every layout has; a schema missing one is incomplete, not old.
 REQUIRED_TABLES = ("piwf_layout", "blobs", "hosts", "host_commands", "runs", "run_queue", "node_attempts",

@@ -247,8 +247,9 @@ CREATE TABLE settings_changes (
 );
 """
 
-# Everything above, in the order to create it (after the run tables).
-PEOPLE_SQL = INTERACTIONS_SQL + CONTROLLERS_SQL + DELIVERY_SQL + SETTINGS_SQL
+# In the order to create them, after the run tables (``schema.SCHEMA_SQL``): people and
+# agents in the loop, then controllers.
+PEOPLE_SQL = INTERACTIONS_SQL + DELIVERY_SQL + SETTINGS_SQL
 
 # The tables above: the layout check's list of what a piwf schema must have.
 PEOPLE_TABLES = (

@@ -23,6 +23,7 @@ function does nothing (``Database.lock_rows()`` is empty): no statement, no cost
 from __future__ import annotations
 
 from piwf.store.sql.database import Database
+from piwf.wire import canonical_json
 
 
 def lock_run(db: Database, run_id: str) -> None:
@@ -52,7 +53,7 @@ def lock_resource_key(db: Database, project: str, controller: str, key: str) -> 
     the same one), then the resource itself if it exists."""
     if not db.lock_rows():
         return
-    db.lock_key("resource", f"{project}\x00{controller}\x00{key}")
+    db.lock_key("resource", canonical_json([project, controller, key]).decode())
     uid = db.scalar("SELECT uid FROM controller_resources WHERE project_path = ? AND controller = ? "
                     "AND resource_key = ?", (project, controller, key))
     if uid is not None:
