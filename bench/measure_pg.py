@@ -27,11 +27,11 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from piwf.clock import ManualClock  # noqa: E402
-from piwf.store.api import open_store  # noqa: E402
-from piwf.store.postgres.schema import SCHEMA_SQL  # noqa: E402
-from piwf.store.sql import runs as sql_runs  # noqa: E402
-from tests.postgres_server import start_server  # noqa: E402
+from piwf.clock import ManualClock
+from piwf.store.api import open_store
+from piwf.store.postgres.schema import SCHEMA_SQL
+from piwf.store.sql import runs as sql_runs
+from tests.postgres_server import start_server
 
 LEASE = 30_000
 
