@@ -96,7 +96,7 @@ CREATE TABLE runs (
   updated_at BIGINT NOT NULL,
   finished_at BIGINT
 );
-CREATE INDEX runs_created ON runs(created_at);
+CREATE INDEX runs_created ON runs(created_at, run_id);
 -- host.status counts the runs not yet ended from these small partial indexes, and the
 -- ended ones from run_ends (below).
 CREATE INDEX runs_unended ON runs(status) WHERE status IN ('queued', 'running', 'waiting');
@@ -243,6 +243,22 @@ CREATE TABLE run_processes (
   PRIMARY KEY (worker_epoch, pid)
 );
 CREATE INDEX run_processes_live ON run_processes(status, worker_epoch);
+
+-- The run tables' indexes of SQLite's coming layouts 11 and 12 (ambiguous effects; the
+-- blobs a row uses, for pruning; ended runs; run listings), so PostgreSQL has them when
+-- those land. PostgreSQL's planner takes no hint: they are used when they help.
+CREATE INDEX effects_ambiguous ON effects(run_id) WHERE status = 'ambiguous';
+CREATE INDEX runs_ended ON runs(finished_at) WHERE finished_at IS NOT NULL;
+CREATE INDEX runs_definition_blob ON runs(definition_hash);
+CREATE INDEX runs_input_blob ON runs(input_hash) WHERE input_hash IS NOT NULL;
+CREATE INDEX runs_output_blob ON runs(output_hash) WHERE output_hash IS NOT NULL;
+CREATE INDEX node_attempts_output_blob ON node_attempts(output_hash) WHERE output_hash IS NOT NULL;
+CREATE INDEX effects_result_blob ON effects(result_hash) WHERE result_hash IS NOT NULL;
+CREATE INDEX host_commands_receipt_blob ON host_commands(receipt_hash) WHERE receipt_hash IS NOT NULL;
+CREATE INDEX host_commands_run ON host_commands(run_id) WHERE run_id IS NOT NULL;
+CREATE INDEX runs_by_status ON runs(status, created_at, run_id);
+CREATE INDEX runs_by_workflow ON runs(workflow, created_at, run_id);
+CREATE INDEX runs_by_session ON runs(origin_session_id, created_at, run_id) WHERE origin_session_id IS NOT NULL;
 """
 
 LAYOUT_SQL = """
