@@ -15,6 +15,8 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
+from typing import Any
+import contextlib
 
 HOW_TO_RUN = ("PostgreSQL tests need PostgreSQL's server programs (pg_config --bindir): "
               "apt-get install postgresql, or set PIWF_TEST_STORE to a postgresql:// URL")
@@ -108,3 +110,64 @@ class External:
 
     def url(self, database: str = "postgres") -> str:
         return self.base if "?" in self.base else self.base + "?"
+
+
+class CuttingProxy:
+    """A Unix-socket proxy in front of a server that, when armed, passes the next ``COMMIT``
+    on to the server, reads the server's answer and drops the connection instead of
+    passing it back: the client's commit happened, and it cannot know (a connection lost
+    during COMMIT). ``url(database)`` is the store URL through the proxy."""
+
+    def __init__(self, server_socket: Path, directory: Path, port: int = 5432) -> None:
+        import socket
+        import threading
+
+        self.server_socket = server_socket
+        self.directory = directory
+        self.port = port
+        self.armed = threading.Event()
+        self.cuts = 0
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(str(directory / f".s.PGSQL.{port}"))
+        self.listener.listen(16)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql://piwf@/{database}?host={self.directory}&port={self.port}"
+
+    def close(self) -> None:
+        self.listener.close()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            upstream.connect(str(self.server_socket))
+            cut = threading.Event()
+            threading.Thread(target=self._pump, args=(client, upstream, cut, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, cut, False), daemon=True).start()
+
+    def _pump(self, source: Any, sink: Any, cut: Any, to_server: bool) -> None:
+        import socket
+
+        try:
+            while data := source.recv(65536):
+                if to_server and self.armed.is_set() and b"COMMIT" in data:
+                    self.armed.clear()
+                    cut.set()  # what the server answers from now on never reaches the client
+                elif not to_server and cut.is_set():
+                    self.cuts += 1
+                    break
+                sink.sendall(data)
+        except OSError:
+            pass
+        for end in (source, sink):
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+            end.close()

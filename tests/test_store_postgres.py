@@ -4,6 +4,9 @@ on both backends."""
 
 from __future__ import annotations
 
+import json
+import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +21,9 @@ from piwf.store.postgres.db import translate
 from piwf.store.postgres.schema import LAYOUT_VERSION
 from piwf.store.postgres.url import parse, redact
 
-from .conftest import pg_store_url
+from piwf.paths import StatePaths
+
+from .conftest import HostProcess, pg_store_url, piwf
 
 
 def admin(postgres: Any) -> psycopg.Connection[Any]:
@@ -92,3 +97,23 @@ def test_placeholders_become_psycopgs_outside_literals() -> None:
         "SELECT %s, '?', 'it''s ?', 10 %% 3 FROM t WHERE a = %s", False)
     assert translate("SELECT :now, x::int WHERE b = ':x'") == ("SELECT %(now)s, x::int WHERE b = ':x'", False)
     assert translate("SELECT ?2, ?, ?1") == ("SELECT %(p2)s, %(p3)s, %(p1)s", True)
+
+
+async def test_a_password_never_reaches_a_log_status_record_or_error(
+    postgres: Any, host_process: Callable[..., HostProcess], paths: StatePaths, project: Path, tmp_path: Path,
+) -> None:
+    secret = "hunter2-" + secrets.token_hex(4)  # the test server trusts any password: libpq sends it all the same
+    url = pg_store_url(postgres, fresh("secret")).replace("postgresql://piwf@", f"postgresql://piwf:{secret}@")
+    host = await host_process(env={"PIWF_STORE": url}).start()
+    await piwf(paths, "run", "start", "greet", "--project", str(project), "--wait")
+    running = json.loads((await piwf(paths, "status", "--json")).stdout)
+    assert running["state"] == "running" and running["store"] == redact(url) and running["completedRuns"] == 1
+    host.signal(signal.SIGTERM)
+    assert await host.wait() == 0
+    stopped = json.loads((await piwf(paths, "status", "--json")).stdout)  # found from what the host recorded
+    assert stopped["state"] == "stopped" and stopped["store"] == redact(url) and stopped["completedRuns"] == 1
+    refused = await piwf(paths, "serve", "--store", url.replace("port=", "port=1"), check=False)
+    assert refused.returncode != 0 and b"cannot connect to the PostgreSQL store" in refused.stderr
+    seen = [(tmp_path / "host.log").read_bytes(), json.dumps(running).encode(), json.dumps(stopped).encode(),
+            refused.stdout + refused.stderr] + [p.read_bytes() for p in paths.root.rglob("*") if p.is_file()]
+    assert seen and not [text for text in seen if secret.encode() in text]

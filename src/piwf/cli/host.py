@@ -29,6 +29,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logs.configure(args.log_format, args.log_level)
     config = HostConfig(StatePaths.resolve(args.state_dir), max_workers=args.max_workers,
                         durability=args.durability, store_url=args.store or os.environ.get("PIWF_STORE") or None,
+                        store_listen=not args.poll_only,
                         worker_startup_s=args.worker_startup_timeout,
                         kill_grace_s=args.kill_grace, worker_start=args.worker_start,
                         drain_timeout_s=args.drain_timeout, request_timeout_s=args.request_timeout,

@@ -93,6 +93,8 @@ def _add_serve(commands: Any, common: argparse.ArgumentParser) -> None:
     serve.add_argument("--durability", choices=("full", "normal"), default="full",
                        help="SQLite's synchronous setting, PostgreSQL's synchronous_commit on/off (default full)")
     _add_store(serve)
+    serve.add_argument("--poll-only", action="store_true", help="with --store: no LISTEN/NOTIFY wake-ups from other "
+                       "hosts, only polls (for a connection pooler in transaction mode)")
     for flag, default, text in (
         ("--worker-startup-timeout", 15.0, "a worker has to report ready"),
         ("--drain-timeout", 15.0, "a stop may take to stop workers and park their runs"),

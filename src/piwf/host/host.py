@@ -201,7 +201,8 @@ async def _open_store(paths: StatePaths, config: HostConfig) -> Store:
     if url is None:
         store_record.forget(paths)
         return open_store(paths, durability=config.durability)
-    store = await trio.to_thread.run_sync(lambda: open_store(paths, durability=config.durability, url=url))
+    store = await trio.to_thread.run_sync(
+        lambda: open_store(paths, durability=config.durability, url=url, listen=config.store_listen))
     store_record.write(paths, url)
     log.info("store: %s", store_record.redact(url))
     return store

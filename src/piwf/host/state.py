@@ -28,6 +28,7 @@ class HostConfig:
     max_workers: int = 4
     durability: str = "full"
     store_url: str | None = None  # a postgresql:// URL (piwf serve --store); None: the state directory's SQLite
+    store_listen: bool = True  # False: poll-only, no LISTEN (piwf serve --poll-only, for poolers in transaction mode)
     host_lease_ms: int = 30_000
     run_lease_ms: int = 30_000
     presentation_lease_ms: int = 10_000  # a client presenting an interaction request holds it this long

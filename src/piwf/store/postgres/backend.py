@@ -13,6 +13,7 @@ the other, so it joins the open transaction as on SQLite.
 from __future__ import annotations
 
 import contextvars
+from dataclasses import dataclass
 import os
 import secrets
 from collections.abc import Callable
@@ -222,12 +223,21 @@ class _UnitOfWork:
         return False
 
 
-def _configure(schema: str, durability: str) -> Callable[[psycopg.Connection[Any]], None]:
+@dataclass(frozen=True)
+class Limits:
+    """The time limits every connection sets (ms): so that no host holds a lock forever."""
+
+    statement_ms: int = STATEMENT_TIMEOUT_MS
+    lock_ms: int = LOCK_TIMEOUT_MS
+    idle_in_transaction_ms: int = IDLE_IN_TRANSACTION_MS
+
+
+def _configure(schema: str, durability: str, limits: Limits = Limits()) -> Callable[[psycopg.Connection[Any]], None]:
     settings = sql.SQL(
         "SET search_path TO {schema}; SET statement_timeout = {statement}; SET lock_timeout = {lock}; "
         "SET idle_in_transaction_session_timeout = {idle}; SET synchronous_commit = {sync}").format(
-        schema=sql.Identifier(schema), statement=STATEMENT_TIMEOUT_MS, lock=LOCK_TIMEOUT_MS,
-        idle=IDLE_IN_TRANSACTION_MS, sync=sql.Literal(SYNCHRONOUS_COMMIT[durability]))
+        schema=sql.Identifier(schema), statement=limits.statement_ms, lock=limits.lock_ms,
+        idle=limits.idle_in_transaction_ms, sync=sql.Literal(SYNCHRONOUS_COMMIT[durability]))
 
     def configure(conn: psycopg.Connection[Any]) -> None:
         conn.autocommit = True
@@ -279,7 +289,7 @@ def directory_id(root: Path) -> str:
 
 
 def open_store(paths: Any, *, durability: str = "full", url: str, directory: str | None = None,
-               pool_size: int = POOL_SIZE, listen: bool = True) -> PgStore:
+               pool_size: int = POOL_SIZE, listen: bool = True, limits: Limits = Limits()) -> PgStore:
     """Open the PostgreSQL store at ``url`` for the host of state directory ``paths``
     (``directory``: its lease row's id, else kept in the state directory). Creates the
     schema's tables when it has none, migrates an older layout, and refuses a schema that is
@@ -291,7 +301,7 @@ def open_store(paths: Any, *, durability: str = "full", url: str, directory: str
     parsed = parse(url)
     if directory is None:
         directory = directory_id(Path(getattr(paths, "root", paths)))
-    configure = _configure(parsed.schema, durability)
+    configure = _configure(parsed.schema, durability, limits)
     try:  # one connection first: a server that cannot be reached is said at once, with libpq's reason
         with psycopg.connect(parsed.conninfo, connect_timeout=int(CONNECT_TIMEOUT_S)) as conn:
             configure(conn)

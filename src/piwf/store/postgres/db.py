@@ -248,8 +248,10 @@ class _Read:
 
 # SQLSTATE classes that say the server or the connection failed, not the request: the
 # retry error (08 connection, 53 resources, 57 operator intervention incl. statement and
-# lock time limits, 58 system, 40 serialization and deadlocks, 55P03 lock not available).
+# lock time limits, 58 system, 40 serialization and deadlocks), and two states: 55P03 lock
+# not available, 25P03 the session ended by idle_in_transaction_session_timeout.
 _RETRY_CLASSES = ("08", "53", "57", "58", "40")
+_RETRY_STATES = ("55P03", "25P03")
 
 
 def translate_error(exc: psycopg.Error, where: str) -> StoreError:
@@ -262,7 +264,7 @@ def translate_error(exc: psycopg.Error, where: str) -> StoreError:
     if isinstance(exc, psycopg.OperationalError) and not state:  # no answer from the server at all
         return StorageUnavailable(f"the PostgreSQL store {where} is unavailable; the request was not carried out: "
                                   "retry once it is back")
-    if state.startswith(_RETRY_CLASSES) or state == "55P03":
+    if state.startswith(_RETRY_CLASSES) or state in _RETRY_STATES:
         return StorageUnavailable(f"the PostgreSQL store {where} refused for now ({text}); "
                                   "the request was not carried out: retry")
     if state in ("42P01", "42703"):  # undefined table or column: not the layout this piwf knows
