@@ -261,6 +261,41 @@ async def settle_in(tx: Any, clock: ManualClock, c: Any) -> str:
     return result
 
 
+async def test_an_apply_at_a_resource_version_twice_at_once_the_second_is_a_conflict(
+        two: Any, backend: Any, clock: ManualClock) -> None:
+    a, b = two
+    await ctl.apply(a, clock, "k", {"x": 1})
+    first, second = await interleave(backend, lambda tx: ctl.apply(tx, clock, "k", {"x": 2}, expected=1), a,
+                                     lambda: ctl.apply(b, clock, "k", {"x": 3}, expected=1))
+    assert first.resourceVersion == 2
+    assert isinstance(second, Conflict) and "resourceVersion 2, not 1" in str(second)
+
+
+async def test_an_effect_begun_while_its_claim_expires_is_found_applying_by_the_next_claim(
+        two: Any, backend: Any, clock: ManualClock) -> None:
+    """A's reconcile begins applying an effect in an open transaction as its claim expires;
+    B's claim skips the locked row instead of waiting or stealing it mid-write, then, after
+    A's commit, takes it and finds the effect applying: ambiguous (held), never applied twice."""
+    a, b = two
+    await ctl.apply(a, clock, "k")
+    [c] = await ctl.claim(a, clock)
+    gen = (await ctl.start(a, clock, c))["generation"]
+    await ctl.fenced(a, clock, c, lambda tx: tx.controller_effects.reserve(
+        c.uid, gen, "w", generation=c.claim_number, observable=False, now=clock.now))
+    async with a.transaction() as tx:
+        await tx.controller_queue.fence(c.uid, c.token, ctl.LEASE, clock.now)
+        await tx.controller_effects.begin_apply(c.uid, gen, "w", generation=c.claim_number, now=clock.now)
+        later = ManualClock(clock.now + ctl.LEASE * 2)  # A's claim has expired by B's clock
+        with trio.fail_after(10):
+            assert await ctl.claim(b, later) == []  # the row is locked: skipped, not waited for
+    [taken] = await ctl.claim(b, later, epoch=2)
+    await ctl.start(b, later, taken)
+    found = await ctl.fenced(b, later, taken, lambda tx: tx.controller_effects.reserve(
+        taken.uid, gen, "w", generation=taken.claim_number, observable=False, now=later.now))
+    assert found == {"state": "ambiguous"}
+    assert (await ctl.detail(b, later, "k")).hold == "effect"
+
+
 # --- run.watch under out-of-order commits ------------------------------------------------------
 
 
