@@ -296,6 +296,32 @@ async def test_an_effect_begun_while_its_claim_expires_is_found_applying_by_the_
     assert (await ctl.detail(b, later, "k")).hold == "effect"
 
 
+async def test_a_hosts_takeover_expires_only_its_own_earlier_reconciles(two: Any, backend: Any,
+                                                                         clock: ManualClock) -> None:
+    """Host B restarting (a new epoch, above live host A's) expires B's old reconcile claim,
+    never A's, and names only B's old workers to kill."""
+    a, _ = two
+    b = await backend.open(clock, directory="another-host")  # another state directory on the same store
+    try:
+        lease_a = await a.hosts.acquire_lease(host_id="ha", pid=1, identity="i", lease_ms=LEASE, now=clock.now)
+        for key in ("k1", "k2"):
+            await ctl.apply(a, clock, key)
+        clock.advance(1)
+        [ours] = await ctl.claim(a, clock, room=1, epoch=lease_a.epoch)
+        await a.controller_queue.attach_worker(ours.uid, ours.token, 111, "a-identity")
+        old_b = await b.hosts.acquire_lease(host_id="hb", pid=2, identity="i", lease_ms=LEASE, now=clock.now)
+        [theirs] = await ctl.claim(b, clock, room=1, epoch=old_b.epoch)
+        await b.controller_queue.attach_worker(theirs.uid, theirs.token, 222, "b-identity")
+        restarted = await b.hosts.acquire_lease(host_id="hb2", pid=3, identity="i", lease_ms=LEASE, now=clock.now,
+                                                owner_dead=True)
+        assert restarted.epoch > old_b.epoch > lease_a.epoch
+        assert await b.controller_queue.orphaned_workers(restarted.epoch) == [(theirs.uid, 222, "b-identity")]
+        assert await b.controller_queue.expire_claims_before(restarted.epoch, clock.now) == 1
+        await ctl.fenced(a, clock, ours, lambda tx: tx.controller_queue.reconcile_view(ours.uid))  # A's holds
+    finally:
+        await backend.close(b)
+
+
 # --- run.watch under out-of-order commits ------------------------------------------------------
 
 
