@@ -186,6 +186,25 @@ async def test_two_clients_claiming_a_session_at_once_one_gets_it(two: Any, back
     assert nothing.claimId is None  # in order: the oldest is claimed, so nothing for c2
 
 
+async def test_a_delivery_and_a_claim_after_its_expiry_at_once_deliver_once(two: Any, backend: Any,
+                                                                           clock: ManualClock) -> None:
+    """A delivers under its claim (open) as the claim expires; B's claim waits for the
+    session's stream, then finds the notification delivered: nothing to claim, never twice."""
+    a, b = two
+    notification = await notified(a, clock, "r1", "s1")
+    got = await a.delivery.claim_notification(session_id="s1", client_id="c1", lease_ms=1000, now=clock.now_ms())
+    later = clock.now_ms() + 1000  # c1's claim has expired by then
+
+    def deliver(tx: Any) -> Awaitable[Any]:
+        return tx.delivery.deliver_notification(notification_id=notification, claim_id=got.claimId, client_id="c1",
+                                                now=clock.now_ms())
+
+    delivered, claimed = await interleave(backend, deliver, a, lambda: b.delivery.claim_notification(
+        session_id="s1", client_id="c2", lease_ms=LEASE, now=later))
+    assert delivered.delivered is True
+    assert claimed.claimId is None  # delivered once: nothing left for c2
+
+
 async def test_a_sessions_turns_are_in_the_order_they_committed(two: Any, backend: Any, clock: ManualClock) -> None:
     """Two runs of one session end at once on two hosts: the turn committed first is the
     session's first, whatever order their rows were numbered in."""
