@@ -53,6 +53,22 @@ async def test_a_run_started_on_a_full_host_is_claimed_by_another_at_once(
     assert done["status"] == "completed", done
 
 
+async def test_a_run_released_by_a_stopping_host_is_claimed_by_another_at_once(
+        nursery: trio.Nursery, tmp_path: Path, project: Path, store_url: str) -> None:
+    first_paths = StatePaths.resolve(tmp_path / "first")
+    first: HostState = await nursery.start(Host(config(first_paths, store_url=store_url, poll_s=HOURS)).serve)
+    run_id = await start(first_paths, project, "gated")
+    await wait_for(lambda: (project / "wait.log").exists())  # running on the first host
+    second = await serve(nursery, tmp_path, "second", store_url)  # it finds nothing to claim: all is held
+    first.stop_requested.set()  # the first parks the run as it stops
+    await wait_for(lambda: not first_paths.socket.exists())
+    (project / "gate").touch()
+    with trio.fail_after(15):
+        done = await wait(second, run_id)
+    assert done["status"] == "completed", done
+    assert (project / "once.log").read_text().split() == [run_id]  # its accepted step was not redone
+
+
 async def test_an_answer_on_one_host_lets_another_go_on_at_once(
         nursery: trio.Nursery, tmp_path: Path, project: Path, store_url: str) -> None:
     write_workflow(project, "deploy", deploy_source())
