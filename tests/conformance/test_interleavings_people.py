@@ -186,6 +186,25 @@ async def test_two_clients_claiming_a_session_at_once_one_gets_it(two: Any, back
     assert nothing.claimId is None  # in order: the oldest is claimed, so nothing for c2
 
 
+async def test_a_delivery_and_a_claim_after_its_expiry_at_once_deliver_once(two: Any, backend: Any,
+                                                                           clock: ManualClock) -> None:
+    """A delivers under its claim (open) as the claim expires; B's claim waits for the
+    session's stream, then finds the notification delivered: nothing to claim, never twice."""
+    a, b = two
+    notification = await notified(a, clock, "r1", "s1")
+    got = await a.delivery.claim_notification(session_id="s1", client_id="c1", lease_ms=1000, now=clock.now_ms())
+    later = clock.now_ms() + 1000  # c1's claim has expired by then
+
+    def deliver(tx: Any) -> Awaitable[Any]:
+        return tx.delivery.deliver_notification(notification_id=notification, claim_id=got.claimId, client_id="c1",
+                                                now=clock.now_ms())
+
+    delivered, claimed = await interleave(backend, deliver, a, lambda: b.delivery.claim_notification(
+        session_id="s1", client_id="c2", lease_ms=LEASE, now=later))
+    assert delivered.delivered is True
+    assert claimed.claimId is None  # delivered once: nothing left for c2
+
+
 async def test_a_sessions_turns_are_in_the_order_they_committed(two: Any, backend: Any, clock: ManualClock) -> None:
     """Two runs of one session end at once on two hosts: the turn committed first is the
     session's first, whatever order their rows were numbered in."""
@@ -259,6 +278,67 @@ async def settle_in(tx: Any, clock: ManualClock, c: Any) -> str:
         c.uid, c.token, requeue_after_ms=None, settled=True, controller_status={"ok": 1}, keep_status=False,
         conditions=[], finalizers=None, now=clock.now)
     return result
+
+
+async def test_an_apply_at_a_resource_version_twice_at_once_the_second_is_a_conflict(
+        two: Any, backend: Any, clock: ManualClock) -> None:
+    a, b = two
+    await ctl.apply(a, clock, "k", {"x": 1})
+    first, second = await interleave(backend, lambda tx: ctl.apply(tx, clock, "k", {"x": 2}, expected=1), a,
+                                     lambda: ctl.apply(b, clock, "k", {"x": 3}, expected=1))
+    assert first.resourceVersion == 2
+    assert isinstance(second, Conflict) and "resourceVersion 2, not 1" in str(second)
+
+
+async def test_an_effect_begun_while_its_claim_expires_is_found_applying_by_the_next_claim(
+        two: Any, backend: Any, clock: ManualClock) -> None:
+    """A's reconcile begins applying an effect in an open transaction as its claim expires;
+    B's claim skips the locked row instead of waiting or stealing it mid-write, then, after
+    A's commit, takes it and finds the effect applying: ambiguous (held), never applied twice."""
+    a, b = two
+    await ctl.apply(a, clock, "k")
+    [c] = await ctl.claim(a, clock)
+    gen = (await ctl.start(a, clock, c))["generation"]
+    await ctl.fenced(a, clock, c, lambda tx: tx.controller_effects.reserve(
+        c.uid, gen, "w", generation=c.claim_number, observable=False, now=clock.now))
+    async with a.transaction() as tx:
+        await tx.controller_queue.fence(c.uid, c.token, ctl.LEASE, clock.now)
+        await tx.controller_effects.begin_apply(c.uid, gen, "w", generation=c.claim_number, now=clock.now)
+        later = ManualClock(clock.now + ctl.LEASE * 2)  # A's claim has expired by B's clock
+        with trio.fail_after(10):
+            assert await ctl.claim(b, later) == []  # the row is locked: skipped, not waited for
+    [taken] = await ctl.claim(b, later, epoch=2)
+    await ctl.start(b, later, taken)
+    found = await ctl.fenced(b, later, taken, lambda tx: tx.controller_effects.reserve(
+        taken.uid, gen, "w", generation=taken.claim_number, observable=False, now=later.now))
+    assert found == {"state": "ambiguous"}
+    assert (await ctl.detail(b, later, "k")).hold == "effect"
+
+
+async def test_a_hosts_takeover_expires_only_its_own_earlier_reconciles(two: Any, backend: Any,
+                                                                         clock: ManualClock) -> None:
+    """Host B restarting (a new epoch, above live host A's) expires B's old reconcile claim,
+    never A's, and names only B's old workers to kill."""
+    a, _ = two
+    b = await backend.open(clock, directory="another-host")  # another state directory on the same store
+    try:
+        lease_a = await a.hosts.acquire_lease(host_id="ha", pid=1, identity="i", lease_ms=LEASE, now=clock.now)
+        for key in ("k1", "k2"):
+            await ctl.apply(a, clock, key)
+        clock.advance(1)
+        [ours] = await ctl.claim(a, clock, room=1, epoch=lease_a.epoch)
+        await a.controller_queue.attach_worker(ours.uid, ours.token, 111, "a-identity")
+        old_b = await b.hosts.acquire_lease(host_id="hb", pid=2, identity="i", lease_ms=LEASE, now=clock.now)
+        [theirs] = await ctl.claim(b, clock, room=1, epoch=old_b.epoch)
+        await b.controller_queue.attach_worker(theirs.uid, theirs.token, 222, "b-identity")
+        restarted = await b.hosts.acquire_lease(host_id="hb2", pid=3, identity="i", lease_ms=LEASE, now=clock.now,
+                                                owner_dead=True)
+        assert restarted.epoch > old_b.epoch > lease_a.epoch
+        assert await b.controller_queue.orphaned_workers(restarted.epoch) == [(theirs.uid, 222, "b-identity")]
+        assert await b.controller_queue.expire_claims_before(restarted.epoch, clock.now) == 1
+        await ctl.fenced(a, clock, ours, lambda tx: tx.controller_queue.reconcile_view(ours.uid))  # A's holds
+    finally:
+        await backend.close(b)
 
 
 # --- run.watch under out-of-order commits ------------------------------------------------------

@@ -37,7 +37,7 @@ from piwf.errors import HostAlreadyRunning, PiwfError
 from piwf.paths import StatePaths
 from piwf.status import StopReason
 from piwf.store.api import record as store_record
-from piwf.store.api import Store, open_store
+from piwf.store.api import Store, Wakeup, open_store
 from piwf.store.api.rules import RETENTION_MS
 from piwf import faults, logs, processes
 from piwf.host.fork_launcher import ForkLauncher
@@ -336,6 +336,9 @@ async def _prune_worker_messages(host: HostState) -> None:
 async def _release(host: HostState) -> None:
     if host.lease is None:
         return
+    # the runs and resources this host parked and released are the other hosts' now
+    host.store.announce(Wakeup.RUNS)
+    host.store.announce(Wakeup.CONTROLLERS)
     try:
         await host.store.hosts.release_lease(host.lease)
     except PiwfError as exc:

@@ -97,6 +97,7 @@ class PgStore(Aggregates):
 
     async def close(self) -> None:
         with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(self.wakeups.flush)  # what a stopping host released
             await trio.to_thread.run_sync(self.pool.close)
 
     def connection(self) -> PgDatabase:

@@ -167,6 +167,8 @@ CREATE TABLE controller_resources (
   updated_at BIGINT NOT NULL,
   UNIQUE (project_path, controller, resource_key)
 );
+CREATE INDEX controller_resources_spec_blob ON controller_resources(spec_hash) WHERE spec_hash IS NOT NULL;
+CREATE INDEX controller_resources_status_blob ON controller_resources(status_hash) WHERE status_hash IS NOT NULL;
 
 CREATE TABLE controller_queue (
   uid TEXT PRIMARY KEY REFERENCES controller_resources(uid) ON DELETE CASCADE,
@@ -202,8 +204,14 @@ CREATE TABLE controller_effects (
   spec_generation BIGINT NOT NULL,
   effect_key TEXT NOT NULL,
   """ + EFFECT_COLUMNS + """
+  kind TEXT,
+  request_fingerprint TEXT,
   PRIMARY KEY (uid, spec_generation, effect_key)
 );
+-- SQLite's layout 11 (branches holes-c, term-b): ambiguous effects counted through a
+-- partial index; a blob's users found by index (retention).
+CREATE INDEX controller_effects_ambiguous ON controller_effects(uid) WHERE status = 'ambiguous';
+CREATE INDEX controller_effects_result_blob ON controller_effects(result_hash) WHERE result_hash IS NOT NULL;
 
 CREATE TABLE controller_workflows (
   uid TEXT NOT NULL REFERENCES controller_resources(uid) ON DELETE CASCADE,
@@ -218,6 +226,7 @@ CREATE TABLE controller_workflows (
   PRIMARY KEY (uid, request_key)
 );
 CREATE INDEX controller_workflows_live ON controller_workflows(state) WHERE state IN ('running', 'waiting');
+CREATE INDEX controller_workflows_run ON controller_workflows(run_id);
 """
 
 # node_attempts.settings_change is the run tables' (node_attempts is created with it).

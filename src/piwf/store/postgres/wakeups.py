@@ -74,6 +74,15 @@ class Wakeups:
 
     # --- sending ---------------------------------------------------------------------------
 
+    def flush(self) -> None:
+        """Send what is still marked, now (blocking: call in a thread). For a host that stops:
+        the runs and resources it released are announced after its sender has gone."""
+        if self._pending:
+            topics, self._pending = sorted(self._pending), set()
+            conn = self._send(None, topics)
+            if conn is not None:
+                conn.close()
+
     async def _send_forever(self) -> None:
         conn: psycopg.Connection[Any] | None = None
         try:

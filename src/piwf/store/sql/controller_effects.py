@@ -8,7 +8,9 @@ is retried by design, so the next pass applies it again), except after ``Permane
 that is stored as rejected, and raised again by later passes of the same spec generation.
 They are keyed by (resource, spec generation, key): an effect is applied at most once per
 generation of the spec, so a changed spec applies its effects again and a retried
-reconcile of the same spec never does. Every write here is made fenced by the caller.
+reconcile of the same spec never does. Every write here is made fenced by the caller
+(the fence, an UPDATE of the resource's queue row, is its lock under several writers:
+``locks.py``); an operator's ``resolve`` and ``sync_children`` take that lock themselves.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ from piwf.protocol.resources import MAX_ERROR_CHARS
 from piwf.errors import ClaimLost, Rejected
 from piwf.wire import canonical_json, decode_json
 from piwf.store.api.rules import check_json_size
+from piwf.store.sql.base import earlier_epoch
 from piwf.store.sql.controllers import add_resource_event, delete_resource
 from piwf.store.sql.database import Database, atomic
 from piwf.store.api.types import ControllerClaim, Delay
@@ -81,11 +82,12 @@ def attach_worker(db: Database, uid: str, token: str, pid: int, identity: str) -
 
 
 def orphaned_workers(db: Database, epoch: int) -> list[tuple[str, int, str]]:
-    """(uid, pid, identity) of the reconcile workers recorded by claims of earlier hosts."""
+    """(uid, pid, identity) of the reconcile workers recorded by claims of dead earlier hosts
+    (``base.earlier_epoch``)."""
     with db.read():
-        rows = db.execute("""SELECT uid, worker_pid, worker_identity FROM controller_queue
-                             WHERE claim_token IS NOT NULL AND claim_epoch < ? AND worker_pid IS NOT NULL""",
-                          (epoch,)).fetchall()
+        rows = db.execute(f"""SELECT uid, worker_pid, worker_identity FROM controller_queue
+                              WHERE claim_token IS NOT NULL AND {earlier_epoch(db, 'claim_epoch')}
+                                AND worker_pid IS NOT NULL""", (epoch,)).fetchall()
     return [(uid, pid, identity) for uid, pid, identity in rows if identity]
 
 
@@ -236,15 +238,17 @@ def release_effect_hold(db: Database, uid: str, now: int) -> None:
 
 
 def expire_claims_before(db: Database, epoch: int, now: int) -> int:
-    """On takeover: reconciles an earlier host was running are due again at once, each
-    counted as an error (their workers died with that host, or were killed by the caller)."""
+    """On takeover: reconciles a dead earlier host was running (``base.earlier_epoch``: on
+    PostgreSQL never another live host's) are due again at once, each counted as an error
+    (their workers died with that host, or were killed by the caller). One UPDATE: what it
+    returns is what it changed."""
     with db.write():
-        uids = [uid for (uid,) in db.execute("SELECT uid FROM controller_queue WHERE claim_token IS NOT NULL "
-                                             "AND claim_epoch < ?", (epoch,))]
-        db.execute("""UPDATE controller_queue SET claim_token = NULL, claim_expires_at = NULL, available_at = ?,
-                        consecutive_errors = consecutive_errors + 1, updated_at = ?,
-                        last_error = 'interrupted: its host died'
-                      WHERE claim_token IS NOT NULL AND claim_epoch < ?""", (now, now, epoch))
+        uids = sorted(uid for (uid,) in db.execute(
+            f"""UPDATE controller_queue SET claim_token = NULL, claim_expires_at = NULL, available_at = ?,
+                  consecutive_errors = consecutive_errors + 1, updated_at = ?,
+                  last_error = 'interrupted: its host died'
+                WHERE claim_token IS NOT NULL AND {earlier_epoch(db, 'claim_epoch')} RETURNING uid""",
+            (now, now, epoch)).fetchall())
         for uid in uids:
             add_resource_event(db, uid, "reconcile_failed", {"error": "interrupted: its host died", "delayMs": 0,
                                                              "permanent": False}, now)

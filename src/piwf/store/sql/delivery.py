@@ -224,12 +224,18 @@ def request_presentation(db: Database, run_id: str, token: str, *, instructions:
 # (or turns_unresolved), never a scan of every turn kept (tests check the plans).
 OPEN_TURN_SQL = "SELECT turn_id, cause FROM turns WHERE run_id = ? AND session_id = ? AND resolved_at IS NULL"
 TURNS_OF_RUN_SQL = "SELECT COUNT(*) FROM turns WHERE run_id = ? AND session_id = ?"
+# A session's latest eligible turn still unresolved (by index turns_eligible): a turn made
+# eligible after it (under the session's delivery lock) is not dated before it, whatever
+# the clock of the host that writes it says (another host's, or one stepped back).
+LATEST_ELIGIBLE_SQL = "SELECT MAX(eligible_at) FROM turns WHERE session_id = ? AND resolved_at IS NULL"
 LAST_INSTRUCTIONS_SQL = ("SELECT instructions FROM turns WHERE run_id = ? AND instructions IS NOT NULL "
                          "ORDER BY rowid DESC LIMIT 1")
 
 
 def _write_turn(db: Database, run_id: str, session: str, cause: TurnCause, now: int, *, eligible: bool) -> str:
     facts = canonical_json(_facts(db, run_id)).decode()
+    # never before the session's latest: claims follow the order turns became eligible in
+    since = max(now, db.scalar(LATEST_ELIGIBLE_SQL, (session,)) or 0) if eligible else None
     existing = db.one(OPEN_TURN_SQL, (run_id, session))
     if existing is not None:
         turn_id = existing[0]
@@ -239,7 +245,7 @@ def _write_turn(db: Database, run_id: str, session: str, cause: TurnCause, now: 
         db.execute("""UPDATE turns SET cause = ?, facts_json = ?, updated_at = ?,
                         eligible_at = CASE WHEN ? THEN COALESCE(eligible_at, ?) ELSE eligible_at END,
                         claim_token = NULL, claim_client = NULL, claim_expires_at = NULL, followups_through = NULL
-                      WHERE turn_id = ?""", (kept, facts, now, eligible, now, turn_id))
+                      WHERE turn_id = ?""", (kept, facts, now, eligible, since, turn_id))
     else:
         n = db.scalar(TURNS_OF_RUN_SQL, (run_id, session))
         turn_id = "turn-" + hashlib.sha256(f"{run_id}/{session}/{n}".encode()).hexdigest()[:20]
@@ -247,7 +253,7 @@ def _write_turn(db: Database, run_id: str, session: str, cause: TurnCause, now: 
                         eligible_at, created_at, updated_at)
                       VALUES (?, ?, ?, (SELECT workflow FROM runs WHERE run_id = ?), ?, ?,
                         ({LAST_INSTRUCTIONS_SQL}), ?, ?, ?)""",
-                   (turn_id, run_id, session, run_id, cause, facts, run_id, now if eligible else None, now, now))
+                   (turn_id, run_id, session, run_id, cause, facts, run_id, since, now, now))
     if eligible:
         add_event(db, run_id, "turn", {"turnId": turn_id, "cause": cause}, now)
     result: str = turn_id
