@@ -117,3 +117,19 @@ async def test_a_password_never_reaches_a_log_status_record_or_error(
     seen = [(tmp_path / "host.log").read_bytes(), json.dumps(running).encode(), json.dumps(stopped).encode(),
             refused.stdout + refused.stderr] + [p.read_bytes() for p in paths.root.rglob("*") if p.is_file()]
     assert seen and not [text for text in seen if secret.encode() in text]
+
+
+async def test_a_host_stops_when_another_migrates_the_store_past_its_layout(
+    postgres: Any, paths: StatePaths, nursery: Any, caplog: pytest.LogCaptureFixture,
+) -> None:
+    from piwf.host.host import Host
+
+    from .conftest import config, wait_for
+
+    schema = fresh("migrated_under")
+    state = await nursery.start(Host(config(paths, store_url=pg_store_url(postgres, schema),
+                                            host_lease_ms=300)).serve)
+    with admin(postgres) as conn:  # a newer piwf's host migrated the shared store
+        conn.execute(f"UPDATE {schema}.piwf_layout SET version = version + 1")
+    await wait_for(state.stop_requested.is_set, timeout=10)  # at its next renewal, within 100 ms
+    assert "the store was migrated to layout 2 by a newer piwf; this one knows 1 and stops" in caplog.text

@@ -33,7 +33,7 @@ import trio
 import trio_util
 
 from piwf.clock import Clock, WallClock
-from piwf.errors import HostAlreadyRunning, PiwfError
+from piwf.errors import HostAlreadyRunning, PiwfError, SchemaError
 from piwf.paths import StatePaths
 from piwf.status import StopReason
 from piwf.store.api import record as store_record
@@ -283,6 +283,10 @@ async def _renew_lease(host: HostState) -> bool:
     assert host.lease is not None
     try:
         renewed = await host.store.hosts.renew_lease(host.lease, host.config.host_lease_ms, host.now())
+    except SchemaError as exc:  # another host migrated the shared store past this piwf's layout
+        log.error("%s", exc)
+        host.stop_requested.set()
+        return False
     except PiwfError as exc:
         log.warning("lease renewal failed (%s); will retry", exc)
         return True

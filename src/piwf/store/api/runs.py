@@ -37,7 +37,9 @@ class HostsStore(Protocol):
         """Take the lease with a new epoch. Raises HostAlreadyRunning, StoreError."""
 
     async def renew_lease(self, claim: HostClaim, lease_ms: int, now: int) -> HostClaim | None:
-        """Extend the lease; None when it was lost (taken by another host)."""
+        """Extend the lease; None when it was lost (taken by another host). SchemaError
+        (PostgreSQL) when another host has migrated the shared store to a newer layout than
+        this piwf knows: the host stops."""
 
     async def release_lease(self, claim: HostClaim) -> bool:
         ...

@@ -12,7 +12,8 @@ import hashlib
 import secrets
 from pathlib import Path
 
-from piwf.errors import HostAlreadyRunning, StoreError
+from piwf.errors import HostAlreadyRunning, SchemaError, StoreError
+from piwf.store.postgres.schema import LAYOUT_VERSION
 from piwf.store.api.types import HostClaim, LeaseRecord
 from piwf.store.sql.database import Database
 
@@ -61,13 +62,23 @@ def acquire_lease(db: Database, directory: str, *, host_id: str, pid: int, ident
     return HostClaim(host_id, token, epoch, pid, identity, now + lease_ms)
 
 
-def renew_lease(db: Database, directory: str, claim: HostClaim, lease_ms: int, now: int) -> HostClaim | None:
-    """Extend the lease; None when it was lost (taken over by a host on this directory)."""
-    db.execute("""UPDATE hosts SET heartbeat_at = ?, expires_at = ?
-                  WHERE directory = ? AND epoch = ? AND host_id = ? AND token_hash = ?""",
-               (now, now + lease_ms, directory, claim.epoch, claim.host_id, _token_hash(claim.token)))
-    if db.changes() != 1:
-        return None
+def renew_lease(db: Database, directory: str, claim: HostClaim, lease_ms: int, now: int,
+                layout_version: int = LAYOUT_VERSION) -> HostClaim | None:
+    """Extend the lease; None when it was lost (taken over by a host on this directory).
+    SchemaError when another host has since migrated the store to a newer layout than this
+    piwf's: this host must stop rather than write by rules the store no longer keeps (the
+    renewal, its one write, is rolled back)."""
+    with db.write():
+        layout: int | None = db.scalar(
+            """UPDATE hosts SET heartbeat_at = ?, expires_at = ?
+               WHERE directory = ? AND epoch = ? AND host_id = ? AND token_hash = ?
+               RETURNING (SELECT version FROM piwf_layout WHERE id = 1)""",
+            (now, now + lease_ms, directory, claim.epoch, claim.host_id, _token_hash(claim.token)))
+        if db.changes() != 1:
+            return None
+        if layout is not None and layout > layout_version:
+            raise SchemaError(f"the store was migrated to layout {layout} by a newer piwf; this one knows "
+                              f"{layout_version} and stops: upgrade it")
     return HostClaim(claim.host_id, claim.token, claim.epoch, claim.pid, claim.identity, now + lease_ms)
 
 
