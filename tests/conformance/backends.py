@@ -74,6 +74,12 @@ class PostgresBackend:
     async def close(self, store: Any) -> None:
         await store.close()
 
+    def lock_waits(self) -> int:
+        """Connections of the server waiting for a lock now (interleaving tests)."""
+        from tests.postgres_server import lock_waits
+
+        return lock_waits(self.postgres.url())
+
 
 # Conformance tests a backend does not pass yet, skipped there (with this reason): a test
 # file, or a part of a test id. pg-people empties PostgreSQL's as its aggregates land.

@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from piwf.clock import ManualClock
-from piwf.errors import ClaimLost, Rejected
+from piwf.errors import ClaimLost, ConstraintViolation, Rejected, StoreError
 from piwf.client import make_request
 from piwf.wire import HostResponse, Outcome
 
@@ -158,3 +158,23 @@ async def test_takeover_expires_only_the_claims_of_its_own_earlier_epoch(two: An
     assert await b.queue.expire_claims_before(restarted.epoch, clock.now_ms()) == [theirs[0][0].run_id]
     await a.queue.fenced_revision("r1", ours.token, clock.now_ms())  # A's claim is still live
     await backend.close(b)
+
+
+async def test_two_hosts_creating_one_run_id_at_once_make_it_once(two: Any, backend: Any,
+                                                                 clock: ManualClock) -> None:
+    a, b = two
+    _, refused = await interleave(backend, lambda tx: new_run(tx, clock, "r1"), a, lambda: new_run(b, clock, "r1"))
+    assert isinstance(refused, Rejected) and "run id r1 is already taken" in str(refused)
+
+
+async def test_a_unit_of_work_whose_failed_statement_was_handled_commits_nothing(two: Any,
+                                                                                clock: ManualClock) -> None:
+    a, _ = two
+    request = make_request("run.pause", client_id="c1", run_id="r1", request_id="q1")
+    answer = HostResponse(requestId="q1", outcome=Outcome.ACCEPTED)
+    with pytest.raises(StoreError, match="nothing of it was committed"):
+        async with a.transaction() as tx:
+            await tx.commands.record(request, b"f", answer, 1, clock.now_ms())
+            with pytest.raises(ConstraintViolation):  # PostgreSQL aborts the transaction here
+                await tx.commands.record(request, b"f", answer, 1, clock.now_ms())
+    assert await a.commands.lookup(request, b"f") is None

@@ -105,9 +105,15 @@ class PgDatabase:
         self._depth = 0
         if self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
             return
-        if not commit or self.conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+        if not commit:
             self._rollback()
             return
+        if self.conn.info.transaction_status == psycopg.pq.TransactionStatus.INERROR:
+            # A statement failed and its error was caught: PostgreSQL has aborted the whole
+            # transaction (SQLite would have kept the rest). Never report that as committed.
+            self._rollback()
+            raise StoreError("a statement of this transaction failed (its error was handled), so PostgreSQL "
+                             "rolled the whole transaction back: nothing of it was committed")
         try:
             self.conn.execute("COMMIT")
         except psycopg.OperationalError as exc:

@@ -36,8 +36,11 @@ def create_run(
     claim of a parked run of the session takes) is held from the read of the session's
     active run to the commit, so two hosts accepting ``run.start`` for one session at once
     answer one run and one Rejected; the partial unique index run_queue_session_reservation
-    stays the last word. A run id taken meanwhile fails the INSERT (Rejected)."""
+    stays the last word. Likewise the run id's lock: a second creator of one run id waits,
+    then finds it taken (Rejected), before any statement fails (a failed statement aborts
+    a PostgreSQL transaction, and the host records the refusal in the same one)."""
     with db.write():
+        db.lock_key("run", run_id)  # two creators of one run id: the second sees the first's row
         if db.one("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)):
             raise Rejected(f"run id {run_id} is already taken")
         if origin_session_id is not None:
