@@ -133,3 +133,23 @@ async def test_a_host_stops_when_another_migrates_the_store_past_its_layout(
         conn.execute(f"UPDATE {schema}.piwf_layout SET version = version + 1")
     await wait_for(state.stop_requested.is_set, timeout=10)  # at its next renewal, within 100 ms
     assert "the store was migrated to layout 2 by a newer piwf; this one knows 1 and stops" in caplog.text
+
+
+async def test_ended_runs_are_counted_from_shards_that_follow_every_change_hand_edits_too(
+    postgres: Any, tmp_path: Path,
+) -> None:
+    schema = fresh("ended_counts")
+    store = open_store(tmp_path, url=pg_store_url(postgres, schema), directory="d", listen=False)
+    for index in range(40):
+        run_id = f"r{index}"
+        await store.runs.create_run(run_id=run_id, workflow="w", project_path="/p", source=b"s", digest="d",
+                                    input={}, origin_session_id=None, now=index)
+        if index % 4 == 0:
+            await store.queue.cancel_run(run_id, index)
+    with admin(postgres) as conn:  # an edit by hand is counted too (the trigger, not piwf's code)
+        conn.execute(f"UPDATE {schema}.runs SET status = 'completed' WHERE run_id IN ('r0', 'r1')")
+        shards = conn.execute(f"SELECT count(DISTINCT shard) FROM {schema}.run_ends").fetchone()
+    counts = await store.runs.status_counts(100)
+    assert (counts["cancelledRuns"], counts["completedRuns"], counts["queuedRuns"]) == (9, 2, 39 - 9)
+    assert shards is not None and shards[0] > 1  # spread over shards, not one hot row
+    await store.close()

@@ -36,10 +36,10 @@ from typing import Any
 # Created with the run tables, before run_events (whose event_id defaults to piwf_event_id()).
 EVENT_ID_SQL = """
 CREATE SEQUENCE run_events_event_id_seq AS BIGINT CACHE 1;
-CREATE FUNCTION piwf_event_lock_base() RETURNS integer LANGUAGE sql STABLE AS $$
+CREATE FUNCTION piwf_event_lock_base() RETURNS integer LANGUAGE sql STABLE SET search_path FROM CURRENT AS $$
   SELECT ((hashtext(current_schema()) & 32767) << 16)
 $$;
-CREATE FUNCTION piwf_event_id() RETURNS bigint LANGUAGE plpgsql AS $$
+CREATE FUNCTION piwf_event_id() RETURNS bigint LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 DECLARE
   first bigint;
 BEGIN

@@ -111,7 +111,7 @@ CREATE TABLE run_ends (
   n BIGINT NOT NULL DEFAULT 0,
   PRIMARY KEY (shard, status)
 );
-CREATE FUNCTION piwf_count_run_end() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION piwf_count_run_end() RETURNS trigger LANGUAGE plpgsql SET search_path FROM CURRENT AS $$
 BEGIN
   IF TG_OP IN ('UPDATE', 'DELETE') AND OLD.status IN ('completed', 'failed', 'timed_out', 'cancelled') THEN
     UPDATE run_ends SET n = n - 1 WHERE shard = hashtext(OLD.run_id) & 63 AND status = OLD.status;
