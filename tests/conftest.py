@@ -237,21 +237,29 @@ def postgres() -> Any:
     """A throwaway PostgreSQL server for the session (tests/postgres_server.py), or the one
     ``PIWF_TEST_STORE`` names (its ``url(database)``). Without PostgreSQL the test skips,
     saying how to run it; with ``CI=true`` it fails instead."""
-    from .postgres_server import HOW_TO_RUN, External, start_server
+    from .postgres_server import External, start_server
 
     if os.environ.get("PIWF_TEST_STORE"):
         yield External(os.environ["PIWF_TEST_STORE"])
         return
     server = start_server()
     if server is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true and no PostgreSQL: {HOW_TO_RUN}")
-        pytest.skip(HOW_TO_RUN)
+        no_postgres(os.environ)
     try:
         yield server
     finally:
         server.stop("immediate")
         server.remove()
+
+
+def no_postgres(environ: Any) -> None:
+    """A test that needs PostgreSQL where there is none: skipped, saying how to run it; a
+    failure in CI (``CI=true``), where a skipped PostgreSQL test would hide a missing server."""
+    from .postgres_server import HOW_TO_RUN
+
+    if environ.get("CI") == "true":
+        pytest.fail(f"CI=true and no PostgreSQL: {HOW_TO_RUN}")
+    pytest.skip(HOW_TO_RUN)
 
 
 _SCHEMAS = iter(range(1, 1 << 30))

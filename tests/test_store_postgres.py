@@ -153,3 +153,12 @@ async def test_ended_runs_are_counted_from_shards_that_follow_every_change_hand_
     assert (counts["cancelledRuns"], counts["completedRuns"], counts["queuedRuns"]) == (9, 2, 39 - 9)
     assert shards is not None and shards[0] > 1  # spread over shards, not one hot row
     await store.close()
+
+
+def test_without_postgresql_a_test_skips_saying_how_to_run_it_and_fails_in_ci() -> None:
+    from .conftest import no_postgres
+
+    with pytest.raises(pytest.skip.Exception, match="apt-get install postgresql"):
+        no_postgres({})
+    with pytest.raises(pytest.fail.Exception, match="CI=true and no PostgreSQL"):
+        no_postgres({"CI": "true"})
