@@ -26,6 +26,7 @@ import psycopg
 import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from piwf.clock import ManualClock
 from piwf.store.api import open_store
@@ -194,6 +195,16 @@ async def main_async(args: argparse.Namespace, base: str) -> dict[str, Any]:
     result["claim+running+complete per s"]["piwf on SQLite (full)"] = await store_path(sqlite, args.runs, clock)
     await sqlite.close()
     result["host.status"] = status_at(base, f"bench_{secrets.token_hex(4)}", args.status_runs)
+    if args.e2e:
+        import measure_host
+
+        store = ("--store", f"{base}{'&' if '?' in base else '?'}schema=bench_{secrets.token_hex(4)}")
+        result["end to end, runs/s (piwf serve --max-workers 8, one-node runs)"] = {
+            "piwf on PostgreSQL": (await trio.to_thread.run_sync(
+                lambda: measure_host.end_to_end("full", 8, args.e2e, extra=store)))["per_s"],
+            "piwf on SQLite": (await trio.to_thread.run_sync(
+                lambda: measure_host.end_to_end("full", 8, args.e2e)))["per_s"],
+        }
     return result
 
 
@@ -202,6 +213,8 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=500)
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--status-runs", type=int, default=100_000)
+    parser.add_argument("--e2e", type=int, default=0, metavar="N",
+                        help="also N runs end to end through a real piwf serve on each store")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     server = None
