@@ -42,8 +42,9 @@ def find_bindir() -> Path | None:
 class Server:
     """One PostgreSQL cluster: ``start``, ``url(database)``, ``stop``, ``restart``."""
 
-    def __init__(self, bindir: Path) -> None:
+    def __init__(self, bindir: Path, *, fsync: bool = False) -> None:
         self.bindir = bindir
+        self.fsync = fsync
         self.root = Path(tempfile.mkdtemp(prefix="piwf-pg-"))
         self.data = self.root / "data"
         self.socket_dir = self.root
@@ -68,9 +69,11 @@ class Server:
                   "--locale=C")
 
     def start(self) -> None:
-        # The tests' own durability is not under test here: fsync off keeps them fast.
-        options = (f"-k {self.socket_dir} -c listen_addresses='' -p {self.port} -c fsync=off "
-                   "-c full_page_writes=off -c max_connections=200 -c shared_buffers=32MB")
+        # The tests' own durability is not under test here: fsync off keeps them fast (a bench
+        # turns it on, as a real server runs).
+        durable = "" if self.fsync else "-c fsync=off -c full_page_writes=off "
+        options = (f"-k {self.socket_dir} -c listen_addresses='' -p {self.port} {durable}"
+                   "-c max_connections=200 -c shared_buffers=32MB")
         self._run("pg_ctl", "start", "-w", "-D", str(self.data), "-l", str(self.log), "-o", options)
 
     def stop(self, mode: str = "fast") -> None:
@@ -87,11 +90,11 @@ class Server:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-def start_server() -> Server | None:
+def start_server(*, fsync: bool = False) -> Server | None:
     bindir = find_bindir()
     if bindir is None:
         return None
-    server = Server(bindir)
+    server = Server(bindir, fsync=fsync)
     try:
         server.init()
         server.start()

@@ -14,7 +14,7 @@ from typing import Any
 from piwf.client import AsyncClient, make_request
 from piwf.paths import StatePaths
 
-from .conftest import HostProcess, piwf, wait_for
+from .conftest import HostProcess, pg_store_url, piwf, wait_for
 from .test_effects import charges, shop, start_pay, wait_at_rest  # noqa: F401 (shop: a fixture)
 from .test_lifecycle import call, group_members, run_status, start, step_states
 
@@ -86,3 +86,33 @@ async def test_a_request_whose_host_died_after_commit_is_adopted_on_retry(
     assert retry.outcome == "adopted", retry
     assert (await wait_at_rest(paths, retry.receipt["runId"]))["status"] == "completed"
     assert charges(shop) == 1 and len(await call(paths, "run.list")) == 1
+
+
+async def test_two_hosts_on_one_postgresql_store_share_the_runs_and_run_each_once(
+    postgres: Any, host_process: Callable[..., HostProcess], paths: StatePaths, project: Path, tmp_path: Path,
+) -> None:
+    url = pg_store_url(postgres)
+    other = StatePaths.resolve(tmp_path / "state-b")
+    await host_process("--store", url, "--max-workers", "2").start()
+    second = HostProcess(other, tmp_path / "host-b.log", "--store", url, "--max-workers", "2")
+    await second.start()
+    try:
+        run_ids = [await start(paths, project, "gated") for _ in range(4)]  # all through the first host
+        # each host runs two: the second learns of the runs from the first's notification (or its poll)
+        await wait_for(lambda: (project / "wait.log").exists()
+                       and len((project / "wait.log").read_text().splitlines()) == 4)
+        (project / "gate").touch()
+        for run_id in run_ids:
+            done = await call(paths, "run.wait", run_id=run_id, payload={"timeoutMs": 20_000})
+            assert done["status"] == "completed"
+        assert sorted((project / "once.log").read_text().splitlines()) == sorted(run_ids)  # each ran once
+        epochs = set()
+        for run_id in run_ids:
+            events = json.loads((await piwf(paths, "run", "events", run_id, "--json")).stdout)
+            epochs |= {e["epoch"] for e in events if e["type"] == "claimed"}
+        assert len(epochs) == 2  # both hosts claimed runs
+        b_status = json.loads((await piwf(other, "status", "--json")).stdout)
+        assert b_status["completedRuns"] == 4 and b_status["state"] == "running"  # one store, seen from both
+    finally:
+        second.signal(signal.SIGTERM)
+        await second.wait()

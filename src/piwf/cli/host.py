@@ -118,7 +118,7 @@ def _stored_status(paths: StatePaths) -> dict[str, Any]:
 
 def _store_url(paths: StatePaths, given: str | None) -> str | None:
     """The store to read: ``--store``, else ``$PIWF_STORE``, else what the host recorded."""
-    from piwf.store import record
+    from piwf.store.api import record
 
     return given or os.environ.get("PIWF_STORE") or record.read(paths)
 

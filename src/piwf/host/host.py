@@ -36,7 +36,7 @@ from piwf.clock import Clock, WallClock
 from piwf.errors import HostAlreadyRunning, PiwfError
 from piwf.paths import StatePaths
 from piwf.status import StopReason
-from piwf.store import record as store_record
+from piwf.store.api import record as store_record
 from piwf.store.api import Store, Wakeup, open_store
 from piwf.store.api.rules import RETENTION_MS
 from piwf import faults, logs, processes

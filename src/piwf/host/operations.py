@@ -35,7 +35,7 @@ from piwf.protocol import (
 )
 from piwf.status import AT_REST, QueueStatus, RunStatus, StopReason
 from piwf.store.api import UnitOfWork
-from piwf.store.record import redact
+from piwf.store.api.record import redact
 from piwf.wire import HostResponse, Outcome, check_id, request_fingerprint
 from piwf.host import controller_operations
 from piwf.host import delivery

@@ -9,10 +9,11 @@ imports the backend asked for) and hands the ``Store`` over.
 
 Conventions every method keeps:
 
-- **Time.** One clock per store decides every expiry, and no comparison mixes two. SQLite:
-  the caller's — every method that compares or records a time takes ``now`` (integer ms)
-  from its caller, so tests inject their clock. PostgreSQL (later): the database's, with a
-  test override; the ``now`` arguments stay in the interface.
+- **Time.** One clock decides every expiry, and no comparison mixes two: the caller's, on
+  both backends — every method that compares or records a time takes ``now`` (integer ms)
+  from its caller, so tests inject their clock. On PostgreSQL the hosts sharing a store
+  each pass their own clock, which must be kept in step (NTP); no statement reads the
+  database's clock.
 - **Fences.** A method acting for a claim or a lease names it: the run claim's ``token``
   (and its ``generation`` where a worker speaks for one), a reconcile claim's ``token``, the
   host lease's ``epoch`` or ``HostClaim``. A fence is part of the write it guards (a
@@ -43,7 +44,9 @@ unit of work the host opens explicitly::
 rolls everything back and propagates. No host callback runs inside a store call.
 
 **Cancellation.** A store call that has started is never abandoned by a cancellation: it
-commits or not, and the caller learns which. SQLite runs inline on the trio loop: its
+commits or not, and the caller learns which. PostgreSQL runs each call in a worker thread,
+shielded; its units of work run one at a time per store, as SQLite's do (other hosts'
+run at once). SQLite runs inline on the trio loop: its
 methods never checkpoint (``async def`` wrappers of synchronous calls: no thread hop), so
 a cancellation cannot land inside one, nor inside a unit of work whose body awaits only
 store methods. Inside a unit of work nothing may await a real checkpoint (a sleep, I/O,
@@ -61,8 +64,10 @@ until it has started, commits are durable one by one and ``durable()`` returns a
 **Where backends differ** (the conformance suite tests each as the interface says):
 
 - The host lease: SQLite keeps one lease row per state directory, taken over by the host
-  that holds the directory's flock (``owner_dead``); PostgreSQL keeps one lease row per host,
-  and a host's epoch numbers it among the hosts sharing the store.
+  that holds the directory's flock (``owner_dead``); PostgreSQL keeps one lease row per host
+  (per state directory, taken over the same way), and a host's epoch, from one sequence,
+  numbers it among the hosts sharing the store. A takeover's ``expire_claims_before`` and
+  ``orphan_before`` end what earlier epochs of *that* row held, never another live host's.
 - Time: see above.
 - Wake-ups: a store shared by several hosts (PostgreSQL) tells each what the others did
   (``announce`` / ``serve_wakeups``, LISTEN/NOTIFY), so a host acts without waiting for a

@@ -10,8 +10,9 @@ BLOB → BYTEA, AUTOINCREMENT → an identity, and every TEXT column compares by
   row over), its epoch from the ``host_epochs`` sequence, so epochs number every host
   sharing the store (SQLite: the one ``host_lease`` row of its state directory).
 - No ``run_counts`` table nor its triggers: every change would update one of a few hot
-  rows, and hosts would serialise on them. ``host.status`` counts from indexes instead
-  (``piwf.store.sql.runs.status_counts``).
+  rows, and hosts would serialise on them. ``host.status`` counts the runs not yet ended
+  from small partial indexes, and the ended ones from ``run_ends``, a counter in 64 shards
+  kept by a trigger (``piwf.store.sql.runs.status_counts``; bench/measure_pg.py).
 - ``rowid`` columns where the shared SQL orders by SQLite's rowid (``run_workers`` here).
 
 The layout has its own numbering (``LAYOUT_VERSION``), in the table ``piwf_layout``; a
@@ -95,10 +96,35 @@ CREATE TABLE runs (
   updated_at BIGINT NOT NULL,
   finished_at BIGINT
 );
-CREATE INDEX runs_created ON runs(created_at);
--- host.status counts runs per status from this index (and paused ones from the next).
-CREATE INDEX runs_status ON runs(status);
+CREATE INDEX runs_created ON runs(created_at, run_id);
+-- host.status counts the runs not yet ended from these small partial indexes, and the
+-- ended ones from run_ends (below).
+CREATE INDEX runs_unended ON runs(status) WHERE status IN ('queued', 'running', 'waiting');
 CREATE INDEX runs_paused ON runs(paused) WHERE paused != 0;
+
+-- Ended runs counted per engine status, in 64 shards (a run's shard from its id), kept by
+-- a trigger: each end adds 1 to one row of 192, so hosts ending runs at once seldom wait
+-- for one another, and host.status sums 192 rows however many runs are stored.
+CREATE TABLE run_ends (
+  shard INTEGER NOT NULL,
+  status TEXT NOT NULL,
+  n BIGINT NOT NULL DEFAULT 0,
+  PRIMARY KEY (shard, status)
+);
+CREATE FUNCTION piwf_count_run_end() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  IF TG_OP IN ('UPDATE', 'DELETE') AND OLD.status IN ('completed', 'failed', 'timed_out', 'cancelled') THEN
+    UPDATE run_ends SET n = n - 1 WHERE shard = hashtext(OLD.run_id) & 63 AND status = OLD.status;
+  END IF;
+  IF TG_OP IN ('UPDATE', 'INSERT') AND NEW.status IN ('completed', 'failed', 'timed_out', 'cancelled') THEN
+    INSERT INTO run_ends (shard, status, n) VALUES (hashtext(NEW.run_id) & 63, NEW.status, 1)
+      ON CONFLICT (shard, status) DO UPDATE SET n = run_ends.n + 1;
+  END IF;
+  RETURN NULL;
+END
+$$;
+CREATE TRIGGER runs_count_ends AFTER INSERT OR DELETE OR UPDATE OF status, run_id ON runs
+  FOR EACH ROW EXECUTE FUNCTION piwf_count_run_end();
 
 CREATE TABLE run_queue (
   run_id TEXT PRIMARY KEY REFERENCES runs(run_id),
@@ -120,6 +146,8 @@ CREATE TABLE run_queue (
   not_before BIGINT
 );
 CREATE INDEX run_queue_claimable ON run_queue(status, claim_expires_at);
+-- host.status counts the queue rows not yet ended from it.
+CREATE INDEX run_queue_unended ON run_queue(status) WHERE status IN ('queued', 'starting', 'running', 'parked');
 -- Claims take the oldest ready run: this index hands it over without sorting the queue.
 CREATE INDEX run_queue_ready ON run_queue(created_at, run_id)
   WHERE status IN ('queued', 'parked') AND hold IS NULL;
@@ -215,6 +243,22 @@ CREATE TABLE run_processes (
   PRIMARY KEY (worker_epoch, pid)
 );
 CREATE INDEX run_processes_live ON run_processes(status, worker_epoch);
+
+-- The run tables' indexes of SQLite's coming layouts 11 and 12 (ambiguous effects; the
+-- blobs a row uses, for pruning; ended runs; run listings), so PostgreSQL has them when
+-- those land. PostgreSQL's planner takes no hint: they are used when they help.
+CREATE INDEX effects_ambiguous ON effects(run_id) WHERE status = 'ambiguous';
+CREATE INDEX runs_ended ON runs(finished_at) WHERE finished_at IS NOT NULL;
+CREATE INDEX runs_definition_blob ON runs(definition_hash);
+CREATE INDEX runs_input_blob ON runs(input_hash) WHERE input_hash IS NOT NULL;
+CREATE INDEX runs_output_blob ON runs(output_hash) WHERE output_hash IS NOT NULL;
+CREATE INDEX node_attempts_output_blob ON node_attempts(output_hash) WHERE output_hash IS NOT NULL;
+CREATE INDEX effects_result_blob ON effects(result_hash) WHERE result_hash IS NOT NULL;
+CREATE INDEX host_commands_receipt_blob ON host_commands(receipt_hash) WHERE receipt_hash IS NOT NULL;
+CREATE INDEX host_commands_run ON host_commands(run_id) WHERE run_id IS NOT NULL;
+CREATE INDEX runs_by_status ON runs(status, created_at, run_id);
+CREATE INDEX runs_by_workflow ON runs(workflow, created_at, run_id);
+CREATE INDEX runs_by_session ON runs(origin_session_id, created_at, run_id) WHERE origin_session_id IS NOT NULL;
 """
 
 LAYOUT_SQL = """

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from piwf.errors import StoreError
-from piwf.store.record import join as _join, redact
+from piwf.store.api.record import join as _join, redact
 
 DEFAULT_SCHEMA = "piwf"
 SCHEMES = ("postgresql", "postgres")
