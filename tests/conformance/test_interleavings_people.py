@@ -82,6 +82,21 @@ async def test_two_answers_at_once_the_first_wins_and_the_second_is_told_so(two:
     assert events.count("decision.answered") == 1
 
 
+async def test_two_hosts_timers_at_a_deadline_close_the_request_once_and_quietly(two: Any, backend: Any,
+                                                                                 clock: ManualClock) -> None:
+    from piwf.protocol import DefaultAnswer
+
+    a, b = two
+    request_id, _token, _attempt = await asking(a, clock, deadlineMs=1000, default=DefaultAnswer("yes"))
+    clock.advance(1000)
+    closed, again = await interleave(backend, lambda tx: tx.interactions.expire_due(clock.now_ms()), a,
+                                     lambda: b.interactions.expire_due(clock.now_ms()))
+    assert closed == ([request_id], [])
+    assert again == ([], [])  # seen closed under the run's lock: not a failure to log and retry
+    events = [e.type for e in (await a.runs.run_events("r1", after=0, limit=100)).events]
+    assert events.count("decision.answered") == 1
+
+
 async def test_an_answer_and_a_cancel_at_once_both_hold(two: Any, backend: Any, clock: ManualClock) -> None:
     a, b = two
     request_id, _token, _attempt = await asking(a, clock)
