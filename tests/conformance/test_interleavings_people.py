@@ -234,6 +234,26 @@ async def test_a_sessions_turns_are_in_the_order_they_committed(two: Any, backen
     assert first.turn.runId == "r2"
 
 
+async def test_a_runs_end_while_its_held_turn_resolves_gets_a_turn_of_its_own(two: Any, backend: Any,
+                                                                            clock: ManualClock) -> None:
+    """A resolves the turn of a held run (open) as B cancels that run: B's end waits for the
+    session's stream, finds the turn resolved, and writes a new one — the end is not lost
+    into the resolved turn."""
+    from piwf.status import Hold
+
+    a, b = two
+    token, _attempt = await running(a, clock, "r1", session="s1")
+    await a.queue.park_run("r1", token, clock.now_ms(), hold=Hold.SOURCE, detail="the workflow changed")
+    held = await a.delivery.claim_turn(session_id="s1", client_id="c", lease_ms=LEASE, now=clock.now_ms())
+    assert held.turn.cause == "held"
+    await interleave(backend, lambda tx: tx.delivery.resolve_turn(
+        turn_id=held.turn.turnId, claim_id=held.claimId, client_id="c", resolution="presented", now=clock.now_ms()),
+        a, lambda: b.queue.cancel_run("r1", clock.now_ms()))
+    turns = await a.delivery.list_turns(session_id="s1", run_id=None, limit=10, now=clock.now_ms())
+    assert [(t.runId, t.cause) for t in turns] == [("r1", "cancelled")]
+    assert turns[0].turnId != held.turn.turnId
+
+
 async def test_a_followup_removed_while_its_turn_resolves_is_one_or_the_other(two: Any, backend: Any,
                                                                               clock: ManualClock) -> None:
     a, b = two
