@@ -74,6 +74,12 @@ class PostgresBackend:
     async def close(self, store: Any) -> None:
         await store.close()
 
+    async def lock_waits(self) -> int:
+        """How many of the server's connections wait for a lock now (interleaving tests)."""
+        from tests.pg_probe import lock_waits
+
+        return await trio.to_thread.run_sync(lock_waits, self.postgres.url())
+
 
 # Conformance tests a backend does not pass yet, skipped there (with this reason): a test
 # file, or a part of a test id. pg-people empties PostgreSQL's as its aggregates land.

@@ -36,15 +36,8 @@ async def two(backend: Any, open_store: Any) -> tuple[Any, Any]:
 async def waiting_for_a_lock(backend: Any, count: int = 1) -> None:
     """Until ``count`` connections of the server wait for a lock (the observable state of
     B blocked behind A's open transaction)."""
-    import psycopg
-
-    def waiting() -> int:
-        with psycopg.connect(backend.postgres.url(), autocommit=True) as conn:
-            row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'").fetchone()
-            return int(row[0]) if row else 0
-
     with trio.fail_after(10):
-        while await trio.to_thread.run_sync(waiting) < count:
+        while await backend.lock_waits() < count:
             await trio.sleep(0.01)
 
 
