@@ -175,12 +175,3 @@ class CuttingProxy:
                 end.shutdown(socket.SHUT_RDWR)
             end.close()
 
-
-def lock_waits(url: str) -> int:
-    """How many connections of the server wait for a lock now (the observable state of a
-    writer blocked behind another's open transaction)."""
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'").fetchone()
-        return int(row[0]) if row else 0

@@ -74,11 +74,11 @@ class PostgresBackend:
     async def close(self, store: Any) -> None:
         await store.close()
 
-    def lock_waits(self) -> int:
-        """Connections of the server waiting for a lock now (interleaving tests)."""
-        from tests.postgres_server import lock_waits
+    async def lock_waits(self) -> int:
+        """How many of the server's connections wait for a lock now (interleaving tests)."""
+        from tests.pg_probe import lock_waits
 
-        return lock_waits(self.postgres.url())
+        return await trio.to_thread.run_sync(lock_waits, self.postgres.url())
 
 
 # Conformance tests a backend does not pass yet, skipped there (with this reason): a test

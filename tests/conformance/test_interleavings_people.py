@@ -37,7 +37,7 @@ async def waiting_for_a_lock(backend: Any, count: int = 1) -> None:
     """Until ``count`` connections of the server wait for a lock (the observable state of
     B blocked behind A's open transaction)."""
     with trio.fail_after(10):
-        while await trio.to_thread.run_sync(backend.lock_waits) < count:
+        while await backend.lock_waits() < count:
             await trio.sleep(0.01)
 
 
@@ -71,6 +71,21 @@ async def test_two_answers_at_once_the_first_wins_and_the_second_is_told_so(two:
                                  lambda: answer(b, clock, request_id, by="bob"))
     assert won.choice == "yes"
     assert isinstance(lost, Conflict) and "already answered" in str(lost) and "by ann" in str(lost)
+    events = [e.type for e in (await a.runs.run_events("r1", after=0, limit=100)).events]
+    assert events.count("decision.answered") == 1
+
+
+async def test_two_hosts_timers_at_a_deadline_close_the_request_once_and_quietly(two: Any, backend: Any,
+                                                                                 clock: ManualClock) -> None:
+    from piwf.protocol import DefaultAnswer
+
+    a, b = two
+    request_id, _token, _attempt = await asking(a, clock, deadlineMs=1000, default=DefaultAnswer("yes"))
+    clock.advance(1000)
+    closed, again = await interleave(backend, lambda tx: tx.interactions.expire_due(clock.now_ms()), a,
+                                     lambda: b.interactions.expire_due(clock.now_ms()))
+    assert closed == ([request_id], [])
+    assert again == ([], [])  # seen closed under the run's lock: not a failure to log and retry
     events = [e.type for e in (await a.runs.run_events("r1", after=0, limit=100)).events]
     assert events.count("decision.answered") == 1
 
@@ -210,6 +225,26 @@ async def test_a_sessions_turns_are_in_the_order_they_committed(two: Any, backen
     assert [t.runId for t in turns] == ["r2", "r1"]
     first = await a.delivery.claim_turn(session_id="s1", client_id="c", lease_ms=LEASE, now=clock.now_ms())
     assert first.turn.runId == "r2"
+
+
+async def test_a_runs_end_while_its_held_turn_resolves_gets_a_turn_of_its_own(two: Any, backend: Any,
+                                                                            clock: ManualClock) -> None:
+    """A resolves the turn of a held run (open) as B cancels that run: B's end waits for the
+    session's stream, finds the turn resolved, and writes a new one — the end is not lost
+    into the resolved turn."""
+    from piwf.status import Hold
+
+    a, b = two
+    token, _attempt = await running(a, clock, "r1", session="s1")
+    await a.queue.park_run("r1", token, clock.now_ms(), hold=Hold.SOURCE, detail="the workflow changed")
+    held = await a.delivery.claim_turn(session_id="s1", client_id="c", lease_ms=LEASE, now=clock.now_ms())
+    assert held.turn.cause == "held"
+    await interleave(backend, lambda tx: tx.delivery.resolve_turn(
+        turn_id=held.turn.turnId, claim_id=held.claimId, client_id="c", resolution="presented", now=clock.now_ms()),
+        a, lambda: b.queue.cancel_run("r1", clock.now_ms()))
+    turns = await a.delivery.list_turns(session_id="s1", run_id=None, limit=10, now=clock.now_ms())
+    assert [(t.runId, t.cause) for t in turns] == [("r1", "cancelled")]
+    assert turns[0].turnId != held.turn.turnId
 
 
 async def test_a_followup_removed_while_its_turn_resolves_is_one_or_the_other(two: Any, backend: Any,
