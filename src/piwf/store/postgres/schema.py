@@ -144,7 +144,10 @@ CREATE TABLE run_queue (
   finished_at BIGINT,
   crash_count BIGINT NOT NULL DEFAULT 0,
   not_before BIGINT
-);
+) WITH (fillfactor = 70, autovacuum_vacuum_scale_factor = 0.02);
+-- A run's queue row is updated in place over and over (the claim, each renewal, the fence
+-- of every worker message): room in its page lets PostgreSQL do it there (HOT), and it is
+-- vacuumed at 2 % dead rows.
 CREATE INDEX run_queue_claimable ON run_queue(status, claim_expires_at);
 -- host.status counts the queue rows not yet ended from it.
 CREATE INDEX run_queue_unended ON run_queue(status) WHERE status IN ('queued', 'starting', 'running', 'parked');
