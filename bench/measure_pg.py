@@ -176,6 +176,22 @@ def status_at(url: str, schema: str, count: int) -> dict[str, float]:
     return {f"status_counts at {count} runs (ms)": elapsed}
 
 
+def _dbos(base: str, n: int) -> float | str:
+    """DBOS's figure (bench/measure_peers.py, in a child process) on a database of its own."""
+    import subprocess
+
+    database = f"dbos_{secrets.token_hex(4)}"
+    with psycopg.connect(base, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {database}")
+    url = base.replace("postgresql://", "postgresql+psycopg://").replace("/postgres?", f"/{database}?")
+    done = subprocess.run([sys.executable, str(Path(__file__).parent / "measure_peers.py"), "dbos", str(n),
+                           tempfile.mkdtemp(), url], capture_output=True, text=True)
+    if done.returncode != 0:
+        return f"not measured: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}"
+    per_s: float = json.loads(done.stdout)["per_s"]
+    return per_s
+
+
 async def main_async(args: argparse.Namespace, base: str) -> dict[str, Any]:
     result: dict[str, Any] = {"per call (µs)": await per_call(base, args.calls)}
     clock = ManualClock()
@@ -204,6 +220,8 @@ async def main_async(args: argparse.Namespace, base: str) -> dict[str, Any]:
                 lambda: measure_host.end_to_end("full", 8, args.e2e, extra=store)))["per_s"],
             "piwf on SQLite": (await trio.to_thread.run_sync(
                 lambda: measure_host.end_to_end("full", 8, args.e2e)))["per_s"],
+            "DBOS on the same PostgreSQL (one-step workflows, start_workflow)": await trio.to_thread.run_sync(
+                _dbos, base, args.e2e),
         }
     return result
 
@@ -236,7 +254,7 @@ def main() -> None:
     for section, figures in result.items():
         print(section)
         for name, value in figures.items():
-            print(f"  {name:55s} {value:10.1f}")
+            print(f"  {name:55s} {value:10.1f}" if isinstance(value, float) else f"  {name:55s} {value}")
 
 
 if __name__ == "__main__":
