@@ -38,8 +38,9 @@ def dbos(n: int, root: Path, durability: str) -> dict:
     from dbos import DBOS
 
     logging.disable(logging.INFO)
-    DBOS(config={"name": "bench", "system_database_url": f"sqlite:///{root / 'dbos.sqlite'}",
-                 "run_admin_server": False})
+    # DURABILITY may name a PostgreSQL server instead (bench/measure_pg.py): DBOS on it.
+    database = durability if durability.startswith("postgresql") else f"sqlite:///{root / 'dbos.sqlite'}"
+    DBOS(config={"name": "bench", "system_database_url": database, "run_admin_server": False})
 
     @DBOS.step()
     def step(i: int) -> int:

@@ -227,3 +227,53 @@ def frozen_layout(path: Path, version: int) -> apsw.Connection:
     conn.execute((Path(__file__).parent / "data" / f"schema_v{version}.sql").read_text())
     conn.execute(f"PRAGMA application_id = {APPLICATION_ID}; PRAGMA user_version = {version}")
     return conn
+
+
+# --- PostgreSQL ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Any:
+    """A throwaway PostgreSQL server for the session (tests/postgres_server.py), or the one
+    ``PIWF_TEST_STORE`` names (its ``url(database)``). Without PostgreSQL the test skips,
+    saying how to run it; with ``CI=true`` it fails instead."""
+    from .postgres_server import External, start_server
+
+    if os.environ.get("PIWF_TEST_STORE"):
+        yield External(os.environ["PIWF_TEST_STORE"])
+        return
+    server = start_server()
+    if server is None:
+        no_postgres(os.environ)
+    try:
+        yield server
+    finally:
+        server.stop("immediate")
+        server.remove()
+
+
+def no_postgres(environ: Any) -> None:
+    """A test that needs PostgreSQL where there is none: skipped, saying how to run it; a
+    failure in CI (``CI=true``), where a skipped PostgreSQL test would hide a missing server."""
+    from .postgres_server import HOW_TO_RUN
+
+    if environ.get("CI") == "true":
+        pytest.fail(f"CI=true and no PostgreSQL: {HOW_TO_RUN}")
+    pytest.skip(HOW_TO_RUN)
+
+
+_SCHEMAS = iter(range(1, 1 << 30))
+
+
+def pg_store_url(postgres: Any, schema: str | None = None) -> str:
+    """A store URL on the session's PostgreSQL with a schema of its own (fresh by default)."""
+    return f"{postgres.url()}&schema={schema or f't{os.getpid()}_{next(_SCHEMAS)}'}"
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_args(request: pytest.FixtureRequest) -> tuple[str, ...]:
+    """``piwf serve`` arguments for each backend: none (the state directory's SQLite), or
+    ``--store`` with a fresh schema on the session's PostgreSQL."""
+    if request.param == "sqlite":
+        return ()
+    return ("--store", pg_store_url(request.getfixturevalue("postgres")))

@@ -7,6 +7,8 @@ import inspect
 import re
 from pathlib import Path
 
+import pytest
+
 from piwf.protocol.reconcile import RECONCILE_OPERATIONS
 from piwf.protocol.worker import WORKER_OPERATIONS
 
@@ -51,16 +53,22 @@ def test_the_host_depends_on_the_store_interface_only() -> None:
         assert not re.search(r"\bDatabase\b|\bhost\.db\b|\.db\.", source), f"host/{path.name} holds the database"
 
 
-def test_every_store_interface_method_is_implemented_by_the_sqlite_backend_as_declared() -> None:
+@pytest.mark.parametrize("backend_name", ["sqlite", "postgres"])
+def test_every_store_interface_method_is_implemented_by_each_backend_as_declared(backend_name: str) -> None:
+    """The shared aggregates (piwf.store.sql.aggregates, ``<Name>Aggregate``) and each
+    backend's own (``Sqlite<Interface>``, ``Pg<Interface>``: the hosts lease)."""
+    import importlib
+
     from piwf.store import api
     from piwf.store.sql import aggregates
-    from piwf.store.sqlite import backend
 
-    store = backend.SqliteStore.__new__(backend.SqliteStore)
+    backend = importlib.import_module(f"piwf.store.{backend_name}.backend")
+    prefix, store_class = ("Sqlite", "SqliteStore") if backend_name == "sqlite" else ("Pg", "PgStore")
+    store = getattr(backend, store_class).__new__(getattr(backend, store_class))
     for name in api.UnitOfWork.__annotations__:
         interface = getattr(api, inspect.get_annotations(api.UnitOfWork, eval_str=True)[name].__name__)
-        aggregate = interface.__name__.removesuffix("Store") + "Aggregate"  # the shared classes; hosts: SQLite's own
-        implementation = getattr(aggregates, aggregate, None) or getattr(backend, f"Sqlite{interface.__name__}")
+        shared = f"{interface.__name__.removesuffix('Store')}Aggregate"
+        implementation = getattr(aggregates, shared, None) or getattr(backend, f"{prefix}{interface.__name__}")
         for method, declared in inspect.getmembers(interface, inspect.isfunction):
             if method.startswith("_"):
                 continue
@@ -68,7 +76,7 @@ def test_every_store_interface_method_is_implemented_by_the_sqlite_backend_as_de
             assert implemented is not None, f"{implementation.__name__} lacks {method}"
             assert inspect.iscoroutinefunction(implemented), f"{implementation.__name__}.{method} is not async"
             assert inspect.signature(implemented) == inspect.signature(declared), f"{name}.{method}"
-    for method in ("transaction", "durable", "serve", "close"):
+    for method in ("transaction", "durable", "serve", "close", "announce", "serve_wakeups"):
         assert callable(getattr(store, method, None)), method
 
 

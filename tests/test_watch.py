@@ -253,3 +253,28 @@ async def test_piwf_watch_outlives_a_host_restart(host_process: Callable[..., Ho
         stderr += chunk
     lines = stderr.decode().splitlines()
     assert [line.split(" (")[0] for line in lines] == ["piwf: lost the host", "piwf: reconnected to the host"], lines
+
+
+async def test_a_change_announced_while_a_watch_reads_is_not_missed() -> None:
+    """A backend that reads in a thread lets the host announce a change while ``done()``
+    is reading: the long poll must ask again, not wait for the change after it."""
+    from types import SimpleNamespace
+
+    from piwf.host.delivery import until_changed
+    from piwf.host.state import Changes
+
+    host: Any = SimpleNamespace(run_changed=Changes())
+    reads = 0
+
+    async def done() -> bool:
+        nonlocal reads
+        reads += 1
+        if reads == 1:  # the first read is in flight when the change lands
+            host.run_changed.set()
+            await trio.sleep(0)
+            return False
+        return True
+
+    with trio.fail_after(5):
+        await until_changed(host, done)
+    assert reads == 2

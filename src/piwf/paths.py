@@ -34,6 +34,12 @@ class StatePaths:
         return self.root / "state.db"
 
     @property
+    def store_record(self) -> Path:
+        """Where the host records the store it uses when that is not the state database:
+        its URL without any password (``piwf status`` finds the store from it)."""
+        return self.root / "store.json"
+
+    @property
     def host_dir(self) -> Path:
         return self.root / "host"
 

@@ -309,3 +309,22 @@ async def test_pruning_forgets_what_was_delivered_to_the_sessions_of_ended_runs_
     assert await store.delivery.prune(clock.now_ms(), 7 * DAY) == 1
     assert await turns(store, clock) == []
     assert await store.delivery.list_notifications(session_id=None, run_id=None, limit=10, now=clock.now_ms()) == []
+
+
+async def test_turns_keep_the_order_they_became_eligible_in_whatever_the_writers_clock(
+        open_store: Any, clock: ManualClock) -> None:
+    """Two hosts end two runs of one session, the second one's clock 10 s behind: its turn
+    still comes after the first's (a clock stepped back on one host is the same case)."""
+    from .test_interactions import asking
+
+    ahead = await open_store()
+    behind_clock = ManualClock(clock.now_ms() - 10_000)
+    behind = await open_store(on=behind_clock)
+    for run_id in ("r1", "r2"):  # both waiting for an answer: parked, so one session may have both
+        await asking(ahead, clock, run_id, session="s1")
+    await ahead.queue.cancel_run("r2", clock.now_ms())
+    await behind.queue.cancel_run("r1", behind_clock.now_ms())
+    turns = await ahead.delivery.list_turns(session_id="s1", run_id=None, limit=10, now=clock.now_ms())
+    assert [t.runId for t in turns] == ["r2", "r1"]
+    first = await ahead.delivery.claim_turn(session_id="s1", client_id="c", lease_ms=30_000, now=clock.now_ms())
+    assert first.turn.runId == "r2"

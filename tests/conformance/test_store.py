@@ -71,3 +71,30 @@ async def test_a_cancelled_caller_learns_whether_its_call_committed(store: Any, 
     except NotFound:
         committed = False
     assert committed == (receipt is not None)
+
+
+async def test_an_announcement_wakes_the_other_stores_listeners_not_its_own(backend: Any, open_store: Any,
+                                                                           nursery: trio.Nursery) -> None:
+    """PostgreSQL: what one store announces reaches every other store's ``serve_wakeups``
+    (and not its own: it skips what it sent). SQLite (one host per store): announcing does
+    nothing and ``serve_wakeups`` only waits, until cancelled."""
+    from piwf.store.api import Wakeup
+
+    a, b = await open_store(), await open_store()
+    heard_a: list[Wakeup] = []
+    heard_b: list[Wakeup] = []
+    await nursery.start(a.serve_wakeups, heard_a.append)
+    await nursery.start(b.serve_wakeups, heard_b.append)
+    heard_a.clear()  # once listening, every topic is woken once (what was missed meanwhile)
+    heard_b.clear()
+    a.announce(Wakeup.RUNS)
+    if backend.name == "sqlite":
+        assert heard_b == []
+        return
+    with trio.fail_after(10):
+        while Wakeup.RUNS not in heard_b:
+            await trio.sleep(0.01)
+        b.announce(Wakeup.CHANGES)  # sent after A's RUNS: A hears its own RUNS (and skips it) first
+        while Wakeup.CHANGES not in heard_a:
+            await trio.sleep(0.01)
+    assert Wakeup.RUNS not in heard_a and Wakeup.CHANGES not in heard_b

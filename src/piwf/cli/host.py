@@ -28,7 +28,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     faults.configure()
     logs.configure(args.log_format, args.log_level)
     config = HostConfig(StatePaths.resolve(args.state_dir), max_workers=args.max_workers,
-                        durability=args.durability, worker_startup_s=args.worker_startup_timeout,
+                        durability=args.durability, store_url=args.store or os.environ.get("PIWF_STORE") or None,
+                        store_listen=not args.poll_only,
+                        worker_startup_s=args.worker_startup_timeout,
                         kill_grace_s=args.kill_grace, worker_start=args.worker_start,
                         drain_timeout_s=args.drain_timeout, request_timeout_s=args.request_timeout,
                         reply_timeout_s=args.reply_timeout, standby=args.standby,
@@ -74,14 +76,14 @@ def cmd_status(args: argparse.Namespace) -> int:
         with _client(args) as client:
             receipt = _ok(client.call("host.status"))
     except HostTimeout:
-        receipt = offline_status(paths, waited_s=_timeout(args))
+        receipt = offline_status(paths, waited_s=_timeout(args), store=getattr(args, "store", None))
     except HostUnavailable:
-        receipt = offline_status(paths)
+        receipt = offline_status(paths, store=getattr(args, "store", None))
     _print(args, receipt, _format_status)
     return 0
 
 
-def offline_status(paths: StatePaths, waited_s: float | None = None) -> dict[str, Any]:
+def offline_status(paths: StatePaths, waited_s: float | None = None, store: str | None = None) -> dict[str, Any]:
     """What the state directory says when no host answers (read-only; nothing is written).
 
     ``stale``: a host process still holds the state directory (its lock record names a
@@ -91,7 +93,10 @@ def offline_status(paths: StatePaths, waited_s: float | None = None) -> dict[str
     if paths.root.exists() and not paths.root.is_dir():
         raise StateDirError(f"state directory {paths.root} is not a directory")
     status: dict[str, Any] = {"state": "uninitialized", "stateDir": str(paths.root), "socketAvailable": False}
-    if paths.db.exists():
+    url = _store_url(paths, store)
+    if url is not None:
+        status.update(_postgres_status(paths, url))
+    elif paths.db.exists():
         status.update(_stored_status(paths))
     if (holder := _live_holder(paths)) is not None:
         waited = f" within {waited_s:g} s" if waited_s is not None else " on its socket"
@@ -115,6 +120,26 @@ def _stored_status(paths: StatePaths) -> dict[str, Any]:
     if lease.live(now):
         status.update(state="stale", detail=f"the host (pid {lease.pid}) is gone; its lease expires in "
                       f"{((lease.expires_at or now) - now) / 1000:.0f} s, or at once when a new `piwf serve` starts")
+    return status
+
+
+def _store_url(paths: StatePaths, given: str | None) -> str | None:
+    """The store to read: ``--store``, else ``$PIWF_STORE``, else what the host recorded."""
+    from piwf.store.api import record
+
+    return given or os.environ.get("PIWF_STORE") or record.read(paths)
+
+
+def _postgres_status(paths: StatePaths, url: str) -> dict[str, Any]:
+    from piwf.clock import WallClock
+    from piwf.store.postgres.backend import read_status
+
+    now = WallClock().now_ms()
+    lease, counts, where = read_status(paths.root, url, now)
+    status = {"state": "stopped", **lease.as_json(now), "activeWorkers": 0, "store": where, **counts}
+    if lease.live(now):
+        status.update(state="stale", detail=f"the host (pid {lease.pid}) has not renewed its lease; it expires in "
+                      f"{((lease.expires_at or now) - now) / 1000:.0f} s")
     return status
 
 
@@ -194,6 +219,8 @@ def _workflow_row(name: str, result: dict[str, Any]) -> dict[str, Any]:
 def _format_status(s: dict[str, Any]) -> str:
     lines = [f"host:      {s['state']}" + (f" (pid {s['pid']}, epoch {s['epoch']})" if s.get("pid") else ""),
              f"state dir: {s['stateDir']}"]
+    if s.get("store"):
+        lines.append(f"store:     {s['store']}")
     if s.get("detail"):
         lines.append(f"detail:    {s['detail']}")
     if "queuedRuns" in s:

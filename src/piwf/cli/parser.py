@@ -44,8 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     _add_serve(commands, common)
-    commands.add_parser("status", parents=[common], help="host state and counts").set_defaults(
-        handler="host:cmd_status")
+    status = commands.add_parser("status", parents=[common], help="host state and counts")
+    _add_store(status)
+    status.set_defaults(handler="host:cmd_status")
     commands.add_parser("stop", parents=[common], help="ask the host to drain and exit").set_defaults(
         handler="host:cmd_stop")
 
@@ -113,7 +114,10 @@ def _add_serve(commands: Any, common: argparse.ArgumentParser) -> None:
     serve = commands.add_parser("serve", parents=[common], help="run the host in the foreground")
     serve.add_argument("--max-workers", type=_positive, default=4, metavar="N", help="concurrent runs (default 4)")
     serve.add_argument("--durability", choices=("full", "normal"), default="full",
-                       help="SQLite synchronous setting (default full)")
+                       help="SQLite's synchronous setting, PostgreSQL's synchronous_commit on/off (default full)")
+    _add_store(serve)
+    serve.add_argument("--poll-only", action="store_true", help="with --store: no LISTEN/NOTIFY wake-ups from other "
+                       "hosts, only polls (for a connection pooler in transaction mode)")
     for flag, default, text in (
         ("--worker-startup-timeout", 15.0, "a worker has to report ready"),
         ("--drain-timeout", 15.0, "a stop may take to stop workers and park their runs"),
@@ -161,6 +165,12 @@ def _add_outcome(parser: argparse.ArgumentParser, *, applied: str, not_applied: 
     outcome.add_argument("--applied", action="store_true", help=applied)
     outcome.add_argument("--not-applied", action="store_true", help=not_applied)
     parser.add_argument("--result", metavar="JSON", help=result)
+
+
+def _add_store(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--store", metavar="URL", help="a postgresql:// URL (libpq's form, ?schema=NAME) to keep "
+                        "the state in instead of the state directory's SQLite (default: $PIWF_STORE; for status: "
+                        "also what the host recorded)")
 
 
 def _add_common(parser: argparse.ArgumentParser, *, defaults: bool) -> None:

@@ -31,12 +31,15 @@ WATCH_ENDS_EARLY: contextvars.ContextVar[trio.CancelScope | None] = contextvars.
 
 
 async def until_changed(host: HostState, done: Callable[[], Awaitable[bool]]) -> None:
-    """Return once ``done()`` is true: asked at once, then after every change the host
-    announces (``host.changed``). A change while ``done`` reads the store is seen only
-    because SQLite's reads never checkpoint; a backend whose reads do needs the change
-    event's count taken before the read (``RepeatedEvent`` does not expose it)."""
-    while not await done():
-        await host.run_changed.wait()
+    """Return once ``done()`` is true: asked at once, then after every change announced
+    (``host.changed``, here or by another host sharing the store). A change while ``done``
+    reads the store (a backend whose reads go through a thread) asks again at once: the
+    count of changes is taken before the read, so none falls between."""
+    while True:
+        seen = host.run_changed.count
+        if await done():
+            return
+        await host.run_changed.wait(after=seen)
 
 
 def _accepted(request: Request, receipt: object) -> HostResponse:

@@ -33,10 +33,11 @@ import trio
 import trio_util
 
 from piwf.clock import Clock, WallClock
-from piwf.errors import HostAlreadyRunning, PiwfError
+from piwf.errors import HostAlreadyRunning, PiwfError, SchemaError
 from piwf.paths import StatePaths
 from piwf.status import StopReason
-from piwf.store.api import open_store
+from piwf.store.api import record as store_record
+from piwf.store.api import Store, Wakeup, open_store
 from piwf.store.api.rules import RETENTION_MS
 from piwf import faults, logs, processes
 from piwf.host.fork_launcher import ForkLauncher
@@ -115,7 +116,7 @@ class Host:
         if lock is None:
             return None
         held.append(lock)
-        store = open_store(paths, durability=self.config.durability)  # refuses a damaged one unwritten
+        store = await _open_store(paths, self.config)  # refuses a damaged one unwritten
         host = HostState(self.config, store, self.clock)
         try:
             await _owner_exited(host, pid)
@@ -154,6 +155,7 @@ class Host:
                     nursery.start_soon(_watch_stop, host, nursery.cancel_scope)
                     nursery.start_soon(_heartbeat, host)
                     nursery.start_soon(_prune_commands, host)
+                    await nursery.start(host.store.serve_wakeups, host.woken)  # other hosts' work
                     await nursery.start(serve_dispatcher, host)
                     await nursery.start(serve_deadlines, host)
                     await nursery.start(serve_controllers, host)
@@ -189,6 +191,21 @@ async def _stand_by(paths: StatePaths, record: dict[str, object]) -> HostLock | 
     if taken:
         log.info("the lock is free: taking over %s", paths.root)
     return taken[0] if taken else None
+
+
+async def _open_store(paths: StatePaths, config: HostConfig) -> Store:
+    """The state directory's SQLite database, or the store at ``config.store_url`` (opened in
+    a thread: it connects over the network), recorded in the state directory without its
+    password so that ``piwf status`` finds it with no host running."""
+    url = config.store_url
+    if url is None:
+        store_record.forget(paths)
+        return open_store(paths, durability=config.durability)
+    store = await trio.to_thread.run_sync(
+        lambda: open_store(paths, durability=config.durability, url=url, listen=config.store_listen))
+    store_record.write(paths, url)
+    log.info("store: %s", store_record.redact(url))
+    return store
 
 
 OWNER_EXIT_S = 2.0  # how long a lease owner that has let go of the lock may take to finish dying
@@ -266,6 +283,10 @@ async def _renew_lease(host: HostState) -> bool:
     assert host.lease is not None
     try:
         renewed = await host.store.hosts.renew_lease(host.lease, host.config.host_lease_ms, host.now())
+    except SchemaError as exc:  # another host migrated the shared store past this piwf's layout
+        log.error("%s", exc)
+        host.stop_requested.set()
+        return False
     except PiwfError as exc:
         log.warning("lease renewal failed (%s); will retry", exc)
         return True
@@ -319,6 +340,9 @@ async def _prune_worker_messages(host: HostState) -> None:
 async def _release(host: HostState) -> None:
     if host.lease is None:
         return
+    # the runs and resources this host parked and released are the other hosts' now
+    host.store.announce(Wakeup.RUNS)
+    host.store.announce(Wakeup.CONTROLLERS)
     try:
         await host.store.hosts.release_lease(host.lease)
     except PiwfError as exc:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Generic, Protocol, TypeVar
@@ -116,8 +117,18 @@ class LaneState(Generic[C, E]):
     active: dict[str, Active[C]] = field(default_factory=dict)
     unrecorded: dict[str, E] = field(default_factory=dict)
     wake_event: trio.Event = field(default_factory=trio.Event)
+    # also called by wake(): tells the other hosts sharing the store (HostState sets it)
+    announce: Callable[[], None] | None = None
 
     def wake(self) -> None:
+        """Wake this lane's dispatcher, and the other hosts' (work may be theirs to take)."""
+        self.wake_event.set()
+        if self.announce is not None:
+            self.announce()
+
+    def woken(self) -> None:
+        """Another host announced work: wake the dispatcher only (announcing it again
+        would echo between the hosts)."""
         self.wake_event.set()
 
 

@@ -35,6 +35,7 @@ from piwf.protocol import (
 )
 from piwf.status import AT_REST, QueueStatus, RunStatus, StopReason
 from piwf.store.api import UnitOfWork
+from piwf.store.api.record import redact
 from piwf.wire import HostResponse, Outcome, check_id, request_fingerprint
 from piwf.host import controller_operations
 from piwf.host import delivery
@@ -106,6 +107,7 @@ async def status_receipt(host: HostState) -> HostStatus:
         "activeWorkers": len(host.active),
         "maxWorkers": host.config.max_workers,
         "durability": host.config.durability,
+        "store": None if host.config.store_url is None else redact(host.config.store_url),
         "connectedClients": host.connections,
         "hostRssBytes": _HOST_PROCESS.memory_info().rss,
         **await host.store.runs.status_counts(now),

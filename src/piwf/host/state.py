@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import secrets
 from dataclasses import dataclass, field
 
 import trio
-import trio_util
 
 from piwf.clock import Clock, WallClock
 from piwf.paths import StatePaths
 from piwf.status import WorkerStatus
-from piwf.store.api import Claim, HostClaim, Store
+from piwf.store.api import Claim, HostClaim, Store, Wakeup
 from piwf.host.catalog import Catalog
 from piwf.host.controller_state import ControllerState
 from piwf.host.lane_state import Active, Conclusion, End, LaneState, ProcessEnd
@@ -27,6 +27,8 @@ class HostConfig:
     state_dir: StatePaths
     max_workers: int = 4
     durability: str = "full"
+    store_url: str | None = None  # a postgresql:// URL (piwf serve --store); None: the state directory's SQLite
+    store_listen: bool = True  # False: poll-only, no LISTEN (piwf serve --poll-only, for poolers in transaction mode)
     host_lease_ms: int = 30_000
     run_lease_ms: int = 30_000
     presentation_lease_ms: int = 10_000  # a client presenting an interaction request holds it this long
@@ -54,6 +56,28 @@ class HostConfig:
 ActiveRun = Active[Claim]
 
 
+class Changes:
+    """A count of changes, and a wait for the next one: ``wait(after=n)`` returns once the
+    count has passed ``n``, so a change between reading the count and waiting is not lost."""
+
+    __slots__ = ("_event", "count")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._event = trio.Event()
+
+    def set(self) -> None:
+        self.count += 1
+        self._event.set()
+        self._event = trio.Event()
+
+    async def wait(self, after: int | None = None) -> None:
+        """Until the count passes ``after`` (default: the count now, i.e. the next change)."""
+        after = self.count if after is None else after
+        while self.count <= after:
+            await self._event.wait()
+
+
 @dataclass(eq=False)
 class WorkerEnd(End[Claim]):
     """How a run's worker ended and what to do with its run, kept until the store records it."""
@@ -75,7 +99,7 @@ class HostState:
     runs: LaneState[Claim, WorkerEnd] = field(default_factory=LaneState)  # the run lane: active runs, ...
     connections: int = 0
     drain_deadline: float = math.inf  # set when a drain starts: every cleanup ends by then
-    run_changed: trio_util.RepeatedEvent = field(default_factory=trio_util.RepeatedEvent)
+    run_changed: Changes = field(default_factory=lambda: Changes())
     stop_requested: trio.Event = field(default_factory=trio.Event)
     wake_deadlines: trio.Event = field(default_factory=trio.Event)  # a request opened or went back to waiting
     controllers: ControllerState = field(default_factory=ControllerState)
@@ -97,15 +121,34 @@ class HostState:
         """Return once everything committed so far is durable: before any answer."""
         await self.store.durable()
 
+    def __post_init__(self) -> None:
+        self.runs.announce = functools.partial(self.store.announce, Wakeup.RUNS)
+        self.controllers.announce = functools.partial(self.store.announce, Wakeup.CONTROLLERS)
+
     def wake(self) -> None:
-        """Wake the run dispatcher."""
+        """Wake the run dispatcher (and the other hosts sharing the store)."""
         self.runs.wake()
 
     def changed(self) -> None:
+        """Wake the watchers (run.watch, run.wait) here and on the other hosts."""
         self.run_changed.set()
+        self.store.announce(Wakeup.CHANGES)
 
     def interactions_changed(self) -> None:
         self.wake_deadlines.set()
+        self.store.announce(Wakeup.DEADLINES)
+
+    def woken(self, topic: Wakeup) -> None:
+        """Another host sharing the store announced ``topic``: wake what acts on it here,
+        without announcing it again."""
+        if topic is Wakeup.RUNS:
+            self.runs.woken()
+        elif topic is Wakeup.CONTROLLERS:
+            self.controllers.woken()
+        elif topic is Wakeup.CHANGES:
+            self.run_changed.set()
+        else:
+            self.wake_deadlines.set()
 
 
 __all__ = ["Active", "ActiveRun", "Conclusion", "HostConfig", "HostState", "ProcessEnd", "WorkerEnd", "log"]

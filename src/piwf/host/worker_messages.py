@@ -220,8 +220,7 @@ async def _interaction_open(host: HostState, tx: UnitOfWork,
           active: ActiveRun, message: InteractionOpen, now: int) -> Outcome:
     """A decision or ask node waits: the run parks as waiting and the worker's part ends."""
     await tx.interactions.open_request(active.claim.run_id, active.claim.token, message.payload, now)
-    host.interactions_changed()
-    return NOTHING, Conclusion.DONE
+    return NOTHING, Conclusion.DONE  # the deadline timer is woken once this commits (OPENS_REQUESTS)
 
 
 async def _submission_reject(host: HostState, tx: UnitOfWork,
@@ -229,7 +228,6 @@ async def _submission_reject(host: HostState, tx: UnitOfWork,
     payload = message.payload
     await tx.interactions.reject_submission(active.claim.run_id, active.claim.token, payload.submissionId,
                                    payload.error, now)
-    host.interactions_changed()
     return NOTHING, Conclusion.DONE
 
 
@@ -281,6 +279,8 @@ HANDLERS: dict[type[WorkerMessage], Handler] = {
 # Operations that may change the run revision; the others leave it as it was.
 REVISING = frozenset({Ready, AttemptStart, AttemptAccept, AttemptFail, RunComplete, RunFail, InteractionOpen,
                       SubmissionReject})
+# Operations after which a request waits (opened, or open again): its deadline is kept.
+OPENS_REQUESTS = frozenset({InteractionOpen, SubmissionReject})
 
 
 async def handle(host: HostState, active: ActiveRun, message: WorkerMessage) -> WorkerResponse:
@@ -319,5 +319,7 @@ async def handle(host: HostState, active: ActiveRun, message: WorkerMessage) -> 
         active.ready.set()
     if conclusion is not None:
         active.conclusion = conclusion
+    if kind in OPENS_REQUESTS:  # after the commit: a timer reading before it (another connection) would miss it
+        host.interactions_changed()
     host.changed()
     return response

@@ -249,6 +249,8 @@ class HostStatus(Struct):
                                                                 "resolve-effect`)")] = 0
     activeControllerWorkers: Annotated[int, Meta(description="reconciles running now")] = 0
     maxControllerWorkers: int = 4
+    store: Annotated[str | None, Meta(description="the PostgreSQL store's URL, without any password "
+                                                  "(absent: the state directory's SQLite)")] = None
 
 
 class StopReceipt(Struct):

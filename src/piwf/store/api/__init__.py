@@ -9,10 +9,11 @@ imports the backend asked for) and hands the ``Store`` over.
 
 Conventions every method keeps:
 
-- **Time.** One clock per store decides every expiry, and no comparison mixes two. SQLite:
-  the caller's — every method that compares or records a time takes ``now`` (integer ms)
-  from its caller, so tests inject their clock. PostgreSQL (later): the database's, with a
-  test override; the ``now`` arguments stay in the interface.
+- **Time.** One clock decides every expiry, and no comparison mixes two: the caller's, on
+  both backends — every method that compares or records a time takes ``now`` (integer ms)
+  from its caller, so tests inject their clock. On PostgreSQL the hosts sharing a store
+  each pass their own clock, which must be kept in step (NTP); no statement reads the
+  database's clock.
 - **Fences.** A method acting for a claim or a lease names it: the run claim's ``token``
   (and its ``generation`` where a worker speaks for one), a reconcile claim's ``token``, the
   host lease's ``epoch`` or ``HostClaim``. A fence is part of the write it guards (a
@@ -43,7 +44,9 @@ unit of work the host opens explicitly::
 rolls everything back and propagates. No host callback runs inside a store call.
 
 **Cancellation.** A store call that has started is never abandoned by a cancellation: it
-commits or not, and the caller learns which. SQLite runs inline on the trio loop: its
+commits or not, and the caller learns which. PostgreSQL runs each call in a worker thread,
+shielded; its units of work run one at a time per store, as SQLite's do (other hosts'
+run at once). SQLite runs inline on the trio loop: its
 methods never checkpoint (``async def`` wrappers of synchronous calls: no thread hop), so
 a cancellation cannot land inside one, nor inside a unit of work whose body awaits only
 store methods. Inside a unit of work nothing may await a real checkpoint (a sleep, I/O,
@@ -61,14 +64,20 @@ until it has started, commits are durable one by one and ``durable()`` returns a
 **Where backends differ** (the conformance suite tests each as the interface says):
 
 - The host lease: SQLite keeps one lease row per state directory, taken over by the host
-  that holds the directory's flock (``owner_dead``); PostgreSQL keeps one lease row per host,
-  and a host's epoch numbers it among the hosts sharing the store.
+  that holds the directory's flock (``owner_dead``); PostgreSQL keeps one lease row per host
+  (per state directory, taken over the same way), and a host's epoch, from one sequence,
+  numbers it among the hosts sharing the store. A takeover's ``expire_claims_before`` and
+  ``orphan_before`` end what earlier epochs of *that* row held, never another live host's.
 - Time: see above.
+- Wake-ups: a store shared by several hosts (PostgreSQL) tells each what the others did
+  (``announce`` / ``serve_wakeups``, LISTEN/NOTIFY), so a host acts without waiting for a
+  poll; polling stays the fallback. SQLite has one host per store: both do nothing.
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Protocol
 
@@ -80,7 +89,7 @@ from piwf.store.api.runs import (
     CommandsStore, EffectsStore, HostsStore, QueueStore, RunsStore, SupervisionStore, WorkersStore,
 )
 from piwf.store.api.types import (
-    Actor, Claim, CommandKey, ControllerClaim, Delay, HostClaim, LeaseRecord, NewScope, WorkerEnded,
+    Actor, Claim, CommandKey, ControllerClaim, Delay, HostClaim, LeaseRecord, NewScope, Wakeup, WorkerEnded,
 )
 
 
@@ -124,6 +133,21 @@ class Store(UnitOfWork, Protocol):
         durability). Start it once the takeover has committed."""
         ...
 
+    def announce(self, topic: Wakeup) -> None:
+        """Tell the other hosts sharing the store that ``topic`` may have work for them
+        (call after the commit that made it). Never blocks and never fails: announcements
+        are coalesced (at most one per topic in flight) and sent by ``serve_wakeups``; one
+        lost is made up for by the other hosts' polls. SQLite: nothing (no other host)."""
+        ...
+
+    async def serve_wakeups(self, wake: Callable[[Wakeup], None], *,
+                            task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Runs until cancelled: sends this host's announcements and calls ``wake(topic)``
+        (on the trio loop) for each topic another host announced — and for every topic when
+        announcements may have been missed (a listening connection lost and back). A
+        backend without them (SQLite, or PostgreSQL in poll-only mode) just waits."""
+        ...
+
     async def close(self) -> None:
         """Make what was committed durable and close the store. Never checkpoints on
         SQLite; call it shielded elsewhere."""
@@ -132,15 +156,22 @@ class Store(UnitOfWork, Protocol):
 
 # Backends by name, each "module:function" (imported when a store is opened: nothing that
 # imports the interface imports a backend). The PostgreSQL issue adds its own.
-BACKENDS = {"sqlite": "piwf.store.sqlite.backend:open_store"}
+BACKENDS = {"sqlite": "piwf.store.sqlite.backend:open_store",
+            "postgresql": "piwf.store.postgres.backend:open_store"}
 
 
-def open_store(paths: Any, *, durability: str = "full", backend: str = "sqlite") -> Store:
-    """Open the store of a state directory (``paths``: its ``StatePaths``) with ``backend``.
-    SQLite refuses a damaged database unwritten (CorruptStateError), an unknown or newer
-    layout (SchemaError), and migrates an older one."""
+def open_store(paths: Any, *, durability: str = "full", backend: str | None = None, url: str | None = None,
+               **options: Any) -> Store:
+    """Open the store of a state directory (``paths``: its ``StatePaths``): SQLite's database
+    in it, or the store at ``url`` (``postgresql://...``: PostgreSQL). Each refuses a
+    damaged store unwritten (CorruptStateError), a foreign, unknown or newer layout
+    (SchemaError), and migrates an older one; StorageUnavailable when it cannot be reached."""
+    if backend is None:
+        backend = "sqlite" if url is None or url == "sqlite" else "postgresql"
     module, _, function = BACKENDS[backend].partition(":")
-    opened: Store = getattr(importlib.import_module(module), function)(paths, durability=durability)
+    if backend != "sqlite":
+        options["url"] = url
+    opened: Store = getattr(importlib.import_module(module), function)(paths, durability=durability, **options)
     return opened
 
 
@@ -148,5 +179,5 @@ __all__ = [
     "Actor", "Claim", "CommandKey", "CommandsStore", "ControllerClaim", "ControllerEffectsStore",
     "ControllerQueueStore", "ControllersStore", "Delay", "DeliveryStore", "EffectsStore", "HostClaim", "HostsStore",
     "InteractionsStore", "LeaseRecord", "NewScope", "QueueStore", "RunsStore", "SettingsStore", "Store",
-    "SupervisionStore", "UnitOfWork", "UpdatesStore", "WorkerEnded", "WorkersStore", "open_store",
+    "SupervisionStore", "UnitOfWork", "UpdatesStore", "Wakeup", "WorkerEnded", "WorkersStore", "open_store",
 ]

@@ -22,9 +22,10 @@ if TYPE_CHECKING:
 class HostsStore(Protocol):
     """The host lease. SQLite: one lease row per state directory (``id = 1``); the flock on
     the state directory proves no other host runs there, so ``acquire_lease`` may take a live
-    lease whose owner is proved dead (``owner_dead``). PostgreSQL (later): one lease row per
-    host, and the epoch numbers hosts across the shared store; the conformance suite tests
-    each shape. The lease epoch is what every other method's ``epoch`` argument names.
+    lease whose owner is proved dead (``owner_dead``). PostgreSQL: one lease row per host
+    (per state directory, taken over the same way), and the epoch numbers hosts across the
+    shared store; the conformance suite tests the lease with both. The lease epoch is what
+    every other method's ``epoch`` argument names.
     """
 
     async def read_lease(self) -> LeaseRecord:
@@ -36,7 +37,9 @@ class HostsStore(Protocol):
         """Take the lease with a new epoch. Raises HostAlreadyRunning, StoreError."""
 
     async def renew_lease(self, claim: HostClaim, lease_ms: int, now: int) -> HostClaim | None:
-        """Extend the lease; None when it was lost (taken by another host)."""
+        """Extend the lease; None when it was lost (taken by another host). SchemaError
+        (PostgreSQL) when another host has migrated the shared store to a newer layout than
+        this piwf knows: the host stops."""
 
     async def release_lease(self, claim: HostClaim) -> bool:
         ...

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any, Literal, NamedTuple, Protocol
 
 Actor = Literal["start", "client", "controller"]  # who changed a run's settings
@@ -118,3 +119,14 @@ class WorkerEnded(NamedTuple):
     crashes: int  # in a row, this end included (0: it was no crash)
     waiting_again: bool  # its run waits for a person again: deadlines apply to it again
     not_before: int | None = None  # its run was parked with a back-off: not claimed before this (ms)
+
+
+class Wakeup(StrEnum):
+    """What another host sharing the store committed that this host may act on
+    (``Store.announce``, ``Store.serve_wakeups``)."""
+
+    RUNS = "runs"  # a run to claim: started, released, answered, resumed
+    CONTROLLERS = "controllers"  # a resource due for a reconcile
+    CHANGES = "changes"  # something a watcher (run.watch, run.wait) waits for
+    DEADLINES = "deadlines"  # a request opened, or waits again: its deadline to keep
+

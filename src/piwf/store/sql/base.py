@@ -19,8 +19,23 @@ LIVE = f"status IN ({one_of(ACTIVE_QUEUE)})"
 # The fence: a write of the claim's row that changes nothing, taken only while the claim is
 # live. Being a write, it holds the row for the rest of the transaction however many
 # writers there are (a read would not: the claim could move on between it and the writes).
+# On PostgreSQL the UPDATE takes the row's lock until commit: every run-scoped write of a
+# claim starts with it, so all writes of one run serialise on its run_queue row (the lock
+# order of store/sql/locks.py: the run first).
 FENCE = f"""UPDATE run_queue SET claim_token = claim_token
   WHERE run_id = ? AND claim_token = ? AND {LIVE} AND claim_expires_at > ?"""
+
+
+def earlier_epoch(db: Database, column: str) -> str:
+    """SQL true when the host epoch in ``column`` (a claim's or a worker's owner) is dead to
+    a host taking over at epoch ``?`` (its one parameter). SQLite: every earlier epoch (one
+    host per state directory, and the flock proved the last one gone). PostgreSQL: an
+    earlier epoch that no host holds a lease at any more (``hosts``): the epoch this state
+    directory's host held before, or one released — never another live host's."""
+    if db.dialect == "sqlite":
+        return f"({column} IS NULL OR {column} < ?)"
+    return (f"({column} IS NULL OR ({column} < ? AND {column} NOT IN "
+            "(SELECT h.epoch FROM hosts h WHERE h.token_hash IS NOT NULL AND h.epoch IS NOT NULL)))")
 
 
 def add_event(db: Database, run_id: str, kind: str, payload: dict[str, Any], now: int) -> int:

@@ -29,7 +29,14 @@ def _stored_response(db: Database, request_id: str, row: tuple[Any, ...]) -> Hos
 
 
 def lookup(db: Database, request: CommandKey, fingerprint: bytes) -> HostResponse | None:
-    """A stored response for this request (``adopted``), a ``conflict``, or None if new."""
+    """A stored response for this request (``adopted``), a ``conflict``, or None if new.
+
+    Several writers (PostgreSQL): inside the unit of work that goes on to ``record``, the
+    request id's and the key's locks are taken first (in that order, always), so a
+    request carried out by two hosts at once waits for the first to commit and is then
+    answered from its record (``adopted`` or ``conflict``), never carried out twice."""
+    db.lock_key("request", request.requestId)
+    db.lock_key("command", f"{request.clientId}\x00{request.idempotencyKey}")
     rows = db.execute(
         """SELECT request_id = ?, request_fingerprint, outcome, revision, receipt_json, receipt_hash, error
            FROM host_commands WHERE request_id = ? OR (client_id = ? AND idempotency_key = ?)""",

@@ -8,7 +8,9 @@ is retried by design, so the next pass applies it again), except after ``Permane
 that is stored as rejected, and raised again by later passes of the same spec generation.
 They are keyed by (resource, spec generation, key): an effect is applied at most once per
 generation of the spec, so a changed spec applies its effects again and a retried
-reconcile of the same spec never does. Every write here is made fenced by the caller.
+reconcile of the same spec never does. Every write here is made fenced by the caller
+(the fence, an UPDATE of the resource's queue row, is its lock under several writers:
+``locks.py``); an operator's ``resolve`` and ``sync_children`` take that lock themselves.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from piwf.store.sql import ledger
 from piwf.store.sql.controller_queue import hold_for_effect, release_effect_hold, set_workflow_run
 from piwf.store.sql.controllers import add_resource_event, enqueue
 from piwf.store.sql.database import Database, atomic
+from piwf.store.sql.locks import lock_resource
 
 # A reconcile's effects: their events in the resource's; an ambiguous one holds the
 # resource; a failed apply() is retried (but after PermanentError).
@@ -82,6 +85,7 @@ def resolve(db: Database, uid: str, key: str, *, applied: bool, result: Any, now
     """An operator says whether an ambiguous effect was applied; the resource's hold is
     lifted (and a reconcile queued) once none is left."""
     with db.write():
+        lock_resource(db, uid)  # an operator's write: the resource's lock first, as a reconcile's fence
         spec_generation = db.scalar("""SELECT spec_generation FROM controller_effects WHERE uid = ? AND effect_key = ?
                                        AND status = 'ambiguous'""", (uid, key))
         if spec_generation is None:
@@ -145,15 +149,21 @@ def sync_children(db: Database, now: int) -> list[str]:
     if not _moved_children(db):  # the common case, read without taking the write lock
         return []
     with db.write():
-        rows = _moved_children(db)
+        rows = sorted(_moved_children(db))  # locked in uid order: two hosts syncing never wait in a cycle
+        moved = []
         for uid, request_key, run_id, attempt, state in rows:
-            db.execute("UPDATE controller_workflows SET state = ?, updated_at = ? WHERE uid = ? AND request_key = ?",
-                       (state, now, uid, request_key))
+            lock_resource(db, uid)
+            # still moved, checked in the write: another host may have synced it since the read
+            db.execute("""UPDATE controller_workflows SET state = ?, updated_at = ? WHERE uid = ? AND request_key = ?
+                            AND state != ?""", (state, now, uid, request_key, state))
+            if db.changes() != 1:
+                continue
+            moved.append(uid)
             set_workflow_run(db, uid, {"requestKey": request_key, "runId": run_id, "state": state,
                                        "attempt": attempt}, now)
             add_resource_event(db, uid, "workflow_changed", {"requestKey": request_key, "state": state}, now)
             enqueue(db, uid, now)
-        return [row[0] for row in rows]
+        return moved
 
 
 def _moved_children(db: Database) -> list[tuple[str, str, str, int, str]]:

@@ -10,6 +10,11 @@ expiry and a claim number (column ``claim_generation``, +1 per claim; a reconcil
 speaks for one). The ``resourceVersion`` its worker was shown is the compare-and-set token
 of its result.
 Holds (``permanent``, ``effect``) keep a row from being claimed until someone acts.
+
+Under several writers (PostgreSQL) the queue row is the resource's lock (``locks.py``):
+claims read due rows ``FOR UPDATE SKIP LOCKED`` (two hosts claim different rows, neither
+waits for the other) and check "still due" in the UPDATE; every result is fenced by an
+UPDATE of the row (``fence``, ``record_failure``), which holds it to the commit.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from piwf.protocol.resources import MAX_ERROR_CHARS
 from piwf.errors import ClaimLost, Rejected
 from piwf.wire import canonical_json, decode_json
 from piwf.store.api.rules import check_json_size
+from piwf.store.sql.base import earlier_epoch
 from piwf.store.sql.controllers import add_resource_event, delete_resource
 from piwf.store.sql.database import Database, atomic
 from piwf.store.api.types import ControllerClaim, Delay
@@ -39,11 +45,12 @@ def claim_due(db: Database, *, room: int, exclude: frozenset[str], lease_ms: int
         return []
     with db.write():
         rows = db.execute(
-            """SELECT q.uid, r.project_path, r.controller, r.resource_key FROM controller_queue q
+            f"""SELECT q.uid, r.project_path, r.controller, r.resource_key FROM controller_queue q
                JOIN controller_resources r ON r.uid = q.uid
-               WHERE q.hold IS NULL AND ((q.claim_token IS NULL AND q.available_at <= ?1)
-                                         OR (q.claim_token IS NOT NULL AND q.claim_expires_at <= ?1))
-               ORDER BY q.available_at LIMIT ?2""", (now, room + len(exclude))).fetchall()
+               WHERE q.hold IS NULL AND ((q.claim_token IS NULL AND q.available_at <= ?)
+                                         OR (q.claim_token IS NOT NULL AND q.claim_expires_at <= ?))
+               ORDER BY q.available_at LIMIT ?{db.lock_rows("q", skip_locked=True)}""",
+            (now, now, room + len(exclude))).fetchall()
         claims: list[ControllerClaim] = []
         for uid, project, controller, key in rows:
             if uid in exclude or len(claims) >= room:
@@ -53,10 +60,10 @@ def claim_due(db: Database, *, room: int, exclude: frozenset[str], lease_ms: int
                 """UPDATE controller_queue SET claim_token = ?, claim_expires_at = ?, claim_version = version,
                      claim_generation = claim_generation + 1, claim_epoch = ?, claim_resource_version = NULL,
                      worker_pid = NULL, worker_identity = NULL, available_at = NULL, updated_at = ?
-                   WHERE uid = ? AND hold IS NULL AND ((claim_token IS NULL AND available_at <= ?4)
-                                                       OR (claim_token IS NOT NULL AND claim_expires_at <= ?4))
+                   WHERE uid = ? AND hold IS NULL AND ((claim_token IS NULL AND available_at <= ?)
+                                                       OR (claim_token IS NOT NULL AND claim_expires_at <= ?))
                    RETURNING claim_generation""",
-                (token, now + lease_ms, epoch, now, uid))
+                (token, now + lease_ms, epoch, now, uid, now, now))
             if claim_number is None:
                 continue
             add_resource_event(db, uid, "reconcile_started", {"claim": claim_number}, now)
@@ -75,11 +82,12 @@ def attach_worker(db: Database, uid: str, token: str, pid: int, identity: str) -
 
 
 def orphaned_workers(db: Database, epoch: int) -> list[tuple[str, int, str]]:
-    """(uid, pid, identity) of the reconcile workers recorded by claims of earlier hosts."""
+    """(uid, pid, identity) of the reconcile workers recorded by claims of dead earlier hosts
+    (``base.earlier_epoch``)."""
     with db.read():
-        rows = db.execute("""SELECT uid, worker_pid, worker_identity FROM controller_queue
-                             WHERE claim_token IS NOT NULL AND claim_epoch < ? AND worker_pid IS NOT NULL""",
-                          (epoch,)).fetchall()
+        rows = db.execute(f"""SELECT uid, worker_pid, worker_identity FROM controller_queue
+                              WHERE claim_token IS NOT NULL AND {earlier_epoch(db, 'claim_epoch')}
+                                AND worker_pid IS NOT NULL""", (epoch,)).fetchall()
     return [(uid, pid, identity) for uid, pid, identity in rows if identity]
 
 
@@ -230,15 +238,17 @@ def release_effect_hold(db: Database, uid: str, now: int) -> None:
 
 
 def expire_claims_before(db: Database, epoch: int, now: int) -> int:
-    """On takeover: reconciles an earlier host was running are due again at once, each
-    counted as an error (their workers died with that host, or were killed by the caller)."""
+    """On takeover: reconciles a dead earlier host was running (``base.earlier_epoch``: on
+    PostgreSQL never another live host's) are due again at once, each counted as an error
+    (their workers died with that host, or were killed by the caller). One UPDATE: what it
+    returns is what it changed."""
     with db.write():
-        uids = [uid for (uid,) in db.execute("SELECT uid FROM controller_queue WHERE claim_token IS NOT NULL "
-                                             "AND claim_epoch < ?", (epoch,))]
-        db.execute("""UPDATE controller_queue SET claim_token = NULL, claim_expires_at = NULL, available_at = ?,
-                        consecutive_errors = consecutive_errors + 1, updated_at = ?,
-                        last_error = 'interrupted: its host died'
-                      WHERE claim_token IS NOT NULL AND claim_epoch < ?""", (now, now, epoch))
+        uids = sorted(uid for (uid,) in db.execute(
+            f"""UPDATE controller_queue SET claim_token = NULL, claim_expires_at = NULL, available_at = ?,
+                  consecutive_errors = consecutive_errors + 1, updated_at = ?,
+                  last_error = 'interrupted: its host died'
+                WHERE claim_token IS NOT NULL AND {earlier_epoch(db, 'claim_epoch')} RETURNING uid""",
+            (now, now, epoch)).fetchall())
         for uid in uids:
             add_resource_event(db, uid, "reconcile_failed", {"error": "interrupted: its host died", "delayMs": 0,
                                                              "permanent": False}, now)

@@ -4,6 +4,13 @@ A resource is keyed by (project, controller, key) and has a ``uid`` that is neve
 a ``resourceVersion`` (+1 on every write: the compare-and-set token) and a ``generation``
 (+1 only when the canonical spec changes). Its queue row (``controller_queue``) lives and
 dies with it; see ``store/controller_queue.py`` for claims and results.
+
+Under several writers (PostgreSQL) every write of a resource holds its lock first — its
+queue row (``locks.lock_resource``; a reconcile's fence is an UPDATE of it), or, to apply
+by key, the key's lock then the row (``locks.lock_resource_key``): two applies of one new
+key make one resource, and an apply and a reconcile's result never interleave (a result
+always sees the ``version`` an apply bumped, so the changed spec is reconciled again).
+The resourceVersion compare-and-set is in the UPDATE as well.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from piwf.errors import Conflict, NotFound, Rejected
 from piwf.wire import canonical_json, decode_json, sha256_hex
 from piwf.store.api.rules import check_json_size, check_key
 from piwf.store.sql.database import Database, atomic
+from piwf.store.sql.locks import lock_resource_key
 from piwf.store.sql.timefmt import iso
 
 RESOURCE_COLUMNS = """r.uid, r.project_path, r.controller, r.resource_key, r.resource_version, r.generation,
@@ -45,6 +53,7 @@ def apply_resource(db: Database, *, project: str, controller: str, key: str, spe
     check_key(key)
     digest = sha256_hex(check_json_size(spec, "spec"))
     with db.write():
+        lock_resource_key(db, project, controller, key)
         row = db.one("""SELECT uid, resource_version, generation, spec_digest, deletion_requested_at
                         FROM controller_resources WHERE project_path = ? AND controller = ? AND resource_key = ?""",
                      (project, controller, key))
@@ -92,6 +101,7 @@ def request_reconcile(db: Database, project: str, controller: str, key: str, now
     while one runs, one more runs after it. An operator's request lifts a permanent-error
     hold too."""
     with db.write():
+        lock_resource_key(db, project, controller, key)
         uid, version, _ = _locate(db, project, controller, key)
         db.execute("UPDATE controller_queue SET hold = NULL WHERE uid = ? AND hold = 'permanent'", (uid,))
         enqueue(db, uid, now)
@@ -105,6 +115,7 @@ def request_delete(db: Database, project: str, controller: str, key: str, now: i
     ``force``: the resource goes now, finalizers and all, without a reconcile (a pass
     running for it loses its claim; nothing it writes afterwards is kept)."""
     with db.write():
+        lock_resource_key(db, project, controller, key)
         uid, version, deleting = _locate(db, project, controller, key)
         if force:
             delete_resource(db, uid, now)
@@ -140,7 +151,7 @@ def enqueue(db: Database, uid: str, now: int, at: int | None = None) -> None:
     """One row per resource: a request while one is queued moves it earlier at most; a
     request while a reconcile runs bumps ``version``, so the finish queues it once more."""
     at = now if at is None else at
-    db.execute("""UPDATE controller_queue SET available_at = MIN(COALESCE(available_at, ?), ?),
+    db.execute("""UPDATE controller_queue SET available_at = CASE WHEN available_at < ? THEN available_at ELSE ? END,
                     version = version + 1, updated_at = ? WHERE uid = ?""", (at, at, now, uid))
 
 
@@ -170,9 +181,9 @@ def add_resource_event(db: Database, uid: str, kind: str, payload: dict[str, Any
                          "RETURNING event_id", (uid, now, kind, canonical_json(payload).decode()))
     oldest = db.scalar("SELECT MIN(event_id) FROM controller_events WHERE uid = ?", (uid,))
     if event_id - oldest >= KEPT_EVENTS:
-        db.execute("""DELETE FROM controller_events WHERE uid = ?1 AND event_id <= (SELECT event_id
-                        FROM controller_events WHERE uid = ?1 ORDER BY event_id DESC LIMIT 1 OFFSET ?2)""",
-                   (uid, KEPT_EVENTS))
+        db.execute("""DELETE FROM controller_events WHERE uid = ? AND event_id <= (SELECT event_id
+                        FROM controller_events WHERE uid = ? ORDER BY event_id DESC LIMIT 1 OFFSET ?)""",
+                   (uid, uid, KEPT_EVENTS))
 
 
 def events(db: Database, uid: str, limit: int = RECENT_EVENTS) -> list[ResourceEvent]:
@@ -198,7 +209,8 @@ def get_resource(db: Database, project: str, controller: str, key: str, now: int
 def list_resources(db: Database, project: str | None, controller: str | None) -> list[ResourceSummary]:
     with db.read():
         rows = db.execute(f"""SELECT {RESOURCE_COLUMNS} FROM {FROM_RESOURCES}
-                              WHERE (?1 IS NULL OR r.project_path = ?1) AND (?2 IS NULL OR r.controller = ?2)
+                              WHERE r.project_path = COALESCE(?, r.project_path)
+                                AND r.controller = COALESCE(?, r.controller)
                               ORDER BY r.project_path, r.controller, r.resource_key""",
                           (project, controller)).fetchall()
         return [_summary(db, row) for row in rows]

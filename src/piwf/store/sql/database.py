@@ -13,7 +13,11 @@ _P = ParamSpec("_P")
 
 
 class Database(Protocol):
-    """A connection the statements of ``piwf.store.sql`` run on (``piwf.store.sqlite.db``)."""
+    """A connection the statements of ``piwf.store.sql`` run on (``piwf.store.sqlite.db``,
+    ``piwf.store.postgres.db``). ``dialect`` ('sqlite', 'postgresql') is for the few places
+    whose SQL differs between the two (each says why); everything else is SQL both accept."""
+
+    dialect: str
 
     def write(self) -> AbstractContextManager[Any]:
         """A write transaction; nested calls join the outer one."""
@@ -38,6 +42,31 @@ class Database(Protocol):
     def get_json(self, inline: str | None, digest: str | None) -> Any: ...
     def get_blob(self, digest: str) -> bytes: ...
 
+    # --- what differs between dialects (store/sql/locks.py says how the modules use them) ---
+    # Where one writer at a time makes every read of a write transaction current (SQLite),
+    # each is empty or does nothing; on PostgreSQL (READ COMMITTED) they lock.
+
+    def lock_rows(self, of: str | None = None, *, skip_locked: bool = False) -> str:
+        """A clause that ends a SELECT whose rows the transaction goes on to write:
+        ``""`` on SQLite; ``" FOR UPDATE [OF of] [SKIP LOCKED]"`` on PostgreSQL."""
+        ...
+
+    def lock_key(self, namespace: str, key: str) -> None:
+        """Hold a lock on (namespace, key) until the transaction ends (a row that may not
+        exist yet, a session's stream): nothing on SQLite; a transaction-level advisory
+        lock on PostgreSQL."""
+        ...
+
+    def try_lock_key(self, namespace: str, key: str) -> bool:
+        """``lock_key`` without waiting: whether the lock is held now (True on SQLite)."""
+        ...
+
+    def event_horizon(self) -> int | None:
+        """The highest run event id a reader may go up to, every event at or below it being
+        committed (or never to be): None on SQLite, whose ids commit in order; on
+        PostgreSQL ``piwf.store.postgres.cursors.event_horizon``. Call before the read."""
+        ...
+
 
 def atomic(function: Callable[Concatenate[Any, _P], _T]) -> Callable[Concatenate[Any, _P], _T]:
     """A store operation of several statements as one transaction when called by itself
@@ -55,12 +84,15 @@ def one_of(values: Iterable[str]) -> str:
     return ", ".join(f"'{value}'" for value in values)
 
 
-def lifecycle_contradicts(run: str, queue: str) -> str:
+def lifecycle_contradicts(run: str, queue: str, otherwise: str = "0") -> str:
     """1 when engine status ``run`` and queue status ``queue`` do not go together (the
     lifecycle projection, docs/concepts.md), else 0. A CASE, not IN lists: in a trigger a
-    constant IN list builds a temporary index each time it runs (claims measured 2x slower)."""
+    constant IN list builds a temporary index each time it runs (claims measured 2x slower).
+    ``otherwise``: the unknown statuses' value — '0' in SQLite's triggers (their text is
+    part of every layout since 4), 'FALSE' in a query PostgreSQL runs too (a CASE of
+    booleans)."""
     return f"""(NOT CASE {run} WHEN 'queued' THEN {queue} = 'queued'
   WHEN 'running' THEN {queue} = 'starting' OR {queue} = 'running' OR {queue} = 'parked'
   WHEN 'waiting' THEN {queue} = 'parked' WHEN 'completed' THEN {queue} = 'done'
   WHEN 'failed' THEN {queue} = 'failed' WHEN 'timed_out' THEN {queue} = 'failed'
-  WHEN 'cancelled' THEN {queue} = 'cancelled' ELSE 0 END)"""
+  WHEN 'cancelled' THEN {queue} = 'cancelled' ELSE {otherwise} END)"""

@@ -14,6 +14,7 @@ from piwf.wire import canonical_json
 from piwf.store.sql import ending
 from piwf.store.sql.base import add_event
 from piwf.store.sql.database import Database
+from piwf.store.sql.locks import lock_run_of_request
 from piwf.store.sql.interactions import (
     IDLE, TIMEOUT_EXIT, Spec, close_request, continue_attempt, reject_validating, resolve_decision,
 )
@@ -53,6 +54,9 @@ def expire_due(db: Database, now: int) -> tuple[list[str], list[tuple[str, Excep
 
 def _expire(db: Database, request_id: str, now: int) -> bool:
     with db.write():
+        # the run's lock first (locks.py), then the read: an answer, a cancel, a claim or
+        # another host's timer that got there first is seen here, not met as a Conflict
+        lock_run_of_request(db, request_id)
         row = db.one(
             f"""SELECT r.run_id, r.attempt_id, r.kind, r.spec_json FROM interaction_requests r
                 JOIN run_queue q ON q.run_id = r.run_id

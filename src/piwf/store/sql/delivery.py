@@ -13,6 +13,13 @@ run without its turn, nor writes two. At most one unresolved turn per (run, sess
 later end of the same run rewrites it, and a rewrite ends any claim on it (the client
 showing the old facts gets a ``conflict`` when it resolves, and the turn is claimed
 again with the new ones), so an end is never lost behind a claim of an earlier one.
+
+Under several writers (PostgreSQL) a session's stream is one transaction at a time: every
+write that adds a notification or turn, makes a turn eligible, claims or resolves one
+takes the session's delivery lock first (``locks.lock_delivery``, after the run's lock
+when it has one). So ``rowid`` (given at insert) is the order rows committed in, and a
+claim reads the session's oldest as of now: claims go strictly in order per session, on
+both backends. A delivery or a resolve is a compare-and-set on the claim in its UPDATE.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from piwf.status import ENDED, FollowUpState, Hold, NotificationKind, RunStatus,
 from piwf.wire import canonical_json, decode_json
 from piwf.store.sql.database import Database, atomic
 from piwf.store.sql.base import add_event, require_claim
+from piwf.store.sql.locks import lock_delivery, lock_run
 from piwf.store.sql.timefmt import iso
 
 FACT_LIMIT = 4096  # each text fact (error, output, detail), in characters
@@ -93,6 +101,7 @@ def notify(db: Database, run_id: str, token: str, *, attempt_id: str, index: int
     session = _session(db, run_id)
     if session is None:
         return None
+    lock_delivery(db, session)
     notification_id = "ntf-" + hashlib.sha256(f"{run_id}/{seq}/{index}".encode()).hexdigest()[:20]
     db.execute(
         """INSERT INTO notifications (notification_id, run_id, seq, node_id, notification_index, session_id, kind,
@@ -121,6 +130,7 @@ def claim_notification(db: Database, *, session_id: str, client_id: str, lease_m
     """The session's oldest undelivered notification, claimed for ``lease_ms``; nothing
     while it is claimed by someone else."""
     with db.write():
+        lock_delivery(db, session_id)
         row = db.one(f"""SELECT {NOTIFICATION_COLUMNS}, n.claim_client FROM notifications n
                          INDEXED BY notifications_undelivered JOIN runs r ON r.run_id = n.run_id
                          WHERE n.session_id = ? AND n.delivered_at IS NULL ORDER BY n.rowid LIMIT 1""",
@@ -191,6 +201,7 @@ def turn_for_run(db: Database, run_id: str, now: int) -> str | None:
     cause = ENDS.get(status) or (TurnCause.HELD if hold in HELD_FOR_A_PERSON else None)
     if cause is None:
         return None
+    lock_delivery(db, session)
     return _write_turn(db, run_id, session, cause, now, eligible=True)
 
 
@@ -203,6 +214,7 @@ def request_presentation(db: Database, run_id: str, token: str, *, instructions:
     session = _session(db, run_id)
     if session is None:
         return None
+    lock_delivery(db, session)
     turn_id = _write_turn(db, run_id, session, TurnCause.REQUESTED, now, eligible=False)
     db.execute("UPDATE turns SET instructions = ? WHERE turn_id = ?", (instructions, turn_id))
     return turn_id
@@ -212,12 +224,18 @@ def request_presentation(db: Database, run_id: str, token: str, *, instructions:
 # (or turns_unresolved), never a scan of every turn kept (tests check the plans).
 OPEN_TURN_SQL = "SELECT turn_id, cause FROM turns WHERE run_id = ? AND session_id = ? AND resolved_at IS NULL"
 TURNS_OF_RUN_SQL = "SELECT COUNT(*) FROM turns WHERE run_id = ? AND session_id = ?"
+# A session's latest eligible turn still unresolved (by index turns_eligible): a turn made
+# eligible after it (under the session's delivery lock) is not dated before it, whatever
+# the clock of the host that writes it says (another host's, or one stepped back).
+LATEST_ELIGIBLE_SQL = "SELECT MAX(eligible_at) FROM turns WHERE session_id = ? AND resolved_at IS NULL"
 LAST_INSTRUCTIONS_SQL = ("SELECT instructions FROM turns WHERE run_id = ? AND instructions IS NOT NULL "
                          "ORDER BY rowid DESC LIMIT 1")
 
 
 def _write_turn(db: Database, run_id: str, session: str, cause: TurnCause, now: int, *, eligible: bool) -> str:
     facts = canonical_json(_facts(db, run_id)).decode()
+    # never before the session's latest: claims follow the order turns became eligible in
+    since = max(now, db.scalar(LATEST_ELIGIBLE_SQL, (session,)) or 0) if eligible else None
     existing = db.one(OPEN_TURN_SQL, (run_id, session))
     if existing is not None:
         turn_id = existing[0]
@@ -227,7 +245,7 @@ def _write_turn(db: Database, run_id: str, session: str, cause: TurnCause, now: 
         db.execute("""UPDATE turns SET cause = ?, facts_json = ?, updated_at = ?,
                         eligible_at = CASE WHEN ? THEN COALESCE(eligible_at, ?) ELSE eligible_at END,
                         claim_token = NULL, claim_client = NULL, claim_expires_at = NULL, followups_through = NULL
-                      WHERE turn_id = ?""", (kept, facts, now, eligible, now, turn_id))
+                      WHERE turn_id = ?""", (kept, facts, now, eligible, since, turn_id))
     else:
         n = db.scalar(TURNS_OF_RUN_SQL, (run_id, session))
         turn_id = "turn-" + hashlib.sha256(f"{run_id}/{session}/{n}".encode()).hexdigest()[:20]
@@ -235,7 +253,7 @@ def _write_turn(db: Database, run_id: str, session: str, cause: TurnCause, now: 
                         eligible_at, created_at, updated_at)
                       VALUES (?, ?, ?, (SELECT workflow FROM runs WHERE run_id = ?), ?, ?,
                         ({LAST_INSTRUCTIONS_SQL}), ?, ?, ?)""",
-                   (turn_id, run_id, session, run_id, cause, facts, run_id, now if eligible else None, now, now))
+                   (turn_id, run_id, session, run_id, cause, facts, run_id, since, now, now))
     if eligible:
         add_event(db, run_id, "turn", {"turnId": turn_id, "cause": cause}, now)
     result: str = turn_id
@@ -276,6 +294,7 @@ def claim_turn(db: Database, *, session_id: str, client_id: str, lease_ms: int, 
     run's queued follow-ups (those it is resolved with); nothing while it is claimed by
     someone else or its run has notifications not yet delivered."""
     with db.write():
+        lock_delivery(db, session_id)
         row = db.one(f"""SELECT {TURN_COLUMNS}, t.claim_client FROM turns t INDEXED BY turns_eligible
                          WHERE t.session_id = ? AND t.resolved_at IS NULL AND t.eligible_at IS NOT NULL
                          ORDER BY t.eligible_at, t.rowid LIMIT 1""", (session_id,))
@@ -304,6 +323,7 @@ def resolve_turn(db: Database, *, turn_id: str, claim_id: str, client_id: str, r
     """Resolved under a live claim this client holds (anything else is a ``conflict``); the
     follow-ups the claim handed over are delivered with it."""
     with db.write():  # the claim's check is in the UPDATE (a compare-and-set on the claim)
+        _lock_stream_of_turn(db, turn_id)  # a late follow-up's turn is written here (below)
         row = db.one("""UPDATE turns SET resolution = ?, resolved_at = ?, claim_token = NULL, claim_client = NULL,
                           claim_expires_at = NULL, updated_at = ?
                         WHERE turn_id = ? AND resolved_at IS NULL AND claim_token = ? AND claim_client = ?
@@ -322,6 +342,16 @@ def resolve_turn(db: Database, *, turn_id: str, claim_id: str, client_id: str, r
         add_event(db, run_id, "turn.resolved", {"turnId": turn_id, "outcome": resolution}, now)
         _carry_late_followups(db, run_id, turn_id, now)
         return ResolveTurnReceipt(turnId=turn_id, resolution=resolution, followUpsDelivered=delivered)
+
+
+def _lock_stream_of_turn(db: Database, turn_id: str) -> None:
+    """A resolve writes its run's trace (so the run's lock, first) and may write a turn
+    (so the session's stream). A turn's run and session never change: a plain read finds them."""
+    if db.lock_rows():
+        row = db.one("SELECT run_id, session_id FROM turns WHERE turn_id = ?", (turn_id,))
+        if row is not None:
+            lock_run(db, row[0])
+            lock_delivery(db, row[1])
 
 
 def _carry_late_followups(db: Database, run_id: str, resolved_turn: str, now: int) -> None:
@@ -361,6 +391,7 @@ def queue_followup(db: Database, *, run_id: str, request_key: str, prompt: str, 
     """Queue ``prompt`` for the run's origin session, after the run's earlier follow-ups;
     the same ``request_key`` with the same prompt is the same follow-up (``adopted``)."""
     with db.write():
+        lock_run(db, run_id)  # the same key twice, and positions one after another
         run = db.one("SELECT origin_session_id FROM runs WHERE run_id = ?", (run_id,))
         if run is None:
             raise NotFound(f"run {run_id} not found")
@@ -396,6 +427,7 @@ def _turns_over(db: Database, run_id: str, session: str) -> bool:
 
 def remove_followup(db: Database, *, run_id: str, followup_id: str, now: int) -> FollowUpReceipt:
     with db.write():
+        lock_run(db, run_id)
         row = db.one("SELECT request_key, position, state FROM followups WHERE followup_id = ? AND run_id = ?",
                      (followup_id, run_id))
         if row is None:
@@ -404,8 +436,12 @@ def remove_followup(db: Database, *, run_id: str, followup_id: str, now: int) ->
         if state == FollowUpState.DELIVERED:
             raise Rejected(f"follow-up {followup_id} was already delivered")
         if state == FollowUpState.QUEUED:
-            db.execute("UPDATE followups SET state = 'removed', updated_at = ? WHERE followup_id = ?",
-                       (now, followup_id))
+            # still queued, checked in the write: a turn's resolve (which holds the session's
+            # stream, not the run) may have delivered it since the read
+            db.execute("UPDATE followups SET state = 'removed', updated_at = ? WHERE followup_id = ? "
+                       "AND state = 'queued'", (now, followup_id))
+            if db.changes() != 1:
+                raise Rejected(f"follow-up {followup_id} was already delivered")
             add_event(db, run_id, "followup.removed", {"followUpId": followup_id}, now)
         return FollowUpReceipt(followUpId=followup_id, runId=run_id, order=position, state=FollowUpState.REMOVED,
                                adopted=state == FollowUpState.REMOVED)

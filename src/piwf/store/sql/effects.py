@@ -17,6 +17,7 @@ from piwf.wire import decode_json
 from piwf.store.sql import ledger
 from piwf.store.sql.database import Database
 from piwf.store.sql.base import add_event
+from piwf.store.sql.locks import lock_run
 
 # A run's effects: keyed by (run, key), its events in the run's trace; an ambiguous effect
 # is held by the caller (the run, hold 'effect'); a failed apply() is rejected.
@@ -49,8 +50,10 @@ def settle(db: Database, run_id: str, key: str, *, generation: int, result: Any 
 
 def resolve(db: Database, run_id: str, key: str, *, applied: bool, result: Any, now: int) -> dict[str, Any]:
     """An operator says whether an ambiguous effect was applied; the run's effect hold is
-    released once no ambiguous effect is left."""
+    released once no ambiguous effect is left. The run's lock is taken first (``lock_run``):
+    two operators resolving at once are answered in turn."""
     with db.write():
+        lock_run(db, run_id)
         status = db.scalar("SELECT status FROM effects WHERE run_id = ? AND effect_key = ?", (run_id, key))
         if status is None:
             raise NotFound(f"run {run_id} has no effect {key!r}")

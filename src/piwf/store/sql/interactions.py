@@ -5,6 +5,13 @@ A decision or ask node opens a request and its run waits: engine ``waiting``, qu
 one transaction with the run's state: an answer writes the resolution, closes the request,
 accepts the waiting attempt and releases the hold together, so a run goes on at most once
 per request whatever crashes, and the first answer wins.
+
+Under several writers (PostgreSQL) every write here holds the run's lock (``locks.py``)
+before it reads: a worker's by its claim's fence, a client's (answer, submission,
+presentation) by ``lock_run_of_request``. So the first answer wins with the same answer to
+the second as SQLite gives (``already answered``), a request has one submission being
+validated (also the partial unique index ``interaction_submissions_validating``), and an
+answer and the run's cancel or deadline never both close one request.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from piwf.protocol.worker import InteractionOpenPayload, PendingSubmission
 from piwf.store.sql.database import Database, atomic
 from piwf.store.sql.base import LIVE, add_event, require_claim, store_update
 from piwf.store.sql.database import one_of
+from piwf.store.sql.locks import lock_run, lock_run_of_request
 from piwf.store.sql.timefmt import iso
 
 OPEN = f"status IN ({one_of((RequestStatus.PENDING, RequestStatus.PRESENTING))})"
@@ -110,6 +118,7 @@ def waiting_attempt(db: Database, run_id: str, seq: int, node: str,
     any); None when no attempt waits there. A waiting attempt of another node (the run
     resumed on a changed workflow) is given up: its request cancelled, its submission
     rejected saying why, so nothing submitted to it becomes another node's output."""
+    lock_run(db, run_id)  # a client's submission or the run's cancel changes what is read here
     row = db.one(
         """SELECT a.attempt_id, r.request_id, a.node_id FROM node_attempts a
            JOIN interaction_requests r ON r.attempt_id = a.attempt_id
@@ -153,8 +162,9 @@ def accept_submission(db: Database, run_id: str, submission_id: str, value: Any,
 @atomic
 def reject_submission(db: Database, run_id: str, token: str, submission_id: str, error: str, now: int) -> None:
     """The value did not fit: the request is open again with the reason, the run waits."""
+    require_claim(db, run_id, token, now)  # the fence (and the run's lock) before the read
     request_id = _validating_request(db, run_id, submission_id)
-    _park_waiting(db, run_id, token, now, f"submission rejected: {error[:300]}")  # the fence first
+    _park_waiting(db, run_id, token, now, f"submission rejected: {error[:300]}")
     _reject(db, submission_id, error, now)
     add_event(db, run_id, "submission.rejected", {"requestId": request_id, "submissionId": submission_id,
                                                   "error": error[:500]}, now)
@@ -181,6 +191,7 @@ def park_if_waiting(db: Database, run_id: str, token: str, worker_status: str, n
     """A worker ended while its run had an open request (it was validating a submission):
     that submission is rejected and the run waits again. False when no request is open, or
     the run was paused (the submission stays, validated once the run is resumed)."""
+    lock_run(db, run_id)
     request_id = db.scalar(f"SELECT request_id FROM interaction_requests WHERE run_id = ? AND {OPEN}", (run_id,))
     if request_id is None or db.scalar("SELECT paused FROM runs WHERE run_id = ?", (run_id,)):
         return False
@@ -241,7 +252,7 @@ def _open_request(db: Database, request_id: str, kind: str, expected_revision: i
 
 # In a write of interaction_requests: the request is at the revision a client expected
 # (? IS NULL: any). The compare-and-set is the write's; _open_request's read only refuses early.
-AT_REVISION = "(? IS NULL OR revision = ?)"
+AT_REVISION = "revision = COALESCE(?, revision)"
 
 
 def refuse_revision(request_id: str, revision: int | None, expected_revision: int | None) -> None:
@@ -262,6 +273,7 @@ def answer_decision(db: Database, *, request_id: str, choice: str, text: str | N
     """The first answer wins: resolution, request settled, attempt accepted with the answer
     as its output and the choice as its exit, and the run released, in one transaction."""
     with db.write():
+        lock_run_of_request(db, request_id)  # first answer wins: the second reads the first's
         run_id, attempt_id, _, _, revision, _, spec_json, _ = _open_request(db, request_id, "decision",
                                                                             expected_revision, now)
         spec = msgspec.json.decode(spec_json, type=Spec)
@@ -313,7 +325,7 @@ def close_request(db: Database, request_id: str, status: RequestStatus, resoluti
               presenter_expires_at = NULL, revision = revision + 1, closed_at = ?, updated_at = ?
             WHERE request_id = ? AND {OPEN} AND {AT_REVISION}""",
         (status, None if resolution is None else canonical_json(resolution).decode(), now, now, request_id,
-         expected_revision, expected_revision),
+         expected_revision),
     )
     if db.changes() != 1:
         _refuse_write(db, request_id, expected_revision)
@@ -361,6 +373,7 @@ def submit(db: Database, *, request_id: str, value: Any, session_id: str | None,
     """A value for an ask, to be validated by the workflow in a worker: the run is
     released to the dispatcher, which claims it and starts that worker."""
     with db.write():
+        lock_run_of_request(db, request_id)  # one submission validated at a time, read as of now
         run_id, _, _, _, _, _, _, origin = _open_request(db, request_id, "ask", expected_revision, now)
         if db.scalar("SELECT paused FROM runs WHERE run_id = ?", (run_id,)):
             raise Rejected(f"run {run_id} is paused: a value is validated by the running workflow; "
@@ -376,7 +389,7 @@ def submit(db: Database, *, request_id: str, value: Any, session_id: str | None,
                  session_id, created_at) SELECT ?, ?, 'validating', ?, ?, ?, ?
                  WHERE EXISTS (SELECT 1 FROM interaction_requests WHERE request_id = ? AND {OPEN} AND {AT_REVISION})""",
             (submission_id, request_id, canonical_json(value).decode(), submitted_by, session_id, now,
-             request_id, expected_revision, expected_revision),
+             request_id, expected_revision),
         )
         if db.changes() != 1:
             _refuse_write(db, request_id, expected_revision)
@@ -395,6 +408,7 @@ def update(db: Database, *, request_id: str, expected_revision: int, action: Upd
     ``presenting``, with no presenter); ``progress`` needs the current revision and the
     request's attempt still waiting, and is published as a run update."""
     with db.write():
+        lock_run_of_request(db, request_id)
         row = db.one("""SELECT status, revision, presenter, presenter_expires_at, entry_id
                         FROM interaction_requests WHERE request_id = ?""", (request_id,))
         if row is None:

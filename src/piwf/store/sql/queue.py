@@ -13,7 +13,7 @@ from piwf.wire import canonical_json
 from piwf.status import QueueStatus
 from piwf.store.sql import ending
 from piwf.store.sql.base import (  # noqa: F401 (FENCE, holds_claim: re-exported)
-    FENCE, LIVE, add_event, holds_claim, interrupt_attempts, require_claim, revision_of,
+    FENCE, LIVE, add_event, earlier_epoch, holds_claim, interrupt_attempts, require_claim, revision_of,
 )
 from piwf.store.sql.database import Database
 from piwf.store.api.types import Claim
@@ -35,29 +35,53 @@ def claim_next_run(
     exclude: frozenset[str] = frozenset(),
 ) -> Claim | None:
     """Claim the oldest claimable run not in ``exclude``, or None; a run with a submission
-    waiting to be validated comes before the rest of the queue."""
+    waiting to be validated comes before the rest of the queue.
+
+    Several writers (PostgreSQL): the candidates are read ``FOR UPDATE SKIP LOCKED``, so two
+    hosts claiming at once take different runs instead of queueing on the same row; a
+    candidate whose session another transaction is starting a run of (its session lock is
+    taken) is passed over, as is one taken meanwhile (the check is in the UPDATE too)."""
+    skip = set(exclude)
+    with db.write():
+        for _ in range(CANDIDATES):
+            found = _candidate(db, now, frozenset(skip))
+            if found is None:
+                return None
+            claim = _take(db, found[1], runner_id, token, lease_ms, now, epoch, session=found[2])
+            if claim is not None:
+                return claim
+            skip.add(found[1])
+    return None
+
+
+CANDIDATES = 8  # candidates tried by one claim before it gives up for this round
+
+
+def _candidate(db: Database, now: int, exclude: frozenset[str]) -> tuple[Any, str, str | None] | None:
+    """The oldest claimable run not in ``exclude``: (created_at, run id, session)."""
     excluded = {f"x{i}": run_id for i, run_id in enumerate(sorted(exclude))}
     not_in = f"AND q.run_id NOT IN ({', '.join(':' + k for k in excluded)})" if excluded else ""
     params = {"now": now, **excluded}
-    with db.write():
-        # First a ready run with a submission waiting to be validated (seed: a person waits
-        # on it; few, found through the validating submissions' own index).
-        validating = db.one(f"""SELECT q.run_id FROM interaction_submissions s
-                                JOIN interaction_requests r ON r.request_id = s.request_id
-                                JOIN run_queue q ON q.run_id = r.run_id
-                                WHERE s.status = 'validating' AND {READY} AND {SESSION_FREE} {not_in}
-                                ORDER BY q.created_at, q.run_id LIMIT 1""", params)
-        if validating is not None:
-            return _take(db, validating[0], runner_id, token, lease_ms, now, epoch)
-        # The two halves of CLAIMABLE: the oldest ready run (its index is in claim order)
-        # and runs whose claims expired (few, so they are compared here, not sorted by SQLite).
-        ready = db.one(f"""SELECT q.created_at, q.run_id FROM run_queue q INDEXED BY run_queue_ready
-                           WHERE {READY} AND {SESSION_FREE} {not_in}
-                           ORDER BY q.created_at, q.run_id LIMIT 1""", params)
-        expired = db.execute(f"SELECT q.created_at, q.run_id FROM run_queue q WHERE {EXPIRED} AND {SESSION_FREE} "
-                             f"{not_in}", params).fetchall()
-        found = min([*expired, *([ready] if ready else [])], default=None)
-        return None if found is None else _take(db, found[1], runner_id, token, lease_ms, now, epoch)
+    # First a ready run with a submission waiting to be validated (seed: a person waits on
+    # it; few, found through the validating submissions' own index).
+    validating = db.one(f"""SELECT q.created_at, q.run_id, q.origin_session_id FROM interaction_submissions s
+                            JOIN interaction_requests r ON r.request_id = s.request_id
+                            JOIN run_queue q ON q.run_id = r.run_id
+                            WHERE s.status = 'validating' AND {READY} AND {SESSION_FREE} {not_in}
+                            ORDER BY q.created_at, q.run_id LIMIT 1{db.lock_rows("q", skip_locked=True)}""", params)
+    if validating is not None:
+        return (validating[0], validating[1], validating[2])
+    lock = db.lock_rows(skip_locked=True)
+    # The two halves of CLAIMABLE: the oldest ready run (its index is in claim order)
+    # and runs whose claims expired (few, so they are compared here, not sorted by SQLite).
+    ready = db.one(f"""SELECT q.created_at, q.run_id, q.origin_session_id FROM run_queue q
+                         INDEXED BY run_queue_ready
+                       WHERE {READY} AND {SESSION_FREE} {not_in}
+                       ORDER BY q.created_at, q.run_id LIMIT 1{lock}""", params)
+    expired = db.execute(f"SELECT q.created_at, q.run_id, q.origin_session_id FROM run_queue q "
+                         f"WHERE {EXPIRED} AND {SESSION_FREE} {not_in}{lock}", params).fetchall()
+    found: tuple[Any, str, str | None] | None = min([*expired, *([ready] if ready else [])], default=None)
+    return found
 
 
 def claim_run(
@@ -65,9 +89,10 @@ def claim_run(
 ) -> Claim | None:
     """Claim one named run if it is claimable."""
     with db.write():
-        row = db.one(f"SELECT 1 FROM run_queue q WHERE q.run_id = :run AND {CLAIMABLE} AND {SESSION_FREE}",
-                     {"run": run_id, "now": now})
-        return None if row is None else _take(db, run_id, runner_id, token, lease_ms, now, epoch)
+        session = db.one(f"SELECT q.origin_session_id FROM run_queue q WHERE q.run_id = :run AND {CLAIMABLE} "
+                         f"AND {SESSION_FREE}{db.lock_rows()}", {"run": run_id, "now": now})
+        return None if session is None else _take(db, run_id, runner_id, token, lease_ms, now, epoch,
+                                                  session=session[0])
 
 
 # CLAIMABLE and SESSION_FREE for one row, in an UPDATE: the claim is taken only while the
@@ -78,9 +103,13 @@ STILL_CLAIMABLE = """((status IN ('queued', 'parked') AND hold IS NULL AND (not_
 
 
 def _take(db: Database, run_id: str, runner_id: str, token: str, lease_ms: int, now: int,
-          epoch: int) -> Claim | None:
+          epoch: int, *, session: str | None) -> Claim | None:
     """Claim the run found claimable; the check is in the UPDATE too (None: another writer
-    took it first)."""
+    took it first). A run of a session is claimed under the session's lock (the one
+    ``runs.create_run`` takes), not waited for: held elsewhere, the run is passed over, so
+    the one-active-run rule holds where a parked run is claimed again."""
+    if session is not None and not db.try_lock_key("session", session):
+        return None
     generation = db.scalar(
         f"""UPDATE run_queue SET status = 'starting', runner_id = ?, claim_token = ?,
               claim_expires_at = ?, generation = generation + 1, owner_epoch = ?,
@@ -214,8 +243,10 @@ def _end_claimed(db: Database, run_id: str, token: str, status: str, now: int,
         raise ClaimLost(f"the claim on run {run_id} is no longer live")
 
 
-# In a write of run_queue: the run is at the revision a request expected (? IS NULL: any).
-AT_REVISION = "AND (? IS NULL OR (SELECT r.revision FROM runs r WHERE r.run_id = run_queue.run_id) = ?)"
+# In a write of run_queue: the run is at the revision a request expected (NULL: any; the
+# CAST gives PostgreSQL the parameter's type).
+AT_REVISION = ("AND (CAST(? AS BIGINT) IS NULL OR "
+               "(SELECT r.revision FROM runs r WHERE r.run_id = run_queue.run_id) = ?)")
 
 
 def refuse_revision(db: Database, run_id: str, expected: int | None) -> None:
@@ -268,15 +299,12 @@ def _end_queue_row(db: Database, run_id: str, status: str, now: int, error: dict
 
 
 def expire_claims_before(db: Database, epoch: int, now: int) -> list[str]:
-    """On takeover: claims held by earlier epochs are dead; make their runs claimable now."""
+    """On takeover: claims held by dead earlier epochs (``base.earlier_epoch``) are dead;
+    make their runs claimable now. One UPDATE: what it returns is what it changed."""
     with db.write():
         rows = db.execute(
-            f"SELECT run_id FROM run_queue WHERE {LIVE} AND (owner_epoch IS NULL OR owner_epoch < ?)", (epoch,)
-        ).fetchall()
-        db.execute(
             f"""UPDATE run_queue SET claim_expires_at = ?
-                WHERE {LIVE} AND (owner_epoch IS NULL OR owner_epoch < ?)""",
+                WHERE {LIVE} AND {earlier_epoch(db, 'owner_epoch')} RETURNING run_id""",
             (now, epoch),
-        )
-        return [run_id for (run_id,) in rows]
-
+        ).fetchall()
+        return sorted(run_id for (run_id,) in rows)

@@ -30,11 +30,21 @@ def create_run(
     input: Any, origin_session_id: str | None, now: int, start_node: str | None = None,
     settings: NewScope | None = None,
 ) -> dict[str, Any]:
-    """A new run, queued, and its settings scope (``settings``): every run is made here."""
+    """A new run, queued, and its settings scope (``settings``): every run is made here.
+
+    Several writers (PostgreSQL): the session's lock (``lock_key("session", ...)``, the one a
+    claim of a parked run of the session takes) is held from the read of the session's
+    active run to the commit, so two hosts accepting ``run.start`` for one session at once
+    answer one run and one Rejected; the partial unique index run_queue_session_reservation
+    stays the last word. Likewise the run id's lock: a second creator of one run id waits,
+    then finds it taken (Rejected), before any statement fails (a failed statement aborts
+    a PostgreSQL transaction, and the host records the refusal in the same one)."""
     with db.write():
+        db.lock_key("run", run_id)  # two creators of one run id: the second sees the first's row
         if db.one("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)):
             raise Rejected(f"run id {run_id} is already taken")
         if origin_session_id is not None:
+            db.lock_key("session", origin_session_id)
             active = db.scalar(
                 """SELECT run_id FROM run_queue WHERE origin_session_id = ?
                    AND status IN ('queued', 'starting', 'running')""",
@@ -152,7 +162,7 @@ def resume_run(db: Database, run_id: str, now: int, *, definition: tuple[str, by
     compare-and-set on the run's revision. Both are checked by the write."""
     with db.write():
         params: tuple[Any, ...]
-        extra, params = "AND hold IS NOT ?", (Hold.EFFECT,)
+        extra, params = "AND hold IS DISTINCT FROM ?", (Hold.EFFECT,)
         if definition is not None:
             extra, params = f"{extra} AND hold = ?", (*params, Hold.SOURCE)
         queue_status = _guard_hold(db, run_id, expected_revision, extra, params)
@@ -169,7 +179,7 @@ def resume_run(db: Database, run_id: str, now: int, *, definition: tuple[str, by
                        (digest, db.put_blob(source, now), start_node, run_id))
         # a waiting run stays held for its answer
         db.execute("UPDATE run_queue SET hold = NULL, crash_count = 0, not_before = NULL, updated_at = ? "
-                   "WHERE run_id = ? AND hold IS NOT 'waiting'", (now, run_id))
+                   "WHERE run_id = ? AND hold IS DISTINCT FROM 'waiting'", (now, run_id))
         return _set_paused(db, run_id, False, queue_status, now)
 
 
@@ -368,13 +378,17 @@ def run_events(db: Database, run_id: str, after: int = 0, limit: int = EVENTS_PA
 # Every run whose engine and queue statuses do not go together, counted the slow way: what
 # the maintained ('lifecycle', 'contradictions') count must always equal.
 LIFECYCLE_CONTRADICTIONS = f"""SELECT COUNT(*) FROM runs r JOIN run_queue q ON q.run_id = r.run_id
-WHERE {lifecycle_contradicts('r.status', 'q.status')}"""
+WHERE {lifecycle_contradicts('r.status', 'q.status', 'FALSE')}"""
 
 
 def status_counts(db: Database, now: int) -> dict[str, int]:
-    """Run counts for host.status, from one snapshot. They cost the same however many runs
-    have ever been stored: the counts are kept as runs change (layout 4, RUN_COUNTS_SQL),
-    and expired claims are found through run_queue's (status, claim_expires_at) index."""
+    """Run counts for host.status, from one snapshot. On SQLite they cost the same however
+    many runs have ever been stored: the counts are kept as runs change (layout 4,
+    RUN_COUNTS_SQL), and expired claims are found through run_queue's (status,
+    claim_expires_at) index. PostgreSQL keeps no such rows (every change would update one of
+    a few hot rows, and hosts would serialise on them): it counts from its indexes."""
+    if db.dialect != "sqlite":
+        return _counted_from_indexes(db, now)
     with db.read():
         counts = {(scope, value): n for scope, value, n in db.execute("SELECT scope, value, n FROM run_counts")}
         expired = db.scalar(
@@ -382,6 +396,34 @@ def status_counts(db: Database, now: int) -> dict[str, int]:
                WHERE status IN ('starting', 'running') AND claim_expires_at <= ?""", (now,))
         counts[("interactions", "open")] = count_open(db)
         counts[("effects", "ambiguous")] = db.scalar(AMBIGUOUS_EFFECTS)
+        _delivery_counts(db, counts)
+    return _status_fields(counts.get, int(expired))
+
+
+# PostgreSQL: the contradictions among the runs not yet ended on either side (an ended
+# pair would need a scan of every run; the statements that end runs end both together).
+UNENDED_CONTRADICTIONS = f"""SELECT COUNT(*) FROM run_queue q JOIN runs r ON r.run_id = q.run_id
+WHERE q.status IN ('queued', 'starting', 'running', 'parked')
+  AND {lifecycle_contradicts('r.status', 'q.status', 'FALSE')}"""
+
+
+def _counted_from_indexes(db: Database, now: int) -> dict[str, int]:
+    """status_counts on PostgreSQL, which keeps no run_counts rows: the runs not yet ended
+    counted through small partial indexes, the ended ones summed from ``run_ends`` (64
+    shards per status, kept by a trigger). Cost: the active runs, not all runs."""
+    with db.read():
+        counts = {("run_queue.status", s): n for s, n in db.execute(
+            "SELECT status, COUNT(*) FROM run_queue WHERE status IN ('queued', 'starting', 'running', 'parked') "
+            "GROUP BY status")}
+        counts |= {("runs.status", s): n for s, n in db.execute(
+            "SELECT status, COUNT(*) FROM runs WHERE status IN ('queued', 'running', 'waiting') GROUP BY status")}
+        counts |= {("runs.status", s): int(n) for s, n in db.execute(
+            "SELECT status, SUM(n) FROM run_ends GROUP BY status")}
+        counts[("runs.paused", "paused")] = db.scalar("SELECT COUNT(*) FROM runs WHERE paused != 0")
+        counts[("lifecycle", "contradictions")] = db.scalar(UNENDED_CONTRADICTIONS)
+        expired = db.scalar("""SELECT COUNT(*) FROM run_queue WHERE status IN ('starting', 'running')
+                               AND claim_expires_at <= ?""", (now,))
+        counts[("interactions", "open")] = count_open(db)
         _delivery_counts(db, counts)
     return _status_fields(counts.get, int(expired))
 
@@ -410,7 +452,7 @@ AMBIGUOUS_EFFECTS = "SELECT COUNT(*) FROM effects WHERE status = 'ambiguous'"
 def _delivery_counts(db: Database, counts: dict[tuple[str, str], int]) -> None:
     """Notifications and turns (layout 7), but 0 for an older layout read as it is
     (``piwf status`` with no host, before a newer piwf has migrated the database)."""
-    if db.scalar("PRAGMA user_version") < DELIVERY_LAYOUT:
+    if db.dialect == "sqlite" and db.scalar("PRAGMA user_version") < DELIVERY_LAYOUT:
         return
     counts[("notifications", "undelivered")] = delivery.count_undelivered(db)
     counts[("turns", "unresolved")] = delivery.count_unresolved(db)

@@ -3,7 +3,9 @@
 
 The settings themselves were checked against the workflow's type outside the host (a
 throwaway process); here they are stored, compare-and-set on the change number. Each
-operation is one transaction.
+operation is one transaction; under several writers (PostgreSQL) each write holds the
+run's lock (``locks.lock_run``) before it reads, so a request key names one change and the
+compare-and-set answers as on SQLite (the CAS and "not ended" are in the UPDATE as well).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from piwf.store.api.types import Actor
 from piwf.store.sql.database import Database
 from piwf.store.sql.base import add_event
 from piwf.store.sql.database import one_of
+from piwf.store.sql.locks import lock_run
 from piwf.store.sql.timefmt import iso
 
 ROOT = ""  # the mount path of a run's own scope
@@ -36,6 +39,7 @@ def ensure_scope(db: Database, run_id: str, *, settings: Any, mutable: list[str]
     """The run's settings scope, made with ``settings`` as change 0 (``patch``: the
     initial settings as the start request gave them) unless it exists; its id."""
     with db.write():
+        lock_run(db, run_id)
         found = db.scalar("SELECT scope_id FROM settings_scopes WHERE run_id = ? AND mount_path = ?", (run_id, ROOT))
         if found is not None:  # a run resumed on an edited workflow: its mutable paths are the file's now
             db.execute("UPDATE settings_scopes SET mutable_json = ? WHERE scope_id = ?",
@@ -57,8 +61,8 @@ def find_scope(db: Database, run_id: str, scope_id: str | None = None) -> tuple[
     """(scope id, change number, settings) of the run's scope (``scope_id``: that one,
     which must be the run's); ``NotFound`` when the run has none."""
     row = db.one("""SELECT scope_id, change_number, settings_json FROM settings_scopes
-                    WHERE run_id = ? AND (scope_id = ? OR (? IS NULL AND mount_path = ?))""",
-                 (run_id, scope_id, scope_id, ROOT))
+                    WHERE run_id = ? AND scope_id = COALESCE(?, scope_id) AND mount_path = COALESCE(?, mount_path)""",
+                 (run_id, scope_id, ROOT if scope_id is None else None))
     if row is None:
         if scope_id is not None:
             raise NotFound(f"run {run_id} has no settings scope {scope_id}")
@@ -106,6 +110,7 @@ def change_settings(db: Database, run_id: str, *, scope_id: str, base: int, expe
     checked outside the host) as the next change: a compare-and-set on the change number.
     Returns (receipt, adopted): ``request_key`` seen before returns that change, adopted."""
     with db.write():
+        lock_run(db, run_id)
         status = db.scalar("SELECT status FROM run_queue WHERE run_id = ?", (run_id,))
         if status is None:
             raise NotFound(f"run {run_id} not found")

@@ -11,7 +11,7 @@ from piwf.status import ENDED, LIVE_WORKER
 from piwf.wire import canonical_json
 from piwf.protocol.worker import WorkerMessage, WorkerResponse, worker_fingerprint
 from piwf.store.sql.database import Database
-from piwf.store.sql.base import add_event
+from piwf.store.sql.base import add_event, earlier_epoch
 from piwf.store.sql.database import one_of
 
 ACTIVE = "status IN ('starting', 'running')"
@@ -59,18 +59,16 @@ def finish(
 
 
 def orphan_before(db: Database, host_epoch: int, now: int) -> list[tuple[str, int, str]]:
-    """Mark workers of earlier host epochs orphaned; returns (worker id, pid, identity) to reap."""
+    """Mark orphaned the workers of dead earlier host epochs (``base.earlier_epoch``);
+    returns (worker id, pid, identity) to reap. One UPDATE: what it returns is what it changed."""
     with db.write():
         rows = db.execute(
-            f"""SELECT worker_epoch, pid, process_start_identity FROM run_workers
-                WHERE {ACTIVE} AND host_epoch < ?""",
-            (host_epoch,),
-        ).fetchall()
-        db.execute(
-            f"UPDATE run_workers SET status = 'orphaned', finished_at = ? WHERE {ACTIVE} AND host_epoch < ?",
+            f"""UPDATE run_workers SET status = 'orphaned', finished_at = ?
+                WHERE {ACTIVE} AND {earlier_epoch(db, 'host_epoch')}
+                RETURNING worker_epoch, pid, process_start_identity""",
             (now, host_epoch),
-        )
-    return [(epoch, pid, identity) for epoch, pid, identity in rows if pid is not None and identity]
+        ).fetchall()
+    return sorted((epoch, pid, identity) for epoch, pid, identity in rows if pid is not None and identity)
 
 
 def read_message(db: Database, message: WorkerMessage) -> WorkerResponse | None:
@@ -142,6 +140,7 @@ def register_process(db: Database, *, worker_id: str, run_id: str, pid: int, ide
     """Record a process group the worker started; Conflict when that very process (pid and
     start identity) is registered live to another worker (seed 000)."""
     with db.write():
+        db.lock_key("process", f"{pid} {identity}")  # several writers: one registration of a process at a time
         owner = db.scalar(
             """SELECT worker_epoch FROM run_processes
                WHERE status = 'live' AND pid = ? AND process_start_identity = ? AND worker_epoch <> ?""",
@@ -181,11 +180,11 @@ def live_processes(db: Database, worker_ids: list[str]) -> list[tuple[str, int, 
 
 
 def orphaned_processes(db: Database, host_epoch: int) -> list[tuple[str, int, str]]:
-    """Registered processes of workers started by earlier host epochs, still marked live."""
+    """Registered processes of workers started by dead earlier host epochs, still marked live."""
     rows = db.execute(
-        """SELECT p.worker_epoch, p.pid, p.process_start_identity FROM run_processes p
+        f"""SELECT p.worker_epoch, p.pid, p.process_start_identity FROM run_processes p
            JOIN run_workers w ON w.worker_epoch = p.worker_epoch
-           WHERE p.status = 'live' AND w.host_epoch < ?""",
+           WHERE p.status = 'live' AND {earlier_epoch(db, 'w.host_epoch')}""",
         (host_epoch,),
     )
     return list(rows)

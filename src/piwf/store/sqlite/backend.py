@@ -20,7 +20,10 @@ from piwf.store.sqlite.db import Database, _Write
 from piwf.store.sqlite.group import GroupCommit
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from piwf.store import api
+    from piwf.store.api.types import Wakeup
     from piwf.store.api.types import HostClaim, LeaseRecord
 
 
@@ -46,6 +49,14 @@ class SqliteStore(Aggregates):
         if self.group is None:
             self.group = GroupCommit(self.db)
         await self.group.serve(task_status=task_status)
+
+    def announce(self, topic: Wakeup) -> None:
+        return None  # one host per SQLite store: nobody else to tell
+
+    async def serve_wakeups(self, wake: Callable[[Wakeup], None], *,
+                            task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        await trio.sleep_forever()
 
     async def close(self) -> None:
         self.db.close()

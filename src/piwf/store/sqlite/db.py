@@ -43,6 +43,8 @@ def _vfs() -> str | None:
 class Database:
     """One connection, used by one thread at a time."""
 
+    dialect = "sqlite"
+
     def __init__(self, conn: apsw.Connection, path: Path) -> None:
         self.conn = conn
         self.path = path
@@ -250,6 +252,20 @@ class Database:
 
     def changes(self) -> int:
         return self.conn.changes()
+
+    # --- dialect: one writer at a time (BEGIN IMMEDIATE) already makes each read current ---
+
+    def lock_rows(self, of: str | None = None, *, skip_locked: bool = False) -> str:
+        return ""
+
+    def lock_key(self, namespace: str, key: str) -> None:
+        return None
+
+    def try_lock_key(self, namespace: str, key: str) -> bool:
+        return True
+
+    def event_horizon(self) -> int | None:
+        return None  # one writer at a time: event ids commit in the order they are given
 
     # --- blobs ------------------------------------------------------------------------
 

@@ -1,0 +1,326 @@
+"""The PostgreSQL store: a psycopg-pool of sync connections, each store call in a worker
+thread.
+
+psycopg's async API is asyncio's only; its sync API in trio's worker threads keeps the loop
+free (bench/measure_pg_calls.py compares the ways). Each aggregate call runs its module
+function in a thread (``Threaded``), shielded: a call that has started finishes, and its
+caller learns whether it committed. A call made outside a unit of work takes a connection
+from the pool for itself; inside one (``store.transaction()``, in the task that opened it)
+every call, on ``tx`` or on the store, runs on the unit of work's connection, one after
+the other, so it joins the open transaction as on SQLite.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from dataclasses import dataclass
+import os
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
+
+import psycopg
+import trio
+from psycopg import sql
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from piwf.errors import StorageUnavailable, StoreError
+from piwf.store.postgres import hosts, layout
+from piwf.store.postgres.db import PgDatabase, translate_error
+from piwf.store.postgres.url import StoreUrl, parse
+from piwf.store.postgres.wakeups import Wakeups, channel_for
+from piwf.store.sql.aggregates import Aggregates
+
+from piwf.store.api.types import LeaseRecord
+
+if TYPE_CHECKING:
+    from piwf.store import api
+    from piwf.store.api.types import HostClaim, Wakeup
+    from piwf.store.sql.database import Database
+
+_T = TypeVar("_T")
+_P = ParamSpec("_P")
+
+# No host holds a lock or a connection forever: a statement, a wait for a lock and an idle
+# open transaction are each cut off (the call fails with StorageUnavailable, retried).
+STATEMENT_TIMEOUT_MS = 30_000
+LOCK_TIMEOUT_MS = 5_000  # as SQLite's busy timeout
+IDLE_IN_TRANSACTION_MS = 60_000
+POOL_SIZE = 8
+CONNECT_TIMEOUT_S = 10.0
+# synchronous_commit per --durability: 'full' waits for the WAL flush of every commit;
+# 'normal' answers before it (a server crash may lose the last commits, never corrupts).
+SYNCHRONOUS_COMMIT = {"full": "on", "normal": "off"}
+DIRECTORY_FILE = "store-host-id"
+
+
+class PgStore(Aggregates):
+    """``piwf.store.api.Store`` on PostgreSQL (one schema of one database)."""
+
+    def __init__(self, pool: ConnectionPool[Any], url: StoreUrl, directory: str, *, listen: bool = True) -> None:
+        self.pool = pool
+        self.url = url
+        self.where = url.redacted
+        self.current: contextvars.ContextVar[PgDatabase | None] = contextvars.ContextVar("unit_of_work", default=None)
+        self.limiter = trio.CapacityLimiter(pool.max_size)
+        # One unit of work at a time per store (per host), as on SQLite, where a unit of work
+        # is atomic to the host's other tasks: the host's code is written to that. Hosts
+        # sharing the store still run theirs at once; calls outside one need no turn.
+        self.turn = trio.Lock()
+        self.call = Threaded(self)
+        super().__init__(self.call)
+        self.hosts: api.HostsStore = PgHostsStore(self.call, directory)
+        self.wakeups = Wakeups(self._connect_autocommit, channel_for(url.schema), listen=listen)
+
+    def transaction(self) -> _UnitOfWork:
+        return _UnitOfWork(self)
+
+    async def durable(self) -> None:
+        return  # a commit is as durable as synchronous_commit made it when it returned
+
+    async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        await trio.sleep_forever()
+
+    def announce(self, topic: Wakeup) -> None:
+        self.wakeups.announce(topic)
+
+    async def serve_wakeups(self, wake: Callable[[Wakeup], None], *,
+                            task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        await self.wakeups.serve(wake, task_status=task_status)
+
+    def _connect_autocommit(self) -> psycopg.Connection[Any]:
+        conn = psycopg.connect(self.url.conninfo, autocommit=True, connect_timeout=int(CONNECT_TIMEOUT_S))
+        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.url.schema)))
+        return conn
+
+    async def close(self) -> None:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(self.wakeups.flush)  # what a stopping host released
+            await trio.to_thread.run_sync(self.pool.close)
+
+    def connection(self) -> PgDatabase:
+        """A connection from the pool (``give_back`` returns it). StorageUnavailable when
+        none comes within the pool's timeout (the server is down or every one is busy)."""
+        try:
+            conn = self.pool.getconn()
+        except PoolTimeout as exc:
+            raise StorageUnavailable(f"no connection to the PostgreSQL store {self.where}: {exc}; retry") from exc
+        return PgDatabase(conn, self.where, self.url.schema)
+
+    def give_back(self, db: PgDatabase) -> None:
+        self.pool.putconn(db.conn)
+
+    def on_own_connection(self, function: Callable[..., _T], args: Any, kwargs: Any) -> _T:
+        db = self.connection()
+        try:
+            return function(db, *args, **kwargs)
+        finally:
+            self.give_back(db)
+
+    async def in_thread(self, work: Callable[[], _T]) -> _T:
+        """``work`` in a worker thread, shielded: once started it finishes."""
+        with trio.CancelScope(shield=True):
+            result = await trio.to_thread.run_sync(work, limiter=self.limiter)
+        return result
+
+
+class Threaded:
+    """PostgreSQL's runner: the function runs in a worker thread, on the connection of the
+    unit of work this task has open, else on one of its own from the pool."""
+
+    __slots__ = ("store",)
+
+    def __init__(self, store: PgStore) -> None:
+        self.store = store
+
+    async def __call__(self, function: Callable[Concatenate[Database, _P], _T], /, *args: _P.args,
+                       **kwargs: _P.kwargs) -> _T:
+        store = self.store
+        db = store.current.get()
+        if db is not None:
+            joined = db
+            return await store.in_thread(lambda: function(joined, *args, **kwargs))
+        return await store.in_thread(lambda: store.on_own_connection(function, args, kwargs))
+
+
+class PgHostsStore:
+    __slots__ = ("call", "directory")
+
+    def __init__(self, call: Threaded, directory: str) -> None:
+        self.call = call
+        self.directory = directory
+
+    async def read_lease(self) -> LeaseRecord:
+        return await self.call(hosts.read_lease, self.directory)
+
+    async def acquire_lease(
+            self, *, host_id: str, pid: int, identity: str, lease_ms: int, now: int, owner_dead: bool = False,
+    ) -> HostClaim:
+        return await self.call(hosts.acquire_lease, self.directory, host_id=host_id, pid=pid, identity=identity,
+                               lease_ms=lease_ms, now=now, owner_dead=owner_dead)
+
+    async def renew_lease(self, claim: HostClaim, lease_ms: int, now: int) -> HostClaim | None:
+        return await self.call(hosts.renew_lease, self.directory, claim, lease_ms, now)
+
+    async def release_lease(self, claim: HostClaim) -> bool:
+        return await self.call(hosts.release_lease, self.directory, claim)
+
+
+class _UnitOfWork:
+    """``PgStore.transaction()``: one connection from the pool for the whole body, in a
+    transaction; the store itself is ``tx`` (its calls, in this task, join it)."""
+
+    __slots__ = ("db", "store", "token")
+
+    def __init__(self, store: PgStore) -> None:
+        self.store = store
+        self.db: PgDatabase | None = None
+        self.token: contextvars.Token[PgDatabase | None] | None = None
+
+    async def __aenter__(self) -> PgStore:
+        store = self.store
+        if store.current.get() is not None:
+            raise StoreError("a unit of work is open already: units of work do not nest")
+        await store.turn.acquire()
+        try:
+            await self._begin()
+        except BaseException:
+            store.turn.release()
+            raise
+        return store
+
+    async def _begin(self) -> None:
+        store = self.store
+
+        def begin() -> PgDatabase:
+            db = store.connection()
+            try:
+                db.begin()
+            except BaseException:
+                store.give_back(db)
+                raise
+            return db
+
+        self.db = await store.in_thread(begin)
+        self.token = store.current.set(self.db)
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
+        store, db = self.store, self.db
+        assert db is not None and self.token is not None
+        store.current.reset(self.token)
+
+        def finish() -> None:
+            try:
+                db.finish(commit=exc_type is None)
+            finally:
+                store.give_back(db)
+
+        try:
+            await store.in_thread(finish)
+        finally:
+            store.turn.release()
+        return False
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The time limits every connection sets (ms): so that no host holds a lock forever."""
+
+    statement_ms: int = STATEMENT_TIMEOUT_MS
+    lock_ms: int = LOCK_TIMEOUT_MS
+    idle_in_transaction_ms: int = IDLE_IN_TRANSACTION_MS
+
+
+def _configure(schema: str, durability: str, limits: Limits = Limits()) -> Callable[[psycopg.Connection[Any]], None]:
+    settings = sql.SQL(
+        "SET search_path TO {schema}; SET statement_timeout = {statement}; SET lock_timeout = {lock}; "
+        "SET idle_in_transaction_session_timeout = {idle}; SET synchronous_commit = {sync}").format(
+        schema=sql.Identifier(schema), statement=limits.statement_ms, lock=limits.lock_ms,
+        idle=limits.idle_in_transaction_ms, sync=sql.Literal(SYNCHRONOUS_COMMIT[durability]))
+
+    def configure(conn: psycopg.Connection[Any]) -> None:
+        conn.autocommit = True
+        conn.execute(settings)
+
+    return configure
+
+
+def read_status(root: Path, url: str, now: int) -> tuple[LeaseRecord, dict[str, int], str]:
+    """For ``piwf status`` with no host: the state directory's lease, the run counts and the
+    store's URL without password, read on one connection; nothing is written."""
+    from piwf.store.sql import runs
+
+    parsed = parse(url)
+    try:
+        with psycopg.connect(parsed.conninfo, connect_timeout=int(CONNECT_TIMEOUT_S)) as conn:
+            _configure(parsed.schema, "full")(conn)
+            db = PgDatabase(conn, parsed.redacted, parsed.schema)
+            layout.check(db, parsed.schema)
+            try:
+                directory = (root / DIRECTORY_FILE).read_text().strip()
+            except FileNotFoundError:
+                directory = ""  # no host of this state directory has used the store yet
+            return hosts.read_lease(db, directory), runs.status_counts(db, now), parsed.redacted
+    except psycopg.Error as exc:
+        raise _connect_error(exc, parsed.redacted) from exc
+
+
+def _connect_error(exc: psycopg.Error, where: str) -> StoreError:
+    if isinstance(exc, psycopg.OperationalError) and not exc.sqlstate:
+        reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else "no answer"
+        return StorageUnavailable(f"cannot connect to the PostgreSQL store {where}: {reason}")
+    return translate_error(exc, where)
+
+
+def directory_id(root: Path) -> str:
+    """The id this state directory's host keeps its lease row under (made on first use)."""
+    path = root / DIRECTORY_FILE
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    value = "dir-" + secrets.token_hex(8)
+    root.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(value + "\n")
+    os.replace(temporary, path)
+    return value
+
+
+def open_store(paths: Any, *, durability: str = "full", url: str, directory: str | None = None,
+               pool_size: int = POOL_SIZE, listen: bool = True, limits: Limits = Limits()) -> PgStore:
+    """Open the PostgreSQL store at ``url`` for the host of state directory ``paths``
+    (``directory``: its lease row's id, else kept in the state directory). Creates the
+    schema's tables when it has none, migrates an older layout, and refuses a schema that is
+    not piwf's or is of a newer layout, untouched (SchemaError); StorageUnavailable when the
+    server cannot be reached. ``listen=False``: poll-only mode (no LISTEN: for a pooler in
+    transaction mode; wake-ups are still sent)."""
+    if durability not in SYNCHRONOUS_COMMIT:
+        raise StoreError(f"durability must be 'full' or 'normal', not {durability!r}")
+    parsed = parse(url)
+    if directory is None:
+        directory = directory_id(Path(getattr(paths, "root", paths)))
+    configure = _configure(parsed.schema, durability, limits)
+    try:  # one connection first: a server that cannot be reached is said at once, with libpq's reason
+        with psycopg.connect(parsed.conninfo, connect_timeout=int(CONNECT_TIMEOUT_S)) as conn:
+            configure(conn)
+            layout.prepare(PgDatabase(conn, parsed.redacted, parsed.schema), parsed.schema)
+    except psycopg.Error as exc:
+        raise _connect_error(exc, parsed.redacted) from exc
+    pool: ConnectionPool[Any] = ConnectionPool(
+        parsed.conninfo, min_size=1, max_size=pool_size, open=False, timeout=CONNECT_TIMEOUT_S,
+        configure=configure, kwargs={"connect_timeout": int(CONNECT_TIMEOUT_S)}, name="piwf")
+    try:
+        pool.open(wait=True, timeout=CONNECT_TIMEOUT_S)
+    except PoolTimeout as exc:
+        pool.close()
+        raise StorageUnavailable(f"cannot connect to the PostgreSQL store {parsed.redacted} "
+                                 f"within {CONNECT_TIMEOUT_S:g} s; is the server running?") from exc
+    return PgStore(pool, parsed, directory, listen=listen)
+
+
+if TYPE_CHECKING:  # the type checker proves PgStore implements the interface
+    def _implements(store: PgStore) -> api.Store:
+        return store

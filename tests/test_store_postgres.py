@@ -1,0 +1,164 @@
+"""The PostgreSQL store's own parts: opening (layout, foreign and newer schemas), URLs
+without secrets, placeholders. Everything the interface promises is in tests/conformance/,
+on both backends."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import secrets
+
+import psycopg
+import pytest
+
+from piwf.errors import SchemaError, StorageUnavailable, StoreError
+from piwf.store.api import open_store
+from piwf.store.postgres.db import translate
+from piwf.store.postgres.schema import LAYOUT_VERSION
+from piwf.store.postgres.url import parse, redact
+
+from piwf.paths import StatePaths
+
+from .conftest import HostProcess, pg_store_url, piwf
+
+
+def admin(postgres: Any) -> psycopg.Connection[Any]:
+    return psycopg.connect(postgres.url(), autocommit=True)
+
+
+def fresh(name: str) -> str:
+    """A schema name no earlier run used (PIWF_TEST_STORE may be a long-lived server)."""
+    return f"{name}_{secrets.token_hex(4)}"
+
+
+async def test_a_fresh_schema_is_created_at_the_current_layout_and_opened_again(postgres: Any,
+                                                                             tmp_path: Path) -> None:
+    schema = fresh("fresh_layout")
+    url = pg_store_url(postgres, schema)
+    store = open_store(tmp_path, url=url)
+    await store.close()
+    store = open_store(tmp_path, url=url)  # a second open finds the layout and changes nothing
+    await store.close()
+    with admin(postgres) as conn:
+        assert conn.execute(f"SELECT application, version FROM {schema}.piwf_layout").fetchall() == [
+            ("piwf", LAYOUT_VERSION)]
+
+
+async def test_a_schema_holding_other_tables_is_refused_untouched(postgres: Any, tmp_path: Path) -> None:
+    schema = fresh("foreign_app")
+    with admin(postgres) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}; CREATE TABLE {schema}.orders (id int)")
+    with pytest.raises(SchemaError, match="holds tables that are not piwf's"):
+        open_store(tmp_path, url=pg_store_url(postgres, schema))
+    with admin(postgres) as conn:
+        tables = conn.execute("SELECT table_name FROM information_schema.tables "
+                              "WHERE table_schema = %s", (schema,)).fetchall()
+    assert tables == [("orders",)]
+
+
+async def test_a_newer_layout_is_refused_untouched(postgres: Any, tmp_path: Path) -> None:
+    schema = fresh("newer_layout")
+    url = pg_store_url(postgres, schema)
+    await open_store(tmp_path, url=url).close()
+    with admin(postgres) as conn:
+        conn.execute(f"UPDATE {schema}.piwf_layout SET version = version + 1")
+    with pytest.raises(SchemaError, match=f"newer than this piwf understands \\({LAYOUT_VERSION}\\)"):
+        open_store(tmp_path, url=url)
+    with admin(postgres) as conn:
+        assert conn.execute(f"SELECT version FROM {schema}.piwf_layout").fetchone() == (LAYOUT_VERSION + 1,)
+
+
+async def test_an_unreachable_server_is_unavailable_and_names_no_password(tmp_path: Path) -> None:
+    url = f"postgresql://piwf:hunter2@/postgres?host={tmp_path}&port=1&schema=x"
+    with pytest.raises(StorageUnavailable) as caught:
+        open_store(tmp_path, url=url)
+    assert "hunter2" not in str(caught.value) and "postgresql://piwf@/postgres" in str(caught.value)
+
+
+def test_urls_lose_their_passwords_and_piwf_parameters() -> None:
+    url = "postgresql://ann:s3cret@db.example/piwf?sslmode=require&password=other&schema=team_a&port=6432"
+    parsed = parse(url)
+    assert parsed.schema == "team_a" and "schema" not in parsed.conninfo and "s3cret" in parsed.conninfo
+    assert parsed.redacted == "postgresql://ann@db.example/piwf?sslmode=require&schema=team_a&port=6432"
+    assert "s3cret" not in redact(url) and "other" not in redact(url)
+    assert parse("postgresql:///piwf?host=/run/pg").conninfo == "postgresql:///piwf?host=/run/pg"
+    with pytest.raises(StoreError, match="not a plain lower-case name"):
+        parse("postgresql:///piwf?schema=Bad-Name")
+    with pytest.raises(StoreError, match="starts with postgresql://"):
+        parse("mysql://ann:s3cret@x/db")
+
+
+def test_placeholders_become_psycopgs_outside_literals() -> None:
+    assert translate("SELECT ?, '?', 'it''s ?', 10 % 3 FROM t INDEXED BY t_i WHERE a = ?") == (
+        "SELECT %s, '?', 'it''s ?', 10 %% 3 FROM t WHERE a = %s", False)
+    assert translate("SELECT :now, x::int WHERE b = ':x'") == ("SELECT %(now)s, x::int WHERE b = ':x'", False)
+    assert translate("SELECT ?2, ?, ?1") == ("SELECT %(p2)s, %(p3)s, %(p1)s", True)
+
+
+async def test_a_password_never_reaches_a_log_status_record_or_error(
+    postgres: Any, host_process: Callable[..., HostProcess], paths: StatePaths, project: Path, tmp_path: Path,
+) -> None:
+    secret = "hunter2-" + secrets.token_hex(4)  # the test server trusts any password: libpq sends it all the same
+    url = pg_store_url(postgres, fresh("secret")).replace("postgresql://piwf@", f"postgresql://piwf:{secret}@")
+    host = await host_process(env={"PIWF_STORE": url}).start()
+    await piwf(paths, "run", "start", "greet", "--project", str(project), "--wait")
+    running = json.loads((await piwf(paths, "status", "--json")).stdout)
+    assert running["state"] == "running" and running["store"] == redact(url) and running["completedRuns"] == 1
+    host.signal(signal.SIGTERM)
+    assert await host.wait() == 0
+    stopped = json.loads((await piwf(paths, "status", "--json")).stdout)  # found from what the host recorded
+    assert stopped["state"] == "stopped" and stopped["store"] == redact(url) and stopped["completedRuns"] == 1
+    refused = await piwf(paths, "serve", "--store", url.replace("port=", "port=1"), check=False)
+    assert refused.returncode != 0 and b"cannot connect to the PostgreSQL store" in refused.stderr
+    seen = [(tmp_path / "host.log").read_bytes(), json.dumps(running).encode(), json.dumps(stopped).encode(),
+            refused.stdout + refused.stderr] + [p.read_bytes() for p in paths.root.rglob("*") if p.is_file()]
+    assert seen and not [text for text in seen if secret.encode() in text]
+
+
+async def test_a_host_stops_when_another_migrates_the_store_past_its_layout(
+    postgres: Any, paths: StatePaths, nursery: Any, caplog: pytest.LogCaptureFixture,
+) -> None:
+    from piwf.host.host import Host
+
+    from .conftest import config, wait_for
+
+    schema = fresh("migrated_under")
+    state = await nursery.start(Host(config(paths, store_url=pg_store_url(postgres, schema),
+                                            host_lease_ms=300)).serve)
+    with admin(postgres) as conn:  # a newer piwf's host migrated the shared store
+        conn.execute(f"UPDATE {schema}.piwf_layout SET version = version + 1")
+    await wait_for(state.stop_requested.is_set, timeout=10)  # at its next renewal, within 100 ms
+    assert "the store was migrated to layout 2 by a newer piwf; this one knows 1 and stops" in caplog.text
+
+
+async def test_ended_runs_are_counted_from_shards_that_follow_every_change_hand_edits_too(
+    postgres: Any, tmp_path: Path,
+) -> None:
+    schema = fresh("ended_counts")
+    store = open_store(tmp_path, url=pg_store_url(postgres, schema), directory="d", listen=False)
+    for index in range(40):
+        run_id = f"r{index}"
+        await store.runs.create_run(run_id=run_id, workflow="w", project_path="/p", source=b"s", digest="d",
+                                    input={}, origin_session_id=None, now=index)
+        if index % 4 == 0:
+            await store.queue.cancel_run(run_id, index)
+    with admin(postgres) as conn:  # an edit by hand is counted too (the trigger, not piwf's code)
+        conn.execute(f"UPDATE {schema}.runs SET status = 'completed' WHERE run_id IN ('r0', 'r1')")
+        shards = conn.execute(f"SELECT count(DISTINCT shard) FROM {schema}.run_ends").fetchone()
+    counts = await store.runs.status_counts(100)
+    assert (counts["cancelledRuns"], counts["completedRuns"], counts["queuedRuns"]) == (9, 2, 39 - 9)
+    assert shards is not None and shards[0] > 1  # spread over shards, not one hot row
+    await store.close()
+
+
+def test_without_postgresql_a_test_skips_saying_how_to_run_it_and_fails_in_ci() -> None:
+    from .conftest import no_postgres
+
+    with pytest.raises(pytest.skip.Exception, match="apt-get install postgresql"):
+        no_postgres({})
+    with pytest.raises(pytest.fail.Exception, match="CI=true and no PostgreSQL"):
+        no_postgres({"CI": "true"})
