@@ -141,6 +141,10 @@ def _format_run(r: dict[str, Any]) -> str:
              f"created:  {r['createdAt']}" + (f", finished {r['finishedAt']}" if r["finishedAt"] else "")]
     if r.get("statusDetail"):
         lines.append(f"detail:   {r['statusDetail']}")
+    for w in r.get("workers", []):
+        if w.get("stopped"):
+            lines.append(f"worker:   {w['workerEpoch']} (pid {w['pid']}) is stopped (SIGSTOP or a debugger): "
+                         f"no progress until it is continued (kill -CONT {w['pid']})")
     for step in r.get("steps", []):
         change = "" if step.get("settingsChange") is None else f", settings change {step['settingsChange']}"
         lines.append(f"  step {step['seq']}: {step['node']:16} {step['status']} "

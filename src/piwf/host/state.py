@@ -16,7 +16,7 @@ from piwf.status import WorkerStatus
 from piwf.store.api import Claim, HostClaim, Store
 from piwf.host.catalog import Catalog
 from piwf.host.controller_state import ControllerState
-from piwf.host.lane_state import Active, Conclusion, End, LaneState, ProcessEnd
+from piwf.host.lane_state import Active, Conclusion, End, LaneState, NodeClock, ProcessEnd
 from piwf.host.launcher import Launcher, SpawnLauncher
 
 log = logging.getLogger("piwf.host")
@@ -61,6 +61,7 @@ class WorkerEnd(End[Claim]):
     status: WorkerStatus
     process: ProcessEnd
     park: bool
+    over_limit: NodeClock | None = None  # stopped at its node's time limit: the node's outcome is recorded too
 
 
 @dataclass(eq=False)

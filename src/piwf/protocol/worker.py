@@ -45,11 +45,20 @@ class WorkerMessage(msgspec.Struct, tag_field="operation", forbid_unknown_fields
 # --- payloads ------------------------------------------------------------------------------
 
 
+class NodeLimit(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, frozen=True):
+    """A node's time limit, enforced by the host from its attempt's start."""
+
+    ms: Annotated[int, msgspec.Meta(gt=0)]
+    timeoutExit: bool = False  # the graph has a `timeout` exit for the node: taken at the limit
+
+
 class ReadyPayload(Payload, frozen=True):
-    """What the worker loaded: its workflow's digest, or why it could not load it."""
+    """What the worker loaded: its workflow's digest and its nodes' time limits, or why it
+    could not load it."""
 
     digest: str | None = None
     loadError: str | None = None
+    limits: Annotated[dict[str, NodeLimit], msgspec.Meta(max_length=10_000)] = {}
 
 
 class AttemptStartPayload(Payload, frozen=True):

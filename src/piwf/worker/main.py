@@ -19,7 +19,7 @@ from piwf.engine.definition import Workflow
 from piwf.engine.loader import load_workflow
 from piwf.errors import ClaimLost, DefinitionError, NodeFailed, PiwfError, WorkflowLoadError
 from piwf.protocol.worker import (
-    LaunchEnvelope, Ready, ReadyPayload, ReadyResult, RunComplete, RunCompletePayload, RunFail,
+    LaunchEnvelope, NodeLimit, Ready, ReadyPayload, ReadyResult, RunComplete, RunCompletePayload, RunFail,
     RunFailPayload, StepsPage, StepsRead, StepsReadPayload,
 )
 from piwf.worker.channel import Channel
@@ -77,7 +77,9 @@ def _load(envelope: LaunchEnvelope) -> tuple[Workflow | None, ReadyPayload]:
         workflow = load_workflow(envelope.projectPath, envelope.workflow)
     except (WorkflowLoadError, DefinitionError) as exc:
         return None, ReadyPayload(loadError=str(exc)[:1500])
-    return workflow, ReadyPayload(digest=workflow.digest())
+    limits = {node: NodeLimit(ms=max(1, int(seconds * 1000)), timeoutExit=exit_)
+              for node, (seconds, exit_) in workflow.time_limits().items()}
+    return workflow, ReadyPayload(digest=workflow.digest(), limits=limits)
 
 
 def main() -> int:
