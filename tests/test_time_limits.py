@@ -162,3 +162,27 @@ def test_a_time_limit_is_in_the_digest_only_when_set_and_is_a_positive_number() 
     for bad in (0, -1, True, "5", 10**9):
         with pytest.raises(DefinitionError, match="time_limit must be a number of seconds"):
             compute(lambda ctx: 1, time_limit=bad)  # type: ignore[arg-type]
+
+
+SHELL_TIMEOUT = """
+    from piwf import Workflow, compute, shell
+
+    EXITS = [("slow.timeout", "after")] if TIMEOUT_EXIT else []
+    workflow = Workflow(name="slowshell", start_at="slow",
+                        nodes={"slow": shell(["sleep", "600"], timeout=0.2),
+                               "after": compute(lambda ctx: {"after": ctx.outputs["slow"]})},
+                        edges=[("slow", "after"), *EXITS])
+"""
+
+
+@pytest.mark.parametrize("timeout_exit", [True, False])
+async def test_a_shell_nodes_own_timeout_takes_its_timeout_exit_too(
+        host: Any, paths: StatePaths, project: Path, timeout_exit: bool) -> None:
+    write_workflow(project, "slowshell", f"TIMEOUT_EXIT = {timeout_exit}\n" + SHELL_TIMEOUT.replace("\n    ", "\n"))
+    done = await wait_run(paths, await start(paths, project, "slowshell"))
+    if timeout_exit:
+        assert done["status"] == "completed", done.get("error")
+        assert done["output"] == {"after": None}
+    else:
+        assert done["status"] == "failed"
+        assert done["error"]["message"] == "node slow: sleep timed out after 0.2 s"
