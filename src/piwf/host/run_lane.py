@@ -15,7 +15,7 @@ import trio
 from piwf import faults
 from piwf.errors import PiwfError
 from piwf.status import CRASHES, STOPPED_AS, StopReason, WorkerStatus
-from piwf.store.api import Claim, Delay
+from piwf.store.api import Claim, Delay, SupervisionStore, WorkerEnded
 from piwf.store.api.rules import input_hash
 from piwf.protocol.worker import LaunchEnvelope, WorkerMessage, WorkerResponse, parse_worker_message
 from piwf.host import lane, time_limits
@@ -110,17 +110,15 @@ class RunLane(lane.Lane[Claim, WorkerEnd]):
         return WorkerEnd(active, status, process, park=park, over_limit=over)
 
     async def write_end(self, end: WorkerEnd) -> bool:
-        host, active, process = self.host, end.active, end.process
+        host, active = self.host, end.active
         now = host.now()
         try:
-            async with host.store.transaction() as tx:  # the node's outcome and the worker's end, together
-                if end.over_limit is not None:
+            if end.over_limit is None:
+                ended = await self._end_worker(host.store.supervision, end, now)
+            else:
+                async with host.store.transaction() as tx:  # the node's outcome and the worker's end, together
                     await time_limits.record(tx, active, end.over_limit, now)
-                ended = await tx.supervision.end_worker(
-                    worker_id=active.worker_id, run_id=active.claim.run_id, token=active.claim.token,
-                    status=end.status, now=now, exit_code=process.exit_code, signal=process.signal,
-                    diagnostic=process.diagnostic or None, park=end.park, max_crashes=host.config.max_crashes,
-                    last_output=_last_line(process.diagnostic), backoff=self._backoff(end))
+                    ended = await self._end_worker(tx.supervision, end, now)
         except PiwfError as exc:
             log.error("%s: could not record the end of its worker (%s): %s; will retry", active.label,
                       end.status, exc)
@@ -135,6 +133,14 @@ class RunLane(lane.Lane[Claim, WorkerEnd]):
         if ended.waiting_again:
             host.interactions_changed()
         return True
+
+    async def _end_worker(self, supervision: SupervisionStore, end: WorkerEnd, now: int) -> WorkerEnded:
+        active, process = end.active, end.process
+        return await supervision.end_worker(
+            worker_id=active.worker_id, run_id=active.claim.run_id, token=active.claim.token,
+            status=end.status, now=now, exit_code=process.exit_code, signal=process.signal,
+            diagnostic=process.diagnostic or None, park=end.park, max_crashes=self.host.config.max_crashes,
+            last_output=_last_line(process.diagnostic), backoff=self._backoff(end))
 
     def _backoff(self, end: WorkerEnd) -> Delay | None:
         """A run whose worker crashed is claimed again after a back-off that doubles with
