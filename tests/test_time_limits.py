@@ -11,11 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 from piwf.engine.definition import compute
 from piwf.errors import DefinitionError
+from piwf.host.host import Host
 from piwf.paths import StatePaths
 
-from .conftest import piwf, wait_for, write_workflow
+from .conftest import config, piwf, wait_for, write_workflow
 from .test_interactions import open_request, start, wait_run
 from .test_lifecycle import call
 
@@ -186,3 +188,37 @@ async def test_a_shell_nodes_own_timeout_takes_its_timeout_exit_too(
     else:
         assert done["status"] == "failed"
         assert done["error"]["message"] == "node slow: sleep timed out after 0.2 s"
+
+
+async def test_the_hosts_node_time_limit_stops_a_node_without_one_of_its_own(
+        paths: StatePaths, project: Path, nursery: trio.Nursery) -> None:
+    _stuck(project, "compute", limit=600)  # its own limit is longer: the host's wins
+    await nursery.start(Host(config(paths, node_time_limit_s=0.5)).serve)
+    run_id = await start(paths, project, "stuck")
+    pid = await _worker_pid(paths, run_id)
+    await wait_for(lambda: (project / "started").exists())
+    os.kill(pid, signal.SIGSTOP)
+    done = await wait_run(paths, run_id)
+    assert done["status"] == "failed"
+    assert done["error"]["message"] == "node stuck: did not finish within the host time limit of 0.5 s"
+
+
+async def test_the_hosts_node_time_limit_takes_a_nodes_timeout_exit(
+        paths: StatePaths, project: Path, nursery: trio.Nursery) -> None:
+    write_workflow(project, "noexit", """
+        import time
+        from piwf import Workflow, compute
+
+        workflow = Workflow(name="noexit", start_at="slow",
+                            nodes={"slow": compute(lambda ctx: time.sleep(600)),
+                                   "after": compute(lambda ctx: "after the host's limit")},
+                            edges=[("slow.timeout", "after")])
+    """)
+    await nursery.start(Host(config(paths, node_time_limit_s=0.5)).serve)
+    done = await wait_run(paths, await start(paths, project, "noexit"))
+    assert (done["status"], done["output"]) == ("completed", "after the host's limit"), done.get("error")
+
+
+async def test_piwf_serve_takes_a_node_time_limit(paths: StatePaths) -> None:
+    done = await piwf(paths, "serve", "--node-time-limit", "0", check=False)
+    assert done.returncode == 2 and b"--node-time-limit" in done.stderr

@@ -349,12 +349,16 @@ class Workflow:
             **run_settings.describe(self.settings, self.mutable),  # nothing for a workflow without settings
         }
 
-    def time_limits(self) -> dict[str, tuple[float, bool]]:
-        """The nodes with a time limit: node id -> (seconds, whether it has a ``timeout``
-        exit to take at the limit). The worker tells the host, which enforces them."""
-        return {node_id: (node.time_limit, (node_id, TIMEOUT_EXIT) in self.routes)
-                for node_id, node in self.nodes.items()
-                if not isinstance(node, Decision) and node.time_limit is not None}
+    def time_limits(self) -> dict[str, tuple[float | None, bool]]:
+        """The nodes a time limit may stop: node id -> (their own limit in seconds or None,
+        whether they have a ``timeout`` exit to take at a limit, theirs or the host's). The
+        worker tells the host, which enforces them."""
+        limits: dict[str, tuple[float | None, bool]] = {}
+        for node_id, node in self.nodes.items():
+            exit_ = (node_id, TIMEOUT_EXIT) in self.routes and not isinstance(node, Ask)  # an ask's is its deadline's
+            if not isinstance(node, Decision) and (node.time_limit is not None or exit_):
+                limits[node_id] = (node.time_limit, exit_)
+        return limits
 
     def digest(self) -> str:
         """Changes when the graph or any node's code changes; not for comments or moves."""

@@ -248,7 +248,7 @@ def _earliest(*deadlines: float | None) -> float | None:
 
 
 def _over_time_limit(active: Active[Any], clock: NodeClock) -> None:
-    note = f"node {clock.node} did not finish within its time limit of {clock.limit_s:g} s"
+    note = f"node {clock.node} did not finish within {clock.limit_text}"
     log.warning("%s: %s; stopping its worker", active.label, note)
     active.stop(StopReason.NODE_TIME_LIMIT, note)
 

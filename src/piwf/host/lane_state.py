@@ -73,6 +73,11 @@ class NodeClock:
     timeout_exit: bool  # at the limit the node leaves through `timeout` (else it fails)
     validating: bool  # an ask's submission is being validated: at the limit it is refused
     deadline: float  # trio time
+    by_host: bool = False  # the host's limit (serve --node-time-limit), shorter than the node's own
+
+    @property
+    def limit_text(self) -> str:
+        return f"{'the host' if self.by_host else 'its'} time limit of {self.limit_s:g} s"
 
 
 @dataclass(eq=False)

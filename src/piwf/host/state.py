@@ -36,6 +36,7 @@ class HostConfig:
     kill_grace_s: float = 2.0
     drain_timeout_s: float = 15.0
     crash_backoff_s: float = 0.5
+    node_time_limit_s: float | None = None  # every node's attempt at most this long (piwf serve --node-time-limit)
     max_crashes: int = 5
     idle_timeout_s: float = 300.0  # a connection between requests
     request_timeout_s: float = 10.0  # a request line, from its first byte to its newline

@@ -39,7 +39,7 @@ async def record(tx: UnitOfWork, active: ActiveRun, clock: NodeClock, now: int) 
         log.info("%s: node %s left through %s at its time limit", active.label, clock.node, TIMEOUT_EXIT)
         return
     error = {"type": "TimeLimit", "node": clock.node,
-             "message": f"node {clock.node}: did not finish within its time limit of {clock.limit_s:g} s"}
+             "message": f"node {clock.node}: did not finish within {clock.limit_text}"}
     await tx.runs.fail_attempt(run_id, token, attempt_id=clock.attempt_id, error=error, now=now)
     # Effects this generation left applying are unknown now, like an earlier one's.
     ambiguous = await tx.effects.interrupted_before(run_id, active.claim.generation + 1, now)

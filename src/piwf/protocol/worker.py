@@ -48,8 +48,8 @@ class WorkerMessage(msgspec.Struct, tag_field="operation", forbid_unknown_fields
 class NodeLimit(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, frozen=True):
     """A node's time limit, enforced by the host from its attempt's start."""
 
-    ms: Annotated[int, msgspec.Meta(gt=0)]
-    timeoutExit: bool = False  # the graph has a `timeout` exit for the node: taken at the limit
+    ms: Annotated[int, msgspec.Meta(gt=0)] | None = None  # None: only the host's limit (serve --node-time-limit)
+    timeoutExit: bool = False  # the graph has a `timeout` exit for the node: taken at a limit
 
 
 class ReadyPayload(Payload, frozen=True):

@@ -77,7 +77,7 @@ def _load(envelope: LaunchEnvelope) -> tuple[Workflow | None, ReadyPayload]:
         workflow = load_workflow(envelope.projectPath, envelope.workflow)
     except (WorkflowLoadError, DefinitionError) as exc:
         return None, ReadyPayload(loadError=str(exc)[:1500])
-    limits = {node: NodeLimit(ms=max(1, int(seconds * 1000)), timeoutExit=exit_)
+    limits = {node: NodeLimit(ms=None if seconds is None else max(1, int(seconds * 1000)), timeoutExit=exit_)
               for node, (seconds, exit_) in workflow.time_limits().items()}
     return workflow, ReadyPayload(digest=workflow.digest(), limits=limits)
 
