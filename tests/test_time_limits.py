@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from piwf.errors import DefinitionError
 from piwf.host.host import Host
 from piwf.paths import StatePaths
 
-from .conftest import config, piwf, wait_for, write_workflow
+from .conftest import HostProcess, config, piwf, wait_for, write_workflow
 from .test_interactions import open_request, start, wait_run
 from .test_lifecycle import call
 
@@ -219,6 +220,11 @@ async def test_the_hosts_node_time_limit_takes_a_nodes_timeout_exit(
     assert (done["status"], done["output"]) == ("completed", "after the host's limit"), done.get("error")
 
 
-async def test_piwf_serve_takes_a_node_time_limit(paths: StatePaths) -> None:
-    done = await piwf(paths, "serve", "--node-time-limit", "0", check=False)
-    assert done.returncode == 2 and b"--node-time-limit" in done.stderr
+async def test_piwf_serve_takes_a_node_time_limit(host_process: Callable[..., HostProcess], paths: StatePaths,
+                                                 project: Path) -> None:
+    refused = await piwf(paths, "serve", "--node-time-limit", "0", check=False)
+    assert refused.returncode == 2 and b"--node-time-limit" in refused.stderr
+    _stuck(project, "compute", limit=600)
+    await host_process("--node-time-limit", "0.5").start()
+    done = await wait_run(paths, await start(paths, project, "stuck"))
+    assert done["error"]["message"] == "node stuck: did not finish within the host time limit of 0.5 s"
