@@ -12,6 +12,9 @@ control characters itself.
 from __future__ import annotations
 
 import re
+from typing import Any
+
+SHOWN = 200  # characters of a value or an error shown in a listing (--json has it all)
 
 # Everything str.isprintable() refuses, but the line break: found with one regex scan,
 # so printing a large view costs one pass in C when nothing needs escaping.
@@ -29,3 +32,10 @@ def terminal_text(text: str) -> str:
 def _escape(match: re.Match[str]) -> str:
     char = match.group()
     return char if char.isprintable() else char.encode("unicode_escape").decode("ascii")
+
+
+def shown(text: Any, limit: int = SHOWN) -> str:
+    """Text from a workflow or a client for one line of a listing: ``terminal_text`` with
+    line breaks escaped too, cut to ``limit`` with a mark."""
+    safe = terminal_text(str(text)).replace("\n", "\\n")
+    return safe if len(safe) <= limit else safe[:limit] + "…"

@@ -380,7 +380,25 @@ class ShellExit(Exception):
 def describe_error(exc: BaseException, node: str) -> dict[str, Any]:
     tail = "".join(traceback.format_exception(exc))[-TRACEBACK_TAIL:]
     error: dict[str, Any] = {"type": type(exc).__name__, "message": f"node {node}: {exc}", "node": node,
-                             "traceback": tail}
+                             "traceback": tail, "where": raised_at(exc, os.getcwd())}
     if isinstance(exc, ShellExit):
         error["output"] = exc.output
     return error
+
+
+_NOT_THE_USERS = tuple(str(Path(p).resolve()) + os.sep for p in {
+    sys.prefix, sys.base_prefix, sys.exec_prefix, str(Path(__file__).resolve().parents[1])})
+
+
+def raised_at(exc: BaseException, project: str) -> dict[str, Any] | None:
+    """Where in the user's code ``exc`` was raised: the last frame of its traceback in a
+    file of the project (not of Python, a virtualenv or piwf), as ``file`` (relative to the
+    project), ``line``, ``function`` and ``code``; None when no frame is the user's."""
+    root = str(Path(project).resolve()) + os.sep
+    theirs = tuple(prefix for prefix in _NOT_THE_USERS if not root.startswith(prefix))  # a project may hold a venv
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        path = str(Path(frame.filename).resolve())
+        if path.startswith(root) and not path.startswith(theirs):
+            return {"file": path[len(root):], "line": frame.lineno, "function": frame.name,
+                    "code": (frame.line or "")[:500]}
+    return None

@@ -130,7 +130,7 @@ async def _effect_reserve(host: HostState, tx: UnitOfWork, active: ActiveReconci
     p = message.payload
     state = EffectState(**await tx.controller_effects.reserve(
         active.claim.uid, active.spec_generation, p.key, generation=active.claim.claim_number, observable=p.observable,
-        now=now))
+        now=now, kind=p.kind, fingerprint=p.requestFingerprint))
     return state, Conclusion.DONE if state.state == "ambiguous" else None
 
 

@@ -42,7 +42,7 @@ async def _ready(host: HostState, tx: UnitOfWork, active: ActiveRun, message: Re
     run_input, start, paused, digest = await tx.runs.ready_state(active.claim.run_id)
     held = _source_problem(message, digest)
     if held is not None:
-        await tx.queue.park_run(active.claim.run_id, active.claim.token, now, hold=Hold.SOURCE, detail=held[:2000])
+        await tx.queue.park_run(active.claim.run_id, active.claim.token, now, hold=Hold.SOURCE, detail=held)
         return ReadyResult(stop="source"), Conclusion.DONE
     steps, more = await tx.runs.accepted_steps(active.claim.run_id, budget=STEPS_PAGE_BYTES)
     result = ReadyResult(input=run_input, steps=[AcceptedStep(**step) for step in steps], more=more)

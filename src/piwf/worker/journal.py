@@ -63,13 +63,16 @@ class HostJournal:
     def fail(self, attempt_id: str, error: dict[str, Any]) -> None:
         self.channel.request(AttemptFail, AttemptFailPayload(attemptId=attempt_id, error=error))
 
-    def effect(self, node: str, key: str, apply: Callable[[], Any], observe: Callable[[], Any] | None) -> Any:
+    def effect(self, node: str, key: str, apply: Callable[[], Any], observe: Callable[[], Any] | None, *,
+               kind: str | None = None, fingerprint: str | None = None) -> Any:
         with self._effect_locks[key]:  # defaultdict's insertion is atomic under the GIL
-            return self._effect(node, key, apply, observe)
+            return self._effect(node, key, apply, observe, kind, fingerprint)
 
-    def _effect(self, node: str, key: str, apply: Callable[[], Any], observe: Callable[[], Any] | None) -> Any:
-        state = self.channel.request(EffectReserve, EffectReservePayload(key=key, node=node,
-                                                                         observable=observe is not None), EffectState)
+    def _effect(self, node: str, key: str, apply: Callable[[], Any], observe: Callable[[], Any] | None,
+                kind: str | None, fingerprint: str | None) -> Any:
+        state = self.channel.request(EffectReserve, EffectReservePayload(
+            key=key, node=node, observable=observe is not None, kind=kind, requestFingerprint=fingerprint),
+            EffectState)
         if state.state == "applied":
             return state.result
         if state.state == "rejected":

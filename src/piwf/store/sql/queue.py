@@ -34,11 +34,21 @@ def claim_next_run(
     db: Database, *, runner_id: str, token: str, lease_ms: int, now: int, epoch: int,
     exclude: frozenset[str] = frozenset(),
 ) -> Claim | None:
-    """Claim the oldest claimable run not in ``exclude``, or None."""
+    """Claim the oldest claimable run not in ``exclude``, or None; a run with a submission
+    waiting to be validated comes before the rest of the queue."""
     excluded = {f"x{i}": run_id for i, run_id in enumerate(sorted(exclude))}
     not_in = f"AND q.run_id NOT IN ({', '.join(':' + k for k in excluded)})" if excluded else ""
     params = {"now": now, **excluded}
     with db.write():
+        # First a ready run with a submission waiting to be validated (seed: a person waits
+        # on it; few, found through the validating submissions' own index).
+        validating = db.one(f"""SELECT q.run_id FROM interaction_submissions s
+                                JOIN interaction_requests r ON r.request_id = s.request_id
+                                JOIN run_queue q ON q.run_id = r.run_id
+                                WHERE s.status = 'validating' AND {READY} AND {SESSION_FREE} {not_in}
+                                ORDER BY q.created_at, q.run_id LIMIT 1""", params)
+        if validating is not None:
+            return _take(db, validating[0], runner_id, token, lease_ms, now, epoch)
         # The two halves of CLAIMABLE: the oldest ready run (its index is in claim order)
         # and runs whose claims expired (few, so they are compared here, not sorted by SQLite).
         ready = db.one(f"""SELECT q.created_at, q.run_id FROM run_queue q INDEXED BY run_queue_ready
