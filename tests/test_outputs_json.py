@@ -12,7 +12,8 @@ import pytest
 from piwf.engine.values import NotJson, as_stored
 from piwf.paths import StatePaths
 
-from .conftest import write_workflow
+from .conftest import wait_for, write_workflow
+from .test_controllers import ctl, get, write_controller
 from .test_interactions import start, wait_run
 
 ODD = """
@@ -104,3 +105,27 @@ def test_json_values_pass_as_they_decode() -> None:
     assert encoded.startswith(b'{"a":')
     with pytest.raises(NotJson, match=r"nan at \$\[0\]\['x'\]"):
         as_stored([{"x": float("nan")}], "output", 64)
+
+
+NAN_STATUS = """
+    from piwf import Controller, Result
+
+    def reconcile(ctx):
+        return Result.settled(status={"ratio": float("nan")}, conditions=[{"type": "Ready", "status": "True"}])
+
+    controller = Controller(name="nanny", reconcile=reconcile)
+"""
+
+
+async def test_a_controller_status_json_cannot_hold_fails_the_pass(host: Any, paths: StatePaths,
+                                                                   project: Path) -> None:
+    write_controller(project, "nanny", NAN_STATUS)
+    await ctl(paths, "apply", project, "nanny", "n", spec={})
+
+    async def failed() -> dict[str, Any] | None:
+        got = await get(paths, project, "nanny", "n")
+        return got if got and got["consecutiveErrors"] >= 1 else None
+
+    got = await wait_for(failed)
+    assert "the Result's status is not JSON: nan at $['ratio'] (JSON has no NaN or Infinity)" in got["lastError"]
+    assert got["status"]["observedGeneration"] == 0  # nothing of it was stored

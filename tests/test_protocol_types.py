@@ -90,7 +90,7 @@ async def test_receipts_carry_the_documented_fields(client: AsyncClient, project
     assert set(done.receipt["steps"][0]) == {"seq", "node", "status", "generation", "exit", "startedAt", "finishedAt",
                                              "settingsChange"}
     assert set(done.receipt["workers"][0]) == {"workerEpoch", "generation", "pid", "status", "exitCode", "signal",
-                                               "diagnostic"}
+                                               "diagnostic", "stopped"}
     page = (await client.call("run.events", run_id=run_id)).receipt
     assert set(page) == {"events", "nextAfter"} and page["nextAfter"] is None
     events = page["events"]

@@ -5,6 +5,7 @@ at any moment."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -14,6 +15,7 @@ from piwf.host.host import Host
 from piwf.paths import StatePaths
 
 from .conftest import config, wait_for, write_workflow
+from .test_controllers import ctl, get, write_controller
 
 LIAR = """
     import base64, json, os, time
@@ -69,3 +71,35 @@ async def test_a_lying_run_can_be_cancelled_at_any_moment(paths: StatePaths, pro
         assert cancelled.outcome == "accepted", cancelled.error
         done = (await client.call("run.wait", run_id=run_id)).receipt
     assert done["status"] == "cancelled"
+
+
+LYING_CONTROLLER = """
+    import base64, json, os, time
+    from piwf import Controller, Result
+
+    def reconcile(ctx):
+        raw = os.environ["PIWF_RECONCILE_LAUNCH"]
+        launch = json.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
+        read_fd, write_fd = (int(fd) for fd in os.environ["PIWF_WORKER_FDS"].split(","))
+        message = {"messageId": "lie", "workerEpoch": launch["workerEpoch"], "generation": launch["generation"] - 1,
+                   "expectedRevision": 0, "operation": "reconcile.log", "payload": {"message": "hello"}}
+        os.write(write_fd, (json.dumps(message) + "\\n").encode())
+        time.sleep(600)
+        return Result.settled()
+
+    controller = Controller(name="liar", reconcile=reconcile)
+"""
+
+
+async def test_a_reconcile_naming_another_claim_on_its_own_pipe_is_a_failure_with_back_off(
+        host: Any, paths: StatePaths, project: Path) -> None:
+    write_controller(project, "liar", LYING_CONTROLLER)
+    await ctl(paths, "apply", project, "liar", "w", spec={})
+
+    async def failed() -> dict[str, Any] | None:
+        got = await get(paths, project, "liar", "w")
+        return got if got and got["consecutiveErrors"] >= 1 and not got["reconciling"] else None
+
+    got = await wait_for(failed, timeout=20)  # today's main: claimLost, the resource held until its lease expires
+    assert "broke the worker protocol: a message for worker" in got["lastError"]
+    assert got["availableAt"] is not None  # backed off, tried again later

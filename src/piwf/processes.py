@@ -58,6 +58,12 @@ def alive(pid: int, recorded: str | None) -> bool:
     return matches(pid, recorded) and not is_zombie(pid)
 
 
+def is_stopped(pid: int) -> bool:
+    """The live process ``pid`` is stopped (SIGSTOP, SIGTSTP, or a tracer)."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] in ("T", "t")
+
+
 def is_zombie(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()

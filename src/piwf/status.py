@@ -117,7 +117,7 @@ class WorkerStatus(StrEnum):
     RUNNING = "running"
     EXITED = "exited"  # ended on its own once its part was done: run ended or parked, or stopped at a boundary
     CRASHED = "crashed"  # ended while its run still needed it, whatever its exit status
-    TIMED_OUT = "timedOut"  # did not report ready within the startup timeout; killed
+    TIMED_OUT = "timedOut"  # did not report ready within the startup timeout, or its node passed its time limit; killed
     CANCELLED = "cancelled"  # stopped because its run was cancelled
     CLAIM_LOST = "claimLost"  # the run's claim moved on: told so and ended, or stopped
     STOPPED = "stopped"  # stopped because its host stopped (drain, or the host's scope was cancelled)
@@ -136,6 +136,7 @@ class StopReason(StrEnum):
     RECONCILE_TIMEOUT = "reconcileTimeout"  # reconciles only: ready, but not done within the controller's timeout
     PROTOCOL = "protocolError"
     LINGERING = "lingering"  # told its part was done, the worker did not end within the kill grace
+    NODE_TIME_LIMIT = "nodeTimeLimit"  # runs only: the node it ran passed its time limit
 
 
 # The worker status a stop leaves, and whether it counts as a crash.
@@ -147,6 +148,7 @@ STOPPED_AS = {
     StopReason.RECONCILE_TIMEOUT: WorkerStatus.TIMED_OUT,
     StopReason.PROTOCOL: WorkerStatus.CRASHED,
     StopReason.LINGERING: WorkerStatus.CRASHED,
+    StopReason.NODE_TIME_LIMIT: WorkerStatus.TIMED_OUT,  # its node's outcome is recorded with its end: no crash
 }
 ENDED = frozenset({QueueStatus.DONE, QueueStatus.FAILED, QueueStatus.CANCELLED})  # queue statuses that are final
 ACTIVE_QUEUE = (QueueStatus.STARTING, QueueStatus.RUNNING)  # a claim is held

@@ -37,6 +37,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         max_controller_workers=args.max_controller_workers,
                         presentation_lease_ms=max(1, int(args.presentation_lease * 1000)),
                         delivery_lease_ms=max(1, int(args.delivery_lease * 1000)),
+                        node_time_limit_s=args.node_time_limit,
                         **service_manager_settings())
     try:
         trio.run(Host(config).serve)

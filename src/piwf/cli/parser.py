@@ -130,6 +130,9 @@ def _add_serve(commands: Any, common: argparse.ArgumentParser) -> None:
     serve.add_argument("--max-controller-workers", type=_positive, default=4, metavar="N",
                        help="concurrent reconciles (default 4)")
     _add_seconds(serve, "--delivery-lease", 10.0, "a client delivering a notification or turn holds it")
+    serve.add_argument("--node-time-limit", type=_seconds, default=None, metavar="S",
+                       help="stop any node's worker after S seconds in one attempt, whatever the node's own "
+                            "time_limit (default: none; at most 3600)")
     serve.add_argument("--worker-start", choices=("fork", "spawn"), default="fork",
                        help="fork workers from a preloaded template process (default; Linux) "
                             "or spawn a new interpreter for each")

@@ -141,6 +141,10 @@ def format_run(r: dict[str, Any]) -> str:
         lines.append(f"detail:   {shown(r['statusDetail'], 2000)}")
     if runview.held(r) or runview.state(r) == "paused":
         lines.append(f"release:  {runview.release(r)}")
+    for w in r.get("workers", []):
+        if w.get("stopped"):
+            lines.append(f"worker:   {w['workerEpoch']} (pid {w['pid']}) is stopped (SIGSTOP or a debugger): "
+                         f"no progress until it is continued (kill -CONT {w['pid']})")
     for step in r.get("steps", []):
         change = "" if step.get("settingsChange") is None else f", settings change {step['settingsChange']}"
         lines.append(f"  step {step['seq']}: {step['node']:16} {step['status']} "

@@ -28,10 +28,11 @@ class Route:
 @dataclass(frozen=True)
 class Compute:
     fn: Callable[[Any], Any]
+    time_limit: float | None = None  # seconds, enforced by the host (see node_limits)
     kind: str = field(default="compute", init=False)
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "code": _code_digest(self.fn)}
+        return _limited({"kind": self.kind, "code": _code_digest(self.fn)}, self.time_limit)
 
 
 @dataclass(frozen=True)
@@ -40,11 +41,12 @@ class Shell:
     cwd: str | None = None
     env: Mapping[str, str] | None = None
     timeout: float | None = None
+    time_limit: float | None = None
     kind: str = field(default="shell", init=False)
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "argv": list(self.argv), "cwd": self.cwd,
-                "env": dict(self.env or {}), "timeout": self.timeout}
+        return _limited({"kind": self.kind, "argv": list(self.argv), "cwd": self.cwd,
+                         "env": dict(self.env or {}), "timeout": self.timeout}, self.time_limit)
 
 
 @dataclass(frozen=True)
@@ -87,14 +89,35 @@ class Ask:
     expect: Any
     validate: Callable[[Any], Any] | None = None
     deadline: float | None = None
+    time_limit: float | None = None  # on validating a submission, in a worker
     kind: str = field(default="ask", init=False)
 
     def schema(self) -> Any:
         return msgspec.json.schema(self.expect)
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "prompt": self.prompt, "deadline": self.deadline, "schema": self.schema(),
-                "validate": None if self.validate is None else _code_digest(self.validate)}
+        return _limited({"kind": self.kind, "prompt": self.prompt, "deadline": self.deadline,
+                         "schema": self.schema(),
+                         "validate": None if self.validate is None else _code_digest(self.validate)},
+                        self.time_limit)
+
+
+def _limited(described: dict[str, Any], time_limit: float | None) -> dict[str, Any]:
+    """A node's description with its time limit, only when it has one: the digests of
+    workflows written before time limits existed stay as they were."""
+    return described if time_limit is None else {**described, "timeLimit": time_limit}
+
+
+MAX_TIME_LIMIT_S = 366 * 24 * 3600
+
+
+def _check_time_limit(what: str, time_limit: float | None) -> float | None:
+    if time_limit is None:
+        return None
+    if isinstance(time_limit, bool) or not isinstance(time_limit, (int, float)) \
+            or not 0 < time_limit <= MAX_TIME_LIMIT_S:
+        raise DefinitionError(f"{what} time_limit must be a number of seconds, more than 0 and at most a year")
+    return float(time_limit)
 
 
 Node = Compute | Shell | Decision | Ask
@@ -102,11 +125,12 @@ Interactive = (Decision, Ask)
 TIMEOUT_EXIT = "timeout"
 
 
-def compute(fn: Callable[[Any], Any]) -> Compute:
-    """A node that calls ``fn(ctx)`` and takes its JSON return value as output."""
+def compute(fn: Callable[[Any], Any], *, time_limit: float | None = None) -> Compute:
+    """A node that calls ``fn(ctx)`` and takes its JSON return value as output.
+    ``time_limit``: seconds the host lets it run (its worker is stopped at the limit)."""
     if not callable(fn):
         raise DefinitionError(f"compute() needs a callable, not {type(fn).__name__}")
-    return Compute(fn)
+    return Compute(fn, _check_time_limit("compute()", time_limit))
 
 
 def decision(title: str, choices: Mapping[str, str | Choice], *, deadline: float | None = None,
@@ -194,10 +218,11 @@ def _check_title(where: str, text: Any) -> None:
 
 
 def ask(prompt: str, *, expect: Any = Any, validate: Callable[[Any], Any] | None = None,
-        deadline: float | None = None) -> Ask:
+        deadline: float | None = None, time_limit: float | None = None) -> Ask:
     """A node that asks the run's origin session for a value of type ``expect``; the value
     is converted with msgspec and checked by ``validate`` (which may raise ``piwf.Invalid``)
-    in a worker, and becomes the node's output."""
+    in a worker, and becomes the node's output. ``time_limit``: seconds the host lets one
+    validation take (at the limit the submission is refused and the run waits again)."""
     _check_title("ask() prompt", prompt)
     if validate is not None and not callable(validate):
         raise DefinitionError("ask() validate must be callable")
@@ -206,19 +231,21 @@ def ask(prompt: str, *, expect: Any = Any, validate: Callable[[Any], Any] | None
         msgspec.json.schema(expect)
     except (TypeError, ValueError) as exc:
         raise DefinitionError(f"ask() expect is not a type msgspec can check: {exc}") from None
-    return Ask(prompt, expect, validate, deadline)
+    return Ask(prompt, expect, validate, deadline, _check_time_limit("ask()", time_limit))
 
 
 def shell(
     argv: Sequence[str], cwd: str | None = None, env: Mapping[str, str] | None = None,
-    timeout: float | None = None,
+    timeout: float | None = None, *, time_limit: float | None = None,
 ) -> Shell:
-    """A node that runs ``argv``; output ``{"stdout", "stderr", "exitCode"}``; non-zero fails it."""
+    """A node that runs ``argv``; output ``{"stdout", "stderr", "exitCode"}``; non-zero fails it.
+    ``timeout``: the worker kills the program after so many seconds (the node fails);
+    ``time_limit``: the host stops the whole worker, whatever state it is in."""
     if isinstance(argv, str) or not argv or not all(isinstance(a, str) for a in argv):
         raise DefinitionError("shell() needs a non-empty list of strings as argv")
     if timeout is not None and timeout <= 0:
         raise DefinitionError("shell() timeout must be positive")
-    return Shell(tuple(argv), cwd, dict(env) if env else None, timeout)
+    return Shell(tuple(argv), cwd, dict(env) if env else None, timeout, _check_time_limit("shell()", time_limit))
 
 
 class Workflow:
@@ -338,6 +365,17 @@ class Workflow:
             "edges": sorted(list(edge) for edge in self.edges),
             **run_settings.describe(self.settings, self.mutable),  # nothing for a workflow without settings
         }
+
+    def time_limits(self) -> dict[str, tuple[float | None, bool]]:
+        """The nodes a time limit may stop: node id -> (their own limit in seconds or None,
+        whether they have a ``timeout`` exit to take at a limit, theirs or the host's). The
+        worker tells the host, which enforces them."""
+        limits: dict[str, tuple[float | None, bool]] = {}
+        for node_id, node in self.nodes.items():
+            exit_ = (node_id, TIMEOUT_EXIT) in self.routes and not isinstance(node, Ask)  # an ask's is its deadline's
+            if not isinstance(node, Decision) and (node.time_limit is not None or exit_):
+                limits[node_id] = (node.time_limit, exit_)
+        return limits
 
     def digest(self) -> str:
         """Changes when the graph or any node's code changes; not for comments or moves."""

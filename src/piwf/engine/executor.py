@@ -191,7 +191,7 @@ def execute(workflow: Workflow, *, run_id: str, project_path: str, input: Any,
                 if isinstance(spec, (Decision, Ask)):
                     output, exit_name = interact(workflow, node, ctx)
                 else:
-                    output, exit_name = run_node(spec, ctx)
+                    output, exit_name = run_node(spec, ctx, timeout_exit=(node, TIMEOUT_EXIT) in workflow.routes)
                 following = workflow.next_node(node, exit_name)  # an unknown exit fails this node
             except STOPPING:
                 raise
@@ -218,9 +218,17 @@ class OutputTooLarge(ValueError):
     fails (once: it is not a crash to retry)."""
 
 
-def run_node(node: Compute | Shell, ctx: Context) -> tuple[Any, str]:
+def run_node(node: Compute | Shell, ctx: Context, *, timeout_exit: bool = False) -> tuple[Any, str]:
+    """A shell node whose program passed its ``timeout`` leaves through the node's
+    ``timeout`` exit when the graph has one (output ``null``, as at a host time limit);
+    else it fails."""
     if isinstance(node, Shell):
-        return check_output(run_shell(node, ctx)), DEFAULT_EXIT
+        try:
+            return check_output(run_shell(node, ctx)), DEFAULT_EXIT
+        except ShellTimedOut:
+            if timeout_exit:
+                return None, TIMEOUT_EXIT
+            raise
     result = node.fn(ctx)
     exit_name = DEFAULT_EXIT
     if isinstance(result, Route):
@@ -314,7 +322,7 @@ def run_shell(node: Shell, ctx: Context) -> dict[str, Any]:
                 _open_gate(proc)
                 proc.wait(timeout=node.timeout)
             except subprocess.TimeoutExpired as exc:
-                raise TimeoutError(f"{program} timed out after {node.timeout} s") from exc
+                raise ShellTimedOut(f"{program} timed out after {node.timeout} s") from exc
             finally:
                 _kill_group(proc.pid)  # whatever the program left behind in its group
                 proc.wait()
@@ -355,6 +363,10 @@ def _echo(stdout: bytes, stderr: bytes) -> None:
 def _kill_group(pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
+
+
+class ShellTimedOut(TimeoutError):
+    """A shell node's program passed the node's ``timeout`` (its group was killed)."""
 
 
 class ShellExit(Exception):

@@ -32,7 +32,7 @@ from piwf.errors import PiwfError, ProtocolError
 from piwf.protocol.worker import MAX_WORKER_LINE, WorkerMessage, WorkerResponse
 from piwf.status import StopReason
 from piwf.wire import LineBuffer, encode_line
-from piwf.host.lane_state import Active, C, Conclusion, E, LaneState, ProcessEnd
+from piwf.host.lane_state import Active, C, Conclusion, E, LaneState, NodeClock, ProcessEnd
 from piwf.host.state import HostState, log
 from piwf.host.worker_process import cleanup_scope, receive_before, run_worker
 
@@ -202,14 +202,19 @@ async def pump(lane: Lane[C, Any], active: Active[C], receive: trio.lowlevel.FdS
                send: trio.lowlevel.FdStream) -> None:
     """Read the worker's messages, answer each once its commit is durable. Until the
     worker reports ready, a read waits no longer than the startup timeout; after, no
-    longer than the work's own timeout, if it has one."""
+    longer than the work's own timeout, if it has one, nor than the time limit of the node
+    it runs (a worker that cannot answer, SIGSTOPped say, is stopped all the same)."""
     host = lane.host
     buffer = LineBuffer(MAX_WORKER_LINE)
     deadline: float | None = trio.current_time() + host.config.worker_startup_s
     while True:
-        chunk = await receive_before(receive, deadline)
+        clock = active.node_clock
+        chunk = await receive_before(receive, _earliest(deadline, None if clock is None else clock.deadline))
         if chunk is None:
-            _timed_out(lane, active)
+            if clock is not None and trio.current_time() >= clock.deadline:
+                _over_time_limit(active, clock)
+            else:
+                _timed_out(lane, active)
             return
         if not chunk:
             return
@@ -236,6 +241,16 @@ async def pump(lane: Lane[C, Any], active: Active[C], receive: trio.lowlevel.FdS
             if active.conclusion is not None:
                 await _let_it_end(lane, active)
                 return
+
+
+def _earliest(*deadlines: float | None) -> float | None:
+    return min((d for d in deadlines if d is not None), default=None)
+
+
+def _over_time_limit(active: Active[Any], clock: NodeClock) -> None:
+    note = f"node {clock.node} did not finish within {clock.limit_text}"
+    log.warning("%s: %s; stopping its worker", active.label, note)
+    active.stop(StopReason.NODE_TIME_LIMIT, note)
 
 
 def _broke_protocol(active: Active[Any], exc: ProtocolError) -> None:

@@ -64,6 +64,23 @@ class ProcessEnd:
         return dataclasses.replace(self, diagnostic=f"{self.diagnostic}\n[piwf] {note}".lstrip("\n"))
 
 
+@dataclass(frozen=True)
+class NodeClock:
+    """A node whose attempt runs under a time limit, enforced by the pump."""
+
+    attempt_id: str
+    node: str
+    limit_s: float
+    timeout_exit: bool  # at the limit the node leaves through `timeout` (else it fails)
+    validating: bool  # an ask's submission is being validated: at the limit it is refused
+    deadline: float  # trio time
+    by_host: bool = False  # the host's limit (serve --node-time-limit), shorter than the node's own
+
+    @property
+    def limit_text(self) -> str:
+        return f"{'the host' if self.by_host else 'its'} time limit of {self.limit_s:g} s"
+
+
 @dataclass(eq=False)
 class Active(Generic[C]):
     """One piece of work this host holds a claim on (a run, or a resource's reconcile),
@@ -83,6 +100,8 @@ class Active(Generic[C]):
     stop_reason: StopReason | None = None  # owned by ``scope``: the first reason it was cancelled with
     stop_note: str = ""  # what the worker's record should say about that reason
     pid: int | None = None  # the worker process, once started
+    limits: dict[str, Any] = field(default_factory=dict)  # node -> its time limit (a run's NodeLimit)
+    node_clock: NodeClock | None = None  # the attempt running under a time limit, if any
     timeout_s: float | None = None  # once ready, how long the worker may take (a reconcile's controller timeout)
     spec_generation: int = 0  # a reconcile: the resource generation its worker was shown
 

@@ -25,7 +25,7 @@ import msgspec
 import psutil
 import trio
 
-from piwf import faults
+from piwf import faults, processes
 from piwf.errors import PiwfError, Rejected
 from piwf.protocol import (
     AnswerDecision, CancelReceipt, CancelRun, GetHostStatus, GetRun, GetRunEvents, HoldReceipt, HostStatus,
@@ -116,7 +116,18 @@ async def status_receipt(host: HostState) -> HostStatus:
 
 
 async def _run_status(host: HostState, request: GetRun) -> RunDetail:
-    return await host.store.runs.get_run(request.runId, host.now())
+    return _stopped_workers(host, await host.store.runs.get_run(request.runId, host.now()))
+
+
+def _stopped_workers(host: HostState, run: RunDetail) -> RunDetail:
+    """Say so when the run's live worker is stopped: a SIGSTOPped worker holds its slot,
+    making no progress, until it is continued or its node's time limit stops it."""
+    active = host.active.get(run.runId)
+    if active is None or active.pid is None or not processes.is_stopped(active.pid):
+        return run
+    workers = [msgspec.structs.replace(w, stopped=True) if w.workerEpoch == active.worker_id else w
+               for w in run.workers]
+    return msgspec.structs.replace(run, workers=workers)
 
 
 async def _run_list(host: HostState, request: ListRuns) -> list[RunSummary]:

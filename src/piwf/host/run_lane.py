@@ -15,10 +15,10 @@ import trio
 from piwf import faults
 from piwf.errors import PiwfError
 from piwf.status import CRASHES, STOPPED_AS, StopReason, WorkerStatus
-from piwf.store.api import Claim, Delay
+from piwf.store.api import Claim, Delay, SupervisionStore, WorkerEnded
 from piwf.store.api.rules import input_hash
 from piwf.protocol.worker import LaunchEnvelope, WorkerMessage, WorkerResponse, parse_worker_message
-from piwf.host import lane
+from piwf.host import lane, time_limits
 from piwf.host.lane_state import Backoff
 from piwf.host.state import Active, ActiveRun, Conclusion, HostState, ProcessEnd, WorkerEnd, log
 from piwf.host.worker_messages import handle
@@ -106,17 +106,19 @@ class RunLane(lane.Lane[Claim, WorkerEnd]):
             log.warning("%s: worker %s (exit %s, signal %s): %s", active.label, status, process.exit_code,
                         process.signal, _last_line(process.diagnostic))
         park = status not in (WorkerStatus.CANCELLED, WorkerStatus.CLAIM_LOST)
-        return WorkerEnd(active, status, process, park=park)
+        over = active.node_clock if stopped_by is StopReason.NODE_TIME_LIMIT else None
+        return WorkerEnd(active, status, process, park=park, over_limit=over)
 
     async def write_end(self, end: WorkerEnd) -> bool:
-        host, active, process = self.host, end.active, end.process
+        host, active = self.host, end.active
         now = host.now()
         try:
-            ended = await host.store.supervision.end_worker(
-                worker_id=active.worker_id, run_id=active.claim.run_id, token=active.claim.token,
-                status=end.status, now=now, exit_code=process.exit_code, signal=process.signal,
-                diagnostic=process.diagnostic or None, park=end.park, max_crashes=host.config.max_crashes,
-                last_output=_last_line(process.diagnostic), backoff=self._backoff(end.status))
+            if end.over_limit is None:
+                ended = await self._end_worker(host.store.supervision, end, now)
+            else:
+                async with host.store.transaction() as tx:  # the node's outcome and the worker's end, together
+                    await time_limits.record(tx, active, end.over_limit, now)
+                    ended = await self._end_worker(tx.supervision, end, now)
         except PiwfError as exc:
             log.error("%s: could not record the end of its worker (%s): %s; will retry", active.label,
                       end.status, exc)
@@ -132,10 +134,22 @@ class RunLane(lane.Lane[Claim, WorkerEnd]):
             host.interactions_changed()
         return True
 
-    def _backoff(self, status: WorkerStatus) -> Delay | None:
+    async def _end_worker(self, supervision: SupervisionStore, end: WorkerEnd, now: int) -> WorkerEnded:
+        active, process = end.active, end.process
+        return await supervision.end_worker(
+            worker_id=active.worker_id, run_id=active.claim.run_id, token=active.claim.token,
+            status=end.status, now=now, exit_code=process.exit_code, signal=process.signal,
+            diagnostic=process.diagnostic or None, park=end.park, max_crashes=self.host.config.max_crashes,
+            last_output=_last_line(process.diagnostic), backoff=self._backoff(end))
+
+    def _backoff(self, end: WorkerEnd) -> Delay | None:
         """A run whose worker crashed is claimed again after a back-off that doubles with
         each crash in a row (the store counts them, and holds the run after ``max_crashes``);
-        one whose worker could not even start waits the first back-off, uncounted."""
+        one whose worker could not even start waits the first back-off, uncounted; one
+        stopped at a node's time limit goes on at once (its node's outcome is recorded)."""
+        status = end.status
+        if end.over_limit is not None:
+            return None
         if status is WorkerStatus.NOT_STARTED:
             return int(self.backoff.base_ms)
         return self.backoff.delay_ms if status in CRASHES else None

@@ -16,7 +16,7 @@ from piwf.status import WorkerStatus
 from piwf.store.api import Claim, HostClaim, Store, Wakeup
 from piwf.host.catalog import Catalog
 from piwf.host.controller_state import ControllerState
-from piwf.host.lane_state import Active, Conclusion, End, LaneState, ProcessEnd
+from piwf.host.lane_state import Active, Conclusion, End, LaneState, NodeClock, ProcessEnd
 from piwf.host.launcher import Launcher, SpawnLauncher
 
 log = logging.getLogger("piwf.host")
@@ -38,6 +38,7 @@ class HostConfig:
     kill_grace_s: float = 2.0
     drain_timeout_s: float = 15.0
     crash_backoff_s: float = 0.5
+    node_time_limit_s: float | None = None  # every node's attempt at most this long (piwf serve --node-time-limit)
     max_crashes: int = 5
     idle_timeout_s: float = 300.0  # a connection between requests
     request_timeout_s: float = 10.0  # a request line, from its first byte to its newline
@@ -85,6 +86,7 @@ class WorkerEnd(End[Claim]):
     status: WorkerStatus
     process: ProcessEnd
     park: bool
+    over_limit: NodeClock | None = None  # stopped at its node's time limit: the node's outcome is recorded too
 
 
 @dataclass(eq=False)

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import trio
+
 from piwf import faults, processes
 from piwf.errors import ClaimLost, PiwfError, ProtocolError, Rejected
 from piwf.status import Hold, NotificationKind
@@ -20,6 +22,7 @@ from piwf.protocol.worker import (
     ProcessUnregister, Ready, ReadyResult, Result, RunComplete, RunFail, StartedAttempt, StepsPage, StepsRead,
     SubmissionReject, UpdatePublish, WorkerMessage, WorkerResponse,
 )
+from piwf.host.lane_state import NodeClock
 from piwf.host.state import ActiveRun, Conclusion, HostState, log
 
 # A handler makes store calls only, on the message's unit of work ``tx``, and returns its
@@ -283,6 +286,34 @@ REVISING = frozenset({Ready, AttemptStart, AttemptAccept, AttemptFail, RunComple
 OPENS_REQUESTS = frozenset({InteractionOpen, SubmissionReject})
 
 
+# A node's attempt ends with these: its time limit (if it has one) no longer runs.
+ENDS_NODE = (AttemptAccept, AttemptFail, RunComplete, RunFail, InteractionOpen, SubmissionReject)
+
+
+def _clock_node(host: HostState, active: ActiveRun, message: WorkerMessage, result: Result) -> None:
+    """Keep the clock of the attempt that runs under a time limit: started with the
+    attempt (by ``worker.ready`` for a fresh run's first node, else ``attempt.start``),
+    stopped by the message that ends it. The pump stops the worker at its deadline."""
+    if isinstance(message, Ready):
+        active.limits = dict(message.payload.limits)
+        if isinstance(result, ReadyResult) and result.attempt is not None:
+            _start_clock(host, active, result.attempt.attemptId, result.attempt.node, validating=False)
+    elif isinstance(message, AttemptStart) and isinstance(result, AttemptStartResult) and result.attemptId:
+        _start_clock(host, active, result.attemptId, message.payload.node, validating=result.submission is not None)
+    elif isinstance(message, ENDS_NODE):
+        active.node_clock = None
+
+
+def _start_clock(host: HostState, active: ActiveRun, attempt_id: str, node: str, *, validating: bool) -> None:
+    """The node's own limit, or the host's (``serve --node-time-limit``) when that is shorter."""
+    limit = active.limits.get(node)
+    own = None if limit is None or limit.ms is None else limit.ms / 1000
+    seconds = min((s for s in (own, host.config.node_time_limit_s) if s is not None), default=None)
+    active.node_clock = None if seconds is None else NodeClock(
+        attempt_id, node, seconds, limit is not None and limit.timeoutExit, validating, trio.current_time() + seconds,
+        by_host=seconds != own)
+
+
 async def handle(host: HostState, active: ActiveRun, message: WorkerMessage) -> WorkerResponse:
     if message.workerEpoch != active.worker_id or message.generation != active.claim.generation:
         # Each worker has a pipe of its own: a stale worker's messages come on its own pipe,
@@ -317,6 +348,7 @@ async def handle(host: HostState, active: ActiveRun, message: WorkerMessage) -> 
         return WorkerResponse(message.messageId, "rejected", error=str(exc))
     if kind is Ready:
         active.ready.set()
+    _clock_node(host, active, message, result)
     if conclusion is not None:
         active.conclusion = conclusion
     if kind in OPENS_REQUESTS:  # after the commit: a timer reading before it (another connection) would miss it

@@ -300,6 +300,8 @@ class WorkerSummary(Struct):
     exitCode: int | None
     signal: int | None
     diagnostic: Annotated[str | None, Meta(description="the last 64 KiB the worker printed")]
+    stopped: Annotated[bool, Meta(description="a live worker whose process is stopped (SIGSTOP, a debugger): "
+                                              "it makes no progress until continued")] = False
 
 
 class EffectSummary(Struct):

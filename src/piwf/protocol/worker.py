@@ -50,11 +50,20 @@ LOAD_ERROR_LIMIT = 8192  # characters of why a workflow or controller did not lo
 LoadError = Annotated[str, msgspec.Meta(max_length=LOAD_ERROR_LIMIT)]
 
 
+class NodeLimit(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, frozen=True):
+    """A node's time limit, enforced by the host from its attempt's start."""
+
+    ms: Annotated[int, msgspec.Meta(gt=0)] | None = None  # None: only the host's limit (serve --node-time-limit)
+    timeoutExit: bool = False  # the graph has a `timeout` exit for the node: taken at a limit
+
+
 class ReadyPayload(Payload, frozen=True):
-    """What the worker loaded: its workflow's digest, or why it could not load it."""
+    """What the worker loaded: its workflow's digest and its nodes' time limits, or why it
+    could not load it."""
 
     digest: str | None = None
     loadError: LoadError | None = None
+    limits: Annotated[dict[str, NodeLimit], msgspec.Meta(max_length=10_000)] = {}
 
 
 class AttemptStartPayload(Payload, frozen=True):

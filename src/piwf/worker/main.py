@@ -16,8 +16,9 @@ from piwf.engine.definition import Workflow
 from piwf.engine.loader import load_workflow
 from piwf.errors import ClaimLost, DefinitionError, NodeFailed, PiwfError, WorkflowLoadError
 from piwf.protocol.worker import (
-    LOAD_ERROR_LIMIT, WORKER_LAUNCH_SCHEMA, LaunchEnvelope, LaunchRefused, Ready, ReadyPayload, ReadyResult,
-    RunComplete, RunCompletePayload, RunFail, RunFailPayload, StepsPage, StepsRead, StepsReadPayload, decode_launch,
+    LOAD_ERROR_LIMIT, WORKER_LAUNCH_SCHEMA, LaunchEnvelope, LaunchRefused, NodeLimit, Ready, ReadyPayload,
+    ReadyResult, RunComplete, RunCompletePayload, RunFail, RunFailPayload, StepsPage, StepsRead, StepsReadPayload,
+    decode_launch,
 )
 from piwf.worker.channel import Channel
 from piwf.worker.journal import HostJournal
@@ -75,7 +76,9 @@ def _load(envelope: LaunchEnvelope) -> tuple[Workflow | None, ReadyPayload]:
         workflow = load_workflow(envelope.projectPath, envelope.workflow)
     except (WorkflowLoadError, DefinitionError) as exc:
         return None, ReadyPayload(loadError=str(exc)[:LOAD_ERROR_LIMIT])
-    return workflow, ReadyPayload(digest=workflow.digest())
+    limits = {node: NodeLimit(ms=None if seconds is None else max(1, int(seconds * 1000)), timeoutExit=exit_)
+              for node, (seconds, exit_) in workflow.time_limits().items()}
+    return workflow, ReadyPayload(digest=workflow.digest(), limits=limits)
 
 
 def main() -> int:

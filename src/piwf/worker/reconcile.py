@@ -28,7 +28,8 @@ from piwf.protocol.steering import (
 )
 from piwf.controllers import Controller, Resource, Result
 from piwf.controllers.loader import load_controller
-from piwf.engine.executor import EffectRejected, Stop
+from piwf.engine.executor import MAX_OUTPUT_NESTING, EffectRejected, Stop
+from piwf.engine.values import NotJson, TooDeep, as_stored
 from piwf.errors import ClaimLost, PermanentError, PiwfError, TemporaryError
 from piwf.wire import canonical_json, sha256_hex
 from piwf.worker.journal import HostJournal
@@ -159,14 +160,15 @@ def _finish(channel: Channel, result: Any) -> None:
         _fail(channel, TypeError(f"reconcile returned {type(result).__name__}, not a Result "
                                  "(Result.settled(), Result.requeue() or Result.requeue_after(ms))"))
         return
-    try:
-        canonical_json([result.status, list(result.conditions)])
-    except TypeError as exc:
-        _fail(channel, TypeError(f"the Result's status or conditions are not JSON: {exc}"))
+    try:  # stored as JSON exactly, as a node's output is (engine/values.py)
+        _, status = as_stored(result.status, "the Result's status", MAX_OUTPUT_NESTING)
+        _, conditions = as_stored(list(result.conditions), "the Result's conditions", MAX_OUTPUT_NESTING)
+    except (NotJson, TooDeep) as exc:
+        _fail(channel, TypeError(str(exc)))
         return
     channel.request(ReconcileFinish, ReconcileFinishPayload(
         settled=result.kind == "settled", requeueAfterMs=result.requeue_after_ms, keepStatus=result.keep_status,
-        status=result.status, conditions=list(result.conditions), finalizers=result.finalizers))
+        status=status, conditions=conditions, finalizers=result.finalizers))
 
 
 def _fail(channel: Channel, exc: BaseException, *, permanent: bool = False, delay_ms: int | None = None) -> None:
