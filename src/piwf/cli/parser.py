@@ -283,6 +283,8 @@ def _add_service(commands: Any, common: argparse.ArgumentParser) -> None:
         sub = group.add_parser(name, parents=[common], help=text)
         if name != "status":
             sub.add_argument("--dry-run", action="store_true", help="print what would be done; change nothing")
+        sub.add_argument("--name", metavar="NAME", help="the units' name, piwf-NAME (default: the name this "
+                         "state directory's units have, else one made from the directory)")
         sub.add_argument("--platform", choices=PLATFORMS, help=argparse.SUPPRESS)  # for tests: files only
         sub.set_defaults(handler=handler)
 
