@@ -21,12 +21,6 @@ from piwf.status import ENDED
 POLL_MS = 30_000
 
 
-def event_line(event: dict[str, Any]) -> str:
-    """One event as ``run events`` prints it."""
-    fields = " ".join(f"{k}={v}" for k, v in event.items() if k not in ("eventId", "at", "type"))
-    return f"{event['at']} {event['type']:18} {fields}"
-
-
 def _changes(client: Client, run_id: str, after: int) -> Iterator[list[dict[str, Any]]]:
     """The run's new events, a batch per ``run.watch`` answer, from event ``after`` on, until
     the run has ended and is at rest (its worker's end recorded), and every event up to then
@@ -78,7 +72,7 @@ def cmd_run_logs(args: argparse.Namespace) -> int:
 
 def follow_events(args: argparse.Namespace) -> int:
     """Every event of the run so far, then each new one as it comes, until the run ends."""
-    from piwf.cli.run import all_events
+    from piwf.cli.run import all_events, event_line
 
     with _client(args) as client:
         events = all_events(client, args.run_id)
