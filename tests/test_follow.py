@@ -93,17 +93,71 @@ async def test_run_events_follow_of_an_ended_run_prints_its_trace_and_exits(
     assert [e["eventId"] for e in lines] == sorted({e["eventId"] for e in lines})
 
 
-async def test_run_logs_follow_prints_each_workers_output_once_it_has_exited(
+async def test_run_logs_follow_prints_a_live_workers_output_as_it_comes(
         host: Any, paths: StatePaths, project: Path) -> None:
     write_workflow(project, "chatty", CHATTY)
     run_id = await start(paths, project, "chatty")
     follow = await follower(paths, "run", "logs", run_id, "-f")
-    await wait_for(lambda: (project / "holding").exists())
-    assert follow.proc.returncode is None
+    await follow.until(b"holding\n")  # printed while the worker still runs
+    assert follow.proc.returncode is None and b"to stdout\nto stderr\n" in follow.out
     (project / "gate").write_text("open")
     assert await follow.finish() == 0
+    worker = (await call(paths, "run.status", run_id=run_id))["workers"][0]["workerEpoch"]
+    lines = follow.out.decode().splitlines()
+    assert lines[0] == f"== generation 1, worker {worker}: running"
+    assert lines[-1] == f"== worker {worker}: exited (exit 0)"
+    stored = (await piwf(paths, "run", "logs", run_id)).stdout.decode().splitlines()
+    assert lines[1:-1] == stored[1:]  # the same output as the host kept
+
+
+async def test_run_logs_follow_of_an_ended_run_prints_what_run_logs_prints(
+        host: Any, paths: StatePaths, project: Path) -> None:
+    run_id = await start(paths, project, "greet")
+    await wait_run(paths, run_id)
+    follow = await follower(paths, "run", "logs", run_id, "--follow")
+    assert await follow.finish() == 0
     assert follow.out == (await piwf(paths, "run", "logs", run_id)).stdout
-    assert b"holding" in follow.out and follow.out.startswith(b"== generation 1, worker ")
+
+
+LOUD = """
+    import sys
+    from pathlib import Path
+    from piwf import Workflow, compute
+
+    def loud(ctx):
+        sys.stdout.write("x" * 100_000 + "\\nend\\n")
+        sys.stdout.flush()
+        while not Path(ctx.project_path, "gate").exists():
+            pass
+        return 1
+
+    workflow = Workflow(name="loud", start_at="loud", nodes={"loud": compute(loud)})
+"""
+
+
+async def test_run_output_keeps_the_last_64_kib_and_says_how_much_was_dropped(
+        host: Any, paths: StatePaths, project: Path) -> None:
+    write_workflow(project, "loud", LOUD)
+    run_id = await start(paths, project, "loud")
+
+    async def printed() -> dict[str, Any] | None:
+        out = await call(paths, "run.output", run_id=run_id, payload={"timeoutMs": 1000})
+        return out if out["next"] >= 100_005 else None
+
+    out = await wait_for(printed)
+    assert out["live"] and out["next"] == 100_005 and out["dropped"] == 100_005 - 65_536 == out["offset"]
+    assert out["text"].endswith("x\nend\n") and len(out["text"]) == 65_536
+    nothing = await call(paths, "run.output", run_id=run_id,
+                         payload={"workerEpoch": out["workerEpoch"], "after": out["next"]})
+    assert (nothing["text"], nothing["next"], nothing["live"]) == ("", out["next"], True)
+    other = await call(paths, "run.output", run_id=await start(paths, project, "greet"),
+                       payload={"workerEpoch": out["workerEpoch"]})
+    assert other["text"] == "" and not other["live"]  # another run's worker is not read through this one
+    (project / "gate").write_text("open")
+    await wait_run(paths, run_id)
+    ended = await call(paths, "run.output", run_id=run_id, payload={"workerEpoch": out["workerEpoch"],
+                                                                   "after": out["next"], "timeoutMs": 20_000})
+    assert not ended["live"] and ended["text"] == ""
 
 
 async def test_followup_add_and_remove_from_the_command_line(host: Any, paths: StatePaths, project: Path) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import secrets
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -83,33 +84,64 @@ def follow_events(args: argparse.Namespace) -> int:
 
 
 def follow_logs(args: argparse.Namespace) -> int:
-    """Each worker's output once the host has recorded it (when the worker exited), oldest
-    first, until the run ends."""
+    """Each worker's output: as ``run logs`` prints it for a worker that had ended, and as
+    it comes (``run.output``) for a live one; then the next worker's, until the run ends."""
     from piwf.cli.run import all_events
 
-    shown: set[str] = set()
+    shown: dict[str, bool] = {}  # worker -> its end printed too
     with _client(args) as client:
         events = all_events(client, args.run_id)
-        _ended_workers(client, args, shown)
-        for _ in _changes(client, args.run_id, events[-1]["eventId"] if events else 0):
-            _ended_workers(client, args, shown)
+        after = events[-1]["eventId"] if events else 0
+        _print_workers(client, args, shown)
+        for _ in _changes(client, args.run_id, after):
+            _print_workers(client, args, shown)
     if not shown and not args.json:
         print(f"{args.run_id}: no worker has run")
     return 0
 
 
-def _ended_workers(client: Client, args: argparse.Namespace, shown: set[str]) -> None:
-    """Print the run's workers whose end is recorded and that were not printed yet."""
-    from piwf.cli.run import _format_logs
+def _print_workers(client: Client, args: argparse.Namespace, shown: dict[str, bool]) -> None:
+    """Print what is new of each worker of the run, oldest first: a live one's output as
+    it comes until it exits, an ended one's end (and, if it was not followed, its output)."""
+    from piwf.cli.run import _end, _format_logs
 
     run = _ok(client.call("run.status", run_id=args.run_id))
     for worker in run["workers"]:
-        if worker["status"] in ("starting", "running") or worker["workerEpoch"] in shown:
+        epoch, live = worker["workerEpoch"], worker["status"] in ("starting", "running")
+        if shown.get(epoch):
             continue
-        shown.add(worker["workerEpoch"])
-        logs = {"runId": run["runId"], "workers": [{key: worker[key] for key in (
-            "workerEpoch", "generation", "pid", "status", "exitCode", "signal", "diagnostic")}]}
-        _show(args, [logs], _format_logs)
+        if live and epoch not in shown:
+            shown[epoch] = False
+            _stream(client, args, worker)
+        elif not live and epoch in shown:  # followed: its end is recorded now
+            shown[epoch] = True
+            if not args.json:
+                print(f"== worker {epoch}: {worker['status']} ({_end(worker)})", flush=True)
+        elif not live:
+            shown[epoch] = True
+            logs = {"runId": run["runId"], "workers": [{key: worker[key] for key in (
+                "workerEpoch", "generation", "pid", "status", "exitCode", "signal", "diagnostic")}]}
+            _show(args, [logs], _format_logs)
+
+
+def _stream(client: Client, args: argparse.Namespace, worker: dict[str, Any]) -> None:
+    """A live worker's output as it comes, until the host reads no more of it."""
+    epoch = worker["workerEpoch"]
+    if not args.json:
+        print(f"== generation {worker['generation']}, worker {epoch}: {worker['status']}", flush=True)
+    after, live = 0, True
+    while live:
+        out = _ok(client.call("run.output", run_id=args.run_id,
+                              payload={"workerEpoch": epoch, "after": after, "timeoutMs": POLL_MS}))
+        after, live = out["next"], out["live"]
+        if out["dropped"] and not args.json:
+            print(f"[piwf] {out['dropped']} bytes of output not kept", flush=True)
+        if out["text"]:
+            if args.json:
+                print(json.dumps(out, sort_keys=True), flush=True)
+            else:
+                sys.stdout.write(out["text"])
+                sys.stdout.flush()
 
 
 def _show(args: argparse.Namespace, items: list[dict[str, Any]], line: Callable[[dict[str, Any]], str]) -> None:

@@ -82,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, text, follow in (
         ("events", "a run's trace", "then print each new event as it comes, until the run ends"),
         ("logs", "what the run's workers printed, per worker",
-         "then print each worker's output once it has exited, until the run ends"),
+         "then print a live worker's output as it comes, and the next worker's, until the run ends"),
     ):
         sub = run.add_parser(name, parents=[common], help=text)
         sub.add_argument("run_id", metavar="RUN_ID")
