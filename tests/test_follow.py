@@ -202,7 +202,7 @@ async def test_watch_on_a_terminal_quits_on_q(host: Any, paths: StatePaths, proj
     try:
         async def drawn() -> bool:
             shown = (await trio.run_process([*tmux, "capture-pane", "-p"], capture_stdout=True)).stdout.decode()
-            return "recent events" in shown
+            return "recent events" in shown and "q quits" in shown
         await wait_for(drawn)
         await trio.run_process([*tmux, "send-keys", "x"])  # another key does nothing
         await trio.run_process([*tmux, "send-keys", "q"])

@@ -188,17 +188,24 @@ def _live(client: Any, args: argparse.Namespace, view: View, console: Any) -> in
         try:
             while True:
                 view.apply(_next_page(client, args, view))
-                live.update(render(view), refresh=True)
+                live.update(_with_hint(view), refresh=True)
         except BaseException as exc:  # reported by the main thread
             failed.append(exc)
             os.write(wake_write, b"!")
 
-    with Live(render(view), console=console, auto_refresh=False, screen=False) as live, _keys() as stdin:
+    with Live(_with_hint(view), console=console, auto_refresh=False, screen=False) as live, _keys() as stdin:
         threading.Thread(target=follow, args=(live,), daemon=True).start()
         _until_quit(stdin, wake_read)
     if failed:
         raise failed[0]
     return 0
+
+
+def _with_hint(view: View) -> Any:
+    from rich.console import Group
+    from rich.text import Text
+
+    return Group(render(view), Text("q quits", style="dim"))
 
 
 def _until_quit(stdin: int | None, wake: int) -> None:
