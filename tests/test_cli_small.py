@@ -56,7 +56,8 @@ async def test_bash_completes_subcommands_and_flags_from_a_generated_script(path
     complete = ('source "$1"; COMP_WORDS=($2); COMP_CWORD=$(( ${#COMP_WORDS[@]} - 1 )); '
                 '_shtab_piwf; printf "%s\\n" "${COMPREPLY[@]}"')
     assert await _completions(["bash", "-c", complete, "-", str(script), "piwf run st"]) == ["start"]
-    assert await _completions(["bash", "-c", complete, "-", str(script), "piwf run start --wa"]) == ["--wait"]
+    assert await _completions(["bash", "-c", complete, "-", str(script), "piwf run start --wa"]) == [
+        "--wait", "--wait-timeout"]
     assert await _completions(["bash", "-c", complete, "-", str(script), "piwf service un"]) == ["uninstall"]
 
 

@@ -27,7 +27,7 @@ CHATTY = """
     from piwf import Workflow, compute, shell
 
     def hold(ctx):
-        print("holding", flush=True)
+        print("holding \\x1b[31mred", flush=True)  # an escape sequence: shown escaped
         Path(ctx.project_path, "holding").write_text("yes")
         while not Path(ctx.project_path, "gate").exists():
             pass
@@ -98,7 +98,7 @@ async def test_run_logs_follow_prints_a_live_workers_output_as_it_comes(
     write_workflow(project, "chatty", CHATTY)
     run_id = await start(paths, project, "chatty")
     follow = await follower(paths, "run", "logs", run_id, "-f")
-    await follow.until(b"holding\n")  # printed while the worker still runs
+    await follow.until(b"holding \\x1b[31mred\n")  # printed while the worker still runs, escaped
     assert follow.proc.returncode is None and b"to stdout\nto stderr\n" in follow.out
     (project / "gate").write_text("open")
     assert await follow.finish() == 0

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from piwf.cli.text import terminal_text
 from piwf.client import Client
 from piwf.errors import HostReplied, ProtocolError, UsageError
 from piwf.paths import StatePaths
@@ -30,6 +31,21 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
     if not 0 < value <= 3600:
         raise argparse.ArgumentTypeError("must be more than 0 and at most 3600 seconds")
+    return value
+
+
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
+
+
+def _duration(text: str) -> float:
+    """A length of time: seconds (``90``, ``1.5``) or with a unit (``90s``, ``10m``, ``2h``, ``7d``)."""
+    number, unit = (text[:-1], text[-1]) if text[-1:] in DURATION_UNITS else (text, "s")
+    try:
+        value = float(number) * DURATION_UNITS[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (like 90, 90s, 10m, 2h or 7d)") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: a duration must be more than 0")
     return value
 
 
@@ -114,7 +130,7 @@ def _print(args: argparse.Namespace, value: Any, human: Any) -> None:
     else:
         text = human(value)
         if text:
-            print(text)
+            print(terminal_text(text))  # workflow text within it is shown escaped
 
 
 def _emit(value: Any) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from piwf.cli.common import WAIT_S, _client, _ok, _print
+from piwf.cli.text import terminal_text
 from piwf.client import Client
 from piwf.errors import HostReplied, HostUnavailable
 from piwf.status import ENDED
@@ -140,14 +141,14 @@ def _stream(client: Client, args: argparse.Namespace, worker: dict[str, Any]) ->
             if args.json:
                 print(json.dumps(out, sort_keys=True), flush=True)
             else:
-                sys.stdout.write(out["text"])
+                sys.stdout.write(terminal_text(out["text"]))
                 sys.stdout.flush()
 
 
 def _show(args: argparse.Namespace, items: list[dict[str, Any]], line: Callable[[dict[str, Any]], str]) -> None:
     """Each item as one JSON line with --json, else as ``line`` prints it; at once."""
-    for item in items:
-        print(json.dumps(item, sort_keys=True) if args.json else line(item), flush=True)
+    for item in items:  # workflow text is shown escaped (cli/text.py)
+        print(json.dumps(item, sort_keys=True) if args.json else terminal_text(line(item)), flush=True)
 
 
 def cmd_followup_add(args: argparse.Namespace) -> int:

@@ -242,6 +242,10 @@ def _format_status(s: dict[str, Any]) -> str:
                      f"{s['cancelledRuns']} cancelled")
         if s.get("pendingInteractions"):
             lines.append(f"inbox:     {s['pendingInteractions']} open request(s): piwf inbox")
+        if s.get("ambiguousEffects") or s.get("ambiguousControllerEffects"):
+            lines.append(f"effects:   {s.get('ambiguousEffects', 0)} of runs and "
+                         f"{s.get('ambiguousControllerEffects', 0)} of resources ambiguous: "
+                         "piwf run resolve-effect / piwf controller resolve-effect")
         if s.get("undeliveredNotifications") or s.get("unresolvedTurns"):
             lines.append(f"sessions:  {s['undeliveredNotifications']} undelivered notification(s), "
                          f"{s['unresolvedTurns']} unresolved turn(s): piwf inbox --session ID")

@@ -172,6 +172,7 @@ async def _supervise_process(host: HostState, active: Active[Any], proc: WorkerH
     OUTPUTS.add(active.worker_id, getattr(active.claim, "run_id", None), diagnostics)
     exited = False
     try:
+        active.pid = proc.pid
         await attach(proc.pid, proc.identity or "")
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_read_output, proc.stdout, diagnostics)
