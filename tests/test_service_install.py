@@ -49,6 +49,11 @@ async def report(paths: StatePaths, *args: str) -> dict[str, Any]:
     return json.loads(done.stdout)
 
 
+def unit(paths: StatePaths, suffix: str) -> str:
+    """The name of the state directory's unit (made from it: no --name)."""
+    return f"piwf-{service.default_name(paths)}.{suffix}"
+
+
 def files_under(root: Path) -> dict[str, str]:
     return {str(path): path.read_text() for path in sorted(root.rglob("*")) if path.is_file()}
 
@@ -65,20 +70,21 @@ async def test_dry_run_prints_units_that_systemd_analyze_verify_accepts(paths: S
         (units / Path(f["path"]).name).write_text(f["content"])
     runtime = tmp_path / "runtime"
     runtime.mkdir(mode=0o700)
-    verified = subprocess.run(["systemd-analyze", "--user", "verify", str(units / "piwf.service"),
-                               str(units / "piwf.socket")], capture_output=True, text=True, check=False,
+    verified = subprocess.run(["systemd-analyze", "--user", "verify", str(units / unit(paths, "service")),
+                               str(units / unit(paths, "socket"))], capture_output=True, text=True, check=False,
                               env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)})
     assert verified.returncode == 0 and not (verified.stdout + verified.stderr).strip(), verified.stderr
     human = (await service_cli(paths, "install", "--dry-run", "--platform", "linux")).stdout.decode()
     for f in planned["files"]:
         assert f["content"].strip() in human
-    assert "# would run: systemctl --user enable --now piwf.socket piwf.service" in human
+    assert (f"# would run: systemctl --user enable --now {unit(paths, 'socket')} {unit(paths, 'service')}"
+            in human)
 
 
 async def test_the_service_unit_says_what_the_issue_asks(paths: StatePaths, home: Path) -> None:
     planned = await report(paths, "install", "--dry-run", "--platform", "linux")
-    unit = {Path(f["path"]).name: f["content"] for f in planned["files"]}
-    settings = dict(line.split("=", 1) for line in unit["piwf.service"].splitlines() if "=" in line)
+    units = {Path(f["path"]).name: f["content"] for f in planned["files"]}
+    settings = dict(line.split("=", 1) for line in units[unit(paths, "service")].splitlines() if "=" in line)
     assert {k: settings[k] for k in ("Type", "NotifyAccess", "Restart", "KillMode")} == {
         "Type": "notify", "NotifyAccess": "main", "Restart": "on-failure", "KillMode": "mixed"}
     assert int(settings["WatchdogSec"]) > 0
@@ -86,18 +92,20 @@ async def test_the_service_unit_says_what_the_issue_asks(paths: StatePaths, home
     program, *args = settings["ExecStart"].split()
     assert Path(program).is_absolute() and os.access(program, os.X_OK)
     assert args[:3] == ["serve", "--state-dir", str(paths.root)]
-    assert f"ListenStream={paths.socket}\n" in unit["piwf.socket"]
-    assert "SocketMode=0600\n" in unit["piwf.socket"]
-    assert str(home / ".config" / "systemd" / "user" / "piwf.service") in [f["path"] for f in planned["files"]]
+    assert f"ListenStream={paths.socket}\n" in units[unit(paths, "socket")]
+    assert "SocketMode=0600\n" in units[unit(paths, "socket")]
+    assert settings["Requires"] == settings["After"] == unit(paths, "socket")
+    assert str(home / ".config" / "systemd" / "user" / unit(paths, "service")) in [f["path"] for f in planned["files"]]
 
 
 async def test_dry_run_prints_a_plist_that_plistlib_round_trips(paths: StatePaths, home: Path) -> None:
     planned = await report(paths, "install", "--dry-run", "--platform", "macos")
     [plist] = planned["files"]
-    assert plist["path"] == str(home / "Library" / "LaunchAgents" / "dev.piwf.host.plist")
+    label = f"dev.piwf.host.{service.default_name(paths)}"
+    assert plist["path"] == str(home / "Library" / "LaunchAgents" / f"{label}.plist")
     agent = plistlib.loads(plist["content"].encode())
     assert plistlib.dumps(agent, sort_keys=True).decode() == plist["content"]
-    assert agent["Label"] == "dev.piwf.host" and agent["RunAtLoad"] is True and agent["KeepAlive"]
+    assert agent["Label"] == label and agent["RunAtLoad"] is True and agent["KeepAlive"]
     assert agent["ProgramArguments"][1:4] == ["serve", "--state-dir", str(paths.root)]
     assert agent["StandardErrorPath"] and agent["ExitTimeOut"] > service.DRAIN_TIMEOUT_S
     assert ["launchctl", "bootstrap", f"gui/{os.getuid()}", plist["path"]] in planned["commands"]
@@ -133,20 +141,20 @@ async def test_install_without_the_manager_says_what_to_run(paths: StatePaths, h
     done = await service_cli(paths, "install", "--platform", "linux")
     assert done.returncode == 0
     last = done.stdout.decode().splitlines()[-1]
-    assert last.endswith("run: systemctl --user daemon-reload && systemctl --user enable --now piwf.socket "
-                         "piwf.service")
+    assert last.endswith(f"run: systemctl --user daemon-reload && systemctl --user enable --now "
+                         f"{unit(paths, 'socket')} {unit(paths, 'service')}")
 
 
 @pytest.mark.parametrize("command", ["install", "uninstall"])
 async def test_a_unit_piwf_did_not_write_is_left_alone(paths: StatePaths, home: Path, command: str) -> None:
-    unit = home / ".config" / "systemd" / "user" / "piwf.service"
-    unit.parent.mkdir(parents=True)
-    unit.write_text("[Service]\nExecStart=/bin/true\n")
+    foreign = home / ".config" / "systemd" / "user" / unit(paths, "service")
+    foreign.parent.mkdir(parents=True)
+    foreign.write_text("[Service]\nExecStart=/bin/true\n")
     done = await service_cli(paths, command, "--platform", "linux")
     assert done.returncode == ExitCode.SERVICE
     [line] = done.stderr.decode().splitlines()
     assert "was not written by `piwf service install`" in line
-    assert files_under(home) == {str(unit): "[Service]\nExecStart=/bin/true\n"}
+    assert files_under(home) == {str(foreign): "[Service]\nExecStart=/bin/true\n"}
 
 
 def test_systemd_quoting_keeps_arguments_whole() -> None:

@@ -67,6 +67,7 @@ async def runs(host: Any, paths: StatePaths, project: Path) -> tuple[str, str]:
 @pytest.mark.parametrize("command", [
     ("run", "show", "{failed}"), ("run", "events", "{failed}"), ("run", "logs", "{failed}"),
     ("run", "show", "{waiting}"), ("inbox",), ("inbox", "--session", "s-evil"), ("watch", "--once"),
+    ("run", "events", "{failed}", "--follow"), ("run", "logs", "{failed}", "--follow"),
 ])
 async def test_every_view_shows_workflow_text_escaped(paths: StatePaths, runs: tuple[str, str],
                                                       command: tuple[str, ...]) -> None:

@@ -80,8 +80,16 @@ def cmd_status(args: argparse.Namespace) -> int:
         receipt = offline_status(paths, waited_s=_timeout(args), store=getattr(args, "store", None))
     except HostUnavailable:
         receipt = offline_status(paths, store=getattr(args, "store", None))
+    receipt["standbys"] = [{"pid": r["pid"], "since": r.get("since")} for r in _standbys(paths)]
     _print(args, receipt, _format_status)
     return 0
+
+
+def _standbys(paths: StatePaths) -> list[dict[str, object]]:
+    """The `piwf serve --standby` processes waiting for this state directory's lock."""
+    from piwf.host.lock import read_standbys
+
+    return read_standbys(paths) if paths.host_dir.is_dir() else []
 
 
 def offline_status(paths: StatePaths, waited_s: float | None = None, store: str | None = None) -> dict[str, Any]:
@@ -163,16 +171,46 @@ def cmd_stop(args: argparse.Namespace) -> int:
     try:
         with _client(args) as client:
             holder = read_record(paths)
+            standbys = _standbys(paths)
             _ok(client.call("host.stop"))
         stopped = True
     except HostTimeout:
         raise  # a host is there, but it did not answer: it was not asked to stop
     except HostUnavailable:
         stopped = False
+    successor = None
     if stopped and (pid_identity := _holder(holder)):
         _wait_for_exit(*pid_identity)
-    _print(args, {"stopped": stopped}, lambda r: "host stopped" if stopped else "no host was running")
+        successor = _successor(paths, standbys)
+    _print(args, {"stopped": stopped, "takenOverBy": successor}, _format_stop)
     return 0
+
+
+def _format_stop(r: dict[str, Any]) -> str:
+    if not r["stopped"]:
+        return "no host was running"
+    if r["takenOverBy"] is None:
+        return "host stopped"
+    return (f"host stopped; a standby (pid {r['takenOverBy']}) took over and serves the state directory "
+            "(`piwf stop` again stops it)")
+
+
+def _successor(paths: StatePaths, standbys: list[dict[str, object]], timeout_s: float = 10.0) -> int | None:
+    """The pid of the standby that took the lock after the host stopped, if one was waiting:
+    one of them takes it at once, and writes the lock record as it does."""
+    import time
+
+    from piwf.processes import alive
+
+    waiting = {int(str(r["pid"])): str(r.get("identity")) for r in standbys}
+    deadline = time.monotonic() + timeout_s
+    while waiting and time.monotonic() < deadline:
+        holder = _holder(read_record(paths))
+        if holder is not None and holder[0] in waiting:
+            return holder[0]
+        waiting = {pid: ident for pid, ident in waiting.items() if alive(pid, ident)}
+        time.sleep(0.02)
+    return None
 
 
 def _wait_for_exit(pid: int, identity: str, timeout_s: float = 60.0) -> None:
@@ -224,6 +262,8 @@ def _format_status(s: dict[str, Any]) -> str:
         lines.append(f"store:     {s['store']}")
     if s.get("detail"):
         lines.append(f"detail:    {s['detail']}")
+    for standby in s.get("standbys", []):
+        lines.append(f"standby:   pid {standby['pid']}, waiting to take over (since {standby['since']})")
     if "queuedRuns" in s:
         lines.append(f"runs:      {s['queuedRuns']} queued, {s['runningRuns']} running, {s['parkedRuns']} parked, "
                      f"{s['waitingRuns']} waiting, {s['completedRuns']} completed, {s['failedRuns']} failed, "

@@ -79,7 +79,6 @@ def build_parser() -> argparse.ArgumentParser:
     listing.set_defaults(handler="run:cmd_run_list")
     for name, handler, text in (
         ("show", "run:cmd_run_show", "one run in detail"),
-        ("events", "run:cmd_run_events", "a run's trace"),
         ("cancel", "run:cmd_run_control", "cancel a run (its worker's processes are killed)"),
         ("pause", "run:cmd_run_control", "park a run at its next node boundary"),
         ("resume", "run:cmd_run_control", "let a paused or held run continue"),
@@ -87,9 +86,15 @@ def build_parser() -> argparse.ArgumentParser:
         sub = run.add_parser(name, parents=[common], help=text)
         sub.add_argument("run_id", metavar="RUN_ID")
         sub.set_defaults(handler=handler)
-    logs = run.add_parser("logs", parents=[common], help="what the run's workers printed, per worker")
-    logs.add_argument("run_id", metavar="RUN_ID")
-    logs.set_defaults(handler="run:cmd_run_logs")
+    for name, text, follow in (
+        ("events", "a run's trace", "then print each new event as it comes, until the run ends"),
+        ("logs", "what the run's workers printed, per worker",
+         "then print a live worker's output as it comes, and the next worker's, until the run ends"),
+    ):
+        sub = run.add_parser(name, parents=[common], help=text)
+        sub.add_argument("run_id", metavar="RUN_ID")
+        sub.add_argument("--follow", "-f", action="store_true", help=follow + " (with --json: a JSON line each)")
+        sub.set_defaults(handler=f"follow:cmd_run_{name}")
     resolve = run.add_parser("resolve-effect", parents=[common],
                              help="say whether an ambiguous effect was applied, releasing its run")
     resolve.add_argument("run_id", metavar="RUN_ID")
@@ -100,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     resolve.set_defaults(handler="run:cmd_run_resolve_effect")
     _add_settings(run, common)
     _add_interact(commands, common)
+    _add_followup(commands, common)
     _add_service(commands, common)
     _add_controller(commands, common)
     _add_watch(commands, common)
@@ -274,6 +280,22 @@ def _add_interact(commands: Any, common: argparse.ArgumentParser) -> None:
     answer.set_defaults(handler="interact:cmd_answer")
 
 
+def _add_followup(commands: Any, common: argparse.ArgumentParser) -> None:
+    group = commands.add_parser("followup", parents=[common], help="prompts for a run's origin session, "
+                                "delivered with the run's next turn").add_subparsers(
+        dest="sub", required=True, metavar="SUBCOMMAND")
+    add = group.add_parser("add", parents=[common], help="queue a follow-up for the run's session")
+    add.add_argument("run_id", metavar="RUN_ID")
+    add.add_argument("text", metavar="TEXT", help="what to tell the session with the run's turn")
+    add.add_argument("--request-key", metavar="KEY", help="the same key again is the same follow-up "
+                     "(a safe retry; default: a new key each time)")
+    add.set_defaults(handler="follow:cmd_followup_add")
+    remove = group.add_parser("remove", parents=[common], help="take back a follow-up not yet delivered")
+    remove.add_argument("run_id", metavar="RUN_ID")
+    remove.add_argument("followup_id", metavar="FOLLOWUP_ID")
+    remove.set_defaults(handler="follow:cmd_followup_remove")
+
+
 def _add_service(commands: Any, common: argparse.ArgumentParser) -> None:
     group = commands.add_parser("service", parents=[common], help="run the host as a background service "
                                 "(systemd user unit, launchd agent)").add_subparsers(
@@ -286,6 +308,8 @@ def _add_service(commands: Any, common: argparse.ArgumentParser) -> None:
         sub = group.add_parser(name, parents=[common], help=text)
         if name != "status":
             sub.add_argument("--dry-run", action="store_true", help="print what would be done; change nothing")
+        sub.add_argument("--name", metavar="NAME", help="the units' name, piwf-NAME (default: the name this "
+                         "state directory's units have, else one made from the directory)")
         sub.add_argument("--platform", choices=PLATFORMS, help=argparse.SUPPRESS)  # for tests: files only
         sub.set_defaults(handler=handler)
 

@@ -66,10 +66,14 @@ def cmd_run_show(args: argparse.Namespace) -> int:
 def cmd_run_events(args: argparse.Namespace) -> int:
     with _client(args) as client:
         events = all_events(client, args.run_id)
-    _print(args, events, lambda es: "\n".join(
-        f"{e['at']} {e['type']:18} " + " ".join(f"{k}={v}" for k, v in e.items() if k not in ("eventId", "at", "type"))
-        for e in es))
+    _print(args, events, lambda es: "\n".join(event_line(e) for e in es))
     return 0
+
+
+def event_line(e: dict[str, Any]) -> str:
+    """One event as `run events` prints it (`--follow` too)."""
+    fields = " ".join(f"{k}={v}" for k, v in e.items() if k not in ("eventId", "at", "type"))
+    return f"{e['at']} {e['type']:18} {fields}"
 
 
 def cmd_run_logs(args: argparse.Namespace) -> int:

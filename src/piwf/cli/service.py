@@ -10,22 +10,29 @@ from piwf import service
 from piwf.paths import StatePaths
 
 
-def _plan(args: argparse.Namespace) -> service.Plan:
+def _plan(args: argparse.Namespace) -> tuple[service.Plan, StatePaths]:
     platform = service.platform_name(args.platform)
-    return service.make_plan(platform, StatePaths.resolve(args.state_dir), forced=args.platform is not None)
+    paths = StatePaths.resolve(args.state_dir)
+    plan = service.make_plan(platform, paths, name=args.name, forced=args.platform is not None)
+    service.check_target(plan, paths)
+    return plan, paths
 
 
 def cmd_install(args: argparse.Namespace) -> int:
-    plan = _plan(args)
+    plan, _ = _plan(args)
     changed = service.changes(plan)
     commands = _install_commands(plan, changed)
     run = plan.manager is None and not args.dry_run
     if not args.dry_run:
+        if run and plan.retired:
+            service.run_commands(plan.retire)
+        service.remove_retired(plan)
         service.write_files(plan, changed)
         if run:
-            service.run_commands(commands)
+            service.run_commands(plan.install if plan.retired else commands)
     files = [{"path": str(path), "changed": changed[path], "content": content} for path, content in plan.files.items()]
-    report = {"platform": plan.platform, "dryRun": args.dry_run, "files": files,
+    report = {"platform": plan.platform, "name": plan.name, "dryRun": args.dry_run, "files": files,
+              "tookOver": [str(path) for path in plan.retired],
               "commands": [command.argv for command in commands], "commandsRun": run,
               "manager": plan.manager}
     _print(args, report, _format_install)
@@ -33,42 +40,46 @@ def cmd_install(args: argparse.Namespace) -> int:
 
 
 def _install_commands(plan: service.Plan, changed: dict[Path, bool]) -> list[service.Command]:
-    """launchd: reload the agent only if its plist changed or it is not loaded (a reload
-    restarts the host); systemd's commands are harmless to repeat."""
+    """Stop the units taken over first; launchd: reload the agent only if its plist changed
+    or it is not loaded (a reload restarts the host); systemd's commands are harmless to repeat."""
+    if plan.retired:
+        return plan.retire + plan.install
     if plan.platform == "macos" and not any(changed.values()) and service.manager_state(plan) == "loaded":
         return []
     return plan.install
 
 
 def cmd_uninstall(args: argparse.Namespace) -> int:
-    plan = _plan(args)
+    plan, paths = _plan(args)
     present = [path for path in plan.files if service.read_existing(path) is not None]
-    for path in present:
-        service.check_ours(path, service.read_existing(path))
-    commands = (plan.stop + plan.after_removal) if present else []
+    stop = (plan.stop if present else []) + (plan.retire if plan.retired else [])
+    commands = (stop + plan.after_removal) if stop else []
     run = plan.manager is None and not args.dry_run
     if not args.dry_run:
         if run:
-            service.run_commands(plan.stop)
+            service.run_commands(stop)
         service.remove_files(plan)
-        if run:
+        if run and stop:
             service.run_commands(plan.after_removal)
-    report = {"platform": plan.platform, "dryRun": args.dry_run, "removed": [str(p) for p in present],
-              "commands": [command.argv for command in commands], "commandsRun": run and bool(present),
-              "manager": plan.manager}
+    removed = [str(p) for p in [*present, *plan.retired]]
+    report = {"platform": plan.platform, "name": plan.name, "stateDir": str(paths.root), "dryRun": args.dry_run,
+              "removed": removed, "commands": [command.argv for command in commands],
+              "commandsRun": run and bool(removed), "manager": plan.manager}
     _print(args, report, _format_uninstall)
     return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    plan = _plan(args)
+    plan, _ = _plan(args)
     files = []
     for path, content in plan.files.items():
         existing = service.read_existing(path)
         files.append({"path": str(path), "installed": existing is not None,
                       "ours": existing is not None and service.is_ours(path, existing),
                       "current": existing == content})
-    report = {"platform": plan.platform, "files": files, "manager": service.manager_state(plan)}
+    files += [{"path": str(path), "installed": True, "ours": True, "current": False, "takenOverByInstall": True}
+              for path in plan.retired]
+    report = {"platform": plan.platform, "name": plan.name, "files": files, "manager": service.manager_state(plan)}
     _print(args, report, _format_status)
     return 0
 
@@ -87,16 +98,19 @@ def _format_install(r: dict[str, Any]) -> str:
         lines = []
         for f in r["files"]:
             lines += [f"# {'would write' if f['changed'] else 'unchanged'}: {f['path']}", f["content"].rstrip("\n"), ""]
+        lines += [f"# would take over (remove): {path}" for path in r["tookOver"]]
         lines += [f"# would run: {_command(c)}" for c in r["commands"]]
         return "\n".join(lines)
-    lines = [f"{'wrote' if f['changed'] else 'unchanged'} {f['path']}" for f in r["files"]]
+    lines = [f"took over {path} (this state directory's service under an earlier name): removed"
+             for path in r["tookOver"]]
+    lines += [f"{'wrote' if f['changed'] else 'unchanged'} {f['path']}" for f in r["files"]]
     lines += _commands_lines(r, "to start the service")
     return "\n".join(lines)
 
 
 def _format_uninstall(r: dict[str, Any]) -> str:
     if not r["removed"]:
-        return "piwf's service is not installed; nothing to remove"
+        return f"no piwf service is installed for {r['stateDir']}; nothing to remove"
     verb = "would remove" if r["dryRun"] else "removed"
     lines = [f"{verb} {path}" for path in r["removed"]]
     if r["dryRun"]:
@@ -117,6 +131,8 @@ def _format_status(r: dict[str, Any]) -> str:
     lines = []
     for f in r["files"]:
         state = ("not installed" if not f["installed"] else "not written by piwf" if not f["ours"]
+                 else "installed under an earlier name: `piwf service install` takes it over"
+                 if f.get("takenOverByInstall")
                  else "installed" if f["current"] else "installed, differs from what install would write now")
         lines.append(f"{f['path']}: {state}")
     lines.append(f"service: {r['manager']}")

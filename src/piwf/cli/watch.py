@@ -11,9 +11,14 @@ change prints the whole view again, after a line naming the cursor.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import select
 import sys
+import threading
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +49,9 @@ class View:
         for update in page["updates"]:
             self.updates[(update["runId"], update["type"], update["key"])] = update
         self.events.extend(page["events"])
+        self.trim()
+
+    def trim(self) -> None:
         for run_id in sorted(self.runs, key=lambda r: self.runs[r]["createdAt"])[:-RUNS_KEPT]:
             self._forget(run_id)
 
@@ -52,6 +60,18 @@ class View:
         self.requests.pop(run_id, None)
         for key in [k for k in self.updates if k[0] == run_id]:
             del self.updates[key]
+
+
+def _add_recent(client: Any, view: View) -> None:
+    """The runs that ended lately, beside the snapshot's active ones: the view keeps ended
+    runs until ``RUNS_KEPT`` newer ones push them out, from the first screen on."""
+    from piwf.cli.common import _ok
+
+    for run in _ok(client.call("run.list", payload={"limit": RUNS_KEPT})):
+        if run["runId"] not in view.runs:
+            view.runs[run["runId"]] = {**run, "currentNode": None}
+            view.requests.setdefault(run["runId"], [])
+    view.trim()
 
 
 def render(view: View, *, expand: bool = True) -> Any:
@@ -119,6 +139,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
         client.timeout = WAIT_S + (client.timeout or 0)  # a run.watch may take its own limit
         page = _ok(client.watch(run_id=args.run_id, limit=EVENTS_SHOWN))
         view.apply(page)
+        if args.run_id is None:
+            _add_recent(client, view)
         # Into a pipe or a file nothing is wrapped (a run id stays whole for grep): tables
         # as wide as their content, on a console wide enough for them.
         terminal = sys.stdout.isatty()
@@ -133,7 +155,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
         if args.once:
             return 0
         if live:
-            _live(client, args, view, console)
+            return _live(client, args, view, console)
         while True:  # into a pipe or a file: every change prints the whole view again
             page = _next_page(client, args, view)
             if not page["events"]:
@@ -165,10 +187,66 @@ def _next_page(client: Any, args: argparse.Namespace, view: View) -> dict[str, A
             until_host_is_back(client, exc)
 
 
-def _live(client: Any, args: argparse.Namespace, view: View, console: Any) -> None:
+def _live(client: Any, args: argparse.Namespace, view: View, console: Any) -> int:
+    """Redraw the view in place on each change until `q` is pressed (or Ctrl-C). The long
+    polls run in a thread of their own, so a key is read while one is outstanding."""
     from rich.live import Live
 
-    with Live(render(view), console=console, auto_refresh=False, screen=False) as live:
-        while True:
-            view.apply(_next_page(client, args, view))
-            live.update(render(view), refresh=True)
+    failed: list[BaseException] = []
+    wake_read, wake_write = os.pipe()
+
+    def follow(live: Any) -> None:
+        try:
+            while True:
+                view.apply(_next_page(client, args, view))
+                live.update(_with_hint(view), refresh=True)
+        except BaseException as exc:  # reported by the main thread
+            failed.append(exc)
+            os.write(wake_write, b"!")
+
+    with Live(_with_hint(view), console=console, auto_refresh=False, screen=False) as live, _keys() as stdin:
+        threading.Thread(target=follow, args=(live,), daemon=True).start()
+        _until_quit(stdin, wake_read)
+    if failed:
+        raise failed[0]
+    return 0
+
+
+def _with_hint(view: View) -> Any:
+    from rich.console import Group
+    from rich.text import Text
+
+    return Group(render(view), Text("q quits", style="dim"))
+
+
+def _until_quit(stdin: int | None, wake: int) -> None:
+    """Return once `q` is typed on ``stdin`` (a terminal in cbreak mode) or ``wake`` is readable."""
+    while True:
+        readable, _, _ = select.select([wake] if stdin is None else [stdin, wake], [], [])
+        if wake in readable:
+            return
+        if stdin is not None:
+            key = os.read(stdin, 1)
+            if key in (b"q", b"Q"):
+                return
+            if not key:  # end of input: only the watch can end it now
+                stdin = None
+
+
+@contextlib.contextmanager
+def _keys() -> Iterator[int | None]:
+    """Standard input, one key at a time without echo while the view is up (restored after);
+    None when it is not a terminal."""
+    if not sys.stdin.isatty():
+        yield None
+        return
+    import termios
+    import tty
+
+    fd = sys.stdin.fileno()
+    saved = termios.tcgetattr(fd)
+    try:
+        tty.setcbreak(fd)
+        yield fd
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)

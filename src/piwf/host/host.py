@@ -28,6 +28,7 @@ from collections.abc import AsyncIterator
 import math
 import os
 import signal
+import time
 
 import trio
 import trio_util
@@ -42,7 +43,7 @@ from piwf.store.api.rules import RETENTION_MS
 from piwf import faults, logs, processes
 from piwf.host.fork_launcher import ForkLauncher
 from piwf.host.launcher import fork_available
-from piwf.host.lock import HostLock
+from piwf.host.lock import HostLock, standing_by
 from piwf.host.notify import Notifier, open_notifier
 from piwf.host.deadlines import serve_deadlines
 from piwf.host.reconcile_lane import serve_controllers
@@ -177,7 +178,8 @@ class Host:
 async def _stand_by(paths: StatePaths, record: dict[str, object]) -> HostLock | None:
     """Wait for the lock, or for SIGTERM/SIGINT (then None)."""
     taken: list[HostLock] = []
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+    since = {"since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals, standing_by(paths, {**record, **since}):
         async with trio.open_nursery() as nursery:
             async def take() -> None:
                 taken.append(await HostLock.wait(paths, record))

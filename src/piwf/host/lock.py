@@ -6,9 +6,11 @@ moment the host dies, however it dies. ``host.lock.json`` beside it says who hol
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
+from collections.abc import Iterator
 
 from piwf.errors import HostAlreadyRunning
 from piwf.paths import StatePaths
@@ -70,3 +72,40 @@ def read_record(paths: StatePaths) -> dict[str, object] | None:
     except (OSError, ValueError):
         return None
     return record if isinstance(record, dict) else None
+
+
+STANDBY_PREFIX = "standby-"  # host/standby-<pid>.json: a `piwf serve --standby` waiting for the lock
+
+
+@contextlib.contextmanager
+def standing_by(paths: StatePaths, record: dict[str, object]) -> Iterator[None]:
+    """While a standby waits for the lock, ``host/standby-<pid>.json`` says so (``piwf
+    status`` shows it, ``piwf stop`` says when it took over); removed once it stops waiting.
+    A standby killed while waiting leaves its file behind: readers check that its process
+    still runs (``read_standbys``)."""
+    path = paths.host_dir / f"{STANDBY_PREFIX}{record['pid']}.json"
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump({"schema": "piwf.standby.v1", **record}, handle)
+    os.replace(tmp, path)
+    try:
+        yield
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def read_standbys(paths: StatePaths) -> list[dict[str, object]]:
+    """The standbys waiting for the lock (their process still running), oldest pid first."""
+    from piwf.processes import alive
+
+    found = []
+    for path in sorted(paths.host_dir.glob(f"{STANDBY_PREFIX}*.json")):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict) and isinstance(record.get("pid"), int) and alive(
+                record["pid"], str(record.get("identity"))):
+            found.append(record)
+    return sorted(found, key=lambda r: int(str(r["pid"])))

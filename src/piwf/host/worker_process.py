@@ -13,12 +13,13 @@ import base64
 import os
 import signal
 import weakref
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
 import trio
+import trio_util
 
 from piwf import processes
 from piwf.errors import PiwfError
@@ -32,21 +33,64 @@ OUTPUT_TAIL_S = 0.5  # after the stop, how long to read what the worker printed 
 
 
 class Diagnostics:
-    """The last 64 KiB of a worker's stdout and stderr."""
+    """The last 64 KiB of a worker's stdout and stderr, and how much it printed in all (a
+    ``run.output`` reader asks for what came after an offset, and waits on ``changed``)."""
 
     def __init__(self) -> None:
         self._chunks: deque[bytes | bytearray] = deque()
         self._size = 0
+        self.total = 0  # bytes printed since the worker started
         self.complete = False  # the output reached its end: nothing more to read
+        self.closed = False  # the host reads no more of it (the worker is gone)
+        self.changed = trio_util.RepeatedEvent()
 
     def add(self, data: bytes | bytearray) -> None:
         self._chunks.append(data)
         self._size += len(data)
+        self.total += len(data)
         while self._size - len(self._chunks[0]) >= DIAGNOSTIC_BYTES:
             self._size -= len(self._chunks.popleft())
+        self.changed.set()
+
+    def close(self) -> None:
+        self.closed = True
+        self.changed.set()
+
+    def since(self, offset: int) -> tuple[int, bytes]:
+        """Where the kept output after ``offset`` starts, and those bytes (at most 64 KiB)."""
+        kept = b"".join(self._chunks)[-DIAGNOSTIC_BYTES:]
+        start = max(offset, self.total - len(kept))
+        return start, kept[len(kept) - (self.total - start):] if start < self.total else b""
 
     def text(self) -> str:
         return b"".join(self._chunks)[-DIAGNOSTIC_BYTES:].decode(errors="replace")
+
+
+class Outputs:
+    """The output of the workers this process runs, and of the last ``KEPT`` that ended, by
+    worker id: what ``run.output`` reads (a follower reads a worker's last lines after it
+    has exited). Worker ids are random, so the hosts of one process (tests) share it."""
+
+    KEPT = 64
+
+    def __init__(self) -> None:
+        self._by_worker: OrderedDict[str, tuple[str | None, Diagnostics]] = OrderedDict()
+        self.added = trio_util.RepeatedEvent()  # a worker's output began to be read
+
+    def add(self, worker_id: str, run_id: str | None, diagnostics: Diagnostics) -> None:
+        self._by_worker[worker_id] = (run_id, diagnostics)
+        self.added.set()
+        ended = [w for w, (_, d) in self._by_worker.items() if d.closed]
+        for worker in ended[:max(0, len(ended) - self.KEPT)]:
+            del self._by_worker[worker]
+
+    def get(self, worker_id: str, run_id: str) -> Diagnostics | None:
+        """The output of worker ``worker_id`` of run ``run_id`` (None: not kept, or another run's)."""
+        owner, diagnostics = self._by_worker.get(worker_id, (None, None))
+        return diagnostics if owner == run_id else None
+
+
+OUTPUTS = Outputs()
 
 
 class Pipes:
@@ -124,6 +168,8 @@ async def _supervise_process(host: HostState, active: Active[Any], proc: WorkerH
                              send: trio.lowlevel.FdStream, receive: trio.lowlevel.FdStream, pump: Pump,
                              attach: Attach) -> None:
     diagnostics = Diagnostics()
+    # run.output reads it while the worker runs, and just after (a run's: a reconcile has no run id)
+    OUTPUTS.add(active.worker_id, getattr(active.claim, "run_id", None), diagnostics)
     exited = False
     try:
         active.pid = proc.pid
@@ -141,6 +187,7 @@ async def _supervise_process(host: HostState, active: Active[Any], proc: WorkerH
             if not diagnostics.complete:  # what it printed last, before it was stopped
                 with trio.move_on_after(OUTPUT_TAIL_S):
                     await _read_output(proc.stdout, diagnostics)
+        diagnostics.close()
         end = ProcessEnd(returncode, diagnostics.text())
         if cleanup.cancelled_caught and returncode is None:
             log.warning("%s: worker pid %d not reaped before the cleanup deadline", active.label, proc.pid)
