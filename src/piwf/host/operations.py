@@ -34,7 +34,7 @@ from piwf.protocol import (
     SubmitInteraction, UpdateInteraction, WaitReceipt, WaitRun,
 )
 from piwf.status import AT_REST, QueueStatus, RunStatus, StopReason
-from piwf.store.api import UnitOfWork
+from piwf.store.api import RunFilter, UnitOfWork
 from piwf.wire import HostResponse, Outcome, check_id, request_fingerprint
 from piwf.host import controller_operations
 from piwf.host import delivery
@@ -118,7 +118,10 @@ async def _run_status(host: HostState, request: GetRun) -> RunDetail:
 
 
 async def _run_list(host: HostState, request: ListRuns) -> list[RunSummary]:
-    return await host.store.runs.list_runs(request.payload.limit, request.payload.status)
+    given = request.payload
+    where = RunFilter(status=given.status, workflow=given.workflow, session=given.originSessionId, since=given.since,
+                      held=given.held, after=given.after)
+    return await host.store.runs.list_runs(given.limit, where=where)
 
 
 async def _run_events(host: HostState, request: GetRunEvents) -> RunEventsPage:

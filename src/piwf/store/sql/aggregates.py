@@ -10,6 +10,7 @@ from piwf.protocol import EVENTS_PAGE
 from piwf.store.api.rules import RETENTION_MS
 from piwf.store.sql import commands as _commands
 from piwf.store.sql import runs as _runs
+from piwf.store.sql import listing
 from piwf.store.sql import base as _base
 from piwf.store.sql import queue as _queue
 from piwf.store.sql import supervision as _supervision
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from piwf.protocol.worker import InteractionOpenPayload, PendingSubmission, WorkerMessage, WorkerResponse
     from piwf.status import NotificationKind, TurnResolution, WorkerStatus
     from piwf.store.api.types import (
-        Actor, Claim, CommandKey, ControllerClaim, Delay, NewScope, WorkerEnded,
+        Actor, Claim, CommandKey, ControllerClaim, Delay, NewScope, RunFilter, WorkerEnded,
     )
     from piwf.store.sql.database import Database
     from piwf.wire import HostResponse
@@ -122,8 +123,9 @@ class SqliteRunsStore:
     async def run_summary(self, run_id: str) -> RunSummary:
         return _runs.run_summary(self.db, run_id)
 
-    async def list_runs(self, limit: int = 50, status: str | None = None) -> list[RunSummary]:
-        return _runs.list_runs(self.db, limit, status)
+    async def list_runs(self, limit: int = 50, status: str | None = None,
+                        where: RunFilter | None = None) -> list[RunSummary]:
+        return listing.list_runs(self.db, limit, status, where)
 
     async def run_events(self, run_id: str, after: int = 0, limit: int = EVENTS_PAGE) -> RunEventsPage:
         return _runs.run_events(self.db, run_id, after, limit)

@@ -1,0 +1,129 @@
+"""`piwf run list` (issue 23, points 5-6): a validated `--status`, filters by workflow,
+session, time and held, a header row, a cursor to the next page, each filter read from an
+index; held runs shown as held (with what releases them) in `run list`, `run show`,
+`piwf watch`, and counted by `piwf status`."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from piwf.host.host import Host
+from piwf.host.state import HostState
+from piwf.paths import StatePaths
+from piwf.store.api import RunFilter
+from piwf.store.sql import listing
+from piwf.store.sqlite import Database
+
+from .conftest import config, piwf, write_workflow
+from .test_cli_wait import CRASHES
+
+
+@pytest.fixture
+async def fast_host(paths: StatePaths, nursery: trio.Nursery) -> AsyncIterator[HostState]:
+    state = await nursery.start(Host(config(paths, crash_backoff_s=0.01, max_crashes=2)).serve)
+    yield state
+    state.stop_requested.set()
+
+
+async def text(paths: StatePaths, *args: str) -> str:
+    return (await piwf(paths, *args)).stdout.decode()
+
+
+async def as_json(paths: StatePaths, *args: str) -> Any:
+    return json.loads((await piwf(paths, *args, "--json")).stdout)
+
+
+async def test_run_list_filters_pages_and_shows_held_runs(fast_host: HostState, paths: StatePaths,
+                                                          project: Path) -> None:
+    bogus = await piwf(paths, "run", "list", "--status", "bogus", check=False)
+    assert bogus.returncode == 2  # before: "no runs", exit 0
+    assert b"invalid choice: 'bogus' (choose from 'queued', 'running', 'waiting'" in bogus.stderr
+    write_workflow(project, "crashes", CRASHES)
+    greets = [(await text(paths, "run", "start", "greet", "--project", str(project), "--wait")).split()[0]
+              for _ in range(4)]
+    mine = (await text(paths, "run", "start", "greet", "--project", str(project), "--session", "s1",
+                       "--wait")).split()[0]
+    crashed = (await piwf(paths, "run", "start", "crashes", "--project", str(project), "--wait",
+                          check=False)).stdout.decode().split()[0]
+
+    listed = (await text(paths, "run", "list")).splitlines()
+    assert listed[0].split() == ["RUN", "WORKFLOW", "STATE", "QUEUE", "CREATED"]
+    assert listed[1].split()[:4] == [crashed, "crashes", "held", "(crashed)"]  # before: "running parked"
+    assert f"{crashed} is held (crashed): see piwf run logs {crashed}, fix the cause, then piwf run resume " \
+           f"{crashed}" in listed
+    assert [r["runId"] for r in await as_json(paths, "run", "list", "--held")] == [crashed]
+    assert [r["runId"] for r in await as_json(paths, "run", "list", "--workflow", "greet", "--status",
+                                              "completed")] == [mine, *reversed(greets)]
+    assert [r["runId"] for r in await as_json(paths, "run", "list", "--session", "s1")] == [mine]
+    assert len(await as_json(paths, "run", "list", "--since", "1h")) == 6
+    assert (await text(paths, "run", "list", "--since", "2999-01-01T00:00:00Z")) == "no runs\n"
+
+    # Page by page, each page's last line the command that shows the next: every run once.
+    seen: list[str] = []
+    command = ["run", "list", "--limit", "2", "--workflow", "greet", "--since", "1h"]
+    while True:
+        page = (await text(paths, *command)).splitlines()
+        seen += [line.split()[0] for line in page[1:] if line.startswith("run-")]
+        if not page[-1].startswith("more: "):
+            break
+        command = shlex.split(page[-1].removeprefix("more: "))[1:]  # without "piwf"
+        assert command[-2] == "--after" and "--workflow" in command and "--limit" in command
+    assert seen == [mine, *reversed(greets)]
+
+    shown = await text(paths, "run", "show", crashed)
+    assert "status:   held (crashed): running / parked" in shown
+    assert f"release:  see piwf run logs {crashed}, fix the cause, then piwf run resume {crashed}" in shown
+    status = await text(paths, "status")
+    assert "held:      1 held — piwf run list --held" in status
+    assert (await as_json(paths, "status"))["heldRuns"] == 1
+    watched = await text(paths, "watch", crashed, "--once")
+    assert "held (crashed)" in watched and "held: someone must act" in watched
+    assert f"piwf run resume {crashed}" in watched
+
+
+def _fill(db: Database, count: int) -> None:
+    """``count`` ended runs of three workflows, a few held and with sessions, written
+    straight into the tables (the query plans, not the write path, are under test)."""
+    with db.write():
+        for i in range(count):
+            run_id, held, failed = f"run-{i:016x}", i % 500 == 3, i % 100 == 7
+            db.execute("""INSERT INTO runs (run_id, workflow, project_path, definition_hash, definition_digest,
+                            status, origin_session_id, created_at, updated_at)
+                          VALUES (?, ?, '/p', 'h', 'd', ?, ?, ?, ?)""",
+                       (run_id, ("a", "b", "c")[i % 3], "running" if held else "failed" if failed else "completed",
+                        f"s{i % 7}" if i % 5 == 0 else None, 1_000 + i, 1_000 + i))
+            db.execute("INSERT INTO run_queue (run_id, status, hold, created_at, updated_at) VALUES (?, ?, ?, ?, ?)",
+                       (run_id, "parked" if held else "failed" if failed else "done", "crashed" if held else None,
+                        1_000 + i, 1_000 + i))
+
+
+@pytest.mark.parametrize(("where", "index"), [
+    (RunFilter(), "runs_listing"),
+    (RunFilter(status="failed"), "runs_by_status"),
+    (RunFilter(workflow="b"), "runs_by_workflow"),
+    (RunFilter(session="s3"), "runs_by_session"),
+    (RunFilter(since=3_000), "runs_listing"),
+    (RunFilter(after="run-0000000000000100"), "runs_listing"),
+    (RunFilter(workflow="b", after="run-0000000000000100"), "runs_by_workflow"),
+    (RunFilter(held=True), "run_queue_held"),
+])
+def test_every_run_list_filter_reads_an_index_in_order(tmp_path: Path, where: RunFilter, index: str) -> None:
+    """At 100,000 runs a page must not scan or sort the runs: its plan reads the filter's
+    index in the listing's order, and only the held runs (few) are sorted."""
+    db = Database.open(tmp_path / "state.db")
+    _fill(db, 3_000)
+    sql, params = listing.statement(db, 50, None, where)
+    plan = [row[-1] for row in db.execute("EXPLAIN QUERY PLAN " + sql, params)]
+    assert any(f"USING INDEX {index}" in step or f"USING COVERING INDEX {index}" in step for step in plan), plan
+    assert not any(step.startswith("SCAN") and "USING" not in step for step in plan), plan  # no full scan
+    assert where.held or not any("TEMP B-TREE" in step for step in plan), plan  # read in order, not sorted
+    rows = db.execute(sql, params).fetchall()
+    assert 0 < len(rows) <= 50
+    db.close()
