@@ -235,7 +235,8 @@ DROP TABLE node_attempts_v5;
 """ + _count_triggers("runs") + _count_triggers("run_queue") + INTERACTIONS_SQL
 
 
-# Layout 11: `run.list` pages read from an index in order, whatever the filter (store/sql/listing.py).
+# `run.list` pages read from an index in order, whatever the filter (store/sql/listing.py).
+LISTING_LAYOUT = 11  # layout 12 once holes-c's layout 11 has landed (its migration comes first)
 LISTING_SQL = f"""
 CREATE INDEX runs_listing ON runs(created_at, run_id);
 CREATE INDEX runs_by_status ON runs(status, created_at, run_id);
@@ -375,7 +376,7 @@ DROP TABLE run_workers_v2;
     8: "CREATE INDEX IF NOT EXISTS turns_run ON turns(run_id);\n" + SETTINGS_SQL,
     # 10: a crashed run's back-off (run_queue.not_before), durable.
     9: NOT_BEFORE_SQL,
-    # 11: indexes for run listings by status, workflow, session, time and held
+    # LISTING_LAYOUT: indexes for run listings by status, workflow, session, time and held
     # (runs_listing, on (created_at, run_id), takes the place of runs_created).
-    10: "DROP INDEX runs_created;\n" + LISTING_SQL,
+    LISTING_LAYOUT - 1: "DROP INDEX runs_created;\n" + LISTING_SQL,
 }
