@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from piwf.cli.text import shown
 from piwf.errors import ExitCode
 
 
@@ -28,9 +29,6 @@ def cmd_inbox(args: argparse.Namespace) -> int:
     _print(args, page, lambda p: "\n".join([*(format_request(r) for r in p["requests"]),
                                             *cli_deliver.format_delivery(p)]) or "nothing waits for you")
     return 0
-
-
-from piwf.cli.text import SHOWN, shown  # noqa: E402,F401 - shown is the CLI's one escaping helper
 
 
 def format_request(r: dict[str, Any]) -> str:
