@@ -45,6 +45,12 @@ async def test_run_list_filters_pages_and_shows_held_runs(fast_host: HostState, 
     bogus = await piwf(paths, "run", "list", "--status", "bogus", check=False)
     assert bogus.returncode == 2  # before: "no runs", exit 0
     assert b"invalid choice: 'bogus' (choose from 'queued', 'running', 'waiting'" in bogus.stderr
+    for args, code, line in ((["--since", "soon"], 2, "'soon' is neither a duration (30m, 2h, 7d) nor a date"),
+                             (["--after", "run-gone"], 6, "notFound: run run-gone not found"),
+                             (["--limit", "1001"], 2, "must be at most 1000")):
+        refused = await piwf(paths, "run", "list", *args, check=False)
+        assert (refused.returncode, refused.stdout) == (code, b"")
+        assert line.encode() in refused.stderr and refused.stderr.count(b"\n") == 1
     write_workflow(project, "crashes", CRASHES)
     greets = [(await text(paths, "run", "start", "greet", "--project", str(project), "--wait")).split()[0]
               for _ in range(4)]
