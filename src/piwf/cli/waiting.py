@@ -125,7 +125,7 @@ class _Progress:
         from rich.console import Console
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-        self._bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+        self._bar = Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False), TimeElapsedColumn(),
                              console=Console(stderr=True, highlight=False), transient=True)
         self._bar.__enter__()
         self._task = self._bar.add_task("waiting", total=None)

@@ -93,6 +93,7 @@ def _status(run: dict[str, Any]) -> str:
 def _held_table(view: View, expand: bool) -> Any:
     """Runs held for a person: why, and the command that releases each; None when there are none."""
     from rich.table import Table
+    from rich.text import Text
 
     from piwf.cli.runview import held, release
     from piwf.cli.text import shown
@@ -104,7 +105,8 @@ def _held_table(view: View, expand: bool) -> Any:
     for name in ("run", "why", "release"):
         table.add_column(name, overflow="fold")
     for run in sorted(runs, key=lambda r: r["createdAt"]):
-        table.add_row(run["runId"], f"{run['hold']}: {shown(run['statusDetail'] or '', 300)}", release(run))
+        table.add_row(*(Text(cell) for cell in (  # Text: no rich markup read in what a workflow wrote
+            run["runId"], f"{run['hold']}: {shown(run['statusDetail'] or '', 300)}", release(run))))
     return table
 
 
