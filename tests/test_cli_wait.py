@@ -134,6 +134,8 @@ async def test_a_paused_run_ends_the_wait_with_its_own_code(fast_host: HostState
     assert paused.returncode == 23
     assert f"piwf: run {run_id} is paused: piwf run resume {run_id}".encode() in paused.stderr
     assert "status:   paused: running / parked" in lines(paused)
+    unknown = await piwf(paths, "run", "wait", "run-nope", check=False)
+    assert (unknown.returncode, unknown.stderr) == (6, b"piwf: notFound: run run-nope not found\n")
 
 
 async def test_the_id_comes_at_once_and_ctrl_c_leaves_the_run_going(host: HostState, paths: StatePaths,
@@ -183,14 +185,30 @@ async def test_progress_is_drawn_on_a_terminal_only(host: HostState, paths: Stat
          "--state-dir", str(paths.root)], stdout=subprocess.PIPE, stderr=follower,
         env={**os.environ, "COLUMNS": "200", "TERM": "xterm"})
     os.close(follower)
-    drawn = b""
+    drawn = bytearray()
+    progress = trio.Event()
+
+    async def read_the_terminal() -> None:  # all along, so the CLI never blocks on a full terminal
+        while True:
+            try:
+                chunk = await trio.to_thread.run_sync(os.read, leader, 65536, abandon_on_cancel=True)
+            except OSError:  # EIO: the CLI has exited and closed the terminal
+                return
+            if not chunk:
+                return
+            drawn.extend(chunk)
+            if b"node wait, 1 step done" in drawn:  # the node running and the steps done
+                progress.set()
+
     try:
-        with trio.fail_after(20):
-            while b"node wait, 1 step done" not in drawn:  # the node running and the steps done
-                drawn += await trio.to_thread.run_sync(os.read, leader, 65536, abandon_on_cancel=True)
-        (project / "gate").touch()
-        with trio.fail_after(20):
-            assert await process.wait() == 0
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read_the_terminal)
+            with trio.fail_after(20):
+                await progress.wait()
+            (project / "gate").touch()
+            with trio.fail_after(20):
+                assert await process.wait() == 0
+            nursery.cancel_scope.cancel()
     finally:
         os.close(leader)
     assert b"0:00:0" in drawn  # the time waited
