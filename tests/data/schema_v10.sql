@@ -1,4 +1,4 @@
--- piwf state layout 10, as created by piwf before the indexes of run listings (for the migration test)
+-- piwf state layout 10, as created by piwf before ambiguous-effect indexes and reconcile effect identity (for the migration test)
 
 CREATE TABLE blobs (
   hash TEXT PRIMARY KEY,
