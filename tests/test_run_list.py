@@ -133,3 +133,21 @@ def test_every_run_list_filter_reads_an_index_in_order(tmp_path: Path, where: Ru
     rows = db.execute(sql, params).fetchall()
     assert 0 < len(rows) <= 50
     db.close()
+
+
+async def test_status_with_no_host_counts_the_held_runs(paths: StatePaths) -> None:
+    """`piwf status` reads the state database when no host serves it: held runs counted too."""
+    from piwf.store.sql import queue, runs
+
+    paths.root.mkdir(mode=0o700)
+    db = Database.open(paths.db)
+    for run_id in ("held", "paused"):
+        runs.create_run(db, run_id=run_id, workflow="w", project_path="/p", source=b"s", digest="d", input={},
+                        origin_session_id=None, now=1)
+    claim = queue.claim_run(db, "held", runner_id="h", token="t", lease_ms=1_000, now=2, epoch=1)
+    assert claim is not None
+    queue.park_run(db, "held", "t", 3, hold="crashed", detail="worker crashed 5 times in a row")
+    runs.pause_run(db, "paused", 3)
+    db.close()
+    status = await text(paths, "status")
+    assert "host:      stopped" in status and "held:      1 held — piwf run list --held" in status
