@@ -1,7 +1,7 @@
 """Runs listed (``run.list``): newest first, narrowed by status, workflow, origin session,
 creation time and held, a page at a time after a cursor (the last run shown).
 
-Every filter has an index (layout 11: ``runs_by_status``, ``runs_by_workflow``,
+Every filter has an index (``schema.LISTING_LAYOUT``: ``runs_by_status``, ``runs_by_workflow``,
 ``runs_by_session``, ``runs_listing``, ``run_queue_held``), so a page is read from an
 index in order, without sorting or scanning the runs, at 100,000 runs as at 100
 (tests/test_run_list.py checks the query plans). Portable SQL: the PostgreSQL backend runs
