@@ -91,7 +91,12 @@ def cmd_answer(args: argparse.Namespace) -> int:
             return 0
         from piwf.cli import waiting
 
-        submission, end = waiting.submission_ending(client, receipt, waiting.Deadline(args.wait_timeout))
+        try:
+            submission, end = waiting.submission_ending(client, receipt, waiting.Deadline(args.wait_timeout))
+        except KeyboardInterrupt:
+            print(f"piwf: stopped waiting; submission {receipt['submissionId']} stays and is validated all the "
+                  f"same: piwf inbox --run {receipt['runId']}", file=sys.stderr)
+            return ExitCode.INTERRUPTED
     if end is not None:  # held, paused or ended before the submission was validated; or the wait's limit
         _print(args, {**submission, "wait": end.as_json()}, lambda s: f"{s['submissionId']}: {s['status']}")
         sys.stdout.flush()
