@@ -24,7 +24,7 @@ from piwf.host.state import HostState
 from piwf.paths import StatePaths
 
 from .conftest import config, piwf, wait_for, write_workflow
-from .test_interactions import UNROUTED, open_request
+from .test_interactions import SLOW_CHECK, UNROUTED, open_request
 from .test_lifecycle import call, run_status, start
 
 CRASHES = """
@@ -230,6 +230,27 @@ async def test_answer_wait_ends_at_once_when_the_run_is_held(host: HostState, pa
     assert f"piwf run resume {run_id}".encode() in done.stderr
     held = await run_status(paths, run_id)
     assert (held["hold"], held["queueStatus"]) == ("source", "parked")
+
+
+async def test_ctrl_c_in_answer_wait_leaves_the_submission_to_be_validated(host: HostState, paths: StatePaths,
+                                                                          project: Path) -> None:
+    write_workflow(project, "slow_check", SLOW_CHECK.replace("PROJECT", repr(str(project))))
+    run_id = await start(paths, project, "slow_check")
+    request = await open_request(paths, run_id)
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "piwf", "answer", request["requestId"], "--value", "5", "--wait",
+         "--state-dir", str(paths.root)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    await wait_for(lambda: (project / "validating").exists())  # the workflow is validating the value
+    process.send_signal(signal.SIGINT)
+    with trio.fail_after(20):
+        assert await process.wait() == 130
+    assert process.stderr is not None
+    stderr = await _read_all(process.stderr)
+    assert b"stopped waiting; submission sub-" in stderr and f"piwf inbox --run {run_id}".encode() in stderr
+    (project / "release").touch()
+    async def settled() -> bool:
+        return (await run_status(paths, run_id))["status"] == "completed"
+    await wait_for(settled)
 
 
 async def test_a_failure_shows_its_type_and_the_users_line(host: HostState, paths: StatePaths,

@@ -74,6 +74,7 @@ def cmd_decide(args: argparse.Namespace) -> int:
 
 
 def cmd_answer(args: argparse.Namespace) -> int:
+    from piwf.cli import waiting
     from piwf.cli.common import _client, _json_arg, _ok, _print
 
     if args.wait_timeout is not None and not args.wait:
@@ -89,8 +90,6 @@ def cmd_answer(args: argparse.Namespace) -> int:
         if not args.wait:
             _print(args, receipt, lambda r: f"{r['submissionId']}: submitted; the workflow validates it")
             return 0
-        from piwf.cli import waiting
-
         try:
             submission, end = waiting.submission_ending(client, receipt, waiting.Deadline(args.wait_timeout))
         except KeyboardInterrupt:
