@@ -17,7 +17,7 @@ import trio
 from piwf.host.host import Host
 from piwf.host.state import HostState
 from piwf.paths import StatePaths
-from piwf.store.api import RunFilter
+from piwf.store.api.types import RunFilter
 from piwf.store.sql import listing
 from piwf.store.sqlite import Database
 

@@ -228,7 +228,7 @@ def test_a_layout_9_database_gains_the_crash_back_off_as_a_fresh_one_has_it(tmp_
 def test_a_layout_10_database_gains_the_run_listing_indexes_as_a_fresh_one_has_them(tmp_path: Path) -> None:
     """Layout 11 indexes run listings by status, workflow, session, time and held
     (runs_listing takes runs_created's place); the runs stay, and the schema is a fresh one's."""
-    from piwf.store.api import RunFilter
+    from piwf.store.api.types import RunFilter
     from piwf.store.sql import listing
 
     def schema(db: Database) -> set[tuple[str, str]]:

@@ -8,7 +8,7 @@ import pytest
 
 from piwf.clock import ManualClock
 from piwf.errors import ClaimLost, Conflict, NotFound, Rejected
-from piwf.store.api import RunFilter
+from piwf.store.api.types import RunFilter
 
 from .helpers import LEASE, claim, new_run, running, statuses
 

@@ -34,7 +34,7 @@ from piwf.protocol import (
     SubmitInteraction, UpdateInteraction, WaitReceipt, WaitRun,
 )
 from piwf.status import AT_REST, QueueStatus, RunStatus, StopReason
-from piwf.store.api import RunFilter, UnitOfWork
+from piwf.store.api import UnitOfWork
 from piwf.wire import HostResponse, Outcome, check_id, request_fingerprint
 from piwf.host import controller_operations
 from piwf.host import delivery
@@ -43,6 +43,7 @@ from piwf.host import settings_operations
 from piwf.host.catalog import WorkflowInfo
 from piwf.host.operation_types import After, Reads, Writes
 from piwf.host.state import HostState, log
+from piwf.store.api.types import RunFilter
 
 
 async def handle_request(host: HostState, request: Request) -> tuple[HostResponse, After]:

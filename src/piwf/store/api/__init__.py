@@ -80,7 +80,7 @@ from piwf.store.api.runs import (
     CommandsStore, EffectsStore, HostsStore, QueueStore, RunsStore, SupervisionStore, WorkersStore,
 )
 from piwf.store.api.types import (
-    Actor, Claim, CommandKey, ControllerClaim, Delay, HostClaim, LeaseRecord, NewScope, RunFilter, WorkerEnded,
+    Actor, Claim, CommandKey, ControllerClaim, Delay, HostClaim, LeaseRecord, NewScope, WorkerEnded,
 )
 
 
@@ -147,6 +147,6 @@ def open_store(paths: Any, *, durability: str = "full", backend: str = "sqlite")
 __all__ = [
     "Actor", "Claim", "CommandKey", "CommandsStore", "ControllerClaim", "ControllerEffectsStore",
     "ControllerQueueStore", "ControllersStore", "Delay", "DeliveryStore", "EffectsStore", "HostClaim", "HostsStore",
-    "InteractionsStore", "LeaseRecord", "NewScope", "QueueStore", "RunFilter", "RunsStore", "SettingsStore", "Store",
+    "InteractionsStore", "LeaseRecord", "NewScope", "QueueStore", "RunsStore", "SettingsStore", "Store",
     "SupervisionStore", "UnitOfWork", "UpdatesStore", "WorkerEnded", "WorkersStore", "open_store",
 ]
