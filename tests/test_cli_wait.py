@@ -101,12 +101,12 @@ async def test_each_way_a_wait_ends_has_its_own_exit_code(fast_host: HostState, 
     timed_out = await piwf(paths, "run", "wait", asked, check=False)
     assert timed_out.returncode == 21 and f"run {asked} timed out".encode() in timed_out.stderr
 
-    alone = await piwf(paths, "run", "start", "sleepy", "--project", str(project), "--wait-timeout", "1", check=False)
+    alone = await piwf(paths, "run", "start", "sleepy", "--project", str(project), "--wait-timeout", "1s", check=False)
     assert (alone.returncode, alone.stderr) == (2, b"piwf: --wait-timeout goes with --wait\n")
-    limit = await wait_cli(paths, project, "sleepy", "--wait-timeout", "0.3")
+    limit = await wait_cli(paths, project, "sleepy", "--wait-timeout", "1s")
     assert limit.returncode == 26
     sleepy = lines(limit)[0]
-    assert f"is still running after 0.3 s; it goes on: piwf run wait {sleepy}".encode() in limit.stderr
+    assert f"is still running after 1 s; it goes on: piwf run wait {sleepy}".encode() in limit.stderr
     assert (await run_status(paths, sleepy))["status"] == "running"
 
     # Re-attached with `run wait`, as the wait's own limit and Ctrl-C say to.

@@ -20,8 +20,9 @@ from piwf.paths import StatePaths
 from piwf.store.api.types import RunFilter
 from piwf.store.sql import listing
 from piwf.store.sqlite import Database
+from piwf.store.sqlite.schema import LISTING_LAYOUT, SCHEMA_VERSION
 
-from .conftest import config, piwf, write_workflow
+from .conftest import config, frozen_layout, piwf, write_workflow
 from .test_cli_wait import CRASHES
 
 
@@ -151,3 +152,27 @@ async def test_status_with_no_host_counts_the_held_runs(paths: StatePaths) -> No
     db.close()
     status = await text(paths, "status")
     assert "host:      stopped" in status and "held:      1 held — piwf run list --held" in status
+
+
+def test_a_layout_10_database_gains_the_run_listing_indexes_as_a_fresh_one_has_them(tmp_path: Path) -> None:
+    """Layout 11 indexes run listings by status, workflow, session, time and held
+    (runs_listing takes runs_created's place); the runs stay, and the schema is a fresh one's."""
+    def schema(db: Database) -> set[tuple[str, str]]:
+        return set(db.execute("SELECT name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"))
+
+    fresh = Database.open(tmp_path / "fresh.db")
+    expected = schema(fresh)
+    fresh.close()
+    path = tmp_path / "v10.db"
+    conn = frozen_layout(path, 10)
+    conn.execute("INSERT INTO runs (run_id, workflow, project_path, definition_hash, definition_digest, status, "
+                 "created_at, updated_at) VALUES ('r', 'w', '/p', 'h', 'd', 'running', 1, 1)")
+    conn.execute("INSERT INTO run_queue (run_id, status, hold, created_at, updated_at) "
+                 "VALUES ('r', 'parked', 'crashed', 1, 1)")
+    conn.close()
+    db = Database.open(path)
+    assert db.scalar("PRAGMA user_version") == SCHEMA_VERSION >= LISTING_LAYOUT
+    assert schema(db) == expected
+    assert [r.runId for r in listing.list_runs(db, where=RunFilter(held=True, workflow="w"))] == ["r"]
+    assert db.scalar("PRAGMA integrity_check") == "ok"
+    db.close()

@@ -12,7 +12,7 @@ import pytest
 
 from piwf.errors import CorruptStateError, SchemaError, StoreError
 from piwf.store.sqlite import Database
-from piwf.store.sqlite.schema import APPLICATION_ID, LISTING_LAYOUT, SCHEMA_VERSION
+from piwf.store.sqlite.schema import APPLICATION_ID, SCHEMA_VERSION
 
 
 from .conftest import frozen_layout
@@ -216,37 +216,10 @@ def test_a_layout_9_database_gains_the_crash_back_off_as_a_fresh_one_has_it(tmp_
                  "VALUES ('r', 'parked', 2, 1, 1)")
     conn.close()
     db = Database.open(path)
-    assert db.scalar("PRAGMA user_version") == SCHEMA_VERSION >= 10
+    assert db.scalar("PRAGMA user_version") == SCHEMA_VERSION
     assert schema(db) == expected
     assert db.one("SELECT crash_count, not_before FROM run_queue WHERE run_id = 'r'") == (2, None)
     claim = queue.claim_next_run(db, runner_id="h", token="t", lease_ms=1000, now=2, epoch=1)
     assert claim is not None and claim.run_id == "r"
-    assert db.scalar("PRAGMA integrity_check") == "ok"
-    db.close()
-
-
-def test_a_layout_10_database_gains_the_run_listing_indexes_as_a_fresh_one_has_them(tmp_path: Path) -> None:
-    """Layout 11 indexes run listings by status, workflow, session, time and held
-    (runs_listing takes runs_created's place); the runs stay, and the schema is a fresh one's."""
-    from piwf.store.api.types import RunFilter
-    from piwf.store.sql import listing
-
-    def schema(db: Database) -> set[tuple[str, str]]:
-        return set(db.execute("SELECT name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"))
-
-    fresh = Database.open(tmp_path / "fresh.db")
-    expected = schema(fresh)
-    fresh.close()
-    path = tmp_path / "v10.db"
-    conn = frozen_layout(path, 10)
-    conn.execute("INSERT INTO runs (run_id, workflow, project_path, definition_hash, definition_digest, status, "
-                 "created_at, updated_at) VALUES ('r', 'w', '/p', 'h', 'd', 'running', 1, 1)")
-    conn.execute("INSERT INTO run_queue (run_id, status, hold, created_at, updated_at) "
-                 "VALUES ('r', 'parked', 'crashed', 1, 1)")
-    conn.close()
-    db = Database.open(path)
-    assert db.scalar("PRAGMA user_version") == SCHEMA_VERSION >= LISTING_LAYOUT
-    assert schema(db) == expected
-    assert [r.runId for r in listing.list_runs(db, where=RunFilter(held=True, workflow="w"))] == ["r"]
     assert db.scalar("PRAGMA integrity_check") == "ok"
     db.close()

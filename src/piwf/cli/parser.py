@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import Any, NoReturn
 
-from piwf.cli.common import DEFAULT_TIMEOUT_S, _duration, _seconds
+from piwf.cli.common import DEFAULT_TIMEOUT_S, _duration_ms, _seconds
 from piwf.errors import UsageError
 from piwf.status import RunStatus
 
@@ -133,8 +133,8 @@ def _add_serve(commands: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _add_wait_timeout(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--wait-timeout", type=_duration, metavar="DUR",
-                        help="stop waiting after DUR (90, 90s, 10m, 2h): exit 26, the run goes on (default: no limit)")
+    parser.add_argument("--wait-timeout", type=_duration_ms, metavar="DUR",
+                        help="stop waiting after DUR (90s, 10m, 2h): exit 26, the run goes on (default: no limit)")
 
 
 def _add_seconds(parser: argparse.ArgumentParser, flag: str, default: float, text: str) -> None:
@@ -175,7 +175,7 @@ def _since(text: str) -> int:
     import time
 
     try:
-        ago = _duration(text)
+        ago_ms = _duration_ms(text)
     except argparse.ArgumentTypeError:
         try:
             when = datetime.datetime.fromisoformat(text)
@@ -184,7 +184,7 @@ def _since(text: str) -> int:
                                              "(2026-12-01, 2026-12-01T09:30)") from None
         ms = int(when.timestamp() * 1000)  # a naive time is local time
     else:
-        ms = int((time.time() - ago) * 1000)
+        ms = int(time.time() * 1000) - ago_ms
     return max(ms, 0)
 
 

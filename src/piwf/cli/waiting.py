@@ -28,11 +28,11 @@ ENDED = ("completed", "failed", "timed_out", "cancelled")
 
 
 class Deadline:
-    """The wait's own limit (``--wait-timeout``), or none."""
+    """The wait's own limit (``--wait-timeout``, ms), or none."""
 
-    def __init__(self, seconds: float | None) -> None:
-        self.seconds = seconds
-        self.at = None if seconds is None else time.monotonic() + seconds
+    def __init__(self, limit_ms: int | None) -> None:
+        self.seconds = None if limit_ms is None else limit_ms / 1000
+        self.at = None if self.seconds is None else time.monotonic() + self.seconds
 
     def left_ms(self, most: int) -> int:
         if self.at is None:
@@ -79,7 +79,7 @@ def attend(args: argparse.Namespace, client: Client, run_id: str, show: Callable
         return ExitCode.INTERRUPTED
     end = runview.ending(run) if run.pop("atRest") else None
     if end is None:  # the wait's own limit passed first
-        after = "" if args.wait_timeout is None else f" after {args.wait_timeout:g} s"
+        after = "" if deadline.seconds is None else f" after {deadline.seconds:g} s"
         end = runview.Ending(ExitCode.WAIT_TIMEOUT, f"run {run_id} is still {runview.state(run)}{after}; "
                                                     f"it goes on: piwf run wait {run_id}")
     if args.json:

@@ -371,8 +371,8 @@ def status_counts(db: Database, now: int) -> dict[str, int]:
         expired = db.scalar(
             """SELECT COUNT(*) FROM run_queue INDEXED BY run_queue_claimable
                WHERE status IN ('starting', 'running') AND claim_expires_at <= ?""", (now,))
-        counts[("interactions", "open")] = count_open(db)
         counts[("runs", "held")] = count_held(db)
+        counts[("interactions", "open")] = count_open(db)
         _delivery_counts(db, counts)
     return _status_fields(counts.get, int(expired))
 
@@ -387,8 +387,8 @@ def recounted(db: Database, now: int) -> dict[str, int]:
         counts[("lifecycle", "contradictions")] = db.scalar(LIFECYCLE_CONTRADICTIONS)
         expired = db.scalar("""SELECT COUNT(*) FROM run_queue WHERE status IN ('starting', 'running')
                                AND claim_expires_at <= ?""", (now,))
-        counts[("interactions", "open")] = count_open(db)
         counts[("runs", "held")] = count_held(db)
+        counts[("interactions", "open")] = count_open(db)
         _delivery_counts(db, counts)
     return _status_fields(counts.get, int(expired))
 
