@@ -10,7 +10,6 @@ from piwf.protocol import EVENTS_PAGE
 from piwf.store.api.rules import RETENTION_MS
 from piwf.store.sql import commands as _commands
 from piwf.store.sql import runs as _runs
-from piwf.store.sql import listing
 from piwf.store.sql import base as _base
 from piwf.store.sql import queue as _queue
 from piwf.store.sql import supervision as _supervision
@@ -24,6 +23,7 @@ from piwf.store.sql import settings as _settings
 from piwf.store.sql import controllers as _controllers
 from piwf.store.sql import controller_queue as _controller_queue
 from piwf.store.sql import controller_effects as _controller_effects
+from piwf.store.sql import listing
 
 if TYPE_CHECKING:
     from piwf.protocol import (
@@ -35,9 +35,10 @@ if TYPE_CHECKING:
     from piwf.protocol.worker import InteractionOpenPayload, PendingSubmission, WorkerMessage, WorkerResponse
     from piwf.status import NotificationKind, TurnResolution, WorkerStatus
     from piwf.store.api.types import (
-        Actor, Claim, CommandKey, ControllerClaim, Delay, NewScope, RunFilter, WorkerEnded,
+        Actor, Claim, CommandKey, ControllerClaim, Delay, NewScope, WorkerEnded,
     )
     from piwf.store.sql.database import Database
+    from piwf.store.api.types import RunFilter
     from piwf.wire import HostResponse
 
 
