@@ -35,7 +35,7 @@ SHOWN = 200  # characters of a value or an error shown in a listing (--json has 
 
 
 def shown(text: object, limit: int = SHOWN) -> str:
-    """Text from a workflow or a client on one line of a view: every non-printable
-    character escaped, line breaks too, cut to ``limit`` with a mark."""
-    safe = "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in str(text))
+    """Text from a workflow or a client, safe on a terminal: control and format characters
+    escaped (no escape sequences, no line breaks), cut to ``limit`` with a mark."""
+    safe = terminal_text(str(text)).replace("\n", "\\n")  # one line: its breaks escaped too
     return safe if len(safe) <= limit else safe[:limit] + "…"
