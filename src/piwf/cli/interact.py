@@ -99,7 +99,8 @@ def cmd_answer(args: argparse.Namespace) -> int:
     if end is not None:  # held, paused or ended before the submission was validated; or the wait's limit
         _print(args, {**submission, "wait": end.as_json()}, lambda s: f"{s['submissionId']}: {s['status']}")
         sys.stdout.flush()
-        print(f"piwf: {end.reason}", file=sys.stderr)
+        if end.reason:
+            print(f"piwf: {end.reason}", file=sys.stderr)
         return int(end.code)
     _print(args, submission, lambda s: f"{s['submissionId']}: {s['status']}"
            + (f": {s['error']}" if s.get("error") else ""))

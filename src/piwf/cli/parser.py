@@ -10,10 +10,12 @@ from __future__ import annotations
 import argparse
 from typing import Any, NoReturn
 
+from piwf import __version__
 from piwf.cli.common import DEFAULT_TIMEOUT_S, _duration_ms, _seconds
 from piwf.errors import UsageError
 from piwf.status import RunStatus
 
+SHELLS = ("bash", "zsh", "fish")  # piwf.cli.completion.SHELLS, without importing it
 PLATFORMS = ("linux", "macos")  # piwf.service.PLATFORMS, without importing it (a test checks)
 
 
@@ -23,9 +25,20 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see `{self.prog} --help`)")
 
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        """An unknown flag points to the help of the subcommand it was given to (argparse
+        reports it from the top level, where `piwf --help` does not list it)."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            words = [self.prog, getattr(parsed, "command", None), getattr(parsed, "sub", None)]
+            prog = " ".join(word for word in words if word)
+            raise UsageError(f"unrecognized arguments: {' '.join(extras)} (see `{prog} --help`)")
+        return parsed
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="piwf", description="A durable workflow host for one machine.")
+    parser.add_argument("--version", action="version", version=f"piwf {__version__}")
     _add_common(parser, defaults=True)
     common = Parser(add_help=False)
     _add_common(common, defaults=False)  # on subcommands too, without overriding the top level
@@ -99,6 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_service(commands, common)
     _add_controller(commands, common)
     _add_watch(commands, common)
+    completion = commands.add_parser("completion", parents=[common],
+                                     help="print a completion script for bash, zsh or fish")
+    completion.add_argument("shell", choices=SHELLS, metavar="SHELL", help="bash, zsh or fish")
+    completion.set_defaults(handler="completion:cmd_completion")
     return parser
 
 

@@ -11,8 +11,8 @@ from typing import Any
 
 from piwf.cli import interact as cli_interact
 from piwf.cli import runview, waiting
+from piwf.cli.common import DEFAULT_TIMEOUT_S, LOAD_LIMIT_S, _client, _json_arg, _ok, _print, slow_notice
 from piwf.cli.text import shown
-from piwf.cli.common import _client, _json_arg, _ok, _print
 from piwf.client import Client
 from piwf.errors import UsageError
 
@@ -27,8 +27,12 @@ def cmd_run_start(args: argparse.Namespace) -> int:
         payload["settings"] = _json_arg(args.settings, "--settings")
     if args.wait_timeout is not None and not args.wait:
         raise UsageError("--wait-timeout goes with --wait")
-    with _client(args) as client:
-        receipt = _ok(client.call("run.start", run_id=args.run_id, payload=payload))
+    # Loading the workflow may take the host up to LOAD_LIMIT_S: by default the CLI waits for
+    # the host's own answer (its reason), a --timeout or $PIWF_TIMEOUT bounds the wait.
+    with _client(args, default_timeout=LOAD_LIMIT_S + DEFAULT_TIMEOUT_S) as client:
+        with slow_notice(f"waiting for the host to load workflow {args.name} (its import may take up to "
+                         f"{LOAD_LIMIT_S} s; --timeout S waits less)"):
+            receipt = _ok(client.call("run.start", run_id=args.run_id, payload=payload))
         run_id = receipt["runId"]
         if not args.wait:
             _print(args, {"runId": run_id}, lambda r: run_id)

@@ -12,6 +12,9 @@ control characters itself.
 from __future__ import annotations
 
 import re
+from typing import Any
+
+SHOWN = 200  # characters of a value or an error shown in a listing (--json has it all)
 
 # Everything str.isprintable() refuses, but the line break: found with one regex scan,
 # so printing a large view costs one pass in C when nothing needs escaping.
@@ -31,11 +34,8 @@ def _escape(match: re.Match[str]) -> str:
     return char if char.isprintable() else char.encode("unicode_escape").decode("ascii")
 
 
-SHOWN = 200  # characters of a value or an error shown in a listing (--json has it all)
-
-
-def shown(text: object, limit: int = SHOWN) -> str:
-    """Text from a workflow or a client, safe on a terminal: control and format characters
-    escaped (no escape sequences, no line breaks), cut to ``limit`` with a mark."""
-    safe = terminal_text(str(text)).replace("\n", "\\n")  # one line: its breaks escaped too
+def shown(text: Any, limit: int = SHOWN) -> str:
+    """Text from a workflow or a client for one line of a listing: ``terminal_text`` with
+    line breaks escaped too, cut to ``limit`` with a mark."""
+    safe = terminal_text(str(text)).replace("\n", "\\n")
     return safe if len(safe) <= limit else safe[:limit] + "…"

@@ -164,6 +164,10 @@ def submission_ending(client: Client, receipt: dict[str, Any], deadline: Deadlin
         end = runview.held_ending(run)
         if end is None and run["status"] in ENDED:
             end = runview.ending(run)
+        if end is not None:  # the run moved on: its submission may have been decided just before
+            last = _submission(client, receipt) or last
+            if last is not None and last["status"] != "validating":
+                return last, None
         pending = last or {"submissionId": receipt["submissionId"], "status": "validating"}
         if end is not None:
             return pending, end

@@ -373,6 +373,7 @@ def status_counts(db: Database, now: int) -> dict[str, int]:
                WHERE status IN ('starting', 'running') AND claim_expires_at <= ?""", (now,))
         counts[("runs", "held")] = count_held(db)
         counts[("interactions", "open")] = count_open(db)
+        counts[("effects", "ambiguous")] = db.scalar(AMBIGUOUS_EFFECTS)
         _delivery_counts(db, counts)
     return _status_fields(counts.get, int(expired))
 
@@ -389,8 +390,14 @@ def recounted(db: Database, now: int) -> dict[str, int]:
                                AND claim_expires_at <= ?""", (now,))
         counts[("runs", "held")] = count_held(db)
         counts[("interactions", "open")] = count_open(db)
+        counts[("effects", "ambiguous")] = db.scalar(AMBIGUOUS_EFFECTS)
         _delivery_counts(db, counts)
     return _status_fields(counts.get, int(expired))
+
+
+# Effects whose outcome nobody knows, each holding its run for an operator (layout 11's
+# partial index effects_ambiguous finds them without reading the others).
+AMBIGUOUS_EFFECTS = "SELECT COUNT(*) FROM effects WHERE status = 'ambiguous'"
 
 
 def _delivery_counts(db: Database, counts: dict[tuple[str, str], int]) -> None:
@@ -421,6 +428,7 @@ def _status_fields(count: Callable[[tuple[str, str]], int | None], expired: int)
         "cancelledRuns": total("runs.status", "cancelled"),
         "expiredClaims": expired,
         "pendingInteractions": total("interactions", "open"),
+        "ambiguousEffects": total("effects", "ambiguous"),
         "undeliveredNotifications": total("notifications", "undelivered"),
         "unresolvedTurns": total("turns", "unresolved"),
         "lifecycleContradictions": total("lifecycle", "contradictions"),
