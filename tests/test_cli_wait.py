@@ -24,7 +24,7 @@ from piwf.host.state import HostState
 from piwf.paths import StatePaths
 
 from .conftest import config, piwf, wait_for, write_workflow
-from .test_interactions import UNROUTED, open_request
+from .test_interactions import SLOW_CHECK, UNROUTED, open_request
 from .test_lifecycle import call, run_status, start
 
 CRASHES = """
@@ -101,10 +101,12 @@ async def test_each_way_a_wait_ends_has_its_own_exit_code(fast_host: HostState, 
     timed_out = await piwf(paths, "run", "wait", asked, check=False)
     assert timed_out.returncode == 21 and f"run {asked} timed out".encode() in timed_out.stderr
 
-    limit = await wait_cli(paths, project, "sleepy", "--wait-timeout", "0.3")
+    alone = await piwf(paths, "run", "start", "sleepy", "--project", str(project), "--wait-timeout", "1s", check=False)
+    assert (alone.returncode, alone.stderr) == (2, b"piwf: --wait-timeout goes with --wait\n")
+    limit = await wait_cli(paths, project, "sleepy", "--wait-timeout", "1s")
     assert limit.returncode == 26
     sleepy = lines(limit)[0]
-    assert f"is still running after 0.3 s; it goes on: piwf run wait {sleepy}".encode() in limit.stderr
+    assert f"is still running after 1 s; it goes on: piwf run wait {sleepy}".encode() in limit.stderr
     assert (await run_status(paths, sleepy))["status"] == "running"
 
     # Re-attached with `run wait`, as the wait's own limit and Ctrl-C say to.
@@ -132,6 +134,8 @@ async def test_a_paused_run_ends_the_wait_with_its_own_code(fast_host: HostState
     assert paused.returncode == 23
     assert f"piwf: run {run_id} is paused: piwf run resume {run_id}".encode() in paused.stderr
     assert "status:   paused: running / parked" in lines(paused)
+    unknown = await piwf(paths, "run", "wait", "run-nope", check=False)
+    assert (unknown.returncode, unknown.stderr) == (6, b"piwf: notFound: run run-nope not found\n")
 
 
 async def test_the_id_comes_at_once_and_ctrl_c_leaves_the_run_going(host: HostState, paths: StatePaths,
@@ -181,14 +185,30 @@ async def test_progress_is_drawn_on_a_terminal_only(host: HostState, paths: Stat
          "--state-dir", str(paths.root)], stdout=subprocess.PIPE, stderr=follower,
         env={**os.environ, "COLUMNS": "200", "TERM": "xterm"})
     os.close(follower)
-    drawn = b""
+    drawn = bytearray()
+    progress = trio.Event()
+
+    async def read_the_terminal() -> None:  # all along, so the CLI never blocks on a full terminal
+        while True:
+            try:
+                chunk = await trio.to_thread.run_sync(os.read, leader, 65536, abandon_on_cancel=True)
+            except OSError:  # EIO: the CLI has exited and closed the terminal
+                return
+            if not chunk:
+                return
+            drawn.extend(chunk)
+            if b"node wait, 1 step done" in drawn:  # the node running and the steps done
+                progress.set()
+
     try:
-        with trio.fail_after(20):
-            while b"node wait, 1 step done" not in drawn:  # the node running and the steps done
-                drawn += await trio.to_thread.run_sync(os.read, leader, 65536, abandon_on_cancel=True)
-        (project / "gate").touch()
-        with trio.fail_after(20):
-            assert await process.wait() == 0
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read_the_terminal)
+            with trio.fail_after(20):
+                await progress.wait()
+            (project / "gate").touch()
+            with trio.fail_after(20):
+                assert await process.wait() == 0
+            nursery.cancel_scope.cancel()
     finally:
         os.close(leader)
     assert b"0:00:0" in drawn  # the time waited
@@ -210,6 +230,27 @@ async def test_answer_wait_ends_at_once_when_the_run_is_held(host: HostState, pa
     assert f"piwf run resume {run_id}".encode() in done.stderr
     held = await run_status(paths, run_id)
     assert (held["hold"], held["queueStatus"]) == ("source", "parked")
+
+
+async def test_ctrl_c_in_answer_wait_leaves_the_submission_to_be_validated(host: HostState, paths: StatePaths,
+                                                                          project: Path) -> None:
+    write_workflow(project, "slow_check", SLOW_CHECK.replace("PROJECT", repr(str(project))))
+    run_id = await start(paths, project, "slow_check")
+    request = await open_request(paths, run_id)
+    process = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "piwf", "answer", request["requestId"], "--value", "5", "--wait",
+         "--state-dir", str(paths.root)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    await wait_for(lambda: (project / "validating").exists())  # the workflow is validating the value
+    process.send_signal(signal.SIGINT)
+    with trio.fail_after(20):
+        assert await process.wait() == 130
+    assert process.stderr is not None
+    stderr = await _read_all(process.stderr)
+    assert b"stopped waiting; submission sub-" in stderr and f"piwf inbox --run {run_id}".encode() in stderr
+    (project / "release").touch()
+    async def settled() -> bool:
+        return (await run_status(paths, run_id))["status"] == "completed"
+    await wait_for(settled)
 
 
 async def test_a_failure_shows_its_type_and_the_users_line(host: HostState, paths: StatePaths,

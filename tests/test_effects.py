@@ -120,6 +120,11 @@ async def test_an_unobservable_interrupted_effect_holds_the_run_until_an_operato
     assert [s["status"] for s in held["steps"]] == ["interrupted", "interrupted"]  # nothing shown running
     shown = await piwf(paths, "run", "show", run_id)
     assert b"ambiguous effect charge" in shown.stdout
+    assert b"status:   held (effect): running / parked" in shown.stdout
+    assert f"release:  piwf run resolve-effect {run_id} charge --applied|--not-applied".encode() in shown.stdout
+    listed = (await piwf(paths, "run", "list", "--held")).stdout.decode()
+    assert f"{run_id} is held (effect): see piwf run show {run_id}, then piwf run resolve-effect {run_id} KEY " \
+           "--applied|--not-applied" in listed  # a listing has no effects: run show names the key
     refused = await piwf(paths, "run", "resume", run_id, check=False)
     assert refused.returncode == 1 and b"resolve-effect" in refused.stderr
     assert charges(shop) == 1  # never re-applied on a guess

@@ -8,6 +8,7 @@ import pytest
 
 from piwf.clock import ManualClock
 from piwf.errors import ClaimLost, Conflict, NotFound, Rejected
+from piwf.store.api.types import RunFilter
 
 from .helpers import LEASE, claim, new_run, running, statuses
 
@@ -155,6 +156,52 @@ async def test_runs_are_listed_newest_first_and_by_status(store: Any, clock: Man
     assert [r.runId for r in await store.runs.list_runs(status="cancelled")] == ["b"]
     summary = await store.runs.run_summary("a")
     assert (summary.runId, summary.workflow, summary.status, summary.revision) == ("a", "w", "queued", 1)
+
+
+async def test_runs_are_listed_by_workflow_session_time_and_held_a_page_at_a_time(
+        store: Any, clock: ManualClock) -> None:
+    start = clock.now_ms()
+    for run_id, workflow, session in (("a", "w", "s1"), ("b", "v", None), ("c", "w", None), ("d", "v", "s1"),
+                                      ("e", "w", "s2")):
+        await store.runs.create_run(run_id=run_id, workflow=workflow, project_path="/p", source=b"src",
+                                    digest="d1", input={}, origin_session_id=session, now=clock.now_ms())
+        clock.advance(10)
+        if session is not None:  # one active run per session: end it before the next one's
+            await store.queue.cancel_run(run_id, clock.now_ms())
+
+    async def ids(limit: int = 50, **where: Any) -> list[str]:
+        return [r.runId for r in await store.runs.list_runs(limit, where=RunFilter(**where))]
+
+    assert await ids(workflow="w") == ["e", "c", "a"]
+    assert await ids(session="s1") == ["d", "a"]
+    assert await ids(since=start + 20) == ["e", "d", "c"]  # created at or after
+    assert await ids(workflow="v", since=start + 20) == ["d"]
+    assert await ids(status="cancelled", workflow="w") == ["e", "a"]
+    assert await ids(workflow="nope") == []
+    # The cursor: the last run shown; the next page starts after it, filters kept.
+    assert await ids(2) == ["e", "d"]
+    assert await ids(2, after="d") == ["c", "b"]
+    assert await ids(2, after="b") == ["a"]
+    assert await ids(2, workflow="w", after="e") == ["c", "a"]
+    with pytest.raises(NotFound, match="run gone not found"):
+        await ids(after="gone")
+    # Held for a person: not paused, not waiting, not between crashes.
+    got = await claim(store, clock)
+    assert got is not None and got.run_id == "b"
+    await store.queue.park_run("b", got.token, clock.now_ms(), hold="crashed", detail="crashed 5 times")
+    await store.runs.pause_run("c", clock.now_ms())
+    assert await ids(held=True) == ["b"]
+    assert await ids(held=True, workflow="w") == []
+    assert (await store.runs.status_counts(clock.now_ms()))["heldRuns"] == 1
+
+
+async def test_runs_created_in_the_same_millisecond_are_paged_by_id(store: Any, clock: ManualClock) -> None:
+    for run_id in ("r3", "r1", "r2"):
+        await store.runs.create_run(run_id=run_id, workflow="w", project_path="/p", source=b"src", digest="d1",
+                                    input={}, origin_session_id=None, now=clock.now_ms())
+    pages = [[r.runId for r in await store.runs.list_runs(1, where=RunFilter(after=after))]
+             for after in (None, "r3", "r2", "r1")]
+    assert pages == [["r3"], ["r2"], ["r1"], []]
 
 
 async def test_events_come_in_pages(store: Any, clock: ManualClock) -> None:

@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     except PiwfError as exc:
         return fail(exc, as_json)
     except KeyboardInterrupt:
-        return 130
+        return ExitCode.INTERRUPTED
     except BrokenPipeError:  # `piwf ... | head`: the reader has what it wanted
         with contextlib.suppress(OSError):
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - flushed at exit without a second error

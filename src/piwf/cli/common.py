@@ -34,19 +34,24 @@ def _seconds(text: str) -> float:
     return value
 
 
-DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
+_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 7 * 86_400_000}
 
 
-def _duration(text: str) -> float:
-    """A length of time: seconds (``90``, ``1.5``) or with a unit (``90s``, ``10m``, ``2h``, ``7d``)."""
-    number, unit = (text[:-1], text[-1]) if text[-1:] in DURATION_UNITS else (text, "s")
+def _duration_ms(text: str) -> int:
+    """A length of time such as ``30d``, ``12h``, ``90m``, ``45s`` (ms, s, m, h, d, w), in ms:
+    at least one second."""
+    number = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = text[len(number):] or None
     try:
-        value = float(number) * DURATION_UNITS[unit]
+        value = float(number)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (like 90, 90s, 10m, 2h or 7d)") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r}: a duration must be more than 0")
-    return value
+        value = -1.0
+    if unit not in _UNITS_MS or not value > 0 or value * _UNITS_MS[unit] > 100 * 365 * 86_400_000:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a length of time such as 30d, 12h, 90m or 45s")
+    ms = int(value * _UNITS_MS[unit])
+    if ms < 1000:
+        raise argparse.ArgumentTypeError("must be at least 1s")
+    return ms
 
 
 def _json_arg(text: str, option: str) -> Any:

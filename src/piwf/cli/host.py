@@ -268,6 +268,8 @@ def _format_status(s: dict[str, Any]) -> str:
         lines.append(f"runs:      {s['queuedRuns']} queued, {s['runningRuns']} running, {s['parkedRuns']} parked, "
                      f"{s['waitingRuns']} waiting, {s['completedRuns']} completed, {s['failedRuns']} failed, "
                      f"{s['cancelledRuns']} cancelled")
+        if s.get("heldRuns"):
+            lines.append(f"held:      {s['heldRuns']} held — piwf run list --held")
         if s.get("pendingInteractions"):
             lines.append(f"inbox:     {s['pendingInteractions']} open request(s): piwf inbox")
         if s.get("ambiguousEffects") or s.get("ambiguousControllerEffects"):

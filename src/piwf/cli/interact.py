@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from piwf.cli.text import shown
 from piwf.errors import ExitCode
 
 
@@ -28,9 +29,6 @@ def cmd_inbox(args: argparse.Namespace) -> int:
     _print(args, page, lambda p: "\n".join([*(format_request(r) for r in p["requests"]),
                                             *cli_deliver.format_delivery(p)]) or "nothing waits for you")
     return 0
-
-
-from piwf.cli.text import SHOWN, shown  # noqa: E402,F401 - shown is the CLI's one escaping helper
 
 
 def format_request(r: dict[str, Any]) -> str:
@@ -76,6 +74,7 @@ def cmd_decide(args: argparse.Namespace) -> int:
 
 
 def cmd_answer(args: argparse.Namespace) -> int:
+    from piwf.cli import waiting
     from piwf.cli.common import _client, _json_arg, _ok, _print
 
     if args.wait_timeout is not None and not args.wait:
@@ -91,9 +90,12 @@ def cmd_answer(args: argparse.Namespace) -> int:
         if not args.wait:
             _print(args, receipt, lambda r: f"{r['submissionId']}: submitted; the workflow validates it")
             return 0
-        from piwf.cli import waiting
-
-        submission, end = waiting.submission_ending(client, receipt, waiting.Deadline(args.wait_timeout))
+        try:
+            submission, end = waiting.submission_ending(client, receipt, waiting.Deadline(args.wait_timeout))
+        except KeyboardInterrupt:
+            print(f"piwf: stopped waiting; submission {receipt['submissionId']} stays and is validated all the "
+                  f"same: piwf inbox --run {receipt['runId']}", file=sys.stderr)
+            return ExitCode.INTERRUPTED
     if end is not None:  # held, paused or ended before the submission was validated; or the wait's limit
         _print(args, {**submission, "wait": end.as_json()}, lambda s: f"{s['submissionId']}: {s['status']}")
         sys.stdout.flush()

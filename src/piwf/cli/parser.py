@@ -11,8 +11,9 @@ import argparse
 from typing import Any, NoReturn
 
 from piwf import __version__
-from piwf.cli.common import DEFAULT_TIMEOUT_S, _duration, _seconds
+from piwf.cli.common import DEFAULT_TIMEOUT_S, _duration_ms, _seconds
 from piwf.errors import UsageError
+from piwf.status import RunStatus
 
 SHELLS = ("bash", "zsh", "fish")  # piwf.cli.completion.SHELLS, without importing it
 PLATFORMS = ("linux", "macos")  # piwf.service.PLATFORMS, without importing it (a test checks)
@@ -75,7 +76,16 @@ def build_parser() -> argparse.ArgumentParser:
     wait.set_defaults(handler="run:cmd_run_wait")
     listing = run.add_parser("list", parents=[common], help="recent runs")
     listing.add_argument("--limit", type=_run_list_limit, default=50, metavar="N", help="1 to 1000 (default 50)")
-    listing.add_argument("--status", help="only runs with this engine status")
+    listing.add_argument("--status", choices=RUN_STATUSES, metavar="STATUS",
+                         help=f"only runs with this engine status: {', '.join(RUN_STATUSES)}")
+    listing.add_argument("--workflow", metavar="NAME", help="only this workflow's runs")
+    listing.add_argument("--session", metavar="ID", help="only runs this origin session started")
+    listing.add_argument("--since", type=_since, metavar="WHEN", help="only runs created since WHEN: a duration "
+                         "ago (30m, 2h, 7d) or a date or time (2026-12-01, 2026-12-01T09:30, local unless it "
+                         "gives Z or an offset)")
+    listing.add_argument("--held", action="store_true", help="only runs held for a person (crashes, an "
+                         "ambiguous effect, a changed workflow)")
+    listing.add_argument("--after", metavar="RUN_ID", help="the next page: runs after this one (the last one shown)")
     listing.set_defaults(handler="run:cmd_run_list")
     for name, handler, text in (
         ("show", "run:cmd_run_show", "one run in detail"),
@@ -153,8 +163,8 @@ def _add_serve(commands: Any, common: argparse.ArgumentParser) -> None:
 
 
 def _add_wait_timeout(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--wait-timeout", type=_duration, metavar="DUR",
-                        help="stop waiting after DUR (90, 90s, 10m, 2h): exit 26, the run goes on (default: no limit)")
+    parser.add_argument("--wait-timeout", type=_duration_ms, metavar="DUR",
+                        help="stop waiting after DUR (90s, 10m, 2h): exit 26, the run goes on (default: no limit)")
 
 
 def _add_seconds(parser: argparse.ArgumentParser, flag: str, default: float, text: str) -> None:
@@ -190,6 +200,28 @@ def _add_common(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
     parser.add_argument("--timeout", type=_seconds, metavar="S", help="seconds the host (or, for `workflows list`, "
                         f"each workflow's import) has to answer (default: $PIWF_TIMEOUT or {DEFAULT_TIMEOUT_S:g})",
                         **extra)
+
+
+RUN_STATUSES = tuple(status.value for status in RunStatus)
+
+
+def _since(text: str) -> int:
+    """``--since``: a duration ago, or a date or a time (ISO 8601; local unless zoned)."""
+    import datetime
+    import time
+
+    try:
+        ago_ms = _duration_ms(text)
+    except argparse.ArgumentTypeError:
+        try:
+            when = datetime.datetime.fromisoformat(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is neither a duration (30m, 2h, 7d) nor a date or time "
+                                             "(2026-12-01, 2026-12-01T09:30)") from None
+        ms = int(when.timestamp() * 1000)  # a naive time is local time
+    else:
+        ms = int(time.time() * 1000) - ago_ms
+    return max(ms, 0)
 
 
 def _run_list_limit(text: str) -> int:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import time
 from pathlib import Path
 from typing import Any
 
@@ -45,15 +47,56 @@ def cmd_run_wait(args: argparse.Namespace) -> int:
 
 
 def cmd_run_list(args: argparse.Namespace) -> int:
-    payload: dict[str, Any] = {"limit": args.limit}
-    if args.status:
-        payload["status"] = args.status
+    """Runs newest first, filtered; a header row, and after a full page the command that
+    shows the next one (``--after`` the last run shown)."""
+    payload: dict[str, Any] = {"limit": min(args.limit + 1, 1000)}  # one more: is there a next page?
+    for key, value in (("status", args.status), ("workflow", args.workflow), ("originSessionId", args.session),
+                       ("since", args.since), ("after", args.after)):
+        if value is not None:
+            payload[key] = value
+    if args.held:
+        payload["held"] = True
     with _client(args) as client:
         rows = _ok(client.call("run.list", payload=payload))
-    _print(args, rows, lambda rs: "\n".join(
-        f"{r['runId']:22} {r['workflow']:16} {r['status']:10} {r['queueStatus']:9} "
-        f"{'paused ' if r['paused'] else ''}{r['createdAt']}" for r in rs) or "no runs")
+    more = len(rows) > args.limit or len(rows) == 1000
+    rows = rows[:args.limit]
+    _print(args, rows, lambda rs: format_list(rs, _next_page(args, rs) if more else None))
     return 0
+
+
+def format_list(rows: list[dict[str, Any]], next_page: str | None) -> str:
+    if not rows:
+        return "no runs"
+    table = [("RUN", "WORKFLOW", "STATE", "QUEUE", "CREATED")]
+    table += [(r["runId"], shown(r["workflow"], 40), runview.state(r) + (" (paused)" if r["paused"] and
+              runview.state(r) != "paused" else ""), r["queueStatus"], r["createdAt"]) for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(4)]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths, strict=True)) + "  " + row[4]
+             for row in table]
+    lines += [f"{r['runId']} is held ({r['hold']}): {runview.release(r)}" for r in rows if runview.held(r)]
+    if next_page:
+        lines.append(f"more: {next_page}")
+    return "\n".join(lines)
+
+
+def iso_time(ms: int) -> str:
+    """``2026-12-02T09:30:00.000Z``: a time the next page's ``--since`` reads back exactly."""
+    seconds, millis = divmod(ms, 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}Z"
+
+
+def _next_page(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
+    """The command that lists the next page: this one's filters, after the last run shown."""
+    words = ["piwf", "run", "list"]
+    for flag, value in (("--status", args.status), ("--workflow", args.workflow), ("--session", args.session),
+                        ("--since", None if args.since is None else iso_time(args.since))):
+        if value is not None:
+            words += [flag, shlex.quote(shown(value))]
+    if args.held:
+        words.append("--held")
+    if args.limit != 50:
+        words += ["--limit", str(args.limit)]
+    return " ".join([*words, "--after", rows[-1]["runId"]])
 
 
 def cmd_run_show(args: argparse.Namespace) -> int:

@@ -8,6 +8,7 @@ and ``piwf watch``; it imports nothing heavy (no rich, no trio).
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,8 +38,11 @@ def release(run: dict[str, Any]) -> str:
     """What someone does to let a held, paused or waiting run go on: the command to run."""
     run_id, hold = run["runId"], run.get("hold")
     if hold == "effect":
-        keys = [e["key"] for e in run.get("effects", []) if e["status"] == "ambiguous"] or ["KEY"]
-        return "; ".join(f"piwf run resolve-effect {run_id} {shown(key)} --applied|--not-applied" for key in keys)
+        keys = [e["key"] for e in run.get("effects", []) if e["status"] == "ambiguous"]
+        if not keys:  # a summary (run list, watch) has no effects
+            return f"see piwf run show {run_id}, then piwf run resolve-effect {run_id} KEY --applied|--not-applied"
+        return "; ".join(f"piwf run resolve-effect {run_id} {shlex.quote(shown(key))} --applied|--not-applied"
+                         for key in keys)
     if hold == "source":
         return f"restore the workflow file, or piwf run resume {run_id} to go on with the new one"
     if hold == "crashed":

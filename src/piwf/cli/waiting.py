@@ -21,18 +21,18 @@ from piwf.cli import runview
 from piwf.cli.text import shown
 from piwf.cli.common import WAIT_S, _emit, _ok, _print
 from piwf.client import Client
-from piwf.errors import ExitCode, HostUnavailable
+from piwf.errors import ExitCode, HostReplied, HostUnavailable
 
 POLL_MS = 30_000  # one run.watch long poll while progress is shown
 ENDED = ("completed", "failed", "timed_out", "cancelled")
 
 
 class Deadline:
-    """The wait's own limit (``--wait-timeout``), or none."""
+    """The wait's own limit (``--wait-timeout``, ms), or none."""
 
-    def __init__(self, seconds: float | None) -> None:
-        self.seconds = seconds
-        self.at = None if seconds is None else time.monotonic() + seconds
+    def __init__(self, limit_ms: int | None) -> None:
+        self.seconds = None if limit_ms is None else limit_ms / 1000
+        self.at = None if self.seconds is None else time.monotonic() + self.seconds
 
     def left_ms(self, most: int) -> int:
         if self.at is None:
@@ -68,14 +68,20 @@ def attend(args: argparse.Namespace, client: Client, run_id: str, show: Callable
         what = (f"run {run_id} was started, but waiting for it failed" if announce
                 else f"waiting for run {run_id} failed")
         raise type(exc)(f"{what}: {exc}; follow it with piwf run wait {run_id}") from exc
+    except HostReplied as exc:  # "unavailable: the host is stopping", say
+        if exc.outcome != "unavailable":
+            raise
+        raise HostReplied(exc.outcome, f"waiting for run {run_id} failed: {exc.error}; follow it with "
+                                       f"piwf run wait {run_id}") from exc
     except KeyboardInterrupt:
         print(f"piwf: stopped waiting; run {run_id} goes on. Follow it with: piwf run wait {run_id} "
               f"(or piwf watch {run_id})", file=sys.stderr)
         return ExitCode.INTERRUPTED
     end = runview.ending(run) if run.pop("atRest") else None
-    if end is None:
-        end = runview.Ending(ExitCode.WAIT_TIMEOUT, f"run {run_id} is still {runview.state(run)} after "
-                                                    f"{args.wait_timeout:g} s; it goes on: piwf run wait {run_id}")
+    if end is None:  # the wait's own limit passed first
+        after = "" if deadline.seconds is None else f" after {deadline.seconds:g} s"
+        end = runview.Ending(ExitCode.WAIT_TIMEOUT, f"run {run_id} is still {runview.state(run)}{after}; "
+                                                    f"it goes on: piwf run wait {run_id}")
     if args.json:
         _emit({**run, "wait": end.as_json()})
     else:
@@ -125,7 +131,7 @@ class _Progress:
         from rich.console import Console
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-        self._bar = Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+        self._bar = Progress(SpinnerColumn(), TextColumn("{task.description}", markup=False), TimeElapsedColumn(),
                              console=Console(stderr=True, highlight=False), transient=True)
         self._bar.__enter__()
         self._task = self._bar.add_task("waiting", total=None)

@@ -90,6 +90,8 @@ def render(view: View, *, expand: bool = True) -> Any:
     if not view.runs:
         runs.add_row("-", "no runs", "", "", "")
     parts: list[Any] = [runs]
+    if (held := _held_table(view, expand)) is not None:
+        parts.append(held)
     waiting = [r for requests in view.requests.values() for r in requests]
     if waiting:
         table = Table(title="waiting for an answer", title_justify="left", expand=expand)
@@ -112,10 +114,31 @@ def _cells(*values: str) -> list[Any]:
 
 
 def _status(run: dict[str, Any]) -> str:
-    status: str = run["status"]
-    if run["hold"]:
-        status += f" ({run['hold']})"
-    return status + (" paused" if run["paused"] else "")
+    """``running``, ``waiting``, ``paused``, ``held (crashed)`` (never ``running`` for a held run)."""
+    from piwf.cli.runview import state
+
+    word = state(run)
+    return word + (" paused" if run["paused"] and word != "paused" else "")
+
+
+def _held_table(view: View, expand: bool) -> Any:
+    """Runs held for a person: why, and the command that releases each; None when there are none."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from piwf.cli.runview import held, release
+    from piwf.cli.text import shown
+
+    runs = [run for run in view.runs.values() if held(run)]
+    if not runs:
+        return None
+    table = Table(title="held: someone must act", title_justify="left", expand=expand)
+    for name in ("run", "why", "release"):
+        table.add_column(name, overflow="fold")
+    for run in sorted(runs, key=lambda r: r["createdAt"]):
+        table.add_row(*(Text(cell) for cell in (  # Text: no rich markup read in what a workflow wrote
+            run["runId"], f"{run['hold']}: {shown(run['statusDetail'] or '', 300)}", release(run))))
+    return table
 
 
 def _updates(view: View, run: dict[str, Any]) -> str:

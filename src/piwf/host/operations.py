@@ -44,6 +44,7 @@ from piwf.host import output, settings_operations
 from piwf.host.catalog import WorkflowInfo
 from piwf.host.operation_types import After, Reads, Writes
 from piwf.host.state import HostState, log
+from piwf.store.api.types import RunFilter
 
 
 async def handle_request(host: HostState, request: Request) -> tuple[HostResponse, After]:
@@ -131,7 +132,10 @@ def _stopped_workers(host: HostState, run: RunDetail) -> RunDetail:
 
 
 async def _run_list(host: HostState, request: ListRuns) -> list[RunSummary]:
-    return await host.store.runs.list_runs(request.payload.limit, request.payload.status)
+    given = request.payload
+    where = RunFilter(status=given.status, workflow=given.workflow, session=given.originSessionId, since=given.since,
+                      held=given.held, after=given.after)
+    return await host.store.runs.list_runs(given.limit, where=where)
 
 
 async def _run_events(host: HostState, request: GetRunEvents) -> RunEventsPage:

@@ -47,7 +47,14 @@ class StartRunPayload(NoPayload, frozen=True):
 
 class ListRunsPayload(NoPayload, frozen=True):
     limit: Annotated[int, Meta(ge=1, le=1000, description="at most this many runs, newest first")] = 50
-    status: Annotated[str | None, Meta(description="only runs with this engine status")] = None
+    status: Annotated[RunStatus | None, Meta(description="only runs with this engine status")] = None
+    workflow: Annotated[str | None, Meta(description="only this workflow's runs")] = None
+    originSessionId: Annotated[str | None, Meta(description="only runs this session started")] = None
+    since: Annotated[int, Meta(ge=0), Meta(description="only runs created at or after this time (ms since the "
+                                                       "Unix epoch)")] | None = None
+    held: Annotated[bool, Meta(description="only runs held for a person (crashed, effect, source)")] = False
+    after: Annotated[str | None, Meta(description="the cursor: only runs after this one in the listing's order "
+                                                  "(send the last `runId` of a page for the next)")] = None
 
 
 EVENTS_PAGE = 1000
@@ -231,6 +238,8 @@ class HostStatus(Struct):
     parkedRuns: int
     waitingRuns: int
     pausedRuns: int
+    heldRuns: Annotated[int, Meta(description="runs held for a person (crashed, effect, source): "
+                                              "`run.list` with `held`")]
     completedRuns: int
     failedRuns: int
     cancelledRuns: int

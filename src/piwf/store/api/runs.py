@@ -15,7 +15,9 @@ if TYPE_CHECKING:
     from piwf.protocol import RunDetail, RunEventsPage, RunSummary
     from piwf.protocol.worker import WorkerMessage, WorkerResponse
     from piwf.status import WorkerStatus
-    from piwf.store.api.types import Claim, CommandKey, Delay, HostClaim, LeaseRecord, NewScope, WorkerEnded
+    from piwf.store.api.types import (
+        Claim, CommandKey, Delay, HostClaim, LeaseRecord, NewScope, RunFilter, WorkerEnded,
+    )
     from piwf.wire import HostResponse
 
 
@@ -146,8 +148,12 @@ class RunsStore(Protocol):
     async def run_summary(self, run_id: str) -> RunSummary:
         """The status fields of one run, without its input, output or steps. Raises NotFound."""
 
-    async def list_runs(self, limit: int = 50, status: str | None = None) -> list[RunSummary]:
-        ...
+    async def list_runs(self, limit: int = 50, status: str | None = None,
+                        where: RunFilter | None = None) -> list[RunSummary]:
+        """At most ``limit`` runs, newest first (created at, then run id, descending), with
+        ``status`` (kept for callers of old) and the ``where`` filter. Each filter is served
+        by an index, so a page costs about the same at 100,000 runs as at 100. Raises
+        NotFound when ``where.after`` names no run."""
 
     async def run_events(self, run_id: str, after: int = 0, limit: int = EVENTS_PAGE) -> RunEventsPage:
         """Events after ``after``, at most ``limit``; ``nextAfter`` set when more remain. Raises NotFound."""

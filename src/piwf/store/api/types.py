@@ -33,6 +33,18 @@ class CommandKey(Protocol):
 
 
 @dataclass(frozen=True)
+class RunFilter:
+    """Which runs ``RunsStore.list_runs`` lists (every field narrows it; all: none set)."""
+
+    status: str | None = None  # this engine status
+    workflow: str | None = None  # this workflow's runs
+    session: str | None = None  # runs started by this origin session
+    since: int | None = None  # created at or after this time (ms)
+    held: bool = False  # held for a person (crashed, effect, source), not a pause or a wait
+    after: str | None = None  # the rows after this run in the listing's order (the cursor: the last run shown)
+
+
+@dataclass(frozen=True)
 class NewScope:
     """A new run's settings scope, made with the run (``RunsStore.create_run``): its
     settings (change 0), the paths that may change, the patch the start request gave and

@@ -29,6 +29,7 @@ from piwf.store.sql import settings as _settings
 from piwf.store.sql import controllers as _controllers
 from piwf.store.sql import controller_queue as _controller_queue
 from piwf.store.sql import controller_effects as _controller_effects
+from piwf.store.sql import listing
 
 if TYPE_CHECKING:
     from piwf.store import api
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
     from piwf.store.api.types import (
         Actor, Claim, CommandKey, ControllerClaim, Delay, NewScope, WorkerEnded,
     )
+    from piwf.store.api.types import RunFilter
     from piwf.wire import HostResponse
 
 from piwf.store.sql.database import Database
@@ -155,8 +157,9 @@ class RunsAggregate:
     async def run_summary(self, run_id: str) -> RunSummary:
         return await self.call(_runs.run_summary, run_id)
 
-    async def list_runs(self, limit: int = 50, status: str | None = None) -> list[RunSummary]:
-        return await self.call(_runs.list_runs, limit, status)
+    async def list_runs(self, limit: int = 50, status: str | None = None,
+                        where: RunFilter | None = None) -> list[RunSummary]:
+        return await self.call(listing.list_runs, limit, status, where)
 
     async def run_events(self, run_id: str, after: int = 0, limit: int = EVENTS_PAGE) -> RunEventsPage:
         return await self.call(_runs.run_events, run_id, after, limit)

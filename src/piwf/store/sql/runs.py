@@ -15,7 +15,8 @@ from piwf.store.sql.database import Database
 from piwf.store.sql.effects import list_effects
 from piwf.store.sql import delivery, updates
 from piwf.store.sql.interactions import count_open, list_requests
-from piwf.store.sql.base import RUN_COLUMNS, add_event, require_claim, revision_of, summary_fields
+from piwf.store.sql.listing import count_held
+from piwf.store.sql.base import add_event, require_claim, revision_of, summary_fields
 from piwf.store.sql.queue import AT_REVISION, refuse_revision
 from piwf.store.api.types import NewScope
 from piwf.store.sql.database import lifecycle_contradicts
@@ -280,16 +281,6 @@ def accepted_steps(db: Database, run_id: str, after_seq: int = -1,
 
 # --- reads -------------------------------------------------------------------------------
 
-def list_runs(db: Database, limit: int = 50, status: str | None = None) -> list[RunSummary]:
-    where, params = ("WHERE r.status = ?", (status, limit)) if status else ("", (limit,))
-    rows = db.execute(
-        f"""SELECT {RUN_COLUMNS} FROM runs r JOIN run_queue q ON q.run_id = r.run_id {where}
-            ORDER BY r.created_at DESC, r.run_id DESC LIMIT ?""",
-        params,
-    ).fetchall()
-    return [RunSummary(*summary_fields(row)) for row in rows]
-
-
 def run_summary(db: Database, run_id: str) -> RunSummary:
     """The status fields of one run, without its input, output or steps."""
     return RunSummary(*summary_fields(_read_one(db, run_id)[:13]))
@@ -394,6 +385,7 @@ def status_counts(db: Database, now: int) -> dict[str, int]:
         expired = db.scalar(
             """SELECT COUNT(*) FROM run_queue INDEXED BY run_queue_claimable
                WHERE status IN ('starting', 'running') AND claim_expires_at <= ?""", (now,))
+        counts[("runs", "held")] = count_held(db)
         counts[("interactions", "open")] = count_open(db)
         counts[("effects", "ambiguous")] = db.scalar(AMBIGUOUS_EFFECTS)
         _delivery_counts(db, counts)
@@ -438,6 +430,7 @@ def recounted(db: Database, now: int) -> dict[str, int]:
         counts[("lifecycle", "contradictions")] = db.scalar(LIFECYCLE_CONTRADICTIONS)
         expired = db.scalar("""SELECT COUNT(*) FROM run_queue WHERE status IN ('starting', 'running')
                                AND claim_expires_at <= ?""", (now,))
+        counts[("runs", "held")] = count_held(db)
         counts[("interactions", "open")] = count_open(db)
         counts[("effects", "ambiguous")] = db.scalar(AMBIGUOUS_EFFECTS)
         _delivery_counts(db, counts)
@@ -471,6 +464,7 @@ def _status_fields(count: Callable[[tuple[str, str]], int | None], expired: int)
         "parkedRuns": total("run_queue.status", "parked"),
         "waitingRuns": total("runs.status", "waiting"),
         "pausedRuns": total("runs.paused", "paused"),
+        "heldRuns": total("runs", "held"),
         "completedRuns": total("runs.status", "completed"),
         "failedRuns": total("runs.status", "failed", "timed_out"),
         "cancelledRuns": total("runs.status", "cancelled"),

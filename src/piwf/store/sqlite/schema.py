@@ -2,12 +2,13 @@
 
 from piwf.status import AttemptStatus, Hold, QueueStatus, RunStatus, WorkerStatus
 from piwf.store.sql.database import lifecycle_contradicts, one_of
+from piwf.store.sql.listing import HELD
 from piwf.store.sqlite.schema_features import (
     CONTROLLERS_SQL, DELIVERY_SQL, EFFECT_OUTCOME, EFFECT_STATUS, INTERACTIONS_SQL, SETTINGS_SQL,
 )
 
 APPLICATION_ID = 0x70697766  # "piwf"
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 
 
 # The columns named worker_epoch (run_workers, run_processes, worker_messages and the run_processes_live index)
@@ -246,6 +247,16 @@ DROP TABLE node_attempts_v5;
 """ + _count_triggers("runs") + _count_triggers("run_queue") + INTERACTIONS_SQL
 
 
+# `run.list` pages read from an index in order, whatever the filter (store/sql/listing.py).
+LISTING_LAYOUT = 12
+LISTING_SQL = f"""
+CREATE INDEX runs_listing ON runs(created_at, run_id);
+CREATE INDEX runs_by_status ON runs(status, created_at, run_id);
+CREATE INDEX runs_by_workflow ON runs(workflow, created_at, run_id);
+CREATE INDEX runs_by_session ON runs(origin_session_id, created_at, run_id) WHERE origin_session_id IS NOT NULL;
+CREATE INDEX run_queue_held ON run_queue(status, run_id) WHERE {HELD};
+"""
+
 SCHEMA_SQL = """
 CREATE TABLE blobs (
   hash TEXT PRIMARY KEY,
@@ -306,7 +317,6 @@ CREATE TABLE runs (
   updated_at INTEGER NOT NULL,
   finished_at INTEGER
 );
-CREATE INDEX runs_created ON runs(created_at);
 
 """ + RUN_QUEUE_V6_SQL + """
 """ + NODE_ATTEMPTS_V6_SQL + """
@@ -329,7 +339,7 @@ CREATE TABLE worker_messages (
   PRIMARY KEY (worker_epoch, message_id)
 );
 """ + EFFECTS_AND_PROCESSES_SQL + RUN_COUNTS_SQL + INTERACTIONS_SQL + CONTROLLERS_SQL + DELIVERY_SQL + SETTINGS_SQL \
-    + NOT_BEFORE_SQL + EFFECT_IDENTITY_SQL
+    + NOT_BEFORE_SQL + EFFECT_IDENTITY_SQL + LISTING_SQL
 
 
 
@@ -380,4 +390,7 @@ DROP TABLE run_workers_v2;
     9: NOT_BEFORE_SQL,
     # 11: ambiguous effects found by partial indexes; a reconcile effect's kind and request fingerprint.
     10: EFFECT_IDENTITY_SQL,
+    # 12: indexes for run listings by status, workflow, session, time and held
+    # (runs_listing, on (created_at, run_id), takes the place of runs_created).
+    LISTING_LAYOUT - 1: "DROP INDEX runs_created;\n" + LISTING_SQL,
 }
