@@ -121,7 +121,7 @@ def test_the_claims_update_itself_keeps_one_active_run_per_session(db: Database,
                     input=None, origin_session_id="s", now=clock.now_ms())
     assert claim(db, clock, "t2").run_id == "r2"
     with db.write():
-        assert queue._take(db, "r1", "h", "t3", LEASE, clock.now_ms(), 1) is None
+        assert queue._take(db, "r1", "h", "t3", LEASE, clock.now_ms(), 1, session="s") is None
     assert db.scalar("SELECT status FROM run_queue WHERE run_id = 'r1'") == "parked"
 
 

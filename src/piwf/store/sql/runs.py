@@ -415,7 +415,9 @@ def _counted_from_indexes(db: Database, now: int) -> dict[str, int]:
         counts[("lifecycle", "contradictions")] = db.scalar(UNENDED_CONTRADICTIONS)
         expired = db.scalar("""SELECT COUNT(*) FROM run_queue WHERE status IN ('starting', 'running')
                                AND claim_expires_at <= ?""", (now,))
+        counts[("runs", "held")] = count_held(db)
         counts[("interactions", "open")] = count_open(db)
+        counts[("effects", "ambiguous")] = db.scalar(AMBIGUOUS_EFFECTS)
         _delivery_counts(db, counts)
     return _status_fields(counts.get, int(expired))
 
