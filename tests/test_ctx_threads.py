@@ -112,3 +112,21 @@ async def test_threads_sharing_one_effect_key_apply_it_once(host: Any, paths: St
     assert done["status"] == "completed", done.get("error")
     assert done["output"] == [{"charged": 1}] * 8
     assert (project / "applied.log").read_text() == "applied\n"
+
+
+NESTED_KEY = """
+    from piwf import Workflow, compute
+
+    def nest(ctx):
+        return ctx.effect("charge", lambda: ctx.effect("charge", lambda: 1))
+
+    workflow = Workflow(name="nested", start_at="nest", nodes={"nest": compute(nest)})
+"""
+
+
+async def test_an_effect_key_used_again_inside_its_own_apply_fails_the_node_not_hangs(
+        host: Any, paths: StatePaths, project: Path) -> None:
+    write_workflow(project, "nested", NESTED_KEY)
+    done = await wait_run(paths, await start(paths, project, "nested"))
+    assert done["status"] == "failed", done
+    assert "effect 'charge' is already in progress in this attempt" in done["error"]["message"]
