@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from piwf.paths import StatePaths
 
 from .conftest import write_workflow
@@ -130,3 +132,35 @@ async def test_an_effect_key_used_again_inside_its_own_apply_fails_the_node_not_
     done = await wait_run(paths, await start(paths, project, "nested"))
     assert done["status"] == "failed", done
     assert "effect 'charge' is already in progress in this attempt" in done["error"]["message"]
+
+
+STRAGGLER = """
+    import threading
+    from piwf import Workflow, compute
+
+    def leave(ctx):
+        started = threading.Event()
+
+        def apply():
+            started.set()
+            threading.Event().wait()  # never returns: the node returns meanwhile
+        threading.Thread(target=lambda: ctx.effect("charge", apply), daemon=True).start()
+        started.wait()
+        if ctx.input.get("fail"):
+            raise RuntimeError("done with this node")
+        return "done"
+
+    workflow = Workflow(name="straggler", start_at="leave", nodes={"leave": compute(leave)})
+"""
+
+
+@pytest.mark.parametrize("fail", [False, True])
+async def test_a_run_ended_while_a_thread_still_applies_an_effect_is_held_not_ended(
+        host: Any, paths: StatePaths, project: Path, fail: bool) -> None:
+    """A thread left in apply() when the node returns (or raises) and the run ends: the
+    effect's outcome is unknown, so the run is held for it (never completed or failed)."""
+    write_workflow(project, "straggler", STRAGGLER)
+    held = await wait_run(paths, await start(paths, project, "straggler", input={"fail": fail}))
+    assert (held["status"], held["queueStatus"], held["hold"]) == ("running", "parked", "effect"), held
+    assert held["statusDetail"] == "ambiguous effect charge"
+    assert [(e["key"], e["status"]) for e in held["effects"]] == [("charge", "ambiguous")]
