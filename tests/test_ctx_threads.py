@@ -164,3 +164,49 @@ async def test_a_run_ended_while_a_thread_still_applies_an_effect_is_held_not_en
     assert (held["status"], held["queueStatus"], held["hold"]) == ("running", "parked", "effect"), held
     assert held["statusDetail"] == "ambiguous effect charge"
     assert [(e["key"], e["status"]) for e in held["effects"]] == [("charge", "ambiguous")]
+
+
+RENUMBERED = """
+    import os, threading
+    from pathlib import Path
+    from piwf import Workflow, compute
+
+    def fan(ctx):
+        marker = Path(ctx.project_path) / "crashed-once"
+        first = not marker.exists()
+        b_done = threading.Event()
+
+        def a():
+            if not first:
+                b_done.wait()  # the replay: b's call comes first this time
+            ctx.notify("from a")
+            if first:
+                marker.touch()
+                os._exit(9)  # part-way: b never notified on the first pass
+
+        def b():
+            ctx.notify("from b")
+            b_done.set()
+
+        threads = [threading.Thread(target=a)] + ([] if first else [threading.Thread(target=b)])
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return "done"
+
+    workflow = Workflow(name="renumbered", start_at="fan", nodes={"fan": compute(fan)})
+"""
+
+
+async def test_notifications_from_threads_are_numbered_by_call_order_so_a_replay_may_drop_one(
+        host: Any, paths: StatePaths, project: Path) -> None:
+    """The rule docs/concepts.md states: each number is stored once with its first text, so
+    after a crash part-way a replay whose threads call in another order repeats one text
+    and drops another."""
+    write_workflow(project, "renumbered", RENUMBERED)
+    run_id = await start(paths, project, "renumbered", originSessionId="renumbered")
+    done = await wait_run(paths, run_id)
+    assert done["status"] == "completed", done.get("error")
+    page = await call(paths, "delivery.list", payload={"sessionId": "renumbered"})
+    assert [(n["index"], n["content"]) for n in page["notifications"]] == [(1, "from a"), (2, "from a")]
