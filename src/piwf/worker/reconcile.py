@@ -28,7 +28,8 @@ from piwf.protocol.steering import (
 )
 from piwf.controllers import Controller, Resource, Result
 from piwf.controllers.loader import load_controller
-from piwf.engine.executor import EffectRejected, Stop
+from piwf.engine.executor import MAX_OUTPUT_NESTING, EffectRejected, Stop
+from piwf.engine.values import as_stored
 from piwf.errors import ClaimLost, PermanentError, PiwfError, TemporaryError
 from piwf.wire import canonical_json, sha256_hex
 from piwf.worker.journal import HostJournal
@@ -59,10 +60,11 @@ class Effects:
         request fails the pass (a conflict) instead of returning the other action's result."""
         if not isinstance(kind, str) or not 0 < len(kind) <= 128:
             raise PiwfError(f"effect {key!r}: kind must be text of 1 to 128 characters, not {kind!r}")
-        try:
-            fingerprint = sha256_hex(canonical_json(request))
-        except (TypeError, msgspec.EncodeError) as exc:
-            raise PiwfError(f"effect {key!r}: request must be JSON ({exc})") from None
+        try:  # JSON exactly (engine/values.py): NaN taken as null would be another request's fingerprint
+            encoded, _ = as_stored(request, f"effect {key!r}: request", MAX_OUTPUT_NESTING)
+        except (TypeError, ValueError) as exc:
+            raise PiwfError(str(exc)) from None
+        fingerprint = sha256_hex(encoded)
         try:
             return self._journal.effect(EFFECT_NODE, key, apply, observe, kind=kind, fingerprint=fingerprint)
         except EffectRejected as exc:  # only a PermanentError is stored as rejected
