@@ -29,7 +29,7 @@ from piwf.protocol.steering import (
 from piwf.controllers import Controller, Resource, Result
 from piwf.controllers.loader import load_controller
 from piwf.engine.executor import MAX_OUTPUT_NESTING, EffectRejected, Stop
-from piwf.engine.values import as_stored
+from piwf.engine.values import NotJson, TooDeep, as_stored
 from piwf.errors import ClaimLost, PermanentError, PiwfError, TemporaryError
 from piwf.wire import canonical_json, sha256_hex
 from piwf.worker.journal import HostJournal
@@ -62,7 +62,7 @@ class Effects:
             raise PiwfError(f"effect {key!r}: kind must be text of 1 to 128 characters, not {kind!r}")
         try:  # JSON exactly (engine/values.py): NaN taken as null would be another request's fingerprint
             encoded, _ = as_stored(request, f"effect {key!r}: request", MAX_OUTPUT_NESTING)
-        except (TypeError, ValueError) as exc:
+        except (NotJson, TooDeep) as exc:
             raise PiwfError(str(exc)) from None
         fingerprint = sha256_hex(encoded)
         try:
