@@ -454,3 +454,30 @@ async def test_a_key_reused_for_another_action_fails_the_pass_as_a_conflict(
     refused = await wait_for(lambda: failed("other"))
     assert message in refused["lastError"] and "conflicts" in refused["lastError"]
     assert refused["status"]["controllerStatus"] != {"made": 1}  # nothing settled with the stale result
+
+
+NOT_JSON_REQUEST = """
+    from piwf import Controller, Result
+
+    def reconcile(ctx):
+        made = ctx.effects.ensure("sync", lambda: {"made": 1}, kind="create", request={"n": None})
+        ctx.effects.ensure("sync", lambda: {"other": 1}, kind="create", request={"n": float("nan")})
+        return Result.settled(status=made)
+
+    controller = Controller(name="nanreq", reconcile=reconcile)
+"""
+
+
+async def test_an_effect_request_json_cannot_hold_fails_the_pass_not_matches_another(
+        host: Any, paths: StatePaths, project: Path) -> None:
+    """A request is JSON exactly, as an output is: NaN is not taken as null (which would make
+    it the same request as one of null and return that action's stored result)."""
+    write_controller(project, "nanreq", NOT_JSON_REQUEST)
+    await ctl(paths, "apply", project, "nanreq", "n", spec={})
+
+    async def failed() -> dict[str, Any] | None:
+        got = await get(paths, project, "nanreq", "n")
+        return got if got and got["consecutiveErrors"] >= 1 else None
+
+    refused = await wait_for(failed)
+    assert "effect 'sync': request is not JSON: nan at $['n']" in refused["lastError"], refused["lastError"]

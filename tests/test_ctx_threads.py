@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from piwf.paths import StatePaths
 
 from .conftest import write_workflow
@@ -112,3 +114,99 @@ async def test_threads_sharing_one_effect_key_apply_it_once(host: Any, paths: St
     assert done["status"] == "completed", done.get("error")
     assert done["output"] == [{"charged": 1}] * 8
     assert (project / "applied.log").read_text() == "applied\n"
+
+
+NESTED_KEY = """
+    from piwf import Workflow, compute
+
+    def nest(ctx):
+        return ctx.effect("charge", lambda: ctx.effect("charge", lambda: 1))
+
+    workflow = Workflow(name="nested", start_at="nest", nodes={"nest": compute(nest)})
+"""
+
+
+async def test_an_effect_key_used_again_inside_its_own_apply_fails_the_node_not_hangs(
+        host: Any, paths: StatePaths, project: Path) -> None:
+    write_workflow(project, "nested", NESTED_KEY)
+    done = await wait_run(paths, await start(paths, project, "nested"))
+    assert done["status"] == "failed", done
+    assert "effect 'charge' is already in progress in this attempt" in done["error"]["message"]
+
+
+STRAGGLER = """
+    import threading
+    from piwf import Workflow, compute
+
+    def leave(ctx):
+        started = threading.Event()
+
+        def apply():
+            started.set()
+            threading.Event().wait()  # never returns: the node returns meanwhile
+        threading.Thread(target=lambda: ctx.effect("charge", apply), daemon=True).start()
+        started.wait()
+        if ctx.input.get("fail"):
+            raise RuntimeError("done with this node")
+        return "done"
+
+    workflow = Workflow(name="straggler", start_at="leave", nodes={"leave": compute(leave)})
+"""
+
+
+@pytest.mark.parametrize("fail", [False, True])
+async def test_a_run_ended_while_a_thread_still_applies_an_effect_is_held_not_ended(
+        host: Any, paths: StatePaths, project: Path, fail: bool) -> None:
+    """A thread left in apply() when the node returns (or raises) and the run ends: the
+    effect's outcome is unknown, so the run is held for it (never completed or failed)."""
+    write_workflow(project, "straggler", STRAGGLER)
+    held = await wait_run(paths, await start(paths, project, "straggler", input={"fail": fail}))
+    assert (held["status"], held["queueStatus"], held["hold"]) == ("running", "parked", "effect"), held
+    assert held["statusDetail"] == "ambiguous effect charge"
+    assert [(e["key"], e["status"]) for e in held["effects"]] == [("charge", "ambiguous")]
+
+
+RENUMBERED = """
+    import os, threading
+    from pathlib import Path
+    from piwf import Workflow, compute
+
+    def fan(ctx):
+        marker = Path(ctx.project_path) / "crashed-once"
+        first = not marker.exists()
+        b_done = threading.Event()
+
+        def a():
+            if not first:
+                b_done.wait()  # the replay: b's call comes first this time
+            ctx.notify("from a")
+            if first:
+                marker.touch()
+                os._exit(9)  # part-way: b never notified on the first pass
+
+        def b():
+            ctx.notify("from b")
+            b_done.set()
+
+        threads = [threading.Thread(target=a)] + ([] if first else [threading.Thread(target=b)])
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return "done"
+
+    workflow = Workflow(name="renumbered", start_at="fan", nodes={"fan": compute(fan)})
+"""
+
+
+async def test_notifications_from_threads_are_numbered_by_call_order_so_a_replay_may_drop_one(
+        host: Any, paths: StatePaths, project: Path) -> None:
+    """The rule docs/concepts.md states: each number is stored once with its first text, so
+    after a crash part-way a replay whose threads call in another order repeats one text
+    and drops another."""
+    write_workflow(project, "renumbered", RENUMBERED)
+    run_id = await start(paths, project, "renumbered", originSessionId="renumbered")
+    done = await wait_run(paths, run_id)
+    assert done["status"] == "completed", done.get("error")
+    page = await call(paths, "delivery.list", payload={"sessionId": "renumbered"})
+    assert [(n["index"], n["content"]) for n in page["notifications"]] == [(1, "from a"), (2, "from a")]

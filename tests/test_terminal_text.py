@@ -106,3 +106,14 @@ async def test_json_output_keeps_the_text_as_it_was_sent(paths: StatePaths, runs
 def test_terminal_text_keeps_line_breaks_and_printable_text_and_escapes_the_rest() -> None:
     assert terminal_text("a\nb\tc é ✓") == "a\nb\\tc é ✓"
     assert terminal_text(EVIL) == "evil\\x1b[31mred\\x1b]0;owned\\x07\\rover\\u202eright\\x9bX"
+
+
+def test_a_workflow_file_name_with_escapes_reaches_stderr_escaped(tmp_path: Path) -> None:
+    """A careless (or hostile) workflow file name: the summary line on stderr names it
+    escaped, as the listing on stdout does."""
+    write_workflow(tmp_path, "bad\x1b]0;owned\x07", "raise RuntimeError('no')\n")
+    done = subprocess.run([sys.executable, "-m", "piwf", "workflows", "list", "--project", str(tmp_path)],
+                          capture_output=True, timeout=120, check=False)
+    assert done.returncode != 0
+    assert not any(raw.encode() in done.stdout + done.stderr for raw in ("\x1b", "\x07"))
+    assert b"did not load: bad\\x1b]0;owned\\x07" in done.stderr

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from piwf.cli.common import _paths, _print, _timeout, _client, _ok
+from piwf.cli.text import shown
 from piwf.errors import ExitCode, HostTimeout, HostUnavailable, InternalError, PiwfError, StateDirError
 from piwf.host.lock import read_record
 from piwf.paths import StatePaths
@@ -240,7 +241,8 @@ def cmd_workflows_list(args: argparse.Namespace) -> int:
         for r in rs) or f"no workflows in {project / WORKFLOW_DIR}")
     failed = [r["name"] for r in rows if r["error"]]
     if failed:
-        print(f"piwf: {len(failed)} of {len(rows)} workflows did not load: {', '.join(failed)}", file=sys.stderr)
+        print(f"piwf: {len(failed)} of {len(rows)} workflows did not load: {', '.join(map(shown, failed))}",
+              file=sys.stderr)  # file names: a careless one may hold escapes
         return ExitCode.WORKFLOW_INVALID
     return 0
 

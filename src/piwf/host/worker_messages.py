@@ -136,8 +136,11 @@ async def _run_fail(host: HostState, tx: UnitOfWork, active: ActiveRun, message:
 
 
 async def _held_for_effects(host: HostState, tx: UnitOfWork, active: ActiveRun, now: int) -> bool:
-    """A run does not end while an effect's outcome is unknown: it is held instead."""
-    ambiguous = await tx.effects.interrupted_before(active.claim.run_id, active.claim.generation, now)
+    """A run does not end while an effect's outcome is unknown: it is held instead. That
+    includes an effect this very worker still applies (a thread of the node left in its
+    ``apply()`` when the node returned or raised): the worker ends with the run, so that
+    ``apply()`` is cut short too, as one of an earlier generation was."""
+    ambiguous = await tx.effects.interrupted_before(active.claim.run_id, active.claim.generation + 1, now)
     if ambiguous:
         await _hold_ambiguous(host, tx, active, ambiguous[0], now)
     return bool(ambiguous)

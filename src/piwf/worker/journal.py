@@ -35,8 +35,10 @@ class HostJournal:
         self.submissions: dict[str, PendingSubmission] = {}  # waiting attempt -> submission to validate
         self.settings_of: dict[str, Any] = {}  # attempt -> the run's settings when it started
         # One effect key at a time: threads of a node sharing a key wait for the first to
-        # settle it, then get its stored result (apply() runs once).
-        self._effect_locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
+        # settle it, then get its stored result (apply() runs once). Reentrant: the key used
+        # again inside its own apply() reaches the host, which refuses it ("already in
+        # progress"), where a plain lock would hang the node.
+        self._effect_locks: defaultdict[str, threading.RLock] = defaultdict(threading.RLock)
 
     def start(self, seq: int, node: str) -> str:
         started, self.started = self.started, None

@@ -60,10 +60,11 @@ class Effects:
         request fails the pass (a conflict) instead of returning the other action's result."""
         if not isinstance(kind, str) or not 0 < len(kind) <= 128:
             raise PiwfError(f"effect {key!r}: kind must be text of 1 to 128 characters, not {kind!r}")
-        try:
-            fingerprint = sha256_hex(canonical_json(request))
-        except (TypeError, msgspec.EncodeError) as exc:
-            raise PiwfError(f"effect {key!r}: request must be JSON ({exc})") from None
+        try:  # JSON exactly (engine/values.py): NaN taken as null would be another request's fingerprint
+            encoded, _ = as_stored(request, f"effect {key!r}: request", MAX_OUTPUT_NESTING)
+        except (NotJson, TooDeep) as exc:
+            raise PiwfError(str(exc)) from None
+        fingerprint = sha256_hex(encoded)
         try:
             return self._journal.effect(EFFECT_NODE, key, apply, observe, kind=kind, fingerprint=fingerprint)
         except EffectRejected as exc:  # only a PermanentError is stored as rejected
