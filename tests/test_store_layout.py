@@ -216,10 +216,34 @@ def test_a_layout_9_database_gains_the_crash_back_off_as_a_fresh_one_has_it(tmp_
                  "VALUES ('r', 'parked', 2, 1, 1)")
     conn.close()
     db = Database.open(path)
-    assert db.scalar("PRAGMA user_version") == SCHEMA_VERSION == 10
+    assert db.scalar("PRAGMA user_version") == SCHEMA_VERSION
     assert schema(db) == expected
     assert db.one("SELECT crash_count, not_before FROM run_queue WHERE run_id = 'r'") == (2, None)
     claim = queue.claim_next_run(db, runner_id="h", token="t", lease_ms=1000, now=2, epoch=1)
     assert claim is not None and claim.run_id == "r"
+    assert db.scalar("PRAGMA integrity_check") == "ok"
+    db.close()
+
+
+def test_a_layout_10_database_gains_the_retention_indexes_as_a_fresh_one_has_them(tmp_path: Path) -> None:
+    """Layout 11 adds the indexes retention reads (ended runs, a blob's users, a child run's
+    controller); a layout-10 database keeps its runs and ends with a fresh one's schema."""
+    def schema(db: Database) -> set[tuple[str, str]]:
+        return set(db.execute("SELECT name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"))
+
+    fresh = Database.open(tmp_path / "fresh.db")
+    expected = schema(fresh)
+    fresh.close()
+    assert {"runs_ended", "runs_definition_blob", "controller_workflows_run"} <= {name for name, _ in expected}
+    path = tmp_path / "v10.db"
+    conn = frozen_layout(path, 10)
+    conn.execute("INSERT INTO runs (run_id, workflow, project_path, definition_hash, definition_digest, status, "
+                 "created_at, updated_at, finished_at) VALUES ('r', 'w', '/p', 'h', 'd', 'completed', 1, 1, 1)")
+    conn.execute("INSERT INTO run_queue (run_id, status, created_at, updated_at) VALUES ('r', 'done', 1, 1)")
+    conn.close()
+    db = Database.open(path)
+    assert db.scalar("PRAGMA user_version") == SCHEMA_VERSION == 11
+    assert schema(db) == expected
+    assert db.one("SELECT status, finished_at FROM runs WHERE run_id = 'r'") == ("completed", 1)
     assert db.scalar("PRAGMA integrity_check") == "ok"
     db.close()

@@ -28,6 +28,26 @@ def _seconds(text: str) -> float:
     return value
 
 
+_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 7 * 86_400_000}
+
+
+def _duration_ms(text: str) -> int:
+    """A length of time such as ``30d``, ``12h``, ``90m``, ``45s`` (ms, s, m, h, d, w), in ms:
+    at least one second."""
+    number = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = text[len(number):] or None
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1.0
+    if unit not in _UNITS_MS or not value > 0 or value * _UNITS_MS[unit] > 100 * 365 * 86_400_000:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a length of time such as 30d, 12h, 90m or 45s")
+    ms = int(value * _UNITS_MS[unit])
+    if ms < 1000:
+        raise argparse.ArgumentTypeError("must be at least 1s")
+    return ms
+
+
 def _json_arg(text: str, option: str) -> Any:
     """A JSON option value, read as the host reads frames (nesting bounded)."""
     try:

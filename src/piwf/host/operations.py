@@ -39,6 +39,7 @@ from piwf.wire import HostResponse, Outcome, check_id, request_fingerprint
 from piwf.host import controller_operations
 from piwf.host import delivery
 from piwf.host.delivery import until_changed
+from piwf.host import retention
 from piwf.host import settings_operations
 from piwf.host.catalog import WorkflowInfo
 from piwf.host.operation_types import After, Reads, Writes
@@ -321,3 +322,4 @@ READS.update(controller_operations.READS)
 WRITES.update(controller_operations.WRITES)
 READS.update(settings_operations.READS)
 WRITES.update(settings_operations.WRITES)
+WRITES.update(retention.WRITES)

@@ -21,6 +21,7 @@ from piwf.protocol.host import (
     AnswerDecision, CancelRun, GetHostStatus, GetRun, GetRunEvents, ListInteractions, ListRuns, PauseRun, Request,
     ResolveEffect, ResumeRun, StartRun, StopHost, SubmitInteraction, UpdateInteraction, WaitRun,
 )
+from piwf.protocol.maintenance import PruneRuns, RetryRun
 from piwf.protocol.settings import ChangeSettings, GetSettings
 from piwf.wire import HOST_REQUEST, HostRequest, check_id, check_nesting, decode_json, readable_request_id
 
@@ -31,7 +32,8 @@ AnyRequest = (GetHostStatus | StopHost | StartRun | ListRuns | GetRun | GetRunEv
               | ResolveResourceEffect
               | ClaimNotification | DeliverNotification | ClaimTurn | ResolveTurn | QueueFollowUp
               | RemoveFollowUp | ListDelivery | WatchRuns
-              | ChangeSettings | GetSettings)
+              | ChangeSettings | GetSettings
+              | RetryRun | PruneRuns)
 REQUEST_TYPES: tuple[type[Request], ...] = AnyRequest.__args__
 OPERATIONS: dict[str, type[Request]] = {str(kind.__struct_config__.tag): kind for kind in REQUEST_TYPES}
 

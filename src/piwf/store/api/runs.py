@@ -103,6 +103,15 @@ class RunsStore(Protocol):
         Raises NotFound, Conflict, Rejected.
         """
 
+    async def retry_run(
+            self, run_id: str, now: int, *, actor: str, expected_revision: int | None = None) -> dict[str, Any]:
+        """A failed or timed-out run queued again as the same run (engine and queue ``queued``, a new generation,
+        no error): its accepted steps, applied effects and closed requests stay; its rejected effects are pending
+        again; a controller following it sees it running; its trace says ``actor`` retried it. Every condition is
+        checked by the write itself. Raises NotFound, Conflict (``expected_revision``), Rejected (any other
+        status, or its session has another active run).
+        """
+
     async def hold_of(self, run_id: str) -> str | None:
         ...
 

@@ -118,3 +118,12 @@ class WorkerEnded(NamedTuple):
     crashes: int  # in a row, this end included (0: it was no crash)
     waiting_again: bool  # its run waits for a person again: deadlines apply to it again
     not_before: int | None = None  # its run was parked with a back-off: not claimed before this (ms)
+
+
+class Pruned(NamedTuple):
+    """One batch of retention (``RetentionStore.prune_runs``): the runs deleted, how many
+    blobs went with them, and whether more runs are due."""
+
+    runs: list[str]
+    blobs: int
+    more: bool

@@ -7,9 +7,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from piwf.protocol import EVENTS_PAGE
+from piwf.store.api.retention import PRUNE_BATCH
 from piwf.store.api.rules import RETENTION_MS
 from piwf.store.sql import commands as _commands
 from piwf.store.sql import runs as _runs
+from piwf.store.sql import retry as _retry
+from piwf.store.sql import retention as _retention
 from piwf.store.sql import base as _base
 from piwf.store.sql import queue as _queue
 from piwf.store.sql import supervision as _supervision
@@ -34,7 +37,7 @@ if TYPE_CHECKING:
     from piwf.protocol.worker import InteractionOpenPayload, PendingSubmission, WorkerMessage, WorkerResponse
     from piwf.status import NotificationKind, TurnResolution, WorkerStatus
     from piwf.store.api.types import (
-        Actor, Claim, CommandKey, ControllerClaim, Delay, NewScope, WorkerEnded,
+        Actor, Claim, CommandKey, ControllerClaim, Delay, NewScope, Pruned, WorkerEnded,
     )
     from piwf.store.sql.database import Database
     from piwf.wire import HostResponse
@@ -85,6 +88,10 @@ class SqliteRunsStore:
             self, run_id: str, now: int, *, definition: tuple[str, bytes, str | None] | None = None,
             expected_revision: int | None = None) -> dict[str, Any]:
         return _runs.resume_run(self.db, run_id, now, definition=definition, expected_revision=expected_revision)
+
+    async def retry_run(
+            self, run_id: str, now: int, *, actor: str, expected_revision: int | None = None) -> dict[str, Any]:
+        return _retry.retry_run(self.db, run_id, now, actor=actor, expected_revision=expected_revision)
 
     async def hold_of(self, run_id: str) -> str | None:
         return _runs.hold_of(self.db, run_id)
@@ -541,3 +548,16 @@ class SqliteControllerEffectsStore:
 
     async def sync_children(self, now: int) -> list[str]:
         return _controller_effects.sync_children(self.db, now)
+
+
+class SqliteRetentionStore:
+    __slots__ = ("db",)
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def prune_runs(self, *, ended_before: int, now: int, limit: int = PRUNE_BATCH) -> Pruned:
+        return _retention.prune_runs(self.db, ended_before=ended_before, now=now, limit=limit)
+
+    async def prunable_runs(self, *, ended_before: int, sample: int = 20) -> tuple[int, list[str]]:
+        return _retention.prunable_runs(self.db, ended_before=ended_before, sample=sample)

@@ -18,21 +18,31 @@ if TYPE_CHECKING:
 
 
 def _stored_response(db: Database, request_id: str, row: tuple[Any, ...]) -> HostResponse:
-    outcome, revision, receipt_json, receipt_hash, error = row
+    """The stored answer, as ``adopted``; ``notFound`` when the run it named is gone."""
+    _, revision, receipt_json, receipt_hash, error, run_id, pruned = row
+    if pruned:  # answered once; the run it named has ended and been deleted since (retention)
+        return HostResponse(request_id, Outcome.NOT_FOUND, error=(
+            f"this request was carried out before (run {run_id}), and run {run_id} has since ended and been "
+            "deleted by retention; it is not carried out again"))
     return HostResponse(
         requestId=request_id,
-        outcome=outcome,
+        outcome=Outcome.ADOPTED,
         revision=revision,
         receipt=db.get_json(receipt_json, receipt_hash),
         error=error,
     )
 
 
+# A request that was accepted naming a run that no longer exists: only retention deletes runs.
+_PRUNED = """(outcome = 'accepted' AND run_id IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.run_id = host_commands.run_id))"""
+
+
 def lookup(db: Database, request: CommandKey, fingerprint: bytes) -> HostResponse | None:
     """A stored response for this request (``adopted``), a ``conflict``, or None if new."""
     rows = db.execute(
-        """SELECT request_id = ?, request_fingerprint, outcome, revision, receipt_json, receipt_hash, error
-           FROM host_commands WHERE request_id = ? OR (client_id = ? AND idempotency_key = ?)""",
+        f"""SELECT request_id = ?, request_fingerprint, outcome, revision, receipt_json, receipt_hash, error,
+             run_id, {_PRUNED} FROM host_commands WHERE request_id = ? OR (client_id = ? AND idempotency_key = ?)""",
         (request.requestId, request.requestId, request.clientId, request.idempotencyKey),
     ).fetchall()
     if not rows:
@@ -43,17 +53,13 @@ def lookup(db: Database, request: CommandKey, fingerprint: bytes) -> HostRespons
         if bytes(row[0]) != fingerprint:
             return HostResponse(request.requestId, Outcome.CONFLICT,
                                 error="requestId was reused with another request body")
-        stored = _stored_response(db, request.requestId, row[1:])
-        stored.outcome = Outcome.ADOPTED
-        return stored
+        return _stored_response(db, request.requestId, row[1:])
     row = rows[0][1:]
     if bytes(row[0]) != fingerprint:
         return HostResponse(
             request.requestId, Outcome.CONFLICT, error="idempotencyKey was reused with another request body"
         )
-    stored = _stored_response(db, request.requestId, row[1:])
-    stored.outcome = Outcome.ADOPTED
-    return stored
+    return _stored_response(db, request.requestId, row[1:])
 
 
 @atomic
@@ -70,9 +76,15 @@ def record(db: Database, request: CommandKey, fingerprint: bytes, response: Host
              error, host_epoch, created_at)
            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
         (request.requestId, request.clientId, request.idempotencyKey, request.operation,
-         fingerprint, request.runId, response.outcome, response.revision, receipt_json,
-         receipt_hash, response.error, epoch, now),
+         fingerprint, request.runId or _receipt_run(response.receipt), response.outcome, response.revision,
+         receipt_json, receipt_hash, response.error, epoch, now),
     )
+
+
+def _receipt_run(receipt: Any) -> str | None:
+    """The run a receipt names (``run.start`` makes its id when the request has none)."""
+    run_id = receipt.get("runId") if isinstance(receipt, dict) else getattr(receipt, "runId", None)
+    return run_id if isinstance(run_id, str) else None
 
 
 def prune(db: Database, now: int, retention_ms: int = RETENTION_MS) -> int:

@@ -17,7 +17,7 @@ from piwf.errors import StoreError
 from piwf.store.sqlite import hosts
 from piwf.store.sql.aggregates import (
     SqliteCommandsStore, SqliteControllerEffectsStore, SqliteControllerQueueStore, SqliteControllersStore,
-    SqliteDeliveryStore, SqliteEffectsStore, SqliteInteractionsStore, SqliteQueueStore,
+    SqliteDeliveryStore, SqliteEffectsStore, SqliteInteractionsStore, SqliteQueueStore, SqliteRetentionStore,
     SqliteRunsStore, SqliteSettingsStore, SqliteSupervisionStore, SqliteUpdatesStore, SqliteWorkersStore,
 )
 from piwf.store.sqlite.db import Database, _Write
@@ -48,6 +48,7 @@ class SqliteStore:
         self.controllers: api.ControllersStore = SqliteControllersStore(db)
         self.controller_queue: api.ControllerQueueStore = SqliteControllerQueueStore(db)
         self.controller_effects: api.ControllerEffectsStore = SqliteControllerEffectsStore(db)
+        self.retention: api.RetentionStore = SqliteRetentionStore(db)
         self.group: GroupCommit | None = None  # set by serve: from then on commits share fsyncs
         self.in_unit_of_work = False
 
