@@ -20,6 +20,8 @@ from piwf.errors import PiwfError
 from piwf.protocol import PruneReceipt, PruneRuns, RetryReceipt, RetryRun
 from piwf.store.api import UnitOfWork
 from piwf.wire import HostResponse, Outcome
+from piwf.host import settings_operations
+from piwf.host.catalog import WorkflowInfo
 from piwf.host.operation_types import After, Writes
 from piwf.host.state import HostState, log
 
@@ -90,14 +92,26 @@ async def _run_prune(host: HostState, tx: UnitOfWork, request: PruneRuns, receip
     return HostResponse(request.requestId, Outcome.ACCEPTED, receipt=receipt)
 
 
-async def _run_retry(host: HostState, tx: UnitOfWork, request: RetryRun, prepared: None,
+async def _prepare_retry(host: HostState, request: RetryRun) -> WorkflowInfo:
+    """The run continues with its workflow as it is now (a retry usually follows a fix);
+    one that no longer loads is refused with the reason, and the run stays as it was."""
+    workflow, project, _, _, _ = await host.store.runs.run_source(request.runId)
+    return await host.catalog.inspect(project, workflow)
+
+
+async def _run_retry(host: HostState, tx: UnitOfWork, request: RetryRun, info: WorkflowInfo,
                      after: After) -> HostResponse:
-    done = await tx.runs.retry_run(request.runId, host.now(), actor=request.clientId,
-                                   expected_revision=request.expectedRevision)
+    now = host.now()
+    done = await tx.runs.retry_run(request.runId, now, actor=request.clientId,
+                                   expected_revision=request.expectedRevision,
+                                   definition=(info.digest, info.source, info.start_at))
+    # the workflow as it is now may declare settings the run did not have
+    await settings_operations.start_scope(tx, request.runId, info, None, actor_id=request.clientId, now=now)
     after.append(host.wake)
     return HostResponse(request.requestId, Outcome.ACCEPTED, revision=done["revision"], receipt=RetryReceipt(
         runId=done["runId"], status=done["status"], retriedFrom=done["retriedFrom"], node=done["node"],
-        generation=done["generation"], reopenedEffects=done["reopenedEffects"]))
+        generation=done["generation"], reopenedEffects=done["reopenedEffects"],
+        definitionDigest=done["definitionDigest"]))
 
 
 def _iso(ms: int) -> str:
@@ -107,6 +121,6 @@ def _iso(ms: int) -> str:
 
 
 WRITES: Writes = {
-    RetryRun: (None, _run_retry),
+    RetryRun: (_prepare_retry, _run_retry),
     PruneRuns: (_prepare_prune, _run_prune),
 }

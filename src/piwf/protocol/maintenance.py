@@ -33,6 +33,7 @@ class RetryReceipt(Struct):
     node: Annotated[str | None, Meta(description="the node that failed, where the run continues")]
     generation: Annotated[int, Meta(description="the run's new generation")]
     reopenedEffects: Annotated[list[str], Meta(description="effects whose apply() had raised: applied again")]
+    definitionDigest: Annotated[str, Meta(description="the workflow it continues with: the file as it is now")]
 
 
 class PruneReceipt(Struct):

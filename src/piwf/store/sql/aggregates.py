@@ -90,8 +90,10 @@ class SqliteRunsStore:
         return _runs.resume_run(self.db, run_id, now, definition=definition, expected_revision=expected_revision)
 
     async def retry_run(
-            self, run_id: str, now: int, *, actor: str, expected_revision: int | None = None) -> dict[str, Any]:
-        return _retry.retry_run(self.db, run_id, now, actor=actor, expected_revision=expected_revision)
+            self, run_id: str, now: int, *, actor: str, expected_revision: int | None = None,
+            definition: tuple[str, bytes, str | None] | None = None) -> dict[str, Any]:
+        return _retry.retry_run(self.db, run_id, now, actor=actor, expected_revision=expected_revision,
+                                definition=definition)
 
     async def hold_of(self, run_id: str) -> str | None:
         return _runs.hold_of(self.db, run_id)

@@ -7,7 +7,8 @@ reopened: the node asks anew). What a retry changes: the run and its queue row a
 again (engine ``queued``, queue ``queued``, a new generation, no error, no end), its
 effects whose ``apply()`` raised (``rejected``) are pending again (a retry is the operator
 saying the cause is fixed), a controller following it as a child sees it running again,
-and its trace records who retried it. Every condition is checked by the write itself.
+and its trace records who retried it. The run adopts the workflow as it is now when the caller
+passes it (a retry usually follows a fix). Every condition is checked by the write itself.
 """
 
 from __future__ import annotations
@@ -34,10 +35,12 @@ _REQUEUE = f"""UPDATE run_queue SET status = 'queued', runner_id = NULL, claim_t
   RETURNING generation"""
 
 
-def retry_run(db: Database, run_id: str, now: int, *, actor: str,
-              expected_revision: int | None = None) -> dict[str, Any]:
-    """Queue a failed or timed-out run again (see the module). Raises NotFound, Conflict
-    (another revision), Rejected (any other status; its session has another active run)."""
+def retry_run(db: Database, run_id: str, now: int, *, actor: str, expected_revision: int | None = None,
+              definition: tuple[str, bytes, str | None] | None = None) -> dict[str, Any]:
+    """Queue a failed or timed-out run again (see the module); ``definition`` (digest, source,
+    start node): the workflow as it is now, which the run adopts (the fix is often in it).
+    Raises NotFound, Conflict (another revision), Rejected (any other status; its session has
+    another active run)."""
     with db.write():
         before = db.one("SELECT status, error_json FROM runs WHERE run_id = ?", (run_id,))
         try:
@@ -57,6 +60,10 @@ def retry_run(db: Database, run_id: str, now: int, *, actor: str,
         revision = db.scalar("""UPDATE runs SET status = 'queued', status_detail = NULL, output_json = NULL,
                                   output_hash = NULL, error_json = NULL, finished_at = NULL, updated_at = ?,
                                   revision = revision + 1 WHERE run_id = ? RETURNING revision""", (now, run_id))
+        if definition is not None:
+            digest, source, start_node = definition
+            db.execute("UPDATE runs SET definition_digest = ?, definition_hash = ?, start_node = ? WHERE run_id = ?",
+                       (digest, db.put_blob(source, now), start_node, run_id))
         reopened = [key for (key,) in db.execute(
             """UPDATE effects SET status = 'pending', error_json = NULL, settled_at = NULL, updated_at = ?
                WHERE run_id = ? AND status = 'rejected' RETURNING effect_key""", (now, run_id))]
@@ -66,7 +73,8 @@ def retry_run(db: Database, run_id: str, now: int, *, actor: str,
                                           "reopenedEffects": effects, "node": node} if node is not None else
                   {"by": actor, "retriedFrom": previous, "generation": generation, "reopenedEffects": effects}, now)
         return {"runId": run_id, "status": RunStatus.QUEUED, "retriedFrom": previous, "node": node,
-                "generation": generation, "revision": revision, "reopenedEffects": effects}
+                "generation": generation, "revision": revision, "reopenedEffects": effects,
+                "definitionDigest": db.scalar("SELECT definition_digest FROM runs WHERE run_id = ?", (run_id,))}
 
 
 def _follow_again(db: Database, run_id: str, now: int) -> None:
