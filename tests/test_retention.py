@@ -18,6 +18,7 @@ from piwf.host.host import Host
 from piwf.paths import StatePaths
 from piwf.store.sql import queue, retention, runs
 from piwf.store.sql.retention import BLOB_REFERENCES
+from piwf.store.sqlite import Database
 
 from .conftest import config, piwf, wait_for, write_workflow
 from .test_interactions import open_request, start, wait_run
@@ -131,6 +132,35 @@ async def test_serve_retain_deletes_runs_once_they_have_been_ended_that_long(
 async def _gone(paths: StatePaths, run_id: str) -> bool:
     async with AsyncClient(paths) as client:
         return (await client.call("run.status", run_id=run_id)).outcome == "notFound"
+
+
+async def test_a_long_prune_goes_in_batches_and_the_host_serves_between_them(
+        paths: StatePaths, nursery: trio.Nursery) -> None:
+    """1,500 ended runs: while `run.prune` deletes them, another client's requests are
+    answered, and what they show is part-way: the host served between batches."""
+    paths.ensure()
+    db = Database.open(paths.db)
+    with db.write():
+        for n in range(1500):
+            runs.create_run(db, run_id=f"r{n:04}", workflow="w", project_path="/p", source=b"src", digest="d",
+                            input={"n": n}, origin_session_id=None, now=1000 + n)
+            queue.cancel_run(db, f"r{n:04}", 1000 + n)
+    db.close()
+    await nursery.start(Host(config(paths)).serve)
+    seen: list[int] = []
+    pruned: list[Any] = []
+
+    async def prune_them() -> None:
+        pruned.append(await call(paths, "run.prune", payload={"olderThanMs": 1000}))
+
+    async with trio.open_nursery() as inner:
+        inner.start_soon(prune_them)
+        async with AsyncClient(paths) as client:
+            while not pruned:
+                seen.append((await client.call("host.status")).receipt["cancelledRuns"])
+    assert pruned[0]["runs"] == 1500 and pruned[0]["runIds"][:2] == ["r0000", "r0001"]
+    assert any(0 < n < 1500 for n in seen), seen  # answered mid-prune, between two batches
+    assert (await call(paths, "host.status"))["cancelledRuns"] == 0
 
 
 def test_a_value_stored_again_while_its_last_user_is_pruned_stays(db: Any) -> None:

@@ -32,28 +32,29 @@ _PRUNABLE = f"""FROM runs r WHERE r.finished_at IS NOT NULL AND r.finished_at < 
 
 # The guard, in the write that deletes: the queue row goes only while its run is still ended
 # (a retry meanwhile requeued it) and still followed by no controller.
-_TAKE = f"""DELETE FROM run_queue WHERE run_id = ? AND status IN ({one_of(sorted(ENDED))})
+_TAKE = f"""DELETE FROM run_queue WHERE run_id IN ({{ids}}) AND status IN ({one_of(sorted(ENDED))})
   AND NOT EXISTS (SELECT 1 FROM controller_workflows c WHERE c.run_id = run_queue.run_id)
   AND (SELECT r.status FROM runs r WHERE r.run_id = run_queue.run_id) IN ({_ENDED_RUN})
   RETURNING run_id"""
 
-# Everything of a run, children first (foreign keys): (table, the condition naming the run).
+# Everything of the runs, children first (foreign keys): (table, the condition naming them).
 _OWN_ROWS = (
-    ("worker_messages", "worker_epoch IN (SELECT w.worker_epoch FROM run_workers w WHERE w.run_id = ?)"),
-    ("run_processes", "run_id = ?"),
-    ("run_workers", "run_id = ?"),
-    ("interaction_submissions", "request_id IN (SELECT i.request_id FROM interaction_requests i WHERE i.run_id = ?)"),
-    ("interaction_requests", "run_id = ?"),
-    ("notifications", "run_id = ?"),
-    ("followups", "run_id = ?"),
-    ("turns", "run_id = ?"),
-    ("run_updates", "run_id = ?"),
-    ("settings_changes", "scope_id IN (SELECT s.scope_id FROM settings_scopes s WHERE s.run_id = ?)"),
-    ("settings_scopes", "run_id = ?"),
-    ("effects", "run_id = ?"),
-    ("node_attempts", "run_id = ?"),
-    ("run_events", "run_id = ?"),
-    ("runs", "run_id = ?"),
+    ("worker_messages", "worker_epoch IN (SELECT w.worker_epoch FROM run_workers w WHERE w.run_id IN ({ids}))"),
+    ("run_processes", "run_id IN ({ids})"),
+    ("run_workers", "run_id IN ({ids})"),
+    ("interaction_submissions",
+     "request_id IN (SELECT i.request_id FROM interaction_requests i WHERE i.run_id IN ({ids}))"),
+    ("interaction_requests", "run_id IN ({ids})"),
+    ("notifications", "run_id IN ({ids})"),
+    ("followups", "run_id IN ({ids})"),
+    ("turns", "run_id IN ({ids})"),
+    ("run_updates", "run_id IN ({ids})"),
+    ("settings_changes", "scope_id IN (SELECT s.scope_id FROM settings_scopes s WHERE s.run_id IN ({ids}))"),
+    ("settings_scopes", "run_id IN ({ids})"),
+    ("effects", "run_id IN ({ids})"),
+    ("node_attempts", "run_id IN ({ids})"),
+    ("run_events", "run_id IN ({ids})"),
+    ("runs", "run_id IN ({ids})"),
 )
 
 # Every column that names a blob: a blob is deleted only when none of them does.
@@ -65,11 +66,11 @@ BLOB_REFERENCES = (
 )
 # The blobs of a run's own rows (those it may have been the last to use).
 _RUN_BLOBS = (
-    "SELECT definition_hash FROM runs WHERE run_id = ?",
-    "SELECT input_hash FROM runs WHERE run_id = ? AND input_hash IS NOT NULL",
-    "SELECT output_hash FROM runs WHERE run_id = ? AND output_hash IS NOT NULL",
-    "SELECT output_hash FROM node_attempts WHERE run_id = ? AND output_hash IS NOT NULL",
-    "SELECT result_hash FROM effects WHERE run_id = ? AND result_hash IS NOT NULL",
+    "SELECT DISTINCT definition_hash FROM runs WHERE run_id IN ({ids})",
+    "SELECT input_hash FROM runs WHERE run_id IN ({ids}) AND input_hash IS NOT NULL",
+    "SELECT output_hash FROM runs WHERE run_id IN ({ids}) AND output_hash IS NOT NULL",
+    "SELECT output_hash FROM node_attempts WHERE run_id IN ({ids}) AND output_hash IS NOT NULL",
+    "SELECT result_hash FROM effects WHERE run_id IN ({ids}) AND result_hash IS NOT NULL",
 )
 _UNUSED_BLOB = "DELETE FROM blobs WHERE hash = ? AND created_at < ? " + "".join(
     f"AND NOT EXISTS (SELECT 1 FROM {table} WHERE {column} = blobs.hash) " for table, column in BLOB_REFERENCES)
@@ -86,27 +87,27 @@ def prunable_runs(db: Database, *, ended_before: int, sample: int = 20) -> tuple
 
 def prune_runs(db: Database, *, ended_before: int, now: int, limit: int = PRUNE_BATCH) -> Pruned:
     """Delete up to ``limit`` of the oldest prunable runs (see the module) in one transaction,
-    and the blobs they were the last to use. ``more``: prunable runs remain."""
+    and the blobs they were the last to use. ``more``: prunable runs remain. A statement per
+    table for the whole batch (the run ids as parameters)."""
     with db.write():
         ids = [run_id for (run_id,) in db.execute(
             f"SELECT r.run_id {_PRUNABLE} ORDER BY r.finished_at, r.run_id LIMIT ?", (ended_before, limit + 1))]
         more = len(ids) > limit
-        deleted: list[str] = []
-        candidates: set[str] = set()
-        for run_id in ids[:limit]:
-            if db.scalar(_TAKE, (run_id,)) is None:  # retried, or adopted by a controller, meanwhile
-                continue
-            for query in _RUN_BLOBS:
-                candidates.update(digest for (digest,) in db.execute(query, (run_id,)))
-            _delete_rows(db, run_id)
-            deleted.append(run_id)
+        ids = ids[:limit]
+        if not ids:
+            return Pruned(runs=[], blobs=0, more=False)
+        marks = ", ".join("?" * len(ids))
+        # retried, or adopted by a controller, meanwhile: kept (the guard is in the delete)
+        taken = {run_id for (run_id,) in db.execute(_TAKE.format(ids=marks), ids)}
+        deleted = [run_id for run_id in ids if run_id in taken]
+        if not deleted:
+            return Pruned(runs=[], blobs=0, more=more)
+        marks = ", ".join("?" * len(deleted))
+        candidates = {digest for query in _RUN_BLOBS for (digest,) in db.execute(query.format(ids=marks), deleted)}
+        for table, condition in _OWN_ROWS:
+            db.execute(f"DELETE FROM {table} WHERE {condition.format(ids=marks)}", deleted)
         blobs = 0
         for digest in sorted(candidates):
             db.execute(_UNUSED_BLOB, (digest, now - BLOB_GRACE_MS))
             blobs += db.changes()
     return Pruned(runs=deleted, blobs=blobs, more=more)
-
-
-def _delete_rows(db: Database, run_id: str) -> None:
-    for table, condition in _OWN_ROWS:
-        db.execute(f"DELETE FROM {table} WHERE {condition}", (run_id,))
