@@ -163,6 +163,63 @@ async def test_a_long_prune_goes_in_batches_and_the_host_serves_between_them(
     assert (await call(paths, "host.status"))["cancelledRuns"] == 0
 
 
+# One child run of `quick`; the controller status counts the passes and names the child.
+CHILDISH = """
+    from pathlib import Path
+    from piwf import Controller, Result
+
+    def reconcile(ctx):
+        child = ctx.workflows.ensure("main", "quick", {})
+        with open(Path("passes.log"), "a") as f:
+            f.write(child["runId"] + "\\n")
+        return Result.settled(status={"child": child["state"], "runId": child["runId"]})
+
+    controller = Controller(name="childish", reconcile=reconcile)
+"""
+QUICK = ('from piwf import Workflow, compute\nworkflow = Workflow(name="quick", start_at="a", '
+         'nodes={"a": compute(lambda ctx: {"ok": True})})\n')
+
+
+async def test_a_controllers_child_run_stays_while_its_resource_exists(
+        paths: StatePaths, project: Path, nursery: trio.Nursery) -> None:
+    from .test_controllers import ctl, get, write_controller
+
+    clock = ManualClock()
+    await nursery.start(Host(config(paths), clock=clock).serve)
+    write_workflow(project, "quick", QUICK)
+    write_controller(project, "childish", CHILDISH)
+    await ctl(paths, "apply", project, "childish", "c", spec={})
+
+    async def settled_on(state: str) -> dict[str, Any] | None:
+        got = await get(paths, project, "childish", "c")
+        ok = got is not None and not got["reconciling"] and got["status"]["controllerStatus"].get("child") == state
+        return got if ok else None
+
+    child = (await wait_for(lambda: settled_on("succeeded")))["status"]["controllerStatus"]["runId"]
+    clock.advance(2 * DAY_MS)
+    kept = json.loads((await piwf(paths, "prune", "--older-than", "1d", "--json")).stdout)
+    assert kept["runs"] == 0 and (await run_status(paths, child))["status"] == "completed"
+    passes = len(lines(project / "passes.log"))
+    await ctl(paths, "reconcile", project, "childish", "c")
+    await wait_for(lambda: len(lines(project / "passes.log")) > passes and settled_on("succeeded"))
+    assert set(lines(project / "passes.log")) == {child}  # ensure found it again: no second run
+    assert [r["runId"] for r in await call(paths, "run.list")] == [child]
+    await ctl(paths, "delete", project, "childish", "c")
+    await wait_for(lambda: _resource_gone(paths, project))
+    pruned = json.loads((await piwf(paths, "prune", "--older-than", "1d", "--json")).stdout)
+    assert (pruned["runs"], pruned["runIds"]) == (1, [child])
+
+
+async def _resource_gone(paths: StatePaths, project: Path) -> bool:
+    from .test_controllers import get
+
+    return await get(paths, project, "childish", "c") is None
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().split() if path.exists() else []
+
+
 def test_a_value_stored_again_while_its_last_user_is_pruned_stays(db: Any) -> None:
     """A run storing a value in one transaction and the row naming it in a later one: the
     value, found unused in between, is kept because storing it again refreshed it."""
@@ -244,3 +301,14 @@ def _pages(paths: StatePaths) -> int:
     finally:
         conn.close()
 
+
+
+async def test_a_bad_duration_gets_one_clear_line_and_changes_nothing(paths: StatePaths) -> None:
+    for args in (("serve", "--retain", "5x"), ("prune", "--older-than", "0s"), ("prune", "--older-than", "30")):
+        done = await piwf(paths, *args, check=False)
+        assert done.returncode == 2 and done.stdout == b"", done
+        [line] = done.stderr.decode().splitlines()
+        assert "length of time such as 30d" in line or "at least 1s" in line, line
+    assert not paths.db.exists()
+    offline = await piwf(paths, "prune", "--older-than", "30d", check=False)
+    assert offline.returncode != 0 and len(offline.stderr.decode().splitlines()) == 1
