@@ -18,6 +18,7 @@ import trio_util
 
 from piwf.errors import PiwfError
 from piwf.protocol import PruneReceipt, PruneRuns, RetryReceipt, RetryRun
+from piwf.status import UNSUCCESSFUL, RunStatus
 from piwf.store.api import UnitOfWork
 from piwf.wire import HostResponse, Outcome
 from piwf.host import settings_operations
@@ -92,21 +93,24 @@ async def _run_prune(host: HostState, tx: UnitOfWork, request: PruneRuns, receip
     return HostResponse(request.requestId, Outcome.ACCEPTED, receipt=receipt)
 
 
-async def _prepare_retry(host: HostState, request: RetryRun) -> WorkflowInfo:
+async def _prepare_retry(host: HostState, request: RetryRun) -> WorkflowInfo | None:
     """The run continues with its workflow as it is now (a retry usually follows a fix);
-    one that no longer loads is refused with the reason, and the run stays as it was."""
+    one that no longer loads is refused with the reason, and the run stays as it was. A run
+    that cannot be retried is refused by the store, for its status (None: nothing loaded)."""
+    if (await host.store.runs.run_summary(request.runId)).status not in UNSUCCESSFUL - {RunStatus.CANCELLED}:
+        return None
     workflow, project, _, _, _ = await host.store.runs.run_source(request.runId)
     return await host.catalog.inspect(project, workflow)
 
 
-async def _run_retry(host: HostState, tx: UnitOfWork, request: RetryRun, info: WorkflowInfo,
+async def _run_retry(host: HostState, tx: UnitOfWork, request: RetryRun, info: WorkflowInfo | None,
                      after: After) -> HostResponse:
     now = host.now()
     done = await tx.runs.retry_run(request.runId, now, actor=request.clientId,
                                    expected_revision=request.expectedRevision,
-                                   definition=(info.digest, info.source, info.start_at))
-    # the workflow as it is now may declare settings the run did not have
-    await settings_operations.start_scope(tx, request.runId, info, None, actor_id=request.clientId, now=now)
+                                   definition=None if info is None else (info.digest, info.source, info.start_at))
+    if info is not None:  # the workflow as it is now may declare settings the run did not have
+        await settings_operations.start_scope(tx, request.runId, info, None, actor_id=request.clientId, now=now)
     after.append(host.wake)
     return HostResponse(request.requestId, Outcome.ACCEPTED, revision=done["revision"], receipt=RetryReceipt(
         runId=done["runId"], status=done["status"], retriedFrom=done["retriedFrom"], node=done["node"],

@@ -23,8 +23,6 @@ from piwf.store.sql.controllers import add_resource_event, enqueue
 from piwf.store.sql.database import Database
 from piwf.store.sql.queue import AT_REVISION, refuse_revision
 
-RETRYABLE = (RunStatus.FAILED, RunStatus.TIMED_OUT)
-
 # The guard and the queue row's change in one write: only a failed row whose run failed or
 # timed out, at the revision the request expected, goes back to the queue.
 _REQUEUE = f"""UPDATE run_queue SET status = 'queued', runner_id = NULL, claim_token = NULL,
@@ -32,7 +30,7 @@ _REQUEUE = f"""UPDATE run_queue SET status = 'queued', runner_id = NULL, claim_t
     crash_count = 0, not_before = NULL, generation = generation + 1, updated_at = ?
   WHERE run_id = ? AND status = 'failed'
     AND (SELECT r.status FROM runs r WHERE r.run_id = run_queue.run_id) IN ('failed', 'timed_out') {AT_REVISION}
-  RETURNING generation"""
+  RETURNING generation, (SELECT r.status FROM runs r WHERE r.run_id = run_queue.run_id)"""
 
 
 def retry_run(db: Database, run_id: str, now: int, *, actor: str, expected_revision: int | None = None,
@@ -42,19 +40,18 @@ def retry_run(db: Database, run_id: str, now: int, *, actor: str, expected_revis
     Raises NotFound, Conflict (another revision), Rejected (any other status; its session has
     another active run)."""
     with db.write():
-        before = db.one("SELECT status, error_json FROM runs WHERE run_id = ?", (run_id,))
         try:
-            generation = db.scalar(_REQUEUE, (now, run_id, expected_revision, expected_revision))
+            requeued = db.one(_REQUEUE, (now, run_id, expected_revision, expected_revision))
         except ConstraintViolation:  # the session's one active run (run_queue_session_reservation)
             session = db.scalar("SELECT origin_session_id FROM runs WHERE run_id = ?", (run_id,))
             raise Rejected(f"run {run_id} cannot be retried now: its session {session} has another active "
                            "run; retry it once that one ends") from None
-        if generation is None:
+        if requeued is None:
             refuse_revision(db, run_id, expected_revision)  # NotFound, Conflict
-            status = before[0] if before else None
+            status = db.scalar("SELECT status FROM runs WHERE run_id = ?", (run_id,))
             raise Rejected(f"run {run_id} is {status}: only a failed or timed-out run can be retried"
                            + _why_not(status))
-        previous, _ = before
+        generation, previous = requeued
         node = db.scalar("""SELECT node_id FROM node_attempts WHERE run_id = ? AND status = 'failed'
                             ORDER BY seq DESC, started_at DESC LIMIT 1""", (run_id,))
         revision = db.scalar("""UPDATE runs SET status = 'queued', status_detail = NULL, output_json = NULL,
