@@ -261,12 +261,12 @@ async def test_soak_the_state_file_stops_growing_under_a_steady_stream_of_runs(
 
 async def test_the_state_file_stops_growing_under_a_steady_stream_of_runs_small(
         paths: StatePaths, project: Path, nursery: trio.Nursery) -> None:
-    await _soak(paths, project, nursery, rounds=4, per_round=150)
+    await _soak(paths, project, nursery, rounds=8, per_round=150)
 
 
 async def _soak(paths: StatePaths, project: Path, nursery: trio.Nursery, *, rounds: int, per_round: int) -> None:
-    """Rounds of runs, each round's pruned before the next; from the second round on, the
-    database's pages (free pages reused) stay what the first round needed."""
+    """Rounds of runs, each round's pruned before the next: the database's pages (free pages
+    reused) stop growing."""
     write_workflow(project, "quick", 'from piwf import Workflow, compute\nworkflow = Workflow(name="quick", '
                                      'start_at="a", nodes={"a": compute(lambda ctx: {"n": ctx.input["n"]})})\n')
     await nursery.start(Host(config(paths, retain_ms=1000, command_retention_ms=1000, prune_interval_s=0.2,
@@ -281,10 +281,13 @@ async def _soak(paths: StatePaths, project: Path, nursery: trio.Nursery, *, roun
                 assert response.outcome == "accepted", response
         await wait_for(lambda: _all_pruned(paths), timeout=60 + per_round)
         sizes.append(_pages(paths))
-    # Measured (150 runs a round, from 98 pages empty): 128, 128, 128, 128; with the command log kept
-    # for its default week instead: 140, 150, 171, 198. The slack: a round's peak of live rows
-    # varies with the machine's speed, and index pages split unevenly.
-    assert max(sizes[1:]) - sizes[0] <= max(4, (sizes[0] - initial) // 4), (initial, sizes)
+    # The file stops growing: past the first half of the rounds (the warm-up: a round's peak of
+    # live rows varies with the machine's speed) no round needs more than a quarter of a
+    # round's footprint beyond the warm-up's largest. Measured (150 runs a round, 100 pages
+    # empty): 151, 154, 158, 158, 158, 158, 158, 158; with the command log kept its default
+    # week instead, it grows every round: 140, 150, 171, 198, ...
+    warm = max(sizes[:rounds // 2])
+    assert max(sizes) - warm <= max(4, (warm - initial) // 4), (initial, sizes)
 
 
 async def _all_pruned(paths: StatePaths) -> bool:

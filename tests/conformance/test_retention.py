@@ -132,19 +132,21 @@ async def test_a_value_stored_again_meanwhile_is_kept(store: Any, clock: ManualC
 
 async def test_a_retried_request_naming_a_pruned_run_is_answered_not_found(store: Any, clock: ManualClock) -> None:
     await ended(store, clock, "r1")
-    request = make_request("run.cancel", client_id="c", run_id="r1", request_id="req-1")
-    fingerprint = request_fingerprint(request)
-    async with store.transaction() as tx:
-        assert await tx.commands.lookup(request, fingerprint) is None
-        await tx.commands.record(request, fingerprint, HostResponse("req-1", "accepted", receipt={"runId": "r1"}),
-                                 1, clock.now_ms())
-    assert (await store.commands.lookup(request, fingerprint)).outcome == "adopted"
-    await prune_all(store, clock, clock.now_ms() + 1)
-    answer = await store.commands.lookup(request, fingerprint)
-    assert answer.outcome == "notFound" and answer.receipt is None
-    assert "run r1 has since ended and been deleted by retention" in answer.error
+    await ended(store, clock, "r2")
+    cancel = make_request("run.cancel", client_id="c", run_id="r1", request_id="req-1")
     start = make_request("run.start", client_id="c", request_id="req-2", payload={"workflow": "w"})
-    async with store.transaction() as tx:  # a run the host named: its id is in the receipt only
-        await tx.commands.record(start, request_fingerprint(start), HostResponse(
-            "req-2", "accepted", receipt={"runId": "r9"}), 1, clock.now_ms())
-    assert (await store.commands.lookup(start, request_fingerprint(start))).outcome == "notFound"
+    pause = make_request("run.pause", client_id="c", run_id="never", request_id="req-3")
+    for request, receipt in ((cancel, {"runId": "r1"}), (start, {"runId": "r2"}), (pause, {"n": 1})):
+        async with store.transaction() as tx:
+            fingerprint = request_fingerprint(request)
+            assert await tx.commands.lookup(request, fingerprint) is None
+            await tx.commands.record(request, fingerprint, HostResponse(request.requestId, "accepted",
+                                                                        receipt=receipt), 1, clock.now_ms())
+    assert (await store.commands.lookup(cancel, request_fingerprint(cancel))).outcome == "adopted"
+    assert sorted(await prune_all(store, clock, clock.now_ms())) == ["r1", "r2"]
+    for request, run_id in ((cancel, "r1"), (start, "r2")):  # the run named by the request, or made by it
+        answer = await store.commands.lookup(request, request_fingerprint(request))
+        assert answer.outcome == "notFound" and answer.receipt is None
+        assert f"run {run_id} has since ended and been deleted by retention" in answer.error
+    other = await store.commands.lookup(pause, request_fingerprint(pause))  # no run was pruned for it
+    assert (other.outcome, other.receipt) == ("adopted", {"n": 1})

@@ -18,9 +18,10 @@ if TYPE_CHECKING:
 
 
 def _stored_response(db: Database, request_id: str, row: tuple[Any, ...]) -> HostResponse:
-    """The stored answer, as ``adopted``; ``notFound`` when the run it named is gone."""
-    _, revision, receipt_json, receipt_hash, error, run_id, pruned = row
-    if pruned:  # answered once; the run it named has ended and been deleted since (retention)
+    """The stored answer, as ``adopted``; ``notFound`` (with why) for one whose run retention
+    has deleted since (``forget_runs``)."""
+    outcome, revision, receipt_json, receipt_hash, error, run_id = row
+    if outcome == Outcome.NOT_FOUND:
         return HostResponse(request_id, Outcome.NOT_FOUND, error=(
             f"this request was carried out before (run {run_id}), and run {run_id} has since ended and been "
             "deleted by retention; it is not carried out again"))
@@ -33,16 +34,24 @@ def _stored_response(db: Database, request_id: str, row: tuple[Any, ...]) -> Hos
     )
 
 
-# A request that was accepted naming a run that no longer exists: only retention deletes runs.
-_PRUNED = """(outcome = 'accepted' AND run_id IS NOT NULL
-  AND NOT EXISTS (SELECT 1 FROM runs r WHERE r.run_id = host_commands.run_id))"""
+def forget_runs(db: Database, marks: str, run_ids: list[str]) -> set[str]:
+    """Retention deletes these runs (``marks``: a ``?`` each): the answers naming them become
+    ``notFound`` saying so (a retry is never carried out again); returns the blobs their
+    receipts named. Call inside the transaction that deletes the runs."""
+    where = f"run_id IN ({marks}) AND outcome != 'notFound'"
+    receipts = {digest for (digest,) in db.execute(
+        f"SELECT receipt_hash FROM host_commands WHERE {where} AND receipt_hash IS NOT NULL", run_ids)}
+    # the row only shrinks (the answer's text is made when it is read): a prune grows no page
+    db.execute(f"""UPDATE host_commands SET outcome = 'notFound', revision = NULL, receipt_json = NULL,
+                     receipt_hash = NULL, error = NULL WHERE {where}""", run_ids)
+    return receipts
 
 
 def lookup(db: Database, request: CommandKey, fingerprint: bytes) -> HostResponse | None:
     """A stored response for this request (``adopted``), a ``conflict``, or None if new."""
     rows = db.execute(
-        f"""SELECT request_id = ?, request_fingerprint, outcome, revision, receipt_json, receipt_hash, error,
-             run_id, {_PRUNED} FROM host_commands WHERE request_id = ? OR (client_id = ? AND idempotency_key = ?)""",
+        """SELECT request_id = ?, request_fingerprint, outcome, revision, receipt_json, receipt_hash, error, run_id
+           FROM host_commands WHERE request_id = ? OR (client_id = ? AND idempotency_key = ?)""",
         (request.requestId, request.requestId, request.clientId, request.idempotencyKey),
     ).fetchall()
     if not rows:

@@ -4,8 +4,9 @@ A run is deleted once it ended (engine and queue status both ended) before a cut
 only if no controller follows it as a child (a ``controller_workflows`` row, which goes
 only with its resource: ``ensure`` must keep finding the child it started). One call
 deletes at most ``limit`` runs in one transaction, so a host prunes in bounded batches and
-serves in between. The command log is not touched: it keeps its own window, and a retried
-request naming a pruned run is answered from it (``commands.lookup``).
+serves in between. The command log keeps its own window: the answers naming a pruned run
+are turned into ``notFound`` saying the run was deleted (``commands.forget_runs``), so a
+retried request is answered so and never carried out again.
 
 Blobs are content-addressed and shared (a workflow's source by all its runs), so a run's
 blobs are candidates only: each is deleted in a write that checks no row anywhere refers
@@ -22,6 +23,7 @@ from piwf.status import ENDED, RunStatus
 from piwf.store.api.retention import PRUNE_BATCH
 from piwf.store.api.rules import BLOB_GRACE_MS
 from piwf.store.api.types import Pruned
+from piwf.store.sql import commands
 from piwf.store.sql.database import Database, one_of
 
 _ENDED_RUN = one_of(sorted((RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.TIMED_OUT, RunStatus.CANCELLED)))
@@ -104,6 +106,7 @@ def prune_runs(db: Database, *, ended_before: int, now: int, limit: int = PRUNE_
             return Pruned(runs=[], blobs=0, more=more)
         marks = ", ".join("?" * len(deleted))
         candidates = {digest for query in _RUN_BLOBS for (digest,) in db.execute(query.format(ids=marks), deleted)}
+        candidates |= commands.forget_runs(db, marks, deleted)
         for table, condition in _OWN_ROWS:
             db.execute(f"DELETE FROM {table} WHERE {condition.format(ids=marks)}", deleted)
         blobs = 0

@@ -214,7 +214,8 @@ ALTER TABLE run_queue ADD COLUMN not_before INTEGER;
 # Layout 11: retention (store/sql/retention.py). Ended runs are found by when they ended;
 # a blob is deleted only when no column naming blobs names it, each checked by an index
 # (partial where the column is mostly NULL: values inline); a controller's child runs are
-# found by run id.
+# found by run id, and so are the logged commands that name a run (their answers say it
+# was deleted).
 RETENTION_SQL = """
 CREATE INDEX runs_ended ON runs(finished_at) WHERE finished_at IS NOT NULL;
 CREATE INDEX runs_definition_blob ON runs(definition_hash);
@@ -227,6 +228,7 @@ CREATE INDEX controller_resources_spec_blob ON controller_resources(spec_hash) W
 CREATE INDEX controller_resources_status_blob ON controller_resources(status_hash) WHERE status_hash IS NOT NULL;
 CREATE INDEX controller_effects_result_blob ON controller_effects(result_hash) WHERE result_hash IS NOT NULL;
 CREATE INDEX controller_workflows_run ON controller_workflows(run_id);
+CREATE INDEX host_commands_run ON host_commands(run_id) WHERE run_id IS NOT NULL;
 """
 
 COUNTED_TRIGGERS = [f"{table}_counted_{event}" for table in ("runs", "run_queue")
