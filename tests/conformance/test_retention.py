@@ -150,3 +150,35 @@ async def test_a_retried_request_naming_a_pruned_run_is_answered_not_found(store
         assert f"run {run_id} has since ended and been deleted by retention" in answer.error
     other = await store.commands.lookup(pause, request_fingerprint(pause))  # no run was pruned for it
     assert (other.outcome, other.receipt) == ("adopted", {"n": 1})
+
+
+async def sweep_all(store: Any, clock: ManualClock, limit: int = 2) -> int:
+    deleted, after = 0, ""
+    while True:
+        gone, next_after = await store.retention.sweep_blobs(after=after, now=clock.now_ms(), limit=limit)
+        deleted += gone
+        if next_after is None:
+            return deleted
+        after = next_after
+
+
+async def test_a_sweep_deletes_values_nothing_uses_any_more_and_keeps_the_rest(
+        store: Any, clock: ManualClock) -> None:
+    """Runs retried on a fixed workflow leave their old source unused: no prune finds it (the
+    runs still exist), a sweep does, once past the grace period; nothing in use goes."""
+    fixed = ("d2", b"fixed source " * 500, "a")
+    await ended(store, clock, "r1", "failed", input=BIG)
+    await new_run(store, clock, "r2", input=BIG)  # queued: the source b"src" and BIG stay in use
+    await store.runs.retry_run("r1", clock.now_ms(), actor="alice", definition=fixed)
+    clock.advance(24 * 3600 * 1000)
+    assert await sweep_all(store, clock) == 0  # r2 still names the old source
+    got = await claim(store, clock, exclude=frozenset({"r1"}))
+    await store.queue.fail_run("r2", got.token, {"type": "E", "message": "x"}, clock.now_ms())
+    await store.runs.retry_run("r2", clock.now_ms(), actor="alice", definition=fixed)
+    assert await sweep_all(store, clock) == 1  # the old source, named by no run any more
+    for run_id in ("r1", "r2"):  # every value a run still names stays readable
+        assert (await store.runs.get_run(run_id, clock.now_ms())).input == BIG
+        assert (await store.runs.run_source(run_id))[2:4] == ("d2", BIG)
+    await new_run(store, clock, "r3", input=BIG)  # stores the old source again: in use again
+    clock.advance(24 * 3600 * 1000)
+    assert await sweep_all(store, clock) == 0

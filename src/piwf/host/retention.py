@@ -11,6 +11,7 @@ carried out twice (a crash between the batches and the record) only deletes what
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 
 import trio
@@ -27,6 +28,7 @@ from piwf.host.operation_types import After, Writes
 from piwf.host.state import HostState, log
 
 SAMPLE = 20  # run ids a prune's receipt names
+SWEEP_INTERVAL_S = 600.0  # --retain looks at every blob this often at most
 
 
 def retention_interval_s(retain_ms: int) -> float:
@@ -52,20 +54,38 @@ async def prune(host: HostState, older_than_ms: int) -> tuple[int, int, list[str
         await trio.sleep(0)  # a checkpoint: requests and workers are served between batches
 
 
+async def sweep(host: HostState) -> int:
+    """Every blob nothing uses any more, past the grace period, in batches with a checkpoint
+    between them: those no prune of a run found (a replaced definition, a pruned receipt)."""
+    deleted, after = 0, ""
+    while True:
+        gone, next_after = await host.store.retention.sweep_blobs(after=after, now=host.now())
+        deleted += gone
+        if next_after is None:
+            return deleted
+        after = next_after
+        await trio.sleep(0)
+
+
 async def serve_retention(host: HostState, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    """``--retain``: prune at start and then every ``retention_interval_s``."""
+    """``--retain``: prune at start and then every ``retention_interval_s``; and sweep unused
+    blobs at start and then every ``SWEEP_INTERVAL_S`` at most."""
     task_status.started()
     retain_ms = host.config.retain_ms
     if retain_ms is None:
         return
+    swept_at = -math.inf
     async with contextlib.aclosing(trio_util.periodic(retention_interval_s(retain_ms))) as ticks:
         async for _ in ticks:
             try:
                 runs, blobs, _ = await prune(host, retain_ms)
+                if trio.current_time() - swept_at >= SWEEP_INTERVAL_S:
+                    swept_at = trio.current_time()
+                    blobs += await sweep(host)
             except PiwfError as exc:
                 log.warning("could not delete ended runs past the retention: %s", exc)
                 continue
-            if runs:
+            if runs or blobs:
                 log.info("deleted %d run(s) that ended over %s ago, and %d unused blob(s)", runs,
                          describe_ms(retain_ms), blobs)
 
@@ -85,6 +105,7 @@ async def _prepare_prune(host: HostState, request: PruneRuns) -> PruneReceipt:
         count, ids = await host.store.retention.prunable_runs(ended_before=ended_before, sample=SAMPLE)
         return PruneReceipt(dryRun=True, endedBefore=at, runs=count, blobs=0, runIds=ids)
     runs, blobs, ids = await prune(host, payload.olderThanMs)
+    blobs += await sweep(host)
     return PruneReceipt(dryRun=False, endedBefore=at, runs=runs, blobs=blobs, runIds=ids)
 
 

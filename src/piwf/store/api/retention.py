@@ -8,6 +8,7 @@ if TYPE_CHECKING:
     from piwf.store.api.types import Pruned
 
 PRUNE_BATCH = 100  # runs per transaction, at most (piwf.store.sql.retention measures it)
+BLOB_SWEEP = 500  # blobs looked at per transaction by a sweep
 
 
 class RetentionStore(Protocol):
@@ -25,3 +26,9 @@ class RetentionStore(Protocol):
 
     async def prunable_runs(self, *, ended_before: int, sample: int = 20) -> tuple[int, list[str]]:
         """How many runs ``prune_runs`` would delete (from one snapshot), and the ids of the ``sample`` oldest."""
+
+    async def sweep_blobs(self, *, after: str, now: int, limit: int = BLOB_SWEEP) -> tuple[int, str | None]:
+        """Delete the blobs nothing names that were not stored (or stored again) in the grace period before
+        ``now``, among the ``limit`` first hashes after ``after`` in hash order, in one transaction: those left
+        by other changes than a prune (a definition a retry or resume replaced, a pruned command's receipt).
+        Returns how many went and the hash to go on after (None: the end)."""

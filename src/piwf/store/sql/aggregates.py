@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from piwf.protocol import EVENTS_PAGE
-from piwf.store.api.retention import PRUNE_BATCH
+from piwf.store.api.retention import BLOB_SWEEP, PRUNE_BATCH
 from piwf.store.api.rules import RETENTION_MS
 from piwf.store.sql import commands as _commands
 from piwf.store.sql import runs as _runs
@@ -563,3 +563,6 @@ class SqliteRetentionStore:
 
     async def prunable_runs(self, *, ended_before: int, sample: int = 20) -> tuple[int, list[str]]:
         return _retention.prunable_runs(self.db, ended_before=ended_before, sample=sample)
+
+    async def sweep_blobs(self, *, after: str, now: int, limit: int = BLOB_SWEEP) -> tuple[int, str | None]:
+        return _retention.sweep_blobs(self.db, after=after, now=now, limit=limit)

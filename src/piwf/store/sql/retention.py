@@ -20,7 +20,7 @@ for the refresh's row lock and sees it.
 from __future__ import annotations
 
 from piwf.status import ENDED, RunStatus
-from piwf.store.api.retention import PRUNE_BATCH
+from piwf.store.api.retention import BLOB_SWEEP, PRUNE_BATCH
 from piwf.store.api.rules import BLOB_GRACE_MS
 from piwf.store.api.types import Pruned
 from piwf.store.sql import commands
@@ -114,3 +114,18 @@ def prune_runs(db: Database, *, ended_before: int, now: int, limit: int = PRUNE_
             db.execute(_UNUSED_BLOB, (digest, now - BLOB_GRACE_MS))
             blobs += db.changes()
     return Pruned(runs=deleted, blobs=blobs, more=more)
+
+
+def sweep_blobs(db: Database, *, after: str, now: int, limit: int = BLOB_SWEEP) -> tuple[int, str | None]:
+    """Delete the unused blobs past the grace period among the ``limit`` first hashes after
+    ``after`` (in hash order), in one transaction: those no run's prune found, such as a
+    workflow source a retry or resume replaced, or a pruned command's receipt. Returns how
+    many were deleted and the hash to go on after (None: the end was reached)."""
+    with db.write():
+        hashes = [digest for (digest,) in db.execute(
+            "SELECT hash FROM blobs WHERE hash > ? ORDER BY hash LIMIT ?", (after, limit))]
+        deleted = 0
+        for digest in hashes:
+            db.execute(_UNUSED_BLOB, (digest, now - BLOB_GRACE_MS))
+            deleted += db.changes()
+    return deleted, hashes[-1] if len(hashes) == limit else None
