@@ -151,7 +151,9 @@ async def test_a_long_prune_goes_in_batches_and_the_host_serves_between_them(
     pruned: list[Any] = []
 
     async def prune_them() -> None:
-        pruned.append(await call(paths, "run.prune", payload={"olderThanMs": 1000}))
+        async with AsyncClient(paths, client_id="pruner") as client:
+            response = await client.call("run.prune", request_id="prune-1", payload={"olderThanMs": 1000})
+        pruned.append(response.receipt)
 
     async with trio.open_nursery() as inner:
         inner.start_soon(prune_them)
@@ -161,6 +163,9 @@ async def test_a_long_prune_goes_in_batches_and_the_host_serves_between_them(
     assert pruned[0]["runs"] == 1500 and pruned[0]["runIds"][:2] == ["r0000", "r0001"]
     assert any(0 < n < 1500 for n in seen), seen  # answered mid-prune, between two batches
     assert (await call(paths, "host.status"))["cancelledRuns"] == 0
+    async with AsyncClient(paths, client_id="pruner") as client:  # the same request again: its answer, once
+        again = await client.call("run.prune", request_id="prune-1", payload={"olderThanMs": 1000})
+    assert (again.outcome, again.receipt) == ("adopted", pruned[0])
 
 
 # One child run of `quick`; the controller status counts the passes and names the child.
