@@ -1,4 +1,4 @@
--- piwf state layout 10, as created by piwf before retention (for the migration test)
+-- piwf state layout 10, as created by piwf before ambiguous-effect indexes and reconcile effect identity (for the migration test)
 
 CREATE TABLE blobs (
   hash TEXT PRIMARY KEY,

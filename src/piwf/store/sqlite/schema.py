@@ -7,7 +7,7 @@ from piwf.store.sqlite.schema_features import (
 )
 
 APPLICATION_ID = 0x70697766  # "piwf"
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 
 
 # The columns named worker_epoch (run_workers, run_processes, worker_messages and the run_processes_live index)
@@ -211,7 +211,19 @@ NOT_BEFORE_SQL = """
 ALTER TABLE run_queue ADD COLUMN not_before INTEGER;
 """
 
-# Layout 11: retention (store/sql/retention.py). Ended runs are found by when they ended;
+# Layout 11: effects whose outcome is unknown are counted (host.status ambiguousEffects)
+# through partial indexes, so the count reads only them; a reconcile's effect records the
+# action it was reserved for (kind, and a fingerprint of its request: a key reused for
+# another action is a conflict; NULL in a row made before layout 11: the first reserve
+# after it records them). A fresh database adds them the same way.
+EFFECT_IDENTITY_SQL = """
+CREATE INDEX effects_ambiguous ON effects(run_id) WHERE status = 'ambiguous';
+CREATE INDEX controller_effects_ambiguous ON controller_effects(uid) WHERE status = 'ambiguous';
+ALTER TABLE controller_effects ADD COLUMN kind TEXT;
+ALTER TABLE controller_effects ADD COLUMN request_fingerprint TEXT;
+"""
+
+# Layout 12: retention (store/sql/retention.py). Ended runs are found by when they ended;
 # a blob is deleted only when no column naming blobs names it, each checked by an index
 # (partial where the column is mostly NULL: values inline); a controller's child runs are
 # found by run id, and so are the logged commands that name a run (their answers say it
@@ -337,7 +349,7 @@ CREATE TABLE worker_messages (
   PRIMARY KEY (worker_epoch, message_id)
 );
 """ + EFFECTS_AND_PROCESSES_SQL + RUN_COUNTS_SQL + INTERACTIONS_SQL + CONTROLLERS_SQL + DELIVERY_SQL + SETTINGS_SQL \
-    + NOT_BEFORE_SQL + RETENTION_SQL
+    + NOT_BEFORE_SQL + EFFECT_IDENTITY_SQL + RETENTION_SQL
 
 
 
@@ -386,6 +398,9 @@ DROP TABLE run_workers_v2;
     8: "CREATE INDEX IF NOT EXISTS turns_run ON turns(run_id);\n" + SETTINGS_SQL,
     # 10: a crashed run's back-off (run_queue.not_before), durable.
     9: NOT_BEFORE_SQL,
-    # 11: retention: the indexes that find ended runs, a child run's controller, and a blob's users.
-    10: RETENTION_SQL,
+    # 11: ambiguous effects found by partial indexes; a reconcile effect's kind and request fingerprint.
+    10: EFFECT_IDENTITY_SQL,
+    # 12: retention: the indexes that find ended runs, a child run's controller and logged commands, and a
+    # blob's users.
+    11: RETENTION_SQL,
 }
