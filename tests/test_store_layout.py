@@ -265,3 +265,29 @@ def test_a_layout_10_database_gains_effect_identity_and_counts_its_ambiguous_eff
                                    fingerprint=fp)
     assert db.scalar("PRAGMA integrity_check") == "ok"
     db.close()
+
+
+def test_a_layout_12_database_gains_the_retention_indexes_as_a_fresh_one_has_them(tmp_path: Path) -> None:
+    """Layout 13 adds the indexes retention reads (ended runs, a blob's users, a child run's
+    controller, the logged commands of a run); a layout-12 database keeps its runs and ends
+    with a fresh one's schema."""
+    def schema(db: Database) -> set[tuple[str, str]]:
+        return set(db.execute("SELECT name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"))
+
+    fresh = Database.open(tmp_path / "fresh.db")
+    expected = schema(fresh)
+    fresh.close()
+    assert {"runs_ended", "runs_definition_blob", "controller_workflows_run", "host_commands_run"} <= {
+        name for name, _ in expected}
+    path = tmp_path / "v12.db"
+    conn = frozen_layout(path, 12)
+    conn.execute("INSERT INTO runs (run_id, workflow, project_path, definition_hash, definition_digest, status, "
+                 "created_at, updated_at, finished_at) VALUES ('r', 'w', '/p', 'h', 'd', 'completed', 1, 1, 1)")
+    conn.execute("INSERT INTO run_queue (run_id, status, created_at, updated_at) VALUES ('r', 'done', 1, 1)")
+    conn.close()
+    db = Database.open(path)
+    assert db.scalar("PRAGMA user_version") == SCHEMA_VERSION == 13
+    assert schema(db) == expected
+    assert db.one("SELECT status, finished_at FROM runs WHERE run_id = 'r'") == ("completed", 1)
+    assert db.scalar("PRAGMA integrity_check") == "ok"
+    db.close()

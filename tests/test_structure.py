@@ -15,7 +15,8 @@ from piwf.protocol.worker import WORKER_OPERATIONS
 ROOT = Path(__file__).resolve().parents[1]
 HOST = sorted((ROOT / "src" / "piwf" / "host").glob("*.py"))
 STORE_MODULES = ("hosts", "queue", "runs", "workers", "effects", "commands", "supervision", "controllers",
-                 "controller_queue", "controller_effects", "delivery", "updates", "interactions", "settings")
+                 "controller_queue", "controller_effects", "delivery", "updates", "interactions", "settings",
+                 "retention")
 
 
 def _host_source() -> str:

@@ -54,6 +54,7 @@ def _duration_ms(text: str) -> int:
     return ms
 
 
+
 def _json_arg(text: str, option: str) -> Any:
     """A JSON option value, read as the host reads frames (nesting bounded). A bare word
     (``three``) is refused with what to type instead: a JSON string has its quotes."""

@@ -37,7 +37,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         reply_timeout_s=args.reply_timeout, standby=args.standby,
                         max_controller_workers=args.max_controller_workers,
                         presentation_lease_ms=max(1, int(args.presentation_lease * 1000)),
-                        delivery_lease_ms=max(1, int(args.delivery_lease * 1000)),
+                        delivery_lease_ms=max(1, int(args.delivery_lease * 1000)), retain_ms=args.retain,
                         node_time_limit_s=args.node_time_limit,
                         **service_manager_settings())
     try:

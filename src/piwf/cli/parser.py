@@ -114,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
                  result="the effect's result as JSON, with --applied (default null)")
     resolve.set_defaults(handler="run:cmd_run_resolve_effect")
     _add_settings(run, common)
+    _add_retention(run, commands, common)
     _add_interact(commands, common)
     _add_followup(commands, common)
     _add_service(commands, common)
@@ -157,6 +158,8 @@ def _add_serve(commands: Any, common: argparse.ArgumentParser) -> None:
                             "JSON lines otherwise (default)")
     serve.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
                        help="the least severe records logged (default info)")
+    serve.add_argument("--retain", type=_duration_ms, metavar="DUR",
+                       help="delete runs this long after they ended (30d, 12h, 90m, 45s; default: keep them)")
     serve.add_argument("--standby", action="store_true",
                        help="start, load everything, and wait: take over at once when the live host stops or dies")
     serve.set_defaults(handler="host:cmd_serve")
@@ -357,6 +360,22 @@ def _add_settings(run: Any, common: argparse.ArgumentParser) -> None:
     sub.add_argument("--scope", metavar="ID", help="the settings scope (default: the run's)")
     _add_request_id(sub)
     sub.set_defaults(handler="settings:cmd_run_settings")
+
+
+def _add_retention(run: Any, commands: Any, common: argparse.ArgumentParser) -> None:
+    """``run retry`` and ``prune``: ended runs continued, or deleted."""
+    retry = run.add_parser("retry", parents=[common], help="continue a failed or timed-out run from the node "
+                           "that failed (its accepted steps and applied effects are kept)")
+    retry.add_argument("run_id", metavar="RUN_ID")
+    _add_request_id(retry)
+    retry.set_defaults(handler="maintenance:cmd_run_retry")
+    prune = commands.add_parser("prune", parents=[common], help="delete runs that ended long enough ago, with "
+                                "their steps, events and stored values")
+    prune.add_argument("--older-than", type=_duration_ms, required=True, metavar="DUR",
+                       help="runs that ended at least this long ago (30d, 12h, 90m, 45s)")
+    prune.add_argument("--dry-run", action="store_true", help="say how many would be deleted; delete nothing")
+    _add_request_id(prune)
+    prune.set_defaults(handler="maintenance:cmd_prune")
 
 
 def _add_watch(commands: Any, common: argparse.ArgumentParser) -> None:

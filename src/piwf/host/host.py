@@ -47,12 +47,12 @@ from piwf.host.lock import HostLock, standing_by
 from piwf.host.notify import Notifier, open_notifier
 from piwf.host.deadlines import serve_deadlines
 from piwf.host.reconcile_lane import serve_controllers
+from piwf.host.retention import serve_retention
 from piwf.host.run_lane import serve_dispatcher
 from piwf.host.server import adopt_listener, check_socket_path, open_listener, serve_socket
 from piwf.host.state import HostConfig, HostState, log
 from piwf.host.worker_process import reap_registered
 
-PRUNE_INTERVAL_S = 3600
 
 
 class Host:
@@ -157,6 +157,7 @@ class Host:
                     nursery.start_soon(_heartbeat, host)
                     nursery.start_soon(_prune_commands, host)
                     await nursery.start(host.store.serve_wakeups, host.woken)  # other hosts' work
+                    await nursery.start(serve_retention, host)
                     await nursery.start(serve_dispatcher, host)
                     await nursery.start(serve_deadlines, host)
                     await nursery.start(serve_controllers, host)
@@ -305,10 +306,10 @@ async def _prune_commands(host: HostState) -> None:
     """Forget logged commands older than the retention window, what was delivered to the
     sessions of ended runs as long ago, and the stored answers of ended runs' workers (a
     backstop: they are forgotten as each run's worker ends), hourly and at start."""
-    async with contextlib.aclosing(trio_util.periodic(PRUNE_INTERVAL_S)) as ticks:
+    async with contextlib.aclosing(trio_util.periodic(host.config.prune_interval_s)) as ticks:
         async for _ in ticks:
             try:
-                pruned = await host.store.commands.prune(host.now())
+                pruned = await host.store.commands.prune(host.now(), host.config.command_retention_ms)
                 delivered = await host.store.delivery.prune(host.now(), RETENTION_MS)
             except PiwfError as exc:
                 log.warning("could not prune the command log: %s", exc)

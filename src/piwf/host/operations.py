@@ -40,7 +40,7 @@ from piwf.wire import HostResponse, Outcome, check_id, request_fingerprint
 from piwf.host import controller_operations
 from piwf.host import delivery
 from piwf.host.delivery import until_changed
-from piwf.host import output, settings_operations
+from piwf.host import output, retention, settings_operations
 from piwf.host.catalog import WorkflowInfo
 from piwf.host.operation_types import After, Reads, Writes
 from piwf.host.state import HostState, log
@@ -342,3 +342,4 @@ WRITES.update(controller_operations.WRITES)
 READS.update(settings_operations.READS)
 READS.update(output.READS)
 WRITES.update(settings_operations.WRITES)
+WRITES.update(retention.WRITES)

@@ -14,6 +14,7 @@ from piwf.clock import Clock, WallClock
 from piwf.paths import StatePaths
 from piwf.status import WorkerStatus
 from piwf.store.api import Claim, HostClaim, Store, Wakeup
+from piwf.store.api.rules import RETENTION_MS
 from piwf.host.catalog import Catalog
 from piwf.host.controller_state import ControllerState
 from piwf.host.lane_state import Active, Conclusion, End, LaneState, NodeClock, ProcessEnd
@@ -52,6 +53,9 @@ class HostConfig:
     standby: bool = False  # wait for the host lock instead of refusing to start (piwf serve --standby)
     max_controller_workers: int = 4  # reconciles at once (DESIGN.md §9)
     controller_lease_ms: int = 120_000  # a reconcile's claim; renewed every quarter and on each worker message
+    retain_ms: int | None = None  # piwf serve --retain: ended runs are deleted this long after they ended
+    command_retention_ms: int = RETENTION_MS  # logged commands (a retry within it is answered from the log)
+    prune_interval_s: float = 3600.0  # how often the command log (and what was delivered) is pruned
 
 
 ActiveRun = Active[Claim]

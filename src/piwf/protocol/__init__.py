@@ -10,6 +10,7 @@ generates docs/protocol.md's reference from all of them.
 from piwf.protocol.controllers import *  # noqa: F403
 from piwf.protocol.delivery import *  # noqa: F403
 from piwf.protocol.host import *  # noqa: F403
+from piwf.protocol.maintenance import *  # noqa: F403
 from piwf.protocol.output import *  # noqa: F403
 from piwf.protocol.requests import OPERATIONS as OPERATIONS
 from piwf.protocol.requests import REQUEST_TYPES as REQUEST_TYPES

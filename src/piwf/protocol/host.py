@@ -391,6 +391,9 @@ class RunEvent(Struct):
     updateType: str | UnsetType = UNSET
     followUpId: str | UnsetType = UNSET
     changeNumber: int | UnsetType = UNSET
+    by: Annotated[str, Meta(description="`retried`: the clientId that retried the run")] | UnsetType = UNSET
+    retriedFrom: Annotated[str, Meta(description="`retried`: `failed` or `timed_out`")] | UnsetType = UNSET
+    reopenedEffects: list[str] | UnsetType = UNSET
 
 
 class RunEventsPage(Struct):

@@ -21,6 +21,7 @@ from piwf.protocol.host import (
     AnswerDecision, CancelRun, GetHostStatus, GetRun, GetRunEvents, ListInteractions, ListRuns, PauseRun, Request,
     ResolveEffect, ResumeRun, StartRun, StopHost, SubmitInteraction, UpdateInteraction, WaitRun,
 )
+from piwf.protocol.maintenance import PruneRuns, RetryRun
 from piwf.protocol.output import GetRunOutput
 from piwf.protocol.settings import ChangeSettings, GetSettings
 from piwf.wire import HOST_REQUEST, HostRequest, check_id, check_nesting, decode_json, readable_request_id
@@ -33,7 +34,7 @@ AnyRequest = (GetHostStatus | StopHost | StartRun | ListRuns | GetRun | GetRunEv
               | ClaimNotification | DeliverNotification | ClaimTurn | ResolveTurn | QueueFollowUp
               | RemoveFollowUp | ListDelivery | WatchRuns
               | ChangeSettings | GetSettings
-              | GetRunOutput)
+              | GetRunOutput | RetryRun | PruneRuns)
 REQUEST_TYPES: tuple[type[Request], ...] = AnyRequest.__args__
 OPERATIONS: dict[str, type[Request]] = {str(kind.__struct_config__.tag): kind for kind in REQUEST_TYPES}
 

@@ -31,7 +31,7 @@ from piwf.controllers.loader import load_controller
 from piwf.engine.executor import MAX_OUTPUT_NESTING, EffectRejected, Stop
 from piwf.engine.values import NotJson, TooDeep, as_stored
 from piwf.errors import ClaimLost, PermanentError, PiwfError, TemporaryError
-from piwf.wire import canonical_json, sha256_hex
+from piwf.wire import sha256_hex
 from piwf.worker.journal import HostJournal
 from piwf.worker.channel import Channel
 from piwf.protocol.worker import LOAD_ERROR_LIMIT, RECONCILE_LAUNCH_SCHEMA, LaunchRefused, decode_launch

@@ -2,7 +2,7 @@
 
 The host holds a ``Store`` and nothing else of the store: per-aggregate interfaces
 (``store.runs``, ``store.queue``, ``store.workers``, ...; one ``typing.Protocol`` each, in
-``runs``, ``people`` and ``controllers``), every method ``async``. A backend implements them
+``runs``, ``people``, ``controllers`` and ``retention``), every method ``async``. A backend implements them
 (``piwf.store.sqlite`` today; PostgreSQL later); the host imports no backend: the code that
 starts a host or a CLI command opens one by name (``piwf.store.api.open_store``, which
 imports the backend asked for) and hands the ``Store`` over.
@@ -85,11 +85,12 @@ import trio
 
 from piwf.store.api.controllers import ControllerEffectsStore, ControllerQueueStore, ControllersStore
 from piwf.store.api.people import DeliveryStore, InteractionsStore, SettingsStore, UpdatesStore
+from piwf.store.api.retention import RetentionStore
 from piwf.store.api.runs import (
     CommandsStore, EffectsStore, HostsStore, QueueStore, RunsStore, SupervisionStore, WorkersStore,
 )
 from piwf.store.api.types import (
-    Actor, Claim, CommandKey, ControllerClaim, Delay, HostClaim, LeaseRecord, NewScope, Wakeup, WorkerEnded,
+    Actor, Claim, CommandKey, ControllerClaim, Delay, HostClaim, LeaseRecord, NewScope, Pruned, Wakeup, WorkerEnded,
 )
 
 
@@ -110,6 +111,7 @@ class UnitOfWork(Protocol):
     controllers: ControllersStore
     controller_queue: ControllerQueueStore
     controller_effects: ControllerEffectsStore
+    retention: RetentionStore
 
 
 class Store(UnitOfWork, Protocol):
@@ -178,6 +180,7 @@ def open_store(paths: Any, *, durability: str = "full", backend: str | None = No
 __all__ = [
     "Actor", "Claim", "CommandKey", "CommandsStore", "ControllerClaim", "ControllerEffectsStore",
     "ControllerQueueStore", "ControllersStore", "Delay", "DeliveryStore", "EffectsStore", "HostClaim", "HostsStore",
-    "InteractionsStore", "LeaseRecord", "NewScope", "QueueStore", "RunsStore", "SettingsStore", "Store",
-    "SupervisionStore", "UnitOfWork", "UpdatesStore", "Wakeup", "WorkerEnded", "WorkersStore", "open_store",
+    "InteractionsStore", "LeaseRecord", "NewScope", "Pruned", "QueueStore", "RetentionStore", "RunsStore",
+    "SettingsStore", "Store", "SupervisionStore", "UnitOfWork", "UpdatesStore", "Wakeup", "WorkerEnded", "WorkersStore",
+    "open_store",
 ]

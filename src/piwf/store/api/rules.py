@@ -10,6 +10,11 @@ from piwf.wire import canonical_json, sha256_hex
 
 RETENTION_MS = 7 * 24 * 3600 * 1000  # logged commands, and what was delivered for ended runs
 STEPS_PAGE_BYTES = 8 * 1024 * 1024  # accepted outputs sent to a worker in one answer, at most
+# Blobs (content-addressed, shared): storing one that exists refreshes its created_at once it
+# is older than BLOB_TOUCH_MS; retention deletes an unused blob only once it is older than
+# BLOB_GRACE_MS (more than the touch interval), so a blob being stored again is never deleted.
+BLOB_TOUCH_MS = 10 * 60 * 1000
+BLOB_GRACE_MS = 3 * BLOB_TOUCH_MS
 
 
 def input_hash(value: Any) -> str:

@@ -108,6 +108,17 @@ class RunsStore(Protocol):
         Raises NotFound, Conflict, Rejected.
         """
 
+    async def retry_run(
+            self, run_id: str, now: int, *, actor: str, expected_revision: int | None = None,
+            definition: tuple[str, bytes, str | None] | None = None) -> dict[str, Any]:
+        """A failed or timed-out run queued again as the same run (engine and queue ``queued``, a new generation,
+        no error): its accepted steps, applied effects and closed requests stay; its rejected effects are pending
+        again; a controller following it sees it running; its trace says ``actor`` retried it; ``definition``
+        (digest, source, start node) is the workflow it continues with (as for ``resume_run``). Every condition
+        is checked by the write itself. Raises NotFound, Conflict (``expected_revision``), Rejected (any other
+        status, or its session has another active run).
+        """
+
     async def hold_of(self, run_id: str) -> str | None:
         ...
 

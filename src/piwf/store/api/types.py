@@ -142,3 +142,11 @@ class Wakeup(StrEnum):
     CHANGES = "changes"  # something a watcher (run.watch, run.wait) waits for
     DEADLINES = "deadlines"  # a request opened, or waits again: its deadline to keep
 
+
+class Pruned(NamedTuple):
+    """One batch of retention (``RetentionStore.prune_runs``): the runs deleted, how many
+    blobs went with them, and whether more runs are due."""
+
+    runs: list[str]
+    blobs: int
+    more: bool

@@ -22,7 +22,9 @@ import psycopg
 from psycopg import errors as pg_errors
 
 from piwf.errors import ConstraintViolation, SchemaError, StorageUnavailable, StoreError
+from piwf.store.api.rules import BLOB_TOUCH_MS
 from piwf.store.postgres import cursors
+from piwf.store.sql.database import PUT_BLOB
 from piwf.wire import canonical_json, decode_json, sha256_hex
 
 INLINE_JSON_LIMIT = 4096
@@ -184,10 +186,9 @@ class PgDatabase:
 
     def put_blob(self, data: bytes, now: int) -> str:
         """Content-addressed: a blob inserted by two writers at once is stored once (the
-        second waits for the first's row, then does nothing)."""
+        second waits for the first's row, then refreshes it at most)."""
         digest = sha256_hex(data)
-        self.execute("INSERT INTO blobs (hash, content, created_at) VALUES (?, ?, ?) ON CONFLICT (hash) DO NOTHING",
-                     (digest, data, now))
+        self.execute(PUT_BLOB, (digest, data, now, now - BLOB_TOUCH_MS))  # stored again: refreshed for retention
         return digest
 
     def get_json(self, inline: str | None, digest: str | None) -> Any:

@@ -13,9 +13,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from piwf.protocol import EVENTS_PAGE
+from piwf.store.api.retention import BLOB_SWEEP, PRUNE_BATCH
 from piwf.store.api.rules import RETENTION_MS
 from piwf.store.sql import commands as _commands
 from piwf.store.sql import runs as _runs
+from piwf.store.sql import retry as _retry
+from piwf.store.sql import retention as _retention
 from piwf.store.sql import base as _base
 from piwf.store.sql import queue as _queue
 from piwf.store.sql import supervision as _supervision
@@ -42,7 +45,7 @@ if TYPE_CHECKING:
     from piwf.protocol.worker import InteractionOpenPayload, PendingSubmission, WorkerMessage, WorkerResponse
     from piwf.status import NotificationKind, TurnResolution, WorkerStatus
     from piwf.store.api.types import (
-        Actor, Claim, CommandKey, ControllerClaim, Delay, NewScope, WorkerEnded,
+        Actor, Claim, CommandKey, ControllerClaim, Delay, NewScope, Pruned, WorkerEnded,
     )
     from piwf.store.api.types import RunFilter
     from piwf.wire import HostResponse
@@ -120,6 +123,12 @@ class RunsAggregate:
             expected_revision: int | None = None) -> dict[str, Any]:
         return await self.call(
             _runs.resume_run, run_id, now, definition=definition, expected_revision=expected_revision)
+
+    async def retry_run(
+            self, run_id: str, now: int, *, actor: str, expected_revision: int | None = None,
+            definition: tuple[str, bytes, str | None] | None = None) -> dict[str, Any]:
+        return await self.call(_retry.retry_run, run_id, now, actor=actor, expected_revision=expected_revision,
+                               definition=definition)
 
     async def hold_of(self, run_id: str) -> str | None:
         return await self.call(_runs.hold_of, run_id)
@@ -595,6 +604,22 @@ class ControllerEffectsAggregate:
         return await self.call(_controller_effects.sync_children, now)
 
 
+class RetentionAggregate:
+    __slots__ = ("call",)
+
+    def __init__(self, call: Runner) -> None:
+        self.call = call
+
+    async def prune_runs(self, *, ended_before: int, now: int, limit: int = PRUNE_BATCH) -> Pruned:
+        return await self.call(_retention.prune_runs, ended_before=ended_before, now=now, limit=limit)
+
+    async def prunable_runs(self, *, ended_before: int, sample: int = 20) -> tuple[int, list[str]]:
+        return await self.call(_retention.prunable_runs, ended_before=ended_before, sample=sample)
+
+    async def sweep_blobs(self, *, after: str, now: int, limit: int = BLOB_SWEEP) -> tuple[int, str | None]:
+        return await self.call(_retention.sweep_blobs, after=after, now=now, limit=limit)
+
+
 class Aggregates:
     """The aggregates of a store or of a unit of work (all but ``hosts``, the backend's
     own), each calling its module through ``call``."""
@@ -613,3 +638,4 @@ class Aggregates:
         self.controllers: api.ControllersStore = ControllersAggregate(call)
         self.controller_queue: api.ControllerQueueStore = ControllerQueueAggregate(call)
         self.controller_effects: api.ControllerEffectsStore = ControllerEffectsAggregate(call)
+        self.retention: api.RetentionStore = RetentionAggregate(call)

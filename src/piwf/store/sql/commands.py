@@ -18,14 +18,33 @@ if TYPE_CHECKING:
 
 
 def _stored_response(db: Database, request_id: str, row: tuple[Any, ...]) -> HostResponse:
-    outcome, revision, receipt_json, receipt_hash, error = row
+    """The stored answer, as ``adopted``; ``notFound`` (with why) for one whose run retention
+    has deleted since (``forget_runs``)."""
+    outcome, revision, receipt_json, receipt_hash, error, run_id = row
+    if outcome == Outcome.NOT_FOUND:
+        return HostResponse(request_id, Outcome.NOT_FOUND, error=(
+            f"this request was carried out before (run {run_id}), and run {run_id} has since ended and been "
+            "deleted by retention; it is not carried out again"))
     return HostResponse(
         requestId=request_id,
-        outcome=outcome,
+        outcome=Outcome.ADOPTED,
         revision=revision,
         receipt=db.get_json(receipt_json, receipt_hash),
         error=error,
     )
+
+
+def forget_runs(db: Database, marks: str, run_ids: list[str]) -> set[str]:
+    """Retention deletes these runs (``marks``: a ``?`` each): the answers naming them become
+    ``notFound`` saying so (a retry is never carried out again); returns the blobs their
+    receipts named. Call inside the transaction that deletes the runs."""
+    where = f"run_id IN ({marks}) AND outcome != 'notFound'"
+    receipts = {digest for (digest,) in db.execute(
+        f"SELECT receipt_hash FROM host_commands WHERE {where} AND receipt_hash IS NOT NULL", run_ids)}
+    # the row only shrinks (the answer's text is made when it is read): a prune grows no page
+    db.execute(f"""UPDATE host_commands SET outcome = 'notFound', revision = NULL, receipt_json = NULL,
+                     receipt_hash = NULL, error = NULL WHERE {where}""", run_ids)
+    return receipts
 
 
 def lookup(db: Database, request: CommandKey, fingerprint: bytes) -> HostResponse | None:
@@ -38,7 +57,7 @@ def lookup(db: Database, request: CommandKey, fingerprint: bytes) -> HostRespons
     db.lock_key("request", request.requestId)
     db.lock_key("command", f"{request.clientId}\x00{request.idempotencyKey}")
     rows = db.execute(
-        """SELECT request_id = ?, request_fingerprint, outcome, revision, receipt_json, receipt_hash, error
+        """SELECT request_id = ?, request_fingerprint, outcome, revision, receipt_json, receipt_hash, error, run_id
            FROM host_commands WHERE request_id = ? OR (client_id = ? AND idempotency_key = ?)""",
         (request.requestId, request.requestId, request.clientId, request.idempotencyKey),
     ).fetchall()
@@ -50,17 +69,13 @@ def lookup(db: Database, request: CommandKey, fingerprint: bytes) -> HostRespons
         if bytes(row[0]) != fingerprint:
             return HostResponse(request.requestId, Outcome.CONFLICT,
                                 error="requestId was reused with another request body")
-        stored = _stored_response(db, request.requestId, row[1:])
-        stored.outcome = Outcome.ADOPTED
-        return stored
+        return _stored_response(db, request.requestId, row[1:])
     row = rows[0][1:]
     if bytes(row[0]) != fingerprint:
         return HostResponse(
             request.requestId, Outcome.CONFLICT, error="idempotencyKey was reused with another request body"
         )
-    stored = _stored_response(db, request.requestId, row[1:])
-    stored.outcome = Outcome.ADOPTED
-    return stored
+    return _stored_response(db, request.requestId, row[1:])
 
 
 @atomic
@@ -77,9 +92,15 @@ def record(db: Database, request: CommandKey, fingerprint: bytes, response: Host
              error, host_epoch, created_at)
            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
         (request.requestId, request.clientId, request.idempotencyKey, request.operation,
-         fingerprint, request.runId, response.outcome, response.revision, receipt_json,
-         receipt_hash, response.error, epoch, now),
+         fingerprint, request.runId or _receipt_run(response.receipt), response.outcome, response.revision,
+         receipt_json, receipt_hash, response.error, epoch, now),
     )
+
+
+def _receipt_run(receipt: Any) -> str | None:
+    """The run a receipt names (``run.start`` makes its id when the request has none)."""
+    run_id = receipt.get("runId") if isinstance(receipt, dict) else getattr(receipt, "runId", None)
+    return run_id if isinstance(run_id, str) else None
 
 
 def prune(db: Database, now: int, retention_ms: int = RETENTION_MS) -> int:

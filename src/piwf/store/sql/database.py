@@ -38,7 +38,10 @@ class Database(Protocol):
         """Store a JSON value: inline when small, else as a blob. Returns (inline, hash)."""
         ...
 
-    def put_blob(self, data: bytes, now: int) -> str: ...
+    def put_blob(self, data: bytes, now: int) -> str:
+        """Store bytes as a blob (``PUT_BLOB``: a blob stored again is refreshed, so retention keeps it)."""
+        ...
+
     def get_json(self, inline: str | None, digest: str | None) -> Any: ...
     def get_blob(self, digest: str) -> bytes: ...
 
@@ -66,6 +69,13 @@ class Database(Protocol):
         committed (or never to be): None on SQLite, whose ids commit in order; on
         PostgreSQL ``piwf.store.postgres.cursors.event_horizon``. Call before the read."""
         ...
+
+
+# Storing a blob (hash, content, now, now - BLOB_TOUCH_MS): new, or one stored before whose
+# created_at is refreshed once it is older than BLOB_TOUCH_MS (rules.py), so retention, which
+# deletes only unused blobs older than BLOB_GRACE_MS, never deletes one being stored again.
+PUT_BLOB = """INSERT INTO blobs (hash, content, created_at) VALUES (?, ?, ?)
+  ON CONFLICT (hash) DO UPDATE SET created_at = excluded.created_at WHERE blobs.created_at < ?"""
 
 
 def atomic(function: Callable[Concatenate[Any, _P], _T]) -> Callable[Concatenate[Any, _P], _T]:

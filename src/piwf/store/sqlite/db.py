@@ -16,6 +16,8 @@ import apsw
 from piwf.errors import (ConstraintViolation, CorruptStateError, SchemaError, StorageFull, StorageUnavailable,
                       StoreError)
 from piwf.wire import canonical_json, decode_json, sha256_hex
+from piwf.store.api.rules import BLOB_TOUCH_MS
+from piwf.store.sql.database import PUT_BLOB
 from piwf.store.sqlite.schema import APPLICATION_ID, MIGRATIONS, REQUIRED_TABLES, SCHEMA_SQL, SCHEMA_VERSION
 
 _T = TypeVar("_T")
@@ -278,10 +280,7 @@ class Database:
 
     def put_blob(self, data: bytes, now: int) -> str:
         digest = sha256_hex(data)
-        self.execute(
-            "INSERT OR IGNORE INTO blobs (hash, content, created_at) VALUES (?, ?, ?)",
-            (digest, data, now),
-        )
+        self.execute(PUT_BLOB, (digest, data, now, now - BLOB_TOUCH_MS))
         return digest
 
     def get_json(self, inline: str | None, digest: str | None) -> Any:

@@ -8,7 +8,7 @@ from piwf.store.sqlite.schema_features import (
 )
 
 APPLICATION_ID = 0x70697766  # "piwf"
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 
 
 # The columns named worker_epoch (run_workers, run_processes, worker_messages and the run_processes_live index)
@@ -224,6 +224,26 @@ ALTER TABLE controller_effects ADD COLUMN kind TEXT;
 ALTER TABLE controller_effects ADD COLUMN request_fingerprint TEXT;
 """
 
+# Layout 13: retention (store/sql/retention.py). Ended runs are found by when they ended;
+# a blob is deleted only when no column naming blobs names it, each checked by an index
+# (partial where the column is mostly NULL: values inline); a controller's child runs are
+# found by run id, and so are the logged commands that name a run (their answers say it
+# was deleted).
+RETENTION_SQL = """
+CREATE INDEX runs_ended ON runs(finished_at) WHERE finished_at IS NOT NULL;
+CREATE INDEX runs_definition_blob ON runs(definition_hash);
+CREATE INDEX runs_input_blob ON runs(input_hash) WHERE input_hash IS NOT NULL;
+CREATE INDEX runs_output_blob ON runs(output_hash) WHERE output_hash IS NOT NULL;
+CREATE INDEX node_attempts_output_blob ON node_attempts(output_hash) WHERE output_hash IS NOT NULL;
+CREATE INDEX effects_result_blob ON effects(result_hash) WHERE result_hash IS NOT NULL;
+CREATE INDEX host_commands_receipt_blob ON host_commands(receipt_hash) WHERE receipt_hash IS NOT NULL;
+CREATE INDEX controller_resources_spec_blob ON controller_resources(spec_hash) WHERE spec_hash IS NOT NULL;
+CREATE INDEX controller_resources_status_blob ON controller_resources(status_hash) WHERE status_hash IS NOT NULL;
+CREATE INDEX controller_effects_result_blob ON controller_effects(result_hash) WHERE result_hash IS NOT NULL;
+CREATE INDEX controller_workflows_run ON controller_workflows(run_id);
+CREATE INDEX host_commands_run ON host_commands(run_id) WHERE run_id IS NOT NULL;
+"""
+
 COUNTED_TRIGGERS = [f"{table}_counted_{event}" for table in ("runs", "run_queue")
                     for event in ("insert", "status", "moved", "delete")] + ["runs_counted_paused"]
 
@@ -339,7 +359,7 @@ CREATE TABLE worker_messages (
   PRIMARY KEY (worker_epoch, message_id)
 );
 """ + EFFECTS_AND_PROCESSES_SQL + RUN_COUNTS_SQL + INTERACTIONS_SQL + CONTROLLERS_SQL + DELIVERY_SQL + SETTINGS_SQL \
-    + NOT_BEFORE_SQL + EFFECT_IDENTITY_SQL + LISTING_SQL
+    + NOT_BEFORE_SQL + EFFECT_IDENTITY_SQL + LISTING_SQL + RETENTION_SQL
 
 
 
@@ -393,4 +413,7 @@ DROP TABLE run_workers_v2;
     # 12: indexes for run listings by status, workflow, session, time and held
     # (runs_listing, on (created_at, run_id), takes the place of runs_created).
     LISTING_LAYOUT - 1: "DROP INDEX runs_created;\n" + LISTING_SQL,
+    # 13: retention: the indexes that find ended runs, a child run's controller and logged commands, and a
+    # blob's users.
+    12: RETENTION_SQL,
 }
