@@ -35,7 +35,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         max_controller_workers=args.max_controller_workers,
                         presentation_lease_ms=max(1, int(args.presentation_lease * 1000)),
                         delivery_lease_ms=max(1, int(args.delivery_lease * 1000)),
-                        **service_manager_settings())
+                        socket_check_s=args.socket_check, **service_manager_settings())
     try:
         trio.run(Host(config).serve)
     except PiwfError:
@@ -127,6 +127,7 @@ def _holder(record: dict[str, object] | None) -> tuple[int, str] | None:
 
 def cmd_stop(args: argparse.Namespace) -> int:
     paths = _paths(args)
+    said = "host stopped"
     try:
         with _client(args) as client:
             holder = read_record(paths)
@@ -135,11 +136,42 @@ def cmd_stop(args: argparse.Namespace) -> int:
     except HostTimeout:
         raise  # a host is there, but it did not answer: it was not asked to stop
     except HostUnavailable:
-        stopped = False
+        holder = read_record(paths)
+        stopped = _signal_unreachable(paths, holder)
+        if stopped:
+            said = (f"host stopped (pid {holder and holder.get('pid')} could not be reached on its socket: "
+                    "it was sent SIGTERM)")
     if stopped and (pid_identity := _holder(holder)):
         _wait_for_exit(*pid_identity)
-    _print(args, {"stopped": stopped}, lambda r: "host stopped" if stopped else "no host was running")
+    _print(args, {"stopped": stopped}, lambda r: said if stopped else "no host was running")
     return 0
+
+
+def _signal_unreachable(paths: StatePaths, holder: dict[str, object] | None) -> bool:
+    """A host that holds the lock but cannot be reached on its socket (deleted, or
+    something else at its path) is sent SIGTERM: it drains as on ``host.stop``. Only the
+    very process the lock record names, while the lock is held."""
+    import signal
+
+    from piwf.host.lock import is_held
+    from piwf.processes import alive
+
+    pid_identity = _holder(holder)
+    if pid_identity is None or not is_held(paths):
+        return False
+    try:
+        pidfd = os.pidfd_open(pid_identity[0])  # names that process from here on, whatever reuses its pid
+    except OSError:
+        return False
+    try:
+        if not alive(*pid_identity):
+            return False
+        signal.pidfd_send_signal(pidfd, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    finally:
+        os.close(pidfd)
+    return True
 
 
 def _wait_for_exit(pid: int, identity: str, timeout_s: float = 60.0) -> None:

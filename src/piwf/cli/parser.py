@@ -98,6 +98,7 @@ def _add_serve(commands: Any, common: argparse.ArgumentParser) -> None:
         ("--request-timeout", 10.0, "a client has to send a whole request once it began"),
         ("--reply-timeout", 10.0, "a client has to take a reply before it is disconnected"),
         ("--presentation-lease", 10.0, "a client presenting a decision or ask holds it"),
+        ("--socket-check", 1.0, "between looks at the socket's path (a deleted socket is bound again)"),
     ):
         _add_seconds(serve, flag, default, text)
     serve.add_argument("--max-controller-workers", type=_positive, default=4, metavar="N",

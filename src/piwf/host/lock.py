@@ -70,3 +70,18 @@ def read_record(paths: StatePaths) -> dict[str, object] | None:
     except (OSError, ValueError):
         return None
     return record if isinstance(record, dict) else None
+
+
+def is_held(paths: StatePaths) -> bool:
+    """Some process holds the host lock now (a host serving, or starting, or draining)."""
+    try:
+        fd = os.open(paths.lock, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # a shared lock taken here goes with it
+    return False

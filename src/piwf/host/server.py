@@ -64,7 +64,7 @@ def inherited_listener_fd(environ: Mapping[str, str], pid: int) -> int | None:
     return LISTEN_FDS_START
 
 
-async def open_listener(path: Path) -> trio.SocketListener:
+async def open_listener(path: Path) -> Listening:
     """Bind the socket 0600 from the start (umask), replacing a stale socket file."""
     check_socket_path(path)
     path.unlink(missing_ok=True)
@@ -72,13 +72,87 @@ async def open_listener(path: Path) -> trio.SocketListener:
     old_umask = os.umask(0o177)
     try:
         await sock.bind(str(path))
+        bound = _file_id(path)
+    except BaseException:
+        sock.close()
+        raise
     finally:
         os.umask(old_umask)
     sock.listen(128)
-    return trio.SocketListener(sock)
+    return Listening(path, trio.SocketListener(sock), bound)
 
 
-def adopt_listener(fd: int, path: Path) -> trio.SocketListener:
+def _file_id(path: Path) -> tuple[int, int]:
+    info = os.lstat(path)
+    return info.st_dev, info.st_ino
+
+
+@dataclass(eq=False)
+class Listening:
+    """The socket the host serves at ``path``: the one it bound (``bound``: that file's
+    device and inode), or one a service manager passed (``bound`` None: never touched)."""
+
+    path: Path
+    listener: trio.SocketListener
+    bound: tuple[int, int] | None = None
+
+    def ours(self) -> bool:
+        """The file at ``path`` is still the socket this host bound."""
+        try:
+            return self.bound is not None and _file_id(self.path) == self.bound
+        except OSError:
+            return False
+
+    async def aclose(self) -> None:
+        """Close the listener; unlink the socket file only while it is the one bound here
+        (whatever else is at the path now, a regular file included, is left alone)."""
+        await self.listener.aclose()
+        if self.ours():
+            self.path.unlink(missing_ok=True)
+
+
+async def watch_socket(host: HostState, listening: Listening, accept: Any) -> None:
+    """Keep the host reachable: when its socket file is deleted, bind a new one at the
+    path (``accept`` serves it) and close the old; when something else took the path (a
+    regular file, a directory, another socket), nothing there is deleted and the host
+    stops, saying why, since no client can reach it."""
+    while True:
+        await trio.sleep(host.config.socket_check_s)
+        if listening.ours():
+            continue
+        try:
+            mode: int | None = os.lstat(listening.path).st_mode
+        except FileNotFoundError:
+            mode = None
+        except OSError as exc:
+            log.warning("cannot look at the socket %s: %s", listening.path, exc.strerror)
+            continue
+        if mode is not None:
+            what = "another socket" if stat.S_ISSOCK(mode) else _kind(mode)
+            log.error("the host's socket %s was replaced by %s: no client can reach this host; stopping "
+                      "(what is there now is left as it is)", listening.path, what)
+            host.stop_requested.set()
+            return
+        try:
+            fresh = await open_listener(listening.path)
+        except (OSError, StateDirError) as exc:
+            log.error("the host's socket %s was deleted and cannot be bound again (%s); stopping",
+                      listening.path, exc)
+            host.stop_requested.set()
+            return
+        old = listening.listener
+        listening.listener, listening.bound = fresh.listener, fresh.bound
+        accept(fresh.listener)
+        await old.aclose()
+        log.warning("the host's socket %s was deleted while the host ran; bound it again", listening.path)
+
+
+def _kind(mode: int) -> str:
+    return "a directory" if stat.S_ISDIR(mode) else "a symlink" if stat.S_ISLNK(mode) else \
+        "a regular file" if stat.S_ISREG(mode) else "something that is not a socket"
+
+
+def adopt_listener(fd: int, path: Path) -> Listening:
     """Serve a listening Unix stream socket bound at ``path`` by someone else (systemd's
     piwf.socket). It is never bound, chmod-ed or unlinked here: it outlives this host, and
     clients connecting while the host restarts wait in its backlog."""
@@ -93,7 +167,7 @@ def adopt_listener(fd: int, path: Path) -> trio.SocketListener:
         raise
     sock.set_inheritable(False)  # workers must not hold the listening socket
     sock.setblocking(False)
-    return trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+    return Listening(path, trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
 
 
 def _check_inherited(sock: socket.socket, path: Path) -> None:
@@ -123,30 +197,44 @@ READ_CHUNK = 65536
 DISPLACED_NOTICE_S = 1.0  # how long a displaced connection's last line may take to leave
 
 
-async def serve_socket(host: HostState, listener: trio.SocketListener, *,
+async def serve_socket(host: HostState, listening: Listening, *,
                        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    """Accept connections for the host's life, one task each. Out of descriptors, it
-    backs off (as ``trio.serve_listeners`` does) and says so once, not each time."""
+    """Accept connections for the host's life, one task each; a socket it bound itself is
+    watched (``watch_socket``) and bound again if deleted."""
     connections = Connections(host.config.max_connections)
     async with trio.open_nursery() as nursery:
+        def accept(listener: trio.SocketListener) -> None:
+            nursery.start_soon(_accept, host, connections, listener, nursery)
+
+        accept(listening.listener)
+        if listening.bound is not None:
+            nursery.start_soon(watch_socket, host, listening, accept)
         task_status.started()
-        backoff = CAPACITY_BACKOFF_S[0]
-        while True:
-            try:
-                stream = await listener.accept()
-            except OSError as exc:
-                if exc.errno not in CAPACITY_ERRNOS:
-                    raise
-                if backoff == CAPACITY_BACKOFF_S[0]:
-                    log.warning("cannot accept connections (%s); retrying while connections close",
-                                os.strerror(exc.errno))
-                await trio.sleep(backoff)
-                backoff = min(backoff * 2, CAPACITY_BACKOFF_S[1])
-                continue
-            if backoff != CAPACITY_BACKOFF_S[0]:
-                log.info("accepting connections again")
-                backoff = CAPACITY_BACKOFF_S[0]
-            nursery.start_soon(_connection, host, connections, stream)
+
+
+async def _accept(host: HostState, connections: Connections, listener: trio.SocketListener,
+                  nursery: trio.Nursery) -> None:
+    """Accept on ``listener`` until it is closed (replaced). Out of descriptors, it backs
+    off (as ``trio.serve_listeners`` does) and says so once, not each time."""
+    backoff = CAPACITY_BACKOFF_S[0]
+    while True:
+        try:
+            stream = await listener.accept()
+        except trio.ClosedResourceError:
+            return
+        except OSError as exc:
+            if exc.errno not in CAPACITY_ERRNOS:
+                raise
+            if backoff == CAPACITY_BACKOFF_S[0]:
+                log.warning("cannot accept connections (%s); retrying while connections close",
+                            os.strerror(exc.errno))
+            await trio.sleep(backoff)
+            backoff = min(backoff * 2, CAPACITY_BACKOFF_S[1])
+            continue
+        if backoff != CAPACITY_BACKOFF_S[0]:
+            log.info("accepting connections again")
+            backoff = CAPACITY_BACKOFF_S[0]
+        nursery.start_soon(_connection, host, connections, stream)
 
 
 @dataclass(eq=False)
