@@ -243,19 +243,31 @@ class Connection:
 
     waiting_since: float  # when the host last began to wait for this client's next request
     reading: trio.CancelScope | None = None  # set while the host waits for bytes: it may be displaced
+    long_poll: trio.CancelScope | None = None  # set while it answers a long poll: displacing ends it early
+    long_poll_since: float = 0.0
     displaced: bool = False
     closed: trio.Event = field(default_factory=trio.Event)
 
+    def is_displaced(self) -> bool:
+        return self.displaced
+
     def displace(self) -> None:
+        """Close this connection to make room: at once if it waits for its client; a long
+        poll first answers with what it has (a normal reply), then the connection closes."""
         self.displaced = True
         if self.reading is not None:
             self.reading.cancel()
+        if self.long_poll is not None:
+            self.long_poll.cancel()
 
 
 class Connections:
     """The connections one host serves, at most ``cap``. At the cap a newcomer displaces
-    the connection that has waited longest for its client (idle, or trickling a request);
-    only when every connection is being answered is the newcomer refused."""
+    the connection that has waited longest: for its client (idle, or trickling a request),
+    or in a long poll (``run.watch``, ``run.wait``: it answers at once with what it has,
+    then its connection closes), so long polls never lock out ``status``, ``stop`` or any
+    short request; only when every connection is answering a short request is the
+    newcomer refused."""
 
     def __init__(self, cap: int) -> None:
         self.cap = cap
@@ -263,14 +275,20 @@ class Connections:
 
     async def admit(self, connection: Connection) -> bool:
         while len(self._open) >= self.cap:
-            waiting = [c for c in self._open if c.reading is not None and not c.displaced]
-            if not waiting:
+            longest = self._to_displace()
+            if longest is None:
                 return False
-            longest = min(waiting, key=lambda c: c.waiting_since)
             longest.displace()
             await longest.closed.wait()  # within DISPLACED_NOTICE_S: it only says why, then closes
         self._open.add(connection)
         return True
+
+    def _to_displace(self) -> Connection | None:
+        """The connection waiting longest: for its client (idle, or trickling a request)
+        or, in a long poll, for a change. One being answered otherwise is never chosen."""
+        waiting = [(c.waiting_since, c) for c in self._open if c.reading is not None and not c.displaced]
+        waiting += [(c.long_poll_since, c) for c in self._open if c.long_poll is not None and not c.displaced]
+        return min(waiting, key=lambda pair: pair[0])[1] if waiting else None
 
     def remove(self, connection: Connection) -> None:
         self._open.discard(connection)
@@ -318,7 +336,9 @@ async def _serve_lines(host: HostState, connection: Connection, stream: trio.Soc
             await _refuse(host, stream, Outcome.REJECTED, str(exc))
             return
         for i, line in enumerate(lines):
-            if not await _answer(host, stream, line, behind=i + 1 < len(lines) or bool(buffer.pending)):
+            if not await _answer(host, connection, stream, line, behind=i + 1 < len(lines) or bool(buffer.pending)):
+                return
+            if connection.is_displaced():  # a long poll answered early to make room: its connection goes
                 return
         if lines:
             connection.waiting_since = trio.current_time()
@@ -362,7 +382,8 @@ async def _receive(connection: Connection, stream: trio.SocketStream, deadline: 
         connection.reading = None
 
 
-async def _answer(host: HostState, stream: trio.SocketStream, line: bytes, *, behind: bool = False) -> bool:
+async def _answer(host: HostState, connection: Connection, stream: trio.SocketStream, line: bytes, *,
+                  behind: bool = False) -> bool:
     """Answer one line (``behind``: more of the client's bytes were read after it); False
     closes the connection (no request id could be read, or the reply did not leave in time)."""
     try:
@@ -370,7 +391,7 @@ async def _answer(host: HostState, stream: trio.SocketStream, line: bytes, *, be
     except ProtocolError as exc:
         sent = await _send(host, stream, HostResponse(exc.request_id or "", Outcome.REJECTED, error=str(exc)))
         return sent and exc.request_id is not None
-    response, after = await _handle(host, stream, request, behind)
+    response, after = await _handle(host, connection, stream, request, behind)
     try:
         sent = await _send(host, stream, response)
         if sent:
@@ -381,17 +402,30 @@ async def _answer(host: HostState, stream: trio.SocketStream, line: bytes, *, be
     return sent
 
 
-async def _handle(host: HostState, stream: trio.SocketStream, request: Any,
+async def _handle(host: HostState, connection: Connection, stream: trio.SocketStream, request: Any,
                   behind: bool = False) -> tuple[HostResponse, Any]:
-    """Answer ``request``; a long poll (``run.watch``) is given up, and the connection
-    closed, as soon as its client goes away instead of when its timeout ends, and answered
-    at once with what it has when the client's next request is behind it."""
+    """Answer ``request``; a long poll (``run.watch``, ``run.wait``) is given up, and the
+    connection closed, as soon as its client goes away instead of when its timeout ends,
+    and answered at once with what it has when the client's next request is behind it or
+    when a newcomer needs its connection slot."""
     if not request.long_poll:
         return await handle_request(host, request)
     answered: list[tuple[HostResponse, Any]] = []
     ends_early = trio.CancelScope()
-    if behind:
+    if behind or connection.displaced:
         ends_early.cancel()
+    connection.long_poll, connection.long_poll_since = ends_early, trio.current_time()
+    try:
+        await _long_poll(host, stream, request, ends_early, answered)
+    finally:
+        connection.long_poll = None
+    if not answered:
+        raise trio.BrokenResourceError("the client went away during a long poll")
+    return answered[0]
+
+
+async def _long_poll(host: HostState, stream: trio.SocketStream, request: Any, ends_early: trio.CancelScope,
+                     answered: list[tuple[HostResponse, Any]]) -> None:
     async with trio.open_nursery() as nursery:
         async def answer() -> None:
             WATCH_ENDS_EARLY.set(ends_early)
@@ -400,9 +434,6 @@ async def _handle(host: HostState, stream: trio.SocketStream, request: Any,
 
         nursery.start_soon(answer)
         nursery.start_soon(_until_client_leaves, stream, nursery.cancel_scope, ends_early)
-    if not answered:
-        raise trio.BrokenResourceError("the client went away during a long poll")
-    return answered[0]
 
 
 async def _until_client_leaves(stream: trio.SocketStream, scope: trio.CancelScope,
