@@ -97,10 +97,11 @@ class DeliveryCalls:
         return self.call("delivery.list", payload=_drop_none(sessionId=session_id, runId=run_id, limit=limit))
 
     def watch(self, *, after: int | None = None, run_id: str | None = None, timeout_ms: int = 30_000,
-              limit: int = 200) -> Any:
-        """``run.watch``: a snapshot (no ``after``), or what changed after the cursor."""
+              limit: int = 200, runs_after: str | None = None) -> Any:
+        """``run.watch``: a snapshot (no ``after``; a later page of it with ``runs_after``), or
+        what changed after the cursor."""
         return self.call("run.watch", run_id=run_id, payload=_drop_none(after=after, timeoutMs=timeout_ms,
-                                                                        limit=limit))
+                                                                        limit=limit, runsAfter=runs_after))
 
 
 _response_decoder = msgspec.json.Decoder(HostResponse)

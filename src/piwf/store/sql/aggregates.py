@@ -377,8 +377,8 @@ class SqliteUpdatesStore:
     async def last_event(self, run_id: str | None = None) -> int:
         return _updates.last_event(self.db, run_id)
 
-    async def snapshot(self, *, run_id: str | None, limit: int, now: int) -> WatchPage:
-        return _updates.snapshot(self.db, run_id=run_id, limit=limit, now=now)
+    async def snapshot(self, *, run_id: str | None, limit: int, now: int, runs_after: str | None = None) -> WatchPage:
+        return _updates.snapshot(self.db, run_id=run_id, limit=limit, now=now, runs_after=runs_after)
 
     async def changes(self, *, after: int, run_id: str | None, limit: int, now: int) -> WatchPage:
         return _updates.changes(self.db, after=after, run_id=run_id, limit=limit, now=now)
