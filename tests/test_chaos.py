@@ -37,7 +37,8 @@ def check(summary: dict) -> None:
     assert [summary[key] for key in delivery] == [0, 0, 0, 0], seed  # once each, whatever was killed
     assert summary["lifecycle_contradictions"] == 0, seed
     assert summary["integrity_check"] == "ok", seed
-    assert summary["host_kills"] + summary["worker_kills"] >= summary["kills"], seed
+    assert summary["host_kills"] + summary["worker_kills"] + summary["power_cuts"] >= summary["kills"], seed
+    assert summary["power_cut_failures"] == 0, seed
     # controllers under the same kills: every resource converges, no reconcile effect twice
     assert summary["resources_converged"] == summary["resources"], seed
     assert summary["resource_effects_applied_twice"] == 0, seed
@@ -49,6 +50,22 @@ def test_a_small_chaos_run_loses_nothing_and_repeats_no_effect() -> None:
     check(summary)
     assert sorted(summary["hostile_runs"]) == ["exit0", "exit3", "oversized", "parricide"]
     assert summary["takeover_ms"]["count"] >= 1
+
+
+def test_a_chaos_run_with_power_cuts_loses_no_acknowledged_commit() -> None:
+    """4 of the 6 kills are power cuts at full durability: writes not yet synced are thrown
+    away (all, some, or torn) as the host and its workers die; nothing acknowledged is lost."""
+    summary = chaos("--runs", "10", "--kills", "6", "--power-cuts", "4", "--hostile-every", "2", "--loop-every", "3",
+                    "--resources", "4")
+    check(summary)
+    assert summary["power_cuts"] == 4, summary["seed"]
+    assert summary["acknowledged_lost"] == 0, summary["seed"]
+
+
+def test_power_cuts_need_full_durability() -> None:
+    done = subprocess.run([sys.executable, "-m", "piwf.chaos", "--kills", "2", "--power-cuts", "1",
+                           "--durability", "normal"], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 2 and "--power-cuts needs --durability full" in done.stderr
 
 
 def test_a_chaos_run_with_a_standby_loses_nothing_and_repeats_no_effect() -> None:

@@ -95,6 +95,33 @@ async def test_the_sample_controller_converges_rewrites_and_finalizes(host: Any,
     assert status["pendingControllers"] == 0
 
 
+async def test_a_pass_that_changes_nothing_keeps_the_resource_version(host: Any, paths: StatePaths,
+                                                                     mirror: Path) -> None:
+    await ctl(paths, "apply", mirror, "mirror", "greeting", spec={"text": "hello"})
+    first = await wait_for(lambda: _ready(paths, mirror, "greeting"))
+
+    async def passes() -> int:
+        got = await get(paths, mirror, "mirror", "greeting")
+        assert got is not None
+        return sum(e["type"] == "reconcile_finished" for e in got["events"])
+
+    done = await passes()
+    for wanted in (done + 1, done + 2):  # the same spec reconciled again: the same status, written as nothing
+        await ctl(paths, "reconcile", mirror, "mirror", "greeting")
+        await wait_for(lambda: _passed(passes, wanted))  # noqa: B023 (awaited in this iteration)
+    again = await get(paths, mirror, "mirror", "greeting")
+    assert again is not None and (again["resourceVersion"], again["status"]) == (
+        first["resourceVersion"], first["status"])
+    changed = await ctl(paths, "apply", mirror, "mirror", "greeting", spec={"text": "bye"})
+    assert changed["resourceVersion"] == first["resourceVersion"] + 1  # a compare-and-set token still
+    moved = await wait_for(lambda: _ready(paths, mirror, "greeting", generation=2))
+    assert moved["resourceVersion"] == changed["resourceVersion"] + 1
+
+
+async def _passed(passes: Any, at_least: int) -> bool:
+    return bool(await passes() >= at_least)
+
+
 async def _ready(paths: StatePaths, project: Path, key: str, generation: int = 1) -> dict[str, Any] | None:
     got = await get(paths, project, "mirror", key)
     return got if ready(got) and got["generation"] == generation else None

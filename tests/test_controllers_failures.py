@@ -254,8 +254,12 @@ async def test_an_effect_cut_short_holds_the_resource_until_an_operator_resolves
     [ready] = got["status"]["conditions"]
     assert (ready["status"], ready["reason"]) == ("False", "EffectAmbiguous")
     assert (project / "ledger.txt").read_text() == "applied\n"
+    async with AsyncClient(paths) as client:
+        assert (await client.call("host.status")).receipt["ambiguousControllerEffects"] == 1
     receipt = await ctl(paths, "resolve", project, "fragile", "f", effectKey="once", applied=True, result={"n": 1})
     assert receipt["ambiguous"] == []
+    async with AsyncClient(paths) as client:
+        assert (await client.call("host.status")).receipt["ambiguousControllerEffects"] == 0
 
     async def done() -> dict[str, Any] | None:
         got = await get(paths, project, "fragile", "f")
@@ -377,20 +381,20 @@ async def test_a_reconcile_end_the_store_refused_is_retried_not_dropped(
         paths: StatePaths, project: Path, nursery: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     from piwf.errors import StorageFull
     from piwf.host.host import Host
-    from piwf.store.sql.aggregates import SqliteControllerQueueStore
+    from piwf.store.sql.aggregates import ControllerQueueAggregate
 
     from .conftest import config
 
-    real = SqliteControllerQueueStore.record_failure
+    real = ControllerQueueAggregate.record_failure
     errors: list[str] = []
 
-    async def refused_once(self: SqliteControllerQueueStore, *args: Any, **kwargs: Any) -> int | None:
+    async def refused_once(self: ControllerQueueAggregate, *args: Any, **kwargs: Any) -> int | None:
         errors.append(kwargs["error"])
         if len(errors) == 1:
             raise StorageFull("disk full (in this test)")
         return await real(self, *args, **kwargs)
 
-    monkeypatch.setattr(SqliteControllerQueueStore, "record_failure", refused_once)
+    monkeypatch.setattr(ControllerQueueAggregate, "record_failure", refused_once)
     state = await nursery.start(Host(config(paths)).serve)
     try:
         write_controller(project, "exits", EXITS)
@@ -409,3 +413,44 @@ async def test_a_reconcile_end_the_store_refused_is_retried_not_dropped(
         assert len(event_types(got, "reconcile_failed")) == got["consecutiveErrors"]
     finally:
         state.stop_requested.set()
+
+
+REUSES_A_KEY = """
+    from piwf import Controller, Result
+
+    def reconcile(ctx):
+        made = ctx.effects.ensure("sync", lambda: {"made": 1}, kind="create", request={"n": 1})
+        again = ctx.resource.spec.get("again")
+        if again:  # the same key for another action: another kind, or another request
+            ctx.effects.ensure("sync", lambda: {"other": 1}, kind=again["kind"], request=again["request"])
+        return Result.settled(status=made)
+
+    controller = Controller(name="reuser", reconcile=reconcile)
+"""
+
+
+@pytest.mark.parametrize("again, message", [
+    ({"kind": "delete", "request": {"n": 1}}, "reserved for kind 'create', not 'delete'"),
+    ({"kind": "create", "request": {"n": 2}}, "reserved for another request"),
+])
+async def test_a_key_reused_for_another_action_fails_the_pass_as_a_conflict(
+        host: Any, paths: StatePaths, project: Path, again: dict[str, Any], message: str) -> None:
+    """Seed: a reconcile's effect is its key, kind and request fingerprint; the key reused
+    for another action is a conflict, never the first action's stored result."""
+    write_controller(project, "reuser", REUSES_A_KEY)
+    await ctl(paths, "apply", project, "reuser", "same", spec={"again": {"kind": "create", "request": {"n": 1}}})
+    await ctl(paths, "apply", project, "reuser", "other", spec={"again": again})
+
+    async def settled(key: str) -> dict[str, Any] | None:
+        got = await get(paths, project, "reuser", key)
+        return got if got and got["ready"] is None and got["status"]["controllerStatus"] == {"made": 1} else None
+
+    async def failed(key: str) -> dict[str, Any] | None:
+        got = await get(paths, project, "reuser", key)
+        return got if got and got["consecutiveErrors"] >= 1 else None
+
+    same = await wait_for(lambda: settled("same"))  # the same action again: its stored result
+    assert same["consecutiveErrors"] == 0
+    refused = await wait_for(lambda: failed("other"))
+    assert message in refused["lastError"] and "conflicts" in refused["lastError"]
+    assert refused["status"]["controllerStatus"] != {"made": 1}  # nothing settled with the stale result

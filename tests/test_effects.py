@@ -123,12 +123,16 @@ async def test_an_unobservable_interrupted_effect_holds_the_run_until_an_operato
     refused = await piwf(paths, "run", "resume", run_id, check=False)
     assert refused.returncode == 1 and b"resolve-effect" in refused.stderr
     assert charges(shop) == 1  # never re-applied on a guess
+    status = json.loads((await piwf(paths, "status", "--json")).stdout)
+    assert status["ambiguousEffects"] == 1  # seed: host.status counts them
+    assert b"1 of runs and 0 of resources ambiguous" in (await piwf(paths, "status")).stdout
 
     await piwf(paths, "run", "resolve-effect", run_id, "charge", "--applied", "--result", '{"charged": 1}')
     done = await wait_at_rest(paths, run_id)
     assert done["status"] == "completed", done
     assert done["output"] == {"receipt": {"charged": 1}}
     assert charges(shop) == 1
+    assert json.loads((await piwf(paths, "status", "--json")).stdout)["ambiguousEffects"] == 0
 
 
 async def test_resolving_as_not_applied_applies_the_effect_again(

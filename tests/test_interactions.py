@@ -311,6 +311,62 @@ async def test_an_ask_validates_in_the_worker_and_takes_the_first_value_that_fit
     assert settled["status"] == "settled" and settled["resolution"]["value"] == 5
 
 
+# holds the host's one worker until the file named by its input exists
+BLOCKER = """
+    import time
+    from pathlib import Path
+    from piwf import Workflow, compute
+
+    def hold(ctx):
+        Path(ctx.project_path, ctx.input["gate"] + ".started").write_text("")
+        while not Path(ctx.project_path, ctx.input["gate"]).exists():
+            time.sleep(0.02)
+        return {}
+
+    workflow = Workflow(name="blocker", start_at="hold", nodes={"hold": compute(hold)})
+"""
+
+
+async def test_a_run_with_a_submission_to_validate_goes_before_older_queued_runs(
+        paths: StatePaths, project: Path, nursery: trio.Nursery) -> None:
+    """Seed: runs with a validating submission are claimed first: a person waits on them."""
+    from piwf.host.host import Host
+
+    from .conftest import config
+
+    state = await nursery.start(Host(config(paths, max_workers=1)).serve)
+    write_workflow(project, "count", COUNT.replace("PROJECT", repr(str(project))))
+    write_workflow(project, "blocker", BLOCKER)
+
+    async def hold_the_worker(gate: str) -> str:
+        run_id = await start(paths, project, "blocker", input={"gate": gate})
+        await wait_for(lambda: (project / f"{gate}.started").exists())
+        return run_id
+
+    first = await hold_the_worker("g1")
+    older = await start(paths, project, "greet")  # queued behind the blocker, then held
+    await piwf(paths, "run", "pause", older)
+    asking = await start(paths, project, "count")
+    (project / "g1").touch()
+    request_id = (await open_request(paths, asking))["requestId"]  # it waits; the worker is free
+    second = await hold_the_worker("g2")
+    await piwf(paths, "run", "resume", older)  # ready, and older than the ask's run
+    async with AsyncClient(paths) as client:
+        assert (await client.submit_interaction(request_id, 5)).outcome == "accepted"
+    (project / "g2").touch()
+
+    async def ended(run_id: str) -> bool:
+        return bool((await run_status(paths, run_id))["status"] == "completed")
+
+    await wait_for(lambda: ended(asking))
+    await wait_for(lambda: ended(older))
+    claimed = {run: (await events(paths, run, "claimed"))[-1]["eventId"] for run in (asking, older)}
+    assert claimed[asking] < claimed[older]
+    for run in (first, second):
+        assert (await wait_run(paths, run))["status"] == "completed"
+    state.stop_requested.set()
+
+
 async def test_a_worker_killed_while_validating_rejects_that_submission(
         host: Any, paths: StatePaths, project: Path) -> None:
     write_workflow(project, "count", COUNT.replace("PROJECT", repr(str(project))))
@@ -428,11 +484,50 @@ async def test_presentation_claims_are_leases_held_by_one_client(
         stale = await web.update_interaction(request_id, 1, "progress", progress="x")
         assert stale.outcome == "conflict"
         shown = await tui.update_interaction(request_id, 2, "presented", entry_id="msg-1")
-        assert shown.receipt["status"] == "pending" and shown.receipt["revision"] == 3
+        assert shown.receipt["status"] == "presenting" and shown.receipt["revision"] == 3
         missing = await tui.update_interaction(request_id, 3, "presented")
         assert missing.outcome == "rejected" and "entryId" in missing.error
+        # presented: claiming ends, for another client and for the presenter alike
+        for presenter in (web, tui):
+            again = await presenter.update_interaction(request_id, 3, "claim")
+            assert again.outcome == "conflict" and "presentation is over" in again.error
     request = await open_request(paths, run_id)
-    assert (request["entryId"], request["revision"], request["presenter"]) == ("msg-1", 3, None)
+    assert (request["status"], request["entryId"], request["revision"], request["presenter"]) == (
+        "presenting", "msg-1", 3, None)
+    await piwf(paths, "decide", request_id, "yes")  # a presented request is still answered as before
+    assert (await wait_run(paths, run_id))["status"] == "completed"
+
+
+async def test_progress_on_a_request_is_a_run_update_a_watcher_sees(
+        host: Any, paths: StatePaths, project: Path) -> None:
+    write_workflow(project, "deploy", deploy_source())
+    run_id = await start(paths, project, "deploy")
+    request_id = (await open_request(paths, run_id))["requestId"]
+    async with AsyncClient(paths, client_id="tui") as tui, AsyncClient(paths, client_id="agent") as agent:
+        cursor = (await tui.watch(run_id=run_id)).receipt["cursor"]
+        async with trio.open_nursery() as nursery:
+            seen: list[dict[str, Any]] = []
+
+            async def watch() -> None:
+                page = (await tui.watch(after=cursor, run_id=run_id, timeout_ms=20_000)).receipt
+                seen.append(page)
+
+            nursery.start_soon(watch)
+            reported = await agent.update_interaction(request_id, 1, "progress", progress="2 of 3 read")
+            assert reported.outcome == "accepted" and reported.receipt["revision"] == 1  # not bumped
+        [page] = seen
+        [update] = page["updates"]
+        assert (update["type"], update["key"], update["data"]["progress"], update["seq"]) == (
+            "interaction.progress", request_id, "2 of 3 read", reported.receipt["updateSeq"])
+        stale = await agent.update_interaction(request_id, 0, "progress", progress="x")
+        assert stale.outcome == "conflict"
+    shown = await run_status(paths, run_id)
+    assert [u["data"]["progress"] for u in shown["updates"] if u["type"] == "interaction.progress"] == [
+        "2 of 3 read"]
+    await piwf(paths, "run", "cancel", run_id)
+    async with AsyncClient(paths) as late:
+        after = await late.update_interaction(request_id, 2, "progress", progress="late")
+    assert after.outcome == "rejected" and "cancelled" in after.error
 
 
 @pytest.mark.parametrize("source, message", [
@@ -447,12 +542,33 @@ async def test_presentation_claims_are_leases_held_by_one_client(
     ('decision("Go?", choices={"timeout": "T"})', "must be non-empty text"),
     ('ask("Why?", deadline=-1)', "deadline must be a number of seconds above 0"),
     ('ask("Why?", deadline=1e300)', "at most 31622400"),
+    ('decision("Go?", choices={"a": Choice("A", input=TextInput("Why?", 0, 0))})',
+     "TextInput max_length must be at least 1, not 0"),
+    ('decision("Go?", choices={"a": Choice("A", input=TextInput("Why?", 0, -5))})', "at least 1, not -5"),
+    ('decision("Go?", choices={"a": Choice("A", input=TextInput("Why?", 3, 2))})', "0 <= min_length <= max_length"),
+    ('decision("Go?", choices={"a": Choice("A", input=TextInput("Why?", 1, 4001))})', "<= 4000"),
+    ('decision("Go?", choices={"a": Choice("A", input=TextInput("Why?", 1, 2.5))})', "whole numbers"),
+    ('decision("Go?", choices={"a": Choice("A", input="Why?")})', "input must be a TextInput"),
 ])
 def test_a_bad_interactive_node_is_refused_when_the_workflow_loads(source: str, message: str) -> None:
     import piwf
 
     with pytest.raises(piwf.PiwfError, match=message):
-        eval(source, {"decision": piwf.decision, "ask": piwf.ask})
+        eval(source, {"decision": piwf.decision, "ask": piwf.ask, "Choice": piwf.Choice, "TextInput": piwf.TextInput})
+
+
+async def test_a_text_input_of_no_characters_is_refused_by_run_start(
+        host: Any, paths: StatePaths, project: Path) -> None:
+    """Seed: TextInput refuses max_length < 1; the workflow is refused before any run."""
+    write_workflow(project, "mute", """
+        from piwf import Choice, TextInput, Workflow, decision
+
+        workflow = Workflow(name="mute", start_at="ask", nodes={
+            "ask": decision("Why?", choices={"say": Choice("Say", input=TextInput("Nothing", 0, 0))})})
+    """)
+    refused = await piwf(paths, "run", "start", "mute", "--project", str(project), check=False)
+    assert refused.returncode == 1 and b"TextInput max_length must be at least 1, not 0" in refused.stderr
+    assert json.loads((await piwf(paths, "run", "list", "--json")).stdout) == []
 
 
 def test_a_decision_whose_choices_lead_somewhere_needs_an_edge_for_each() -> None:

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import signal
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 import pytest
+import trio
 
 from piwf.paths import StatePaths
 
@@ -83,3 +87,63 @@ async def test_a_killed_template_is_started_again_and_the_host_is_never_a_worker
     seen = await run_whoami(paths, project)
     assert seen["ppid"] == second != host.proc.pid
     assert "the fork server exited; starting another" in host.log.read_text()
+
+
+ENVELOPE = """
+    import base64, json, os
+    from piwf import Workflow, compute
+
+    def envelope(ctx):
+        raw = os.environ["PIWF_WORKER_LAUNCH"]
+        return json.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
+
+    workflow = Workflow(name="envelope", start_at="read", nodes={"read": compute(envelope)})
+"""
+
+
+@pytest.mark.parametrize("mode", ["fork", "spawn"])
+async def test_the_launch_envelope_names_its_schema_and_protocol_version(
+    host_process: Callable[..., HostProcess], paths: StatePaths, project: Path, mode: str
+) -> None:
+    write_workflow(project, "envelope", ENVELOPE)
+    await host_process("--worker-start", mode).start()
+    receipt = await call(paths, "run.start", payload={"workflow": "envelope", "projectPath": str(project)})
+    done = await call(paths, "run.wait", run_id=receipt["runId"], payload={"timeoutMs": 20_000})
+    assert done["status"] == "completed", done
+    seen = done["output"]
+    assert (seen["schema"], seen["protocolVersion"], seen["runId"]) == (
+        "piwf.worker-launch.v1", 1, receipt["runId"])
+
+
+def _launch(fields: dict[str, object]) -> str:
+    return base64.urlsafe_b64encode(json.dumps(fields).encode()).decode().rstrip("=")
+
+
+RUN_ENVELOPE = {"runId": "r", "generation": 1, "workerEpoch": "w", "projectPath": "/", "workflow": "w",
+                "definitionDigest": "d", "inputHash": "h", "schema": "piwf.worker-launch.v1", "protocolVersion": 1}
+RECONCILE_ENVELOPE = {"uid": "u", "generation": 1, "workerEpoch": "w", "projectPath": "/", "controller": "c",
+                      "schema": "piwf.reconcile-launch.v1", "protocolVersion": 1}
+
+
+@pytest.mark.parametrize("var, envelope, message", [
+    ("PIWF_WORKER_LAUNCH", {**RUN_ENVELOPE, "protocolVersion": 2}, "protocol version 2; this worker follows "
+                                                                   "piwf.worker-launch.v1, protocol version 1"),
+    ("PIWF_WORKER_LAUNCH", {**RUN_ENVELOPE, "schema": "piwf.worker-launch.v2"}, "is piwf.worker-launch.v2"),
+    ("PIWF_WORKER_LAUNCH", {k: v for k, v in RUN_ENVELOPE.items() if k != "schema"}, "is of no schema"),
+    ("PIWF_WORKER_LAUNCH", {**RUN_ENVELOPE, "schema": "piwf.reconcile-launch.v1"}, "this worker follows "
+                                                                                   "piwf.worker-launch.v1"),
+    ("PIWF_WORKER_LAUNCH", "not an envelope", "unreadable"),
+    ("PIWF_RECONCILE_LAUNCH", {**RECONCILE_ENVELOPE, "protocolVersion": 0}, "protocol version 0"),
+    ("PIWF_RECONCILE_LAUNCH", {**RECONCILE_ENVELOPE, "extra": 1}, "unreadable: Object contains unknown field"),
+])
+async def test_a_worker_refuses_a_launch_envelope_it_does_not_know(
+        tmp_path: Path, var: str, envelope: object, message: str) -> None:
+    """A worker given an envelope of another schema or protocol version (a host of another
+    piwf) says so in one line and exits 5, before it sends or reads anything."""
+    raw = _launch(envelope) if isinstance(envelope, dict) else str(envelope)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIWF_")} | {var: raw}
+    done = await trio.run_process([sys.executable, "-m", "piwf.worker"], env=env, cwd=tmp_path, check=False,
+                                  capture_stdout=True, capture_stderr=True)
+    assert done.returncode == 5, done.stderr
+    [line] = done.stderr.decode().splitlines()
+    assert line.startswith("piwf ") and message in line, line

@@ -109,7 +109,7 @@ async def test_run_start_wait_and_show_through_the_cli(
     assert types[:2] == ["created", "claimed"] and "completed" in types
     assert types.count("attempt.accepted") == 2
     failed = await piwf(paths, "run", "start", "boom", "--project", str(project), "--wait", check=False)
-    assert failed.returncode == 1 and b"the fuse was lit" in failed.stdout
+    assert failed.returncode == 20 and b"the fuse was lit" in failed.stdout
     status = json.loads((await piwf(paths, "status", "--json")).stdout)
     assert status["lifecycleContradictions"] == 0 and status["completedRuns"] == 1
 

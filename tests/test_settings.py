@@ -62,9 +62,11 @@ async def submit(paths: StatePaths, run_id: str, value: Any, **extra: Any) -> No
     await wait_for(taken)
 
 
-async def change(paths: StatePaths, run_id: str, patch: dict[str, Any], **extra: Any) -> Any:
+async def change(paths: StatePaths, run_id: str, patch: dict[str, Any], *, payload_scope: str | None = None,
+                 **extra: Any) -> Any:
+    payload: dict[str, Any] = {"patch": patch} if payload_scope is None else {"patch": patch, "scopeId": payload_scope}
     async with AsyncClient(paths, client_id="steering-test") as client:
-        return await client.call("workflow.changeSettings", run_id=run_id, payload={"patch": patch}, **extra)
+        return await client.call("workflow.changeSettings", run_id=run_id, payload=payload, **extra)
 
 
 async def test_a_waiting_run_gets_a_new_budget_and_its_next_node_sees_it(
@@ -112,6 +114,22 @@ async def test_initial_settings_are_checked_against_the_type_and_a_plain_workflo
     assert refused.returncode != 0 and b"declares none" in refused.stderr
     runs = await call(paths, "run.list")
     assert len(runs) == 2  # the refused starts left nothing behind
+
+
+async def test_an_unknown_settings_key_is_refused_at_the_start_as_a_change_refuses_it(
+        host: Any, paths: StatePaths, project: Path) -> None:
+    write_workflow(project, "tuned", TUNED)
+    for settings, path, missing in (('{"bogus": 1}', "bogus", "Settings has no field 'bogus'"),
+                                    ('{"limits": {"mx": 3}}', "limits.mx", "Limits has no field 'mx'")):
+        refused = await piwf(paths, "run", "start", "tuned", "--settings", settings, cwd=project, check=False)
+        assert refused.returncode == 1
+        assert refused.stderr.decode().splitlines() == [
+            f"piwf: rejected: settings path {path!r} of workflow tuned: {missing}"]
+    assert await call(paths, "run.list") == []  # nothing was started
+    run_id = await start(paths, project, "tuned")
+    changed = await piwf(paths, "run", "settings", run_id, "--set", "bogus=1", check=False)
+    assert changed.stderr.decode().splitlines() == [
+        "piwf: rejected: settings path 'bogus' of workflow tuned: Settings has no field 'bogus'"]
 
 
 async def test_bad_changes_are_refused_with_the_reason_and_change_nothing(
@@ -284,3 +302,23 @@ async def test_a_run_resumed_on_a_workflow_that_now_declares_settings_gets_them(
         run = await run_status(paths, run_id)
         return run if run["status"] == "completed" else None
     assert (await wait_for(done))["output"] == {"budget": 1, "model": "small", "max": 10}
+
+
+async def test_a_change_names_its_scope_by_the_id_the_run_shows(host: Any, paths: StatePaths, project: Path) -> None:
+    """The protocol keeps `scopeId` (docs/settings.md: scopes per sub-workflow later): today a
+    run has one scope, mount path "" (the whole run); a change that names it is applied to it,
+    one that names another run's scope or none of the run's is refused and changes nothing."""
+    write_workflow(project, "tuned", TUNED)
+    first, second = await start(paths, project, "tuned"), await start(paths, project, "tuned")
+    await open_request(paths, first)
+    shown = await call(paths, "workflow.settings", run_id=first)
+    other = (await call(paths, "workflow.settings", run_id=second))["scopeId"]
+    assert shown["mountPath"] == "" and shown["scopeId"] != other
+    named = await change(paths, first, {"budget": 4}, payload_scope=shown["scopeId"])
+    assert named.outcome == "accepted" and named.receipt["scopeId"] == shown["scopeId"]
+    for scope in (other, "settings-nope"):
+        refused = await change(paths, first, {"budget": 5}, payload_scope=scope)
+        assert refused.outcome == "notFound" and f"has no settings scope {scope}" in refused.error
+    read = await call(paths, "workflow.settings", run_id=first, payload={"scopeId": shown["scopeId"]})
+    assert (read["changeNumber"], read["settings"]["budget"]) == (1, 4)
+    assert (await call(paths, "workflow.settings", run_id=second))["changeNumber"] == 0

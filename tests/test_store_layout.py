@@ -216,10 +216,52 @@ def test_a_layout_9_database_gains_the_crash_back_off_as_a_fresh_one_has_it(tmp_
                  "VALUES ('r', 'parked', 2, 1, 1)")
     conn.close()
     db = Database.open(path)
-    assert db.scalar("PRAGMA user_version") == SCHEMA_VERSION == 10
+    assert db.scalar("PRAGMA user_version") == SCHEMA_VERSION
     assert schema(db) == expected
     assert db.one("SELECT crash_count, not_before FROM run_queue WHERE run_id = 'r'") == (2, None)
     claim = queue.claim_next_run(db, runner_id="h", token="t", lease_ms=1000, now=2, epoch=1)
     assert claim is not None and claim.run_id == "r"
+    assert db.scalar("PRAGMA integrity_check") == "ok"
+    db.close()
+
+
+def test_a_layout_10_database_gains_effect_identity_and_counts_its_ambiguous_effects(tmp_path: Path) -> None:
+    """Layout 11: partial indexes find ambiguous effects (host.status counts them), and a
+    reconcile's effect records its kind and request fingerprint; an effect reserved before
+    (neither recorded) takes the first reserve's, and the schema is a fresh one's."""
+    from piwf.errors import Conflict
+    from piwf.store.sql import controller_effects, runs
+
+    def schema(db: Database) -> set[tuple[str, str]]:
+        return set(db.execute("SELECT name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"))
+
+    fresh = Database.open(tmp_path / "fresh.db")
+    expected = schema(fresh)
+    fresh.close()
+    path = tmp_path / "v10.db"
+    conn = frozen_layout(path, 10)
+    conn.execute("INSERT INTO runs (run_id, workflow, project_path, definition_hash, definition_digest, status, "
+                 "created_at, updated_at) VALUES ('r', 'w', '/p', 'h', 'd', 'running', 1, 1)")
+    conn.execute("INSERT INTO effects (run_id, effect_key, status, generation, node_id, created_at, updated_at) "
+                 "VALUES ('r', 'k', 'ambiguous', 1, 'n', 1, 1)")
+    conn.execute("INSERT INTO controller_resources (uid, project_path, controller, resource_key, resource_version, "
+                 "generation, spec_json, spec_digest, status_json, created_at, updated_at) "
+                 "VALUES ('u', '/p', 'c', 'k', 1, 1, '{}', 'd', '{}', 1, 1)")
+    conn.execute("INSERT INTO controller_effects (uid, spec_generation, effect_key, status, generation, result_json, "
+                 "created_at, updated_at, settled_at) VALUES ('u', 1, 'w', 'applied', 1, '{\"n\":1}', 1, 1, 1)")
+    conn.close()
+    db = Database.open(path)
+    assert db.scalar("PRAGMA user_version") == SCHEMA_VERSION == 11
+    assert schema(db) == expected
+    assert runs.status_counts(db, 2)["ambiguousEffects"] == 1
+    plan = " ".join(str(row[-1]) for row in db.execute("EXPLAIN QUERY PLAN " + runs.AMBIGUOUS_EFFECTS))
+    assert "effects_ambiguous" in plan, plan
+    fp = "c" * 64
+    got = controller_effects.reserve(db, "u", 1, "w", generation=2, observable=False, now=2, kind="write",
+                                     fingerprint=fp)
+    assert got == {"state": "applied", "result": {"n": 1}}  # the old row took the first identity given
+    with pytest.raises(Conflict):
+        controller_effects.reserve(db, "u", 1, "w", generation=2, observable=False, now=2, kind="delete",
+                                   fingerprint=fp)
     assert db.scalar("PRAGMA integrity_check") == "ok"
     db.close()

@@ -97,10 +97,12 @@ def test_a_repeated_message_id_gets_the_stored_answer_and_changes_nothing(setup)
     assert len(runs.get_run(host.store.db, "r").steps) == 1
 
 
-def test_a_stale_generation_or_worker_id_gets_claim_lost(setup) -> None:
+@pytest.mark.parametrize("lie", [{"generation": 0}, {"generation": 2}, {"epoch": "w0"}])
+def test_a_message_naming_another_generation_or_worker_than_its_pipes_is_a_protocol_error(setup, lie) -> None:
     host, active, _ = setup
-    assert handle(host, active, message("m1", "worker.ready", 0, generation=0)).outcome == "claimLost"
-    assert handle(host, active, message("m1", "worker.ready", 0, epoch="w0")).outcome == "claimLost"
+    with pytest.raises(ProtocolError, match="on the pipe of worker w1 generation 1"):
+        handle(host, active, message("m1", "worker.ready", 0, **lie))
+    assert active.conclusion is None  # not claimLost: the claim is live, the worker lied
     assert runs.get_run(host.store.db, "r").queueStatus == "starting"  # nothing was written
 
 

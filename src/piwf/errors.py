@@ -27,6 +27,15 @@ class ExitCode(IntEnum):
     WORKFLOW_INVALID = 11  # `piwf workflows list`: a workflow did not load
     STATE_DIR = 12  # the state directory cannot be used (a symlink, another owner, host.sock not a socket)
     SERVICE = 13  # `piwf service`: a file in the way or a failed systemctl/launchctl; a bad socket from LISTEN_FDS
+    # How a wait ended (`run start --wait`, `run wait`, `answer --wait`), one code for each way but success.
+    RUN_FAILED = 20
+    RUN_TIMED_OUT = 21
+    RUN_CANCELLED = 22
+    RUN_PAUSED = 23
+    RUN_HELD = 24  # held for a person: crashes in a row, an ambiguous effect, a changed or broken workflow
+    RUN_WAITING = 25  # waits for an answer from a person or an agent
+    WAIT_TIMEOUT = 26  # the wait's own limit (--wait-timeout) passed first; the run goes on
+    INTERRUPTED = 130  # Ctrl-C (SIGINT): the command stopped; a run it waited for goes on
     INTERNAL = 70  # a bug in piwf
 
     @property

@@ -57,6 +57,10 @@ class StatePaths:
         for directory in (self.root, self.host_dir):
             try:
                 directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            except (FileExistsError, NotADirectoryError):
+                blocker = next(p for p in (directory, *directory.parents) if p.exists() and not p.is_dir())
+                raise StateDirError(f"{blocker} is not a directory"
+                                    + (f" (cannot create {directory})" if blocker != directory else "")) from None
             except OSError as exc:
                 raise StateDirError(f"cannot create {directory}: {exc.strerror}") from exc
             check_private_dir(directory)

@@ -37,6 +37,12 @@ def start_ticks(pid: int) -> int | None:
     return None if fields is None else int(fields[19])  # field 22 overall
 
 
+def parent_and_group(pid: int) -> tuple[int, int] | None:
+    """The parent pid and process group of the live process ``pid`` (None: no such process)."""
+    fields = _stat_fields(pid)
+    return None if fields is None else (int(fields[1]), int(fields[2]))
+
+
 def identity(pid: int) -> str | None:
     ticks = start_ticks(pid)
     return None if ticks is None else f"{boot_id()}:{pid}:{ticks}"

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from piwf.clock import ManualClock
-from piwf.errors import NotFound, Rejected
+from piwf.errors import Conflict, NotFound, Rejected
 
 from .controllers import apply, claim, detail, fail, fenced, reconciled, start
 from .helpers import claim as claim_run
@@ -20,7 +20,7 @@ async def effect(store: Any, clock: ManualClock, c: Any, gen: int, key: str, ste
         ledger = tx.controller_effects
         if step == "reserve":
             return ledger.reserve(c.uid, gen, key, generation=c.claim_number, observable=kw.get("observable", False),
-                                  now=clock.now)
+                                  now=clock.now, kind=kw.get("kind"), fingerprint=kw.get("fingerprint"))
         if step == "begin":
             return ledger.begin_apply(c.uid, gen, key, generation=c.claim_number, now=clock.now)
         return ledger.settle(c.uid, gen, key, generation=c.claim_number, now=clock.now, **kw)
@@ -46,12 +46,38 @@ async def test_effects_apply_once_per_spec_generation_and_ambiguity_holds(store:
     await start(store, clock, c)
     assert await effect(store, clock, c, gen, "x", "reserve") == {"state": "ambiguous"}
     assert (await detail(store, clock)).hold == "effect"
+    assert (await store.controllers.status_counts(clock.now))["ambiguousControllerEffects"] == 1
     with pytest.raises(NotFound):
         await store.controller_effects.resolve(c.uid, "nope", applied=True, result=None, now=clock.now)
     assert (await store.controller_effects.resolve(c.uid, "x", applied=True, result=None,
                                                    now=clock.now))["ambiguous"] == []
     got = await detail(store, clock)
     assert got.hold is None and got.availableAt is not None
+    assert (await store.controllers.status_counts(clock.now))["ambiguousControllerEffects"] == 0
+
+
+async def test_an_effect_is_its_key_kind_and_request(store: Any, clock: ManualClock) -> None:
+    """Seed: a key reused for another action (kind or request fingerprint) is a conflict,
+    not the other action's stored result; the same action gets its result."""
+    c = await reconciled(store, clock)
+    write, other = "a" * 64, "b" * 64
+    assert await effect(store, clock, c, 1, "w", "reserve", kind="write", fingerprint=write) == {"state": "new"}
+    await effect(store, clock, c, 1, "w", "begin")
+    await effect(store, clock, c, 1, "w", "settle", result={"n": 1})
+    assert await effect(store, clock, c, 1, "w", "reserve", kind="write", fingerprint=write) == {
+        "state": "applied", "result": {"n": 1}}
+    with pytest.raises(Conflict, match="reserved for kind 'write', not 'delete'"):
+        await effect(store, clock, c, 1, "w", "reserve", kind="delete", fingerprint=write)
+    with pytest.raises(Conflict, match="reserved for another request"):
+        await effect(store, clock, c, 1, "w", "reserve", kind="write", fingerprint=other)
+    with pytest.raises(Conflict):  # a caller naming no action is another action too
+        await effect(store, clock, c, 1, "w", "reserve")
+    assert await effect(store, clock, c, 1, "w", "reserve", kind="write", fingerprint=write) == {
+        "state": "applied", "result": {"n": 1}}  # the refusals changed nothing
+    # a pending effect is the same: its key, reserved again for another action, is refused
+    assert await effect(store, clock, c, 1, "p", "reserve", kind="write", fingerprint=write) == {"state": "new"}
+    with pytest.raises(Conflict):
+        await effect(store, clock, c, 1, "p", "reserve", kind="write", fingerprint=other)
 
 
 async def test_an_interrupted_observable_effect_is_observed(store: Any, clock: ManualClock) -> None:

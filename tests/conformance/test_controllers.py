@@ -88,7 +88,8 @@ async def test_the_next_due_time_and_the_counts_follow_the_queue(store: Any, clo
     assert await store.controller_queue.next_due() is None
     await apply(store, clock)
     assert await store.controller_queue.next_due() == clock.now
-    assert await store.controllers.status_counts(clock.now) == {"pendingControllers": 1, "heldControllers": 0}
+    assert await store.controllers.status_counts(clock.now) == {"pendingControllers": 1, "heldControllers": 0,
+                                                                "ambiguousControllerEffects": 0}
     [c] = await claim(store, clock)
     assert await store.controller_queue.next_due() == clock.now + LEASE  # its claim's expiry
     await start(store, clock, c)
@@ -99,7 +100,8 @@ async def test_the_next_due_time_and_the_counts_follow_the_queue(store: Any, clo
     await start(store, clock, c)
     await fail(store, clock, c, permanent=True)
     assert await store.controller_queue.next_due() is None
-    assert await store.controllers.status_counts(clock.now) == {"pendingControllers": 0, "heldControllers": 1}
+    assert await store.controllers.status_counts(clock.now) == {"pendingControllers": 0, "heldControllers": 1,
+                                                                "ambiguousControllerEffects": 0}
 
 
 async def test_settled_status_merges_conditions_keeping_transition_times(store: Any, clock: ManualClock) -> None:
@@ -117,6 +119,34 @@ async def test_settled_status_merges_conditions_keeping_transition_times(store: 
     assert now["Ready"]["lastTransitionTime"] == first["Ready"]["lastTransitionTime"]
     assert now["Ready"]["reason"] == "Again" and "Synced" in now
     assert got.status["observedGeneration"] == 1 and got.status["controllerStatus"] == {"ok": 1}
+
+
+async def test_an_identical_status_write_keeps_the_resource_version(store: Any, clock: ManualClock) -> None:
+    """Seed, DESIGN §9: resourceVersion moves with every write that changes something; a
+    pass that settles with the stored status (and finalizers) changes nothing."""
+    c = await reconciled(store, clock)
+    assert await settle(store, clock, c) == "settled"
+    first = await detail(store, clock)
+    assert first.resourceVersion == 2  # the initial status was replaced
+
+    async def again(**kw: Any) -> Any:
+        clock.advance(5000)
+        await store.controllers.request_reconcile(P, C, "a", clock.now)
+        [c] = await claim(store, clock)
+        await start(store, clock, c)
+        assert await settle(store, clock, c, **kw) == "settled"  # its compare-and-set still held
+        return await detail(store, clock)
+
+    same = await again()
+    assert (same.resourceVersion, same.status) == (first.resourceVersion, first.status)
+    kept = await again(keep_status=True, conditions=[], finalizers=None)
+    assert kept.resourceVersion == first.resourceVersion
+    changed = await again(controller_status={"ok": 2})
+    assert changed.resourceVersion == first.resourceVersion + 1 and changed.status["controllerStatus"] == {"ok": 2}
+    finalized = await again(controller_status={"ok": 2}, finalizers=["f"])
+    assert finalized.resourceVersion == changed.resourceVersion + 1 and finalized.finalizers == ["f"]
+    flipped = await again(controller_status={"ok": 2}, conditions=[{"type": "Ready", "status": "False"}])
+    assert flipped.resourceVersion == finalized.resourceVersion + 1
 
 
 async def test_a_condition_type_twice_is_refused(store: Any, clock: ManualClock) -> None:

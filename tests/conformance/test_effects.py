@@ -124,13 +124,16 @@ async def test_interrupted_before_leaves_the_current_generation_alone(store: Any
 
 async def test_resolving_the_last_ambiguous_effect_releases_the_run(store: Any, clock: ManualClock) -> None:
     await held_ambiguous(store, clock, ("a", "b"))
+    assert (await store.runs.status_counts(clock.now_ms()))["ambiguousEffects"] == 2  # seed: host.status counts them
     assert await claim(store, clock) is None  # held
     with pytest.raises(Rejected, match="resolve-effect"):
         await store.runs.resume_run("r1", clock.now_ms())
     receipt = await store.effects.resolve("r1", "a", applied=True, result={"ok": 1}, now=clock.now_ms())
     assert receipt["ambiguous"] == ["b"] and await store.runs.hold_of("r1") == "effect"
+    assert (await store.runs.status_counts(clock.now_ms()))["ambiguousEffects"] == 1
     await store.effects.resolve("r1", "b", applied=False, result=None, now=clock.now_ms())
     assert await store.runs.hold_of("r1") is None and (await store.runs.get_run("r1")).statusDetail is None
+    assert (await store.runs.status_counts(clock.now_ms()))["ambiguousEffects"] == 0
     assert (await status(store, "a"), await status(store, "b")) == ("applied", "pending")
     third = await claim(store, clock)
     assert third is not None

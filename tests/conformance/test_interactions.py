@@ -179,13 +179,93 @@ async def test_presentation_claims_expire_and_need_the_current_revision(store: A
     with pytest.raises(Rejected, match="needs progress"):
         await update("b", shown.revision, UpdateAction.PROGRESS)
     moved = await update("b", shown.revision, UpdateAction.PROGRESS, progress="2 of 3 read")
-    assert moved.revision == shown.revision + 1 and (await request(store, clock)).progress == "2 of 3 read"
+    assert moved.revision == shown.revision and (await request(store, clock)).progress == "2 of 3 read"
     await answer(store, clock, request_id)
     with pytest.raises(Rejected):  # settled: no presentation
         await update("b", moved.revision + 1, UpdateAction.CLAIM)
     with pytest.raises(NotFound):
         await store.interactions.update(request_id="req-x", expected_revision=1, action=UpdateAction.CLAIM,
                                         client_id="a", entry_id=None, progress=None, lease_ms=1, now=clock.now_ms())
+
+
+async def test_presented_ends_presentation_claiming(store: Any, clock: ManualClock) -> None:
+    """Seed: a request once presented stays ``presenting`` with no presenter, and nobody
+    (its presenter included, its claim long expired) claims it to show it again."""
+    request_id, _, _ = await asking(store, clock)
+
+    async def update(client: str, revision: int, action: UpdateAction, entry: str | None = None) -> Any:
+        return await store.interactions.update(request_id=request_id, expected_revision=revision, action=action,
+                                               client_id=client, entry_id=entry, progress=None, lease_ms=10_000,
+                                               now=clock.now_ms())
+
+    claimed = await update("a", 1, UpdateAction.CLAIM)
+    shown = await update("a", claimed.revision, UpdateAction.PRESENTED, entry="e1")
+    assert (shown.status, shown.presenter, shown.presenterExpiresAt) == ("presenting", None, None)
+    listed = await request(store, clock)
+    assert (listed.status, listed.presenter, listed.entryId, listed.revision) == (
+        "presenting", None, "e1", shown.revision)
+    clock.advance(60_000)
+    for client in ("b", "a"):
+        with pytest.raises(Conflict, match="presented as e1; its presentation is over"):
+            await update(client, shown.revision, UpdateAction.CLAIM)
+    assert (await request(store, clock)).revision == shown.revision  # the refusals changed nothing
+    again = await update("b", shown.revision, UpdateAction.PRESENTED, entry="e1")  # the same entry: fine
+    assert again.revision == shown.revision + 1
+    presented_unclaimed, _, _ = await asking(store, clock, "r2")  # presented without a claim first
+    done = await store.interactions.update(request_id=presented_unclaimed, expected_revision=1,
+                                           action=UpdateAction.PRESENTED, client_id="c", entry_id="e9",
+                                           progress=None, lease_ms=10_000, now=clock.now_ms())
+    assert done.status == "presenting"
+    with pytest.raises(Conflict, match="presentation is over"):
+        await store.interactions.update(request_id=presented_unclaimed, expected_revision=done.revision,
+                                        action=UpdateAction.CLAIM, client_id="c", entry_id=None, progress=None,
+                                        lease_ms=10_000, now=clock.now_ms())
+    assert (await answer(store, clock, request_id, expected=again.revision)).choice == "yes"  # still answerable
+
+
+async def test_progress_is_a_run_update_of_the_waiting_attempt(store: Any, clock: ManualClock) -> None:
+    """Seed: progress is published as a run update (seen by run.watch), needs the current
+    revision and does not bump it; progress for an attempt that no longer waits is stale."""
+    request_id, _, _ = await asking(store, clock)
+    before = await store.updates.last_event("r1")
+
+    async def progress(text: str, revision: int = 1) -> Any:
+        return await store.interactions.update(request_id=request_id, expected_revision=revision,
+                                               action=UpdateAction.PROGRESS, client_id="a", entry_id=None,
+                                               progress=text, lease_ms=10_000, now=clock.now_ms())
+
+    first = await progress("1 of 3")
+    second = await progress("2 of 3")
+    assert (first.revision, second.revision) == (1, 1) and second.updateSeq > first.updateSeq > before
+    page = await store.updates.changes(after=before, run_id="r1", limit=10, now=clock.now_ms())
+    [update] = page.updates
+    assert (update.type, update.key, update.data, update.seq) == (
+        "interaction.progress", request_id, {"requestId": request_id, "nodeId": "approve", "progress": "2 of 3"},
+        second.updateSeq)
+    assert [e.event.type for e in page.events] == ["update", "update"]
+    assert (await request(store, clock)).progress == "2 of 3"
+    with pytest.raises(Conflict, match="at revision 1, not 0"):
+        await progress("x", revision=0)
+    await store.queue.cancel_run("r1", clock.now_ms())  # the attempt no longer waits
+    with pytest.raises(Rejected, match="cancelled"):
+        await progress("3 of 3", revision=2)
+    assert [u.data["progress"] for u in
+            (await store.updates.changes(after=before, run_id="r1", limit=10, now=clock.now_ms())).updates] == [
+        "2 of 3"]
+
+
+async def test_a_run_with_a_submission_to_validate_is_claimed_before_older_runs(
+        store: Any, clock: ManualClock) -> None:
+    """Seed: runs with a validating submission are served first (a person waits on them)."""
+    await new_run(store, clock, "r0")
+    older = await claim(store, clock)
+    request_id, _, _ = await asking(store, clock, "r1", kind="ask")
+    assert await store.queue.park_run("r0", older.token, clock.now_ms())  # ready again, and older than r1
+    await new_run(store, clock, "r2")
+    assert await claim(store, clock, exclude=frozenset({"r0", "r1", "r2"})) is None
+    await submit(store, clock, request_id, 3)
+    assert (await claim(store, clock)).run_id == "r1"
+    assert [c.run_id for c, _ in await claims(store, clock, room=3)] == ["r0", "r2"]
 
 
 async def test_requests_are_listed_by_session_and_run(store: Any, clock: ManualClock) -> None:

@@ -137,6 +137,19 @@ async def test_cancel_of_a_claimed_run_needs_its_token(store: Any, clock: Manual
     assert await claim(store, clock) is None
 
 
+async def test_cancel_of_a_run_whose_claim_expired_needs_no_token_and_fences_the_old_one(
+        store: Any, clock: ManualClock) -> None:
+    await new_run(store, clock)
+    got = await claim(store, clock)
+    clock.advance(LEASE - 1)
+    assert not await store.queue.cancel_run("r1", clock.now_ms())  # still live: only its token
+    clock.advance(1)
+    assert await store.queue.cancel_run("r1", clock.now_ms())  # nobody holds it now
+    assert await statuses(store) == ("cancelled", "cancelled")
+    with pytest.raises(ClaimLost):
+        await store.queue.fenced_revision("r1", got.token, clock.now_ms())
+
+
 async def test_cancel_a_parked_run(store: Any, clock: ManualClock) -> None:
     await new_run(store, clock)
     got = await claim(store, clock)

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from piwf.clock import ManualClock
-from piwf.errors import ClaimLost, Rejected
+from piwf.errors import ClaimLost, Conflict, Rejected
 from piwf.protocol.worker import AttemptStart, AttemptStartPayload, WorkerResponse
 from piwf.status import WorkerStatus
 
@@ -105,7 +105,9 @@ async def test_registered_processes_are_tracked_until_gone(store: Any, clock: Ma
     for pid in (10, 11, 12):
         await store.workers.register_process(worker_id=worker, run_id="r1", pid=pid, identity=f"id{pid}",
                                              node="sh", now=clock.now_ms())
-    await store.workers.unregister_process(worker, 10, clock.now_ms())
+    assert await store.workers.unregister_process(worker, 10, clock.now_ms())
+    assert not await store.workers.unregister_process(worker, 10, clock.now_ms())  # gone already
+    assert not await store.workers.unregister_process("other", 11, clock.now_ms())  # not its own
     assert sorted(await store.workers.live_processes([worker])) == [(worker, 11, "id11"), (worker, 12, "id12")]
     assert await store.workers.live_processes([]) == []
     assert await store.workers.live_processes(["other"]) == []
@@ -114,6 +116,25 @@ async def test_registered_processes_are_tracked_until_gone(store: Any, clock: Ma
     await store.workers.mark_processes_gone([(worker, 11, "id11")], clock.now_ms())
     assert await store.workers.live_processes([worker]) == [(worker, 12, "id12")]
     assert await store.workers.orphaned_processes(2) == [(worker, 12, "id12")]
+
+
+async def test_a_process_live_under_one_worker_cannot_be_registered_to_another(store: Any,
+                                                                              clock: ManualClock) -> None:
+    _, first = await claimed(store, clock)
+    _, second = await claimed(store, clock, "r2")
+    await store.workers.register_process(worker_id=first, run_id="r1", pid=10, identity="id10", node="sh",
+                                         now=clock.now_ms())
+    with pytest.raises(Conflict, match=f"process 10 is already registered to another worker \\({first}\\)"):
+        await store.workers.register_process(worker_id=second, run_id="r2", pid=10, identity="id10", node="sh",
+                                             now=clock.now_ms())
+    # the same pid as another process (reused), or once the first is gone, is another matter
+    await store.workers.register_process(worker_id=second, run_id="r2", pid=10, identity="id10-later",
+                                         node="sh", now=clock.now_ms())
+    await store.workers.mark_processes_gone([(first, 10, "id10")], clock.now_ms())
+    await store.workers.register_process(worker_id=second, run_id="r2", pid=10, identity="id10", node="sh",
+                                         now=clock.now_ms())  # registered again: the newer identity is kept
+    assert await store.workers.live_processes([first]) == []
+    assert await store.workers.live_processes([second]) == [(second, 10, "id10")]
 
 
 async def test_answers_of_ended_workers_of_ended_runs_are_pruned(store: Any, clock: ManualClock) -> None:

@@ -28,6 +28,8 @@ class Tally:
     ambiguous_runs: set[str] = field(default_factory=set)
     loop_runs: set[str] = field(default_factory=set)
     standby_takeovers: int = 0
+    power_cuts: int = 0
+    power_cut_failures: int = 0  # asked for a cut, the host did not die of it within 10 s
 
 
 class Harness(Protocol):

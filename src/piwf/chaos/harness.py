@@ -4,16 +4,19 @@ Starts a host on a temporary state directory, submits ``--runs`` runs of a workf
 shell nodes and effects (the outside world is a ledger file), and meanwhile kills
 ``--kills`` times at random: SIGKILL of the host, SIGKILL of a worker, or a host started
 with a fault point that makes it exit at a commit or reply boundary. Clients retry with the
-same request ids, as they should. With ``--standby`` a ``piwf serve --standby`` always
-waits beside the live host: a killed host is replaced by it, and a new standby started. One
-run in ``--hostile-every`` is a hostile workflow instead: its node exits early with status
-0 or 3, kills its parent, or returns an output over the limit. Each chaos run notifies its
-own session (and so gets a turn when it ends). Afterwards it plays the operator for effects
-held as ambiguous (the ledger says what happened), waits for every run, and prints one JSON
-summary on stdout: no run lost or done twice, each run's notification and turn stored
-exactly once, every hostile run held or failed with its reason, and the host never exiting
-but when killed; with ``--resources`` (``piwf.chaos.controllers``) every controller resource
-converged and no effect of a reconcile applied twice. Progress goes to stderr.
+same request ids, as they should. With ``--power-cuts N``, N of the host kills are power
+cuts instead (``piwf.store.sqlite.powercut``: the host, its workers and its standby die at
+once, and writes not yet synced are thrown away as a disk losing power may). With
+``--standby`` a ``piwf serve --standby`` always waits beside the live host: a killed host
+is replaced by it, and a new standby started. One run in ``--hostile-every`` is a hostile
+workflow instead: its node exits early with status 0 or 3, kills its parent, or returns an
+output over the limit. Each chaos run notifies its own session (and so gets a turn when it
+ends). Afterwards it plays the operator for effects held as ambiguous (the ledger says what
+happened), waits for every run, and prints one JSON summary on stdout: no run lost or done
+twice, each run's notification and turn stored exactly once, every hostile run held or
+failed with its reason, and the host never exiting but when killed; with ``--resources``
+(``piwf.chaos.controllers``) every controller resource converged and no effect of a
+reconcile applied twice. Progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -125,6 +128,8 @@ class Chaos:
     def _serve(self, fault: str | None, *extra: str) -> subprocess.Popen[bytes]:
         env = {**os.environ, "PIWF_CHAOS_LEDGER": str(self.ledger), **self.controllers.env()}
         env.pop("PIWF_FAULT", None)
+        if self.args.power_cuts:
+            env["PIWF_POWER_CUT"] = str(self.rng.randrange(2**32))
         if fault:
             env["PIWF_FAULT"] = fault
         with open(self.log, "ab") as log:
@@ -210,6 +215,22 @@ class Chaos:
         self.tally.host_kills += 1
         self.replace_host(self.random_fault())
 
+    def power_cut(self) -> None:
+        """SIGUSR2: the host's VFS cuts the power at one of its next file operations (its
+        workers die with it, and the standby on the same machine too)."""
+        assert self.host is not None
+        self.stop_standby()
+        with contextlib.suppress(ProcessLookupError):
+            self.host.send_signal(signal.SIGUSR2)
+        try:
+            self.host.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # the cut never came: counted, and the host killed
+            self.tally.power_cut_failures += 1
+            self.host.send_signal(signal.SIGKILL)
+            self.host.wait()
+        self.tally.power_cuts += 1
+        self.replace_host(self.random_fault())
+
     def kill_worker(self) -> bool:
         assert self.host is not None
         try:
@@ -288,10 +309,13 @@ class Chaos:
         threading.Thread(target=self.person.run, name="person", daemon=True).start()
         applier = threading.Thread(target=self.controllers.apply_all, name="applier", daemon=True)
         applier.start()
-        for _ in range(self.args.kills):
+        cuts = set(self.rng.sample(range(self.args.kills), self.args.power_cuts)) if self.args.power_cuts else set()
+        for kill in range(self.args.kills):
             time.sleep(self.rng.uniform(0.05, 0.5))
             self.ensure_host()
-            if self.rng.random() < 0.5 or not self.kill_worker():
+            if kill in cuts:
+                self.power_cut()
+            elif self.rng.random() < 0.5 or not self.kill_worker():
                 self.kill_host()
         while submitter.is_alive():  # a fault armed by the last kill may still stop the host
             self.ensure_host()
@@ -381,9 +405,17 @@ class Chaos:
             **self.delivery_summary(normal),
             "lifecycle_contradictions": status["lifecycleContradictions"],
             "standby_takeovers": self.tally.standby_takeovers,
+            **self.power_summary(),
             "takeover_ms": {"p50": round(statistics.median(takeover), 1), "max": round(max(takeover), 1),
                             "count": len(self.tally.takeover_ms)},
         }
+
+    def power_summary(self) -> dict[str, int]:
+        """Power cuts and what they threw away (each cut's line in the host log)."""
+        cuts = [json.loads(line)["powerCut"] for line in self.log.read_text(errors="replace").splitlines()
+                if line.startswith('{"powerCut"')]
+        return {"power_cuts": self.tally.power_cuts, "power_cut_failures": self.tally.power_cut_failures,
+                "power_cut_blocks_dropped": sum(c["blocksDropped"] + c["blocksTorn"] for c in cuts)}
 
     def stop_standby(self) -> None:
         """Kill a waiting standby first (it would take over from the host being stopped)."""
@@ -463,12 +495,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for runs to settle")
     parser.add_argument("--standby", action="store_true",
                         help="keep a `piwf serve --standby` waiting: it replaces each killed host")
+    parser.add_argument("--power-cuts", type=int, default=0, metavar="N",
+                        help="N of the host kills are power cuts: writes not yet synced are lost (default 0; "
+                             "needs --durability full)")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (path on stderr)")
     args = parser.parse_args(argv)
     if (args.runs < 1 or args.kills < 0 or args.max_workers < 1 or args.hostile_every < 0 or args.loop_every < 0
             or args.resources < 0):
         parser.error("--runs and --max-workers must be at least 1, --kills, --hostile-every, --loop-every and "
                      "--resources at least 0")
+    if not 0 <= args.power_cuts <= args.kills:
+        parser.error("--power-cuts must be between 0 and --kills")
+    if args.power_cuts and args.durability != "full":
+        parser.error("--power-cuts needs --durability full: at normal a power cut may take back acknowledged "
+                     "commits (docs/guarantees.md), which this harness would count as lost")
     if args.seed is None:
         args.seed = random.randrange(2**32)
     return args
@@ -486,11 +526,13 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
     summary["seed"] = args.seed
+    # What a client was answered `accepted` for and is missing at the end: runs started, answers given.
+    summary["acknowledged_lost"] = summary["runs_lost"] + summary["answers_lost"]
     print(json.dumps(summary, sort_keys=True))
     bad = summary["runs_lost"] or summary["effects_applied_twice"] or summary["runs_stuck"] \
         or summary["runs_duplicated"] or summary["unexpected_host_exits"] or summary["integrity_check"] != "ok" \
         or summary["answers_lost"] or summary["answered_twice"] or summary["answers_refused"] \
         or summary["notifications_missing"] or summary["notifications_duplicated"] or summary["turns_missing"] \
-        or summary["turns_duplicated"] or controllers_bad(summary)
+        or summary["turns_duplicated"] or summary["power_cut_failures"] or controllers_bad(summary)
     return 1 if bad else 0
 

@@ -63,7 +63,9 @@ def _check_text(args: argparse.Namespace) -> None:
 
 def fail(exc: PiwfError, as_json: bool) -> int:
     """Report ``exc``: one line on stderr and, with ``--json``, one document on stdout."""
-    print(f"piwf: {exc}", file=sys.stderr)
+    from piwf.cli.text import terminal_text
+
+    print(terminal_text(f"piwf: {exc}"), file=sys.stderr)
     if as_json:
         if isinstance(exc, HostReplied):
             outcome, error = exc.outcome, " ".join((exc.error or "").split())

@@ -4,11 +4,15 @@ and argument parsing helpers."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
+import threading
+from collections.abc import Iterator
 from typing import Any
 
+from piwf.cli.text import terminal_text
 from piwf.client import Client
 from piwf.errors import HostReplied, ProtocolError, UsageError
 from piwf.paths import StatePaths
@@ -16,6 +20,8 @@ from piwf.wire import HostResponse, decode_json
 
 DEFAULT_TIMEOUT_S = 30.0  # how long the host has to answer one request (--timeout, $PIWF_TIMEOUT)
 WAIT_S = 600  # one run.wait request's own limit (the host's maximum)
+LOAD_LIMIT_S = 30  # the host's limit on loading a workflow (piwf.host.catalog.INSPECT_TIMEOUT_S; a test checks)
+NOTICE_AFTER_S = 0.5  # a wait this long on a terminal is explained (slow_notice)
 
 
 def _seconds(text: str) -> float:
@@ -28,20 +34,61 @@ def _seconds(text: str) -> float:
     return value
 
 
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
+
+
+def _duration(text: str) -> float:
+    """A length of time: seconds (``90``, ``1.5``) or with a unit (``90s``, ``10m``, ``2h``, ``7d``)."""
+    number, unit = (text[:-1], text[-1]) if text[-1:] in DURATION_UNITS else (text, "s")
+    try:
+        value = float(number) * DURATION_UNITS[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (like 90, 90s, 10m, 2h or 7d)") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: a duration must be more than 0")
+    return value
+
+
 def _json_arg(text: str, option: str) -> Any:
-    """A JSON option value, read as the host reads frames (nesting bounded)."""
+    """A JSON option value, read as the host reads frames (nesting bounded). A bare word
+    (``three``) is refused with what to type instead: a JSON string has its quotes."""
     try:
         return decode_json(text.encode())
     except ProtocolError as exc:
-        raise UsageError(f"{option} is not valid JSON: {exc}") from None
+        reason = str(exc).removeprefix("line is not valid JSON: ").removeprefix("JSON is malformed: ")
+        bare = text.strip()[:1] not in ("", *'{["-0123456789')
+        hint = f"; a JSON string needs its quotes: {_shell_quote(json.dumps(text))}" if bare else ""
+        raise UsageError(f"{option} is not valid JSON ({reason}){hint}") from None
+
+
+def _shell_quote(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)
 
 
 def _paths(args: argparse.Namespace) -> StatePaths:
     return StatePaths.resolve(args.state_dir)
 
 
-def _client(args: argparse.Namespace) -> Client:
-    return Client(_paths(args), timeout=_timeout(args), client_id=client_id())
+def _client(args: argparse.Namespace, default_timeout: float = DEFAULT_TIMEOUT_S) -> Client:
+    return Client(_paths(args), timeout=_timeout(args, default_timeout), client_id=client_id())
+
+
+@contextlib.contextmanager
+def slow_notice(text: str, after_s: float = NOTICE_AFTER_S) -> Iterator[None]:
+    """On a terminal, say ``text`` on stderr if what the block waits for takes over
+    ``after_s``; into a pipe or a file, nothing."""
+    if not sys.stderr.isatty():
+        yield
+        return
+    timer = threading.Timer(after_s, lambda: print(f"piwf: {text}", file=sys.stderr, flush=True))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def client_id() -> str:
@@ -60,11 +107,11 @@ def client_id() -> str:
 
 
 
-def _timeout(args: argparse.Namespace) -> float:
+def _timeout(args: argparse.Namespace, default: float = DEFAULT_TIMEOUT_S) -> float:
     if args.timeout is not None:
         return float(args.timeout)
     if not (text := os.environ.get("PIWF_TIMEOUT")):
-        return DEFAULT_TIMEOUT_S
+        return default
     try:
         return _seconds(text)
     except argparse.ArgumentTypeError as exc:
@@ -83,7 +130,7 @@ def _print(args: argparse.Namespace, value: Any, human: Any) -> None:
     else:
         text = human(value)
         if text:
-            print(text)
+            print(terminal_text(text))  # workflow text within it is shown escaped
 
 
 def _emit(value: Any) -> None:

@@ -168,7 +168,10 @@ def _accepted_or_conflict(response: Any) -> None:
 def _show(kind: str, item: dict[str, Any], text: str, as_json: bool) -> None:
     """Printed before it is delivered: a follower killed in between prints it again later
     (at least once), never loses it."""
-    sys.stdout.write((json.dumps({"type": kind, kind: item}, sort_keys=True) if as_json else text) + "\n")
+    from piwf.cli.text import terminal_text
+
+    sys.stdout.write((json.dumps({"type": kind, kind: item}, sort_keys=True) if as_json else terminal_text(text))
+                     + "\n")
     sys.stdout.flush()
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from piwf.cli.common import _paths, _print, _timeout, _client, _ok
-from piwf.errors import ExitCode, HostTimeout, HostUnavailable, InternalError, PiwfError
+from piwf.errors import ExitCode, HostTimeout, HostUnavailable, InternalError, PiwfError, StateDirError
 from piwf.host.lock import read_record
 from piwf.paths import StatePaths
 
@@ -63,6 +63,11 @@ def service_manager_settings() -> dict[str, Any]:
             "watchdog_s": notifier.watchdog_s}
 
 
+def _shape(row: dict[str, Any]) -> str:
+    count = row["nodes"]
+    return f"{count} node{'' if count == 1 else 's'}, starts at {row['startAt']}"
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     paths = _paths(args)
     try:
@@ -83,6 +88,8 @@ def offline_status(paths: StatePaths, waited_s: float | None = None) -> dict[str
     process that is still running: frozen, hung, or starting) or its lease has not yet
     expired (it has just died), yet it did not answer. ``stopped``: neither.
     """
+    if paths.root.exists() and not paths.root.is_dir():
+        raise StateDirError(f"state directory {paths.root} is not a directory")
     status: dict[str, Any] = {"state": "uninitialized", "stateDir": str(paths.root), "socketAvailable": False}
     if paths.db.exists():
         status.update(_stored_status(paths))
@@ -197,7 +204,7 @@ def cmd_workflows_list(args: argparse.Namespace) -> int:
     rows = [_workflow_row(name, result) for name, result in zip(names, inspect_all(project, names, _timeout(args)),
                                                                     strict=True)]
     _print(args, rows, lambda rs: "\n".join(
-        f"{r['name']:20} " + (f"ERROR {r['error']}" if r["error"] else f"{r['nodes']} nodes, starts at {r['startAt']}")
+        f"{r['name']:20} " + (f"ERROR {r['error']}" if r["error"] else _shape(r))
         for r in rs) or f"no workflows in {project / WORKFLOW_DIR}")
     failed = [r["name"] for r in rows if r["error"]]
     if failed:
@@ -227,6 +234,10 @@ def _format_status(s: dict[str, Any]) -> str:
                      f"{s['cancelledRuns']} cancelled")
         if s.get("pendingInteractions"):
             lines.append(f"inbox:     {s['pendingInteractions']} open request(s): piwf inbox")
+        if s.get("ambiguousEffects") or s.get("ambiguousControllerEffects"):
+            lines.append(f"effects:   {s.get('ambiguousEffects', 0)} of runs and "
+                         f"{s.get('ambiguousControllerEffects', 0)} of resources ambiguous: "
+                         "piwf run resolve-effect / piwf controller resolve-effect")
         if s.get("undeliveredNotifications") or s.get("unresolvedTurns"):
             lines.append(f"sessions:  {s['undeliveredNotifications']} undelivered notification(s), "
                          f"{s['unresolvedTurns']} unresolved turn(s): piwf inbox --session ID")

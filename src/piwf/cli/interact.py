@@ -5,13 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from piwf.errors import ExitCode, HostTimeout
-
-ANSWER_POLL_S = 0.1  # how often `piwf answer --wait` asks whether its submission was validated
+from piwf.errors import ExitCode
 
 
 def cmd_inbox(args: argparse.Namespace) -> int:
@@ -42,15 +39,7 @@ def _more(page: dict[str, Any], limit: int) -> list[str]:
             "or answer these first"]
 
 
-SHOWN = 200  # characters of a value or an error shown in a listing (--json has it all)
-
-
-def shown(text: Any, limit: int = SHOWN) -> str:
-    """Text from a workflow or a client, safe on a terminal: control and format characters
-    escaped (no escape sequences, no line breaks), cut to ``limit`` with a mark."""
-    text = str(text)
-    safe = "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in text)
-    return safe if len(safe) <= limit else safe[:limit] + "…"
+from piwf.cli.text import SHOWN, shown  # noqa: E402,F401 - shown is the CLI's one escaping helper
 
 
 def format_request(r: dict[str, Any]) -> str:
@@ -98,6 +87,10 @@ def cmd_decide(args: argparse.Namespace) -> int:
 def cmd_answer(args: argparse.Namespace) -> int:
     from piwf.cli.common import _client, _json_arg, _ok, _print
 
+    if args.wait_timeout is not None and not args.wait:
+        from piwf.errors import UsageError
+
+        raise UsageError("--wait-timeout goes with --wait")
     value = _json_arg(_read_value(args.value), "--value")
     payload: dict[str, Any] = {"requestId": args.request_id, "value": value}
     if args.session:
@@ -107,7 +100,15 @@ def cmd_answer(args: argparse.Namespace) -> int:
         if not args.wait:
             _print(args, receipt, lambda r: f"{r['submissionId']}: submitted; the workflow validates it")
             return 0
-        submission = _wait_validated(client, receipt, args.timeout)
+        from piwf.cli import waiting
+
+        submission, end = waiting.submission_ending(client, receipt, waiting.Deadline(args.wait_timeout))
+    if end is not None:  # held, paused or ended before the submission was validated; or the wait's limit
+        _print(args, {**submission, "wait": end.as_json()}, lambda s: f"{s['submissionId']}: {s['status']}")
+        sys.stdout.flush()
+        if end.reason:
+            print(f"piwf: {end.reason}", file=sys.stderr)
+        return int(end.code)
     _print(args, submission, lambda s: f"{s['submissionId']}: {s['status']}"
            + (f": {s['error']}" if s.get("error") else ""))
     return 0 if submission["status"] == "accepted" else ExitCode.ERROR
@@ -124,22 +125,3 @@ def _read_value(text: str) -> str:
         return Path(text[1:]).read_text()
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"--value {text}: cannot read it: {exc}") from None
-
-
-def _wait_validated(client: Any, receipt: dict[str, Any], timeout: float | None) -> dict[str, Any]:
-    """Ask until the submission is no longer being validated (or ``timeout`` passes)."""
-    from piwf.cli.common import DEFAULT_TIMEOUT_S, _ok
-
-    deadline = time.monotonic() + (timeout or DEFAULT_TIMEOUT_S)
-    while True:
-        page = _ok(client.call("interaction.list", payload={"runId": receipt["runId"], "open": False,
-                                                            "limit": 1000}))
-        for request in page["requests"]:
-            last: dict[str, Any] | None = request["lastSubmission"]
-            if request["requestId"] == receipt["requestId"] and last and last["submissionId"] == \
-                    receipt["submissionId"] and last["status"] != "validating":
-                return last
-        if time.monotonic() > deadline:
-            raise HostTimeout(f"submission {receipt['submissionId']} is still being validated; "
-                              f"see piwf inbox --run {receipt['runId']}")
-        time.sleep(ANSWER_POLL_S)

@@ -10,9 +10,11 @@ from __future__ import annotations
 import argparse
 from typing import Any, NoReturn
 
-from piwf.cli.common import DEFAULT_TIMEOUT_S, _seconds
+from piwf import __version__
+from piwf.cli.common import DEFAULT_TIMEOUT_S, _duration, _seconds
 from piwf.errors import UsageError
 
+SHELLS = ("bash", "zsh", "fish")  # piwf.cli.completion.SHELLS, without importing it
 PLATFORMS = ("linux", "macos")  # piwf.service.PLATFORMS, without importing it (a test checks)
 
 
@@ -22,9 +24,20 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see `{self.prog} --help`)")
 
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:
+        """An unknown flag points to the help of the subcommand it was given to (argparse
+        reports it from the top level, where `piwf --help` does not list it)."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            words = [self.prog, getattr(parsed, "command", None), getattr(parsed, "sub", None)]
+            prog = " ".join(word for word in words if word)
+            raise UsageError(f"unrecognized arguments: {' '.join(extras)} (see `{prog} --help`)")
+        return parsed
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="piwf", description="A durable workflow host for one machine.")
+    parser.add_argument("--version", action="version", version=f"piwf {__version__}")
     _add_common(parser, defaults=True)
     common = Parser(add_help=False)
     _add_common(common, defaults=False)  # on subcommands too, without overriding the top level
@@ -50,9 +63,15 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--project", default=".", metavar="DIR", help="project directory (default .)")
     start.add_argument("--session", metavar="ID", help="origin session id (one queued or running run per session)")
     start.add_argument("--run-id", metavar="ID", help="choose the run id (default: the host makes one)")
-    start.add_argument("--wait", action="store_true", help="wait until the run ends or waits")
+    start.add_argument("--wait", action="store_true", help="print the run id, then wait until the run ends, "
+                       "waits, or is paused or held; the exit code says which (docs/operations.md)")
+    _add_wait_timeout(start)
     start.add_argument("--settings", metavar="JSON", help="initial settings (merged over the workflow's defaults)")
     start.set_defaults(handler="run:cmd_run_start")
+    wait = run.add_parser("wait", parents=[common], help="wait for a run as `run start --wait` does")
+    wait.add_argument("run_id", metavar="RUN_ID")
+    _add_wait_timeout(wait)
+    wait.set_defaults(handler="run:cmd_run_wait")
     listing = run.add_parser("list", parents=[common], help="recent runs")
     listing.add_argument("--limit", type=_run_list_limit, default=50, metavar="N", help="1 to 1000 (default 50)")
     listing.add_argument("--status", help="only runs with this engine status")
@@ -83,6 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_service(commands, common)
     _add_controller(commands, common)
     _add_watch(commands, common)
+    completion = commands.add_parser("completion", parents=[common],
+                                     help="print a completion script for bash, zsh or fish")
+    completion.add_argument("shell", choices=SHELLS, metavar="SHELL", help="bash, zsh or fish")
+    completion.set_defaults(handler="completion:cmd_completion")
     return parser
 
 
@@ -115,6 +138,11 @@ def _add_serve(commands: Any, common: argparse.ArgumentParser) -> None:
     serve.add_argument("--standby", action="store_true",
                        help="start, load everything, and wait: take over at once when the live host stops or dies")
     serve.set_defaults(handler="host:cmd_serve")
+
+
+def _add_wait_timeout(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--wait-timeout", type=_duration, metavar="DUR",
+                        help="stop waiting after DUR (90, 90s, 10m, 2h): exit 26, the run goes on (default: no limit)")
 
 
 def _add_seconds(parser: argparse.ArgumentParser, flag: str, default: float, text: str) -> None:
@@ -238,7 +266,8 @@ def _add_interact(commands: Any, common: argparse.ArgumentParser) -> None:
                         "stdin, `@FILE` from FILE (a JSON string needs its quotes: '\"text\"')")
     answer.add_argument("--session", metavar="ID", help="the submitting session (the run's origin session, if any)")
     answer.add_argument("--wait", action="store_true", help="wait until it is validated; exit 1 with the reason "
-                        "when it is rejected")
+                        "when it is rejected (and as `run wait` does when the run is held meanwhile)")
+    _add_wait_timeout(answer)
     _add_request_id(answer)
     answer.set_defaults(handler="interact:cmd_answer")
 

@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from piwf.cli import interact as cli_interact
-from piwf.cli.common import WAIT_S, _client, _json_arg, _ok, _print
+from piwf.cli import runview, waiting
+from piwf.cli.common import DEFAULT_TIMEOUT_S, LOAD_LIMIT_S, _client, _json_arg, _ok, _print, slow_notice
+from piwf.cli.text import shown
 from piwf.client import Client
-from piwf.errors import ExitCode, HostUnavailable, UsageError
-from piwf.status import UNSUCCESSFUL
+from piwf.errors import UsageError
 
 
 def cmd_run_start(args: argparse.Namespace) -> int:
@@ -22,29 +23,25 @@ def cmd_run_start(args: argparse.Namespace) -> int:
         payload["originSessionId"] = args.session
     if args.settings is not None:
         payload["settings"] = _json_arg(args.settings, "--settings")
-    with _client(args) as client:
-        receipt = _ok(client.call("run.start", run_id=args.run_id, payload=payload))
+    if args.wait_timeout is not None and not args.wait:
+        raise UsageError("--wait-timeout goes with --wait")
+    # Loading the workflow may take the host up to LOAD_LIMIT_S: by default the CLI waits for
+    # the host's own answer (its reason), a --timeout or $PIWF_TIMEOUT bounds the wait.
+    with _client(args, default_timeout=LOAD_LIMIT_S + DEFAULT_TIMEOUT_S) as client:
+        with slow_notice(f"waiting for the host to load workflow {args.name} (its import may take up to "
+                         f"{LOAD_LIMIT_S} s; --timeout S waits less)"):
+            receipt = _ok(client.call("run.start", run_id=args.run_id, payload=payload))
         run_id = receipt["runId"]
         if not args.wait:
             _print(args, {"runId": run_id}, lambda r: run_id)
             return 0
-        try:
-            run = wait_for_run(client, run_id)
-        except HostUnavailable as exc:  # the run exists: say which, so it can be followed up
-            raise type(exc)(f"run {run_id} was started, but waiting for it failed: {exc}") from exc
-    _print(args, run, _format_run)
-    return ExitCode.ERROR if run["status"] in UNSUCCESSFUL else 0
+        return waiting.attend(args, client, run_id, format_run, announce=True)
 
 
-def wait_for_run(client: Client, run_id: str) -> dict[str, Any]:
-    """Wait until the run is at rest; each run.wait may take its own limit plus the timeout."""
-    client.timeout = WAIT_S + (client.timeout or 0)
-    if client._sock is not None:
-        client._sock.settimeout(client.timeout)
-    while True:
-        run: dict[str, Any] = _ok(client.call("run.wait", run_id=run_id, payload={"timeoutMs": WAIT_S * 1000}))
-        if run.pop("atRest"):
-            return run
+def cmd_run_wait(args: argparse.Namespace) -> int:
+    """``piwf run wait RUN``: attach to a run and wait for it as ``run start --wait`` does."""
+    with _client(args) as client:
+        return waiting.attend(args, client, args.run_id, format_run)
 
 
 def cmd_run_list(args: argparse.Namespace) -> int:
@@ -62,7 +59,7 @@ def cmd_run_list(args: argparse.Namespace) -> int:
 def cmd_run_show(args: argparse.Namespace) -> int:
     with _client(args) as client:
         run = _ok(client.call("run.status", run_id=args.run_id))
-    _print(args, run, _format_run)
+    _print(args, run, format_run)
     return 0
 
 
@@ -135,23 +132,34 @@ def cmd_run_control(args: argparse.Namespace) -> int:
     return 0
 
 
-def _format_run(r: dict[str, Any]) -> str:
+def format_run(r: dict[str, Any]) -> str:
+    """``piwf run show``: the run, its steps, effects, open requests, output or error."""
     lines = [f"run:      {r['runId']} ({r['workflow']})",
-             f"status:   {r['status']} / {r['queueStatus']}" + (" (paused)" if r["paused"] else ""),
+             f"status:   {_status(r)}",
              f"created:  {r['createdAt']}" + (f", finished {r['finishedAt']}" if r["finishedAt"] else "")]
     if r.get("statusDetail"):
-        lines.append(f"detail:   {r['statusDetail']}")
+        lines.append(f"detail:   {shown(r['statusDetail'], 2000)}")
+    if runview.held(r) or runview.state(r) == "paused":
+        lines.append(f"release:  {runview.release(r)}")
     for step in r.get("steps", []):
         change = "" if step.get("settingsChange") is None else f", settings change {step['settingsChange']}"
         lines.append(f"  step {step['seq']}: {step['node']:16} {step['status']} "
                      f"(generation {step['generation']}{change})")
     for effect in r.get("effects", []):
-        lines.append(f"  effect {effect['key']}: {effect['status']} (node {effect['node']})")
+        lines.append(f"  effect {shown(effect['key'])}: {effect['status']} (node {effect['node']})")
     for request in r.get("waitingFor", []):
         lines.append("waiting for:\n" + cli_interact.format_request(request))
     if r.get("output") is not None:
-        lines.append("output:   " + json.dumps(r["output"]))
+        lines.append("output:   " + shown(json.dumps(r["output"]), 2000))
     if r.get("error"):
-        lines.append(f"error:    {r['error'].get('message')}")
+        lines += runview.format_error(r["error"])
     return "\n".join(lines)
 
+
+def _status(r: dict[str, Any]) -> str:
+    """``failed / failed``; a held or paused run says so first: ``held (crashed): running / parked``."""
+    both = f"{r['status']} / {r['queueStatus']}"
+    word = runview.state(r)
+    if word != r["status"]:
+        return f"{word}: {both}"
+    return both + (" (paused)" if r["paused"] else "")

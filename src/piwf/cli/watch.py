@@ -17,6 +17,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from piwf.cli.text import terminal_text
+
 EVENTS_SHOWN = 12
 RUNS_KEPT = 30  # ended runs stay in view until this many newer ones push them out
 POLL_MS = 30_000
@@ -63,7 +65,8 @@ def render(view: View, *, expand: bool = True) -> Any:
     for name, style in (("run", "cyan"), ("workflow", ""), ("status", ""), ("node", "bold"), ("latest updates", "")):
         runs.add_column(name, style=style, overflow="fold")
     for run in sorted(view.runs.values(), key=lambda r: r["createdAt"]):
-        runs.add_row(run["runId"], run["workflow"], _status(run), run["currentNode"] or "-", _updates(view, run))
+        runs.add_row(*_cells(run["runId"], run["workflow"], _status(run), run["currentNode"] or "-",
+                             _updates(view, run)))
     if not view.runs:
         runs.add_row("-", "no runs", "", "", "")
     parts: list[Any] = [runs]
@@ -73,11 +76,19 @@ def render(view: View, *, expand: bool = True) -> Any:
         for name in ("request", "kind", "run", "asks"):
             table.add_column(name, overflow="fold")
         for request in waiting:
-            table.add_row(request["requestId"], request["kind"], request["runId"], request["title"])
+            table.add_row(*_cells(request["requestId"], request["kind"], request["runId"], request["title"]))
         parts.append(table)
     parts.append(Text("recent events", style="bold"))
-    parts += [Text(_event_line(e), no_wrap=True, overflow="ellipsis") for e in view.events] or [Text("  (none)")]
+    parts += [Text(terminal_text(_event_line(e)), no_wrap=True, overflow="ellipsis")
+              for e in view.events] or [Text("  (none)")]
     return Group(*parts)
+
+
+def _cells(*values: str) -> list[Any]:
+    """Table cells as plain text, never markup, workflow text in them escaped."""
+    from rich.text import Text
+
+    return [Text(terminal_text(value)) for value in values]
 
 
 def _status(run: dict[str, Any]) -> str:

@@ -56,6 +56,9 @@ class TextInput:
     max_length: int = 4000
 
 
+TEXT_INPUT_LIMIT = 4000
+
+
 @dataclass(frozen=True)
 class Choice:
     label: str
@@ -141,10 +144,24 @@ def _choice(key: Any, value: str | Choice) -> Choice:
     if not isinstance(choice, Choice):
         raise DefinitionError(f"choice {key!r} needs a label (text, or Choice(label, input=TextInput(...)))")
     _check_title(f"choice {key!r} label", choice.label)
-    text = choice.input
-    if text is not None and not (isinstance(text, TextInput) and 0 <= text.min_length <= text.max_length <= 4000):
-        raise DefinitionError(f"choice {key!r}: TextInput bounds must satisfy 0 <= min_length <= max_length <= 4000")
+    if choice.input is not None:
+        _check_text_input(key, choice.input)
     return choice
+
+
+def _check_text_input(key: str, text: object) -> None:
+    """Seed: a choice's text takes at least one character at most (``max_length`` ≥ 1),
+    within 0 ≤ min_length ≤ max_length ≤ TEXT_INPUT_LIMIT."""
+    if not isinstance(text, TextInput):
+        raise DefinitionError(f"choice {key!r}: input must be a TextInput(prompt, min_length, max_length)")
+    bounds = (text.min_length, text.max_length)
+    if not all(isinstance(n, int) and not isinstance(n, bool) for n in bounds):
+        raise DefinitionError(f"choice {key!r}: TextInput min_length and max_length must be whole numbers")
+    if text.max_length < 1:
+        raise DefinitionError(f"choice {key!r}: TextInput max_length must be at least 1, not {text.max_length}")
+    if not 0 <= text.min_length <= text.max_length <= TEXT_INPUT_LIMIT:
+        raise DefinitionError(f"choice {key!r}: TextInput bounds must satisfy 0 <= min_length <= max_length <= "
+                              f"{TEXT_INPUT_LIMIT}")
 
 
 def _check_default(choices: Mapping[str, Choice], key: str, text: str | None) -> None:

@@ -8,12 +8,14 @@ going on, so a step is either accepted durably or will run again.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -23,10 +25,10 @@ from typing import Any, Protocol
 
 import msgspec
 
-from piwf.errors import ClaimLost, DefinitionError, HostRefused, Invalid, NodeFailed, ProtocolError
-from piwf.wire import canonical_json, check_nesting
+from piwf.errors import ClaimLost, DefinitionError, HostRefused, Invalid, NodeFailed
 from piwf.engine.definition import DEFAULT_EXIT, TIMEOUT_EXIT, Ask, Compute, Decision, Route, Shell, Workflow
 from piwf.engine.settings import as_value
+from piwf.engine.values import TooDeep, as_stored
 
 TRACEBACK_TAIL = 4000
 
@@ -105,7 +107,8 @@ class Context:
     outputs: Mapping[str, Any]
     project_path: str
     journal: Journal = field(repr=False, compare=False)
-    _notified: list[int] = field(default_factory=lambda: [0], repr=False, compare=False)
+    _notified: itertools.count[int] = field(default_factory=lambda: itertools.count(1), repr=False, compare=False)
+    _notified_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     settings: Any = None  # the workflow's settings type, as in force when the node started (None: it has none)
 
     def effect(self, key: str, apply: Callable[[], Any], observe: Callable[[], Any] | None = None) -> Any:
@@ -139,17 +142,15 @@ class Context:
         64 KiB); watchers (``run.watch``, ``piwf watch``) see it at once."""
         if not isinstance(type, str) or not 0 < len(type) <= 64 or not isinstance(key, str) or not 0 < len(key) <= 128:
             raise ValueError("an update's type must be 1 to 64 characters and its key 1 to 128")
-        try:
-            size = len(canonical_json(data))
-        except (TypeError, msgspec.EncodeError) as exc:
-            raise TypeError(f"update {type}/{key} is not JSON: {exc}") from exc
+        encoded, data = as_stored(data, f"update {type}/{key}", MAX_OUTPUT_NESTING)
+        size = len(encoded)
         if size > CONTENT_LIMIT:
             raise ValueError(f"update {type}/{key} is {size} bytes as JSON; the limit is {CONTENT_LIMIT}")
         self.journal.publish(self.attempt_id, type, key, data)
 
     def _next_index(self) -> int:
-        self._notified[0] += 1
-        return self._notified[0]
+        with self._notified_lock:  # from threads too: each call its own number
+            return next(self._notified)
 
 
 NOTIFICATION_KINDS = ("progress", "final")
@@ -219,15 +220,12 @@ class OutputTooLarge(ValueError):
 
 def run_node(node: Compute | Shell, ctx: Context) -> tuple[Any, str]:
     if isinstance(node, Shell):
-        output = run_shell(node, ctx)
-        check_output(output)
-        return output, DEFAULT_EXIT
+        return check_output(run_shell(node, ctx)), DEFAULT_EXIT
     result = node.fn(ctx)
     exit_name = DEFAULT_EXIT
     if isinstance(result, Route):
         exit_name, result = result.exit, result.value
-    check_output(result)
-    return result, exit_name
+    return check_output(result), exit_name
 
 
 def interact(workflow: Workflow, node_id: str, ctx: Context) -> tuple[Any, str]:
@@ -244,8 +242,7 @@ def interact(workflow: Workflow, node_id: str, ctx: Context) -> tuple[Any, str]:
     assert isinstance(node, Ask)
     try:
         converted = msgspec.convert(value, node.expect)
-        output = msgspec.to_builtins(converted)
-        check_output(output)
+        output = check_output(msgspec.to_builtins(converted))
     except (msgspec.ValidationError, TypeError, ValueError) as exc:
         ctx.journal.reject(submission_id, str(exc) or type(exc).__name__)
         raise Stop("waiting") from None
@@ -282,18 +279,16 @@ def request_spec(workflow: Workflow, node_id: str) -> dict[str, Any]:
     return spec
 
 
-def check_output(value: Any) -> None:
-    """An output must be JSON that the host can store and send back to a later worker."""
+def check_output(value: Any, what: str = "node output") -> Any:
+    """An output must be JSON that the host can store and send back to a later worker,
+    exactly (engine/values.py); returns it as later nodes see it."""
     try:
-        encoded = canonical_json(value)
-    except (TypeError, msgspec.EncodeError) as exc:
-        raise TypeError(f"node output is not JSON: {exc}") from exc
+        encoded, stored = as_stored(value, what, MAX_OUTPUT_NESTING)
+    except TooDeep as exc:
+        raise OutputTooLarge(str(exc)) from None
     if len(encoded) > MAX_OUTPUT_BYTES:
-        raise OutputTooLarge(f"node output is {len(encoded)} bytes as JSON, over the {MAX_OUTPUT_BYTES}-byte limit")
-    try:
-        check_nesting(encoded, MAX_OUTPUT_NESTING)
-    except ProtocolError as exc:
-        raise OutputTooLarge(f"node output is {exc}") from None
+        raise OutputTooLarge(f"{what} is {len(encoded)} bytes as JSON, over the {MAX_OUTPUT_BYTES}-byte limit")
+    return stored
 
 
 # The shell node's program starts only once the host has recorded its process: the gate
@@ -373,7 +368,25 @@ class ShellExit(Exception):
 def describe_error(exc: BaseException, node: str) -> dict[str, Any]:
     tail = "".join(traceback.format_exception(exc))[-TRACEBACK_TAIL:]
     error: dict[str, Any] = {"type": type(exc).__name__, "message": f"node {node}: {exc}", "node": node,
-                             "traceback": tail}
+                             "traceback": tail, "where": raised_at(exc, os.getcwd())}
     if isinstance(exc, ShellExit):
         error["output"] = exc.output
     return error
+
+
+_NOT_THE_USERS = tuple(str(Path(p).resolve()) + os.sep for p in {
+    sys.prefix, sys.base_prefix, sys.exec_prefix, str(Path(__file__).resolve().parents[1])})
+
+
+def raised_at(exc: BaseException, project: str) -> dict[str, Any] | None:
+    """Where in the user's code ``exc`` was raised: the last frame of its traceback in a
+    file of the project (not of Python, a virtualenv or piwf), as ``file`` (relative to the
+    project), ``line``, ``function`` and ``code``; None when no frame is the user's."""
+    root = str(Path(project).resolve()) + os.sep
+    theirs = tuple(prefix for prefix in _NOT_THE_USERS if not root.startswith(prefix))  # a project may hold a venv
+    for frame in reversed(traceback.extract_tb(exc.__traceback__)):
+        path = str(Path(frame.filename).resolve())
+        if path.startswith(root) and not path.startswith(theirs):
+            return {"file": path[len(root):], "line": frame.lineno, "function": frame.name,
+                    "code": (frame.line or "")[:500]}
+    return None

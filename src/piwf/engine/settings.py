@@ -42,14 +42,22 @@ def check_declaration(name: str, settings: Any, mutable: Iterable[str]) -> tuple
 def _check_path(name: str, settings: type[msgspec.Struct], path: Any) -> None:
     if not isinstance(path, str) or not path or len(path) > MAX_PATH or any(not part for part in path.split(".")):
         raise DefinitionError(f"workflow {name}: mutable path {path!r} must be dotted field names, like 'limits.max'")
+    if missing := _missing_field(settings, path):
+        raise DefinitionError(f"workflow {name}: mutable path {path!r}: {missing}")
+
+
+def _missing_field(settings: type[msgspec.Struct], path: str) -> str | None:
+    """Why dotted ``path`` names no field of ``settings`` (None when it does). Below a field
+    that is not a Struct (a dict) any key may be named."""
     kind: Any = settings
     for part in path.split("."):
         if not (isinstance(kind, type) and issubclass(kind, msgspec.Struct)):
-            return  # below a field that is not a Struct (a dict): any key may be named
+            return None
         fields = {field.encode_name: field.type for field in msgspec.structs.fields(kind)}
         if part not in fields:
-            raise DefinitionError(f"workflow {name}: mutable path {path!r}: {kind.__name__} has no field {part!r}")
+            return f"{kind.__name__} has no field {part!r}"
         kind = fields[part]
+    return None
 
 
 def defaults(settings: type[msgspec.Struct]) -> Any:
@@ -101,6 +109,9 @@ def resolve(name: str, settings: type[msgspec.Struct] | None, mutable: Iterable[
         raise Rejected(f"workflow {name} declares no settings")
     if not isinstance(patch, dict):
         raise Rejected("settings must be a JSON object (a merge patch)")
+    for path in touched_paths(patch):  # msgspec would drop an unknown key without a word
+        if missing := _missing_field(settings, path):
+            raise Rejected(f"settings path {path!r} of workflow {name}: {missing}")
     if mutable_only:
         mutable = tuple(mutable)
         if not list(touched_paths(patch)):

@@ -216,12 +216,15 @@ async def pump(lane: Lane[C, Any], active: Active[C], receive: trio.lowlevel.FdS
         try:
             messages = [lane.parse(line) for line in buffer.feed(chunk)]
         except ProtocolError as exc:
-            log.warning("%s: worker broke the protocol (%s); stopping it", active.label, exc)
-            active.stop(StopReason.PROTOCOL, f"broke the worker protocol: {exc}")
+            _broke_protocol(active, exc)
             return
         for message in messages:
             was_ready = active.ready.is_set()
-            response = await lane.handle(active, message)
+            try:
+                response = await lane.handle(active, message)
+            except ProtocolError as exc:  # a message that is not its own pipe's claim
+                _broke_protocol(active, exc)
+                return
             await host.durable()  # group commit: no answer before its commit's fsync
             if not was_ready and active.ready.is_set():
                 deadline = None if active.timeout_s is None else trio.current_time() + active.timeout_s
@@ -233,6 +236,12 @@ async def pump(lane: Lane[C, Any], active: Active[C], receive: trio.lowlevel.FdS
             if active.conclusion is not None:
                 await _let_it_end(lane, active)
                 return
+
+
+def _broke_protocol(active: Active[Any], exc: ProtocolError) -> None:
+    """A crash: counted, backed off, and the work held after too many in a row."""
+    log.warning("%s: worker broke the protocol (%s); stopping it", active.label, exc)
+    active.stop(StopReason.PROTOCOL, f"broke the worker protocol: {exc}")
 
 
 def _timed_out(lane: Lane[C, Any], active: Active[C]) -> None:

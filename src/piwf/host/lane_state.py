@@ -81,6 +81,7 @@ class Active(Generic[C]):
     process_end: ProcessEnd | None = None
     stop_reason: StopReason | None = None  # owned by ``scope``: the first reason it was cancelled with
     stop_note: str = ""  # what the worker's record should say about that reason
+    pid: int | None = None  # the worker process, once started
     timeout_s: float | None = None  # once ready, how long the worker may take (a reconcile's controller timeout)
     spec_generation: int = 0  # a reconcile: the resource generation its worker was shown
 

@@ -199,12 +199,15 @@ async def _run_cancel(host: HostState, tx: UnitOfWork, request: CancelRun, prepa
     run_id, expected = request.runId, request.expectedRevision  # its compare-and-set is in the store's write
     active = host.active.get(run_id)
     now = host.now()
-    if active is not None and await tx.queue.cancel_run(run_id, now, token=active.claim.token,
-                                                        expected_revision=expected):
-        after.append(lambda: active.stop(StopReason.CANCELLED))
-    elif not await tx.queue.cancel_run(run_id, now, expected_revision=expected):
+    # Its worker's claim, or none (no live claim holds it: queued, parked, or a claim that
+    # expired); a live claim of no worker here cannot be, one host serving the directory.
+    token = None if active is None else active.claim.token
+    cancelled = token is not None and await tx.queue.cancel_run(run_id, now, token=token, expected_revision=expected)
+    if not (cancelled or await tx.queue.cancel_run(run_id, now, expected_revision=expected)):
         run = await tx.runs.run_summary(run_id)
         raise Rejected(f"run {run_id} cannot be cancelled: it is {run.status} ({run.queueStatus})")
+    if active is not None:
+        after.append(lambda: active.stop(StopReason.CANCELLED))
     return HostResponse(request.requestId, Outcome.ACCEPTED, revision=await tx.runs.revision(run_id),
                         receipt=CancelReceipt(runId=run_id, status="cancelled"))
 

@@ -15,7 +15,7 @@ from typing import Any
 from piwf.protocol.reconcile import (
     ChildRun, ReconcileFail, ReconcileFinish, ReconcileLog, ReconcileReady, ReconcileStart, WorkflowEnsure,
 )
-from piwf.errors import ClaimLost, PiwfError, Rejected
+from piwf.errors import ClaimLost, PiwfError, ProtocolError, Rejected
 from piwf.store.api import UnitOfWork
 from piwf.wire import check_id
 from piwf.protocol.worker import (
@@ -32,8 +32,9 @@ Outcome = tuple[Result, Conclusion | None]
 
 async def handle(host: HostState, active: ActiveReconcile, message: WorkerMessage) -> WorkerResponse:
     if message.workerEpoch != active.worker_id or message.generation != active.claim.claim_number:
-        active.conclusion = Conclusion.CLAIM_LOST
-        return WorkerResponse(message.messageId, "claimLost", error="worker epoch or claim generation is stale")
+        # not its own pipe's claim: a lie, stopped by the pump as a crash (worker_messages.handle)
+        raise ProtocolError(f"a message for worker {message.workerEpoch} claim {message.generation} "
+                            f"on the pipe of worker {active.worker_id} claim {active.claim.claim_number}")
     try:
         prepared = await _prepare(host, active, message)
         handler, now = HANDLERS[type(message)], host.now()
@@ -129,7 +130,7 @@ async def _effect_reserve(host: HostState, tx: UnitOfWork, active: ActiveReconci
     p = message.payload
     state = EffectState(**await tx.controller_effects.reserve(
         active.claim.uid, active.spec_generation, p.key, generation=active.claim.claim_number, observable=p.observable,
-        now=now))
+        now=now, kind=p.kind, fingerprint=p.requestFingerprint))
     return state, Conclusion.DONE if state.state == "ambiguous" else None
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from piwf import faults
-from piwf.errors import ClaimLost, PiwfError, Rejected
+from piwf import faults, processes
+from piwf.errors import ClaimLost, PiwfError, ProtocolError, Rejected
 from piwf.status import Hold, NotificationKind
 from piwf.store.api import UnitOfWork
 from piwf.store.api.rules import STEPS_PAGE_BYTES
@@ -39,7 +39,7 @@ async def _ready(host: HostState, tx: UnitOfWork, active: ActiveRun, message: Re
     run_input, start, paused, digest = await tx.runs.ready_state(active.claim.run_id)
     held = _source_problem(message, digest)
     if held is not None:
-        await tx.queue.park_run(active.claim.run_id, active.claim.token, now, hold=Hold.SOURCE, detail=held[:2000])
+        await tx.queue.park_run(active.claim.run_id, active.claim.token, now, hold=Hold.SOURCE, detail=held)
         return ReadyResult(stop="source"), Conclusion.DONE
     steps, more = await tx.runs.accepted_steps(active.claim.run_id, budget=STEPS_PAGE_BYTES)
     result = ReadyResult(input=run_input, steps=[AcceptedStep(**step) for step in steps], more=more)
@@ -178,15 +178,38 @@ async def _effect_settle(host: HostState, tx: UnitOfWork,
 
 async def _process_register(host: HostState, tx: UnitOfWork,
           active: ActiveRun, message: ProcessRegister, now: int) -> Outcome:
+    """The host kills a registered process's group when its worker ends, so only what the
+    worker itself started may be registered (seed 000): a live direct child of the worker
+    that leads its own process group, not registered to another worker. Its identity is
+    the host's own reading of it, not the worker's word."""
     payload = message.payload
+    identity = _own_group_leader(active, payload.pid)
+    if identity != payload.identity:
+        raise Rejected(f"process {payload.pid} is not the one the worker named (its start identity differs)")
     await tx.workers.register_process(worker_id=active.worker_id, run_id=active.claim.run_id, pid=payload.pid,
-                             identity=payload.identity, node=payload.node, now=now)
+                             identity=identity, node=payload.node, now=now)
     return NOTHING, None
+
+
+def _own_group_leader(active: ActiveRun, pid: int) -> str:
+    """The start identity of ``pid``, a live child of the worker leading its own group."""
+    if pid <= 0:
+        raise Rejected(f"process pid must be positive, not {pid}")
+    found = processes.parent_and_group(pid)
+    if found is None or active.pid is None or found[0] != active.pid:
+        raise Rejected(f"process {pid} is not a child of the worker (pid {active.pid})")
+    if found[1] != pid:
+        raise Rejected(f"process {pid} does not lead its own process group (its group is {found[1]})")
+    identity = processes.identity(pid)
+    if identity is None:
+        raise Rejected(f"process {pid} is gone")
+    return identity
 
 
 async def _process_unregister(host: HostState, tx: UnitOfWork,
           active: ActiveRun, message: ProcessUnregister, now: int) -> Outcome:
-    await tx.workers.unregister_process(active.worker_id, message.payload.pid, now)
+    if not await tx.workers.unregister_process(active.worker_id, message.payload.pid, now):
+        raise Rejected(f"process {message.payload.pid} is not registered to this worker")
     return NOTHING, None
 
 
@@ -262,8 +285,11 @@ REVISING = frozenset({Ready, AttemptStart, AttemptAccept, AttemptFail, RunComple
 
 async def handle(host: HostState, active: ActiveRun, message: WorkerMessage) -> WorkerResponse:
     if message.workerEpoch != active.worker_id or message.generation != active.claim.generation:
-        active.conclusion = Conclusion.CLAIM_LOST
-        return WorkerResponse(message.messageId, "claimLost", error="worker epoch or generation is stale")
+        # Each worker has a pipe of its own: a stale worker's messages come on its own pipe,
+        # with its own claim, and the store's fence refuses them (claimLost). One that names
+        # another worker or generation than its pipe's lies: the pump stops it as a crash.
+        raise ProtocolError(f"a message for worker {message.workerEpoch} generation {message.generation} "
+                            f"on the pipe of worker {active.worker_id} generation {active.claim.generation}")
     store = host.store
     if message.messageId in active.answered:  # a repeat gets the stored answer (new ids skip the lookup)
         stored = await store.workers.read_message(message)

@@ -126,6 +126,7 @@ async def _supervise_process(host: HostState, active: Active[Any], proc: WorkerH
     diagnostics = Diagnostics()
     exited = False
     try:
+        active.pid = proc.pid
         await attach(proc.pid, proc.identity or "")
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_read_output, proc.stdout, diagnostics)

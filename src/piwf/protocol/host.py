@@ -115,8 +115,8 @@ class AnswerDecisionPayload(NoPayload, frozen=True):
 
 class TextInputSpec(Struct, frozen=True, forbid_unknown_fields=True):
     prompt: str
-    minLength: int = 1
-    maxLength: int = 4000
+    minLength: Annotated[int, Meta(ge=0, le=4000)] = 1
+    maxLength: Annotated[int, Meta(ge=1, le=4000)] = 4000
 
 
 class ChoiceSpec(Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -187,6 +187,8 @@ class UpdateReceipt(Struct):
     revision: int
     presenter: str | None
     presenterExpiresAt: str | None
+    updateSeq: Annotated[int | None, Meta(description="`progress`: the run update's seq (`run.watch` shows it)")] = (
+        None)
 
 
 class SubmitReceipt(Struct):
@@ -237,9 +239,14 @@ class HostStatus(Struct):
     undeliveredNotifications: Annotated[int, Meta(description="notifications not yet delivered to their session")]
     unresolvedTurns: Annotated[int, Meta(description="turns (eligible or not) not yet resolved by their session")]
     lifecycleContradictions: Annotated[int, Meta(description="0 unless the database was edited by hand")]
+    ambiguousEffects: Annotated[int, Meta(description="run effects whose outcome is unknown, each holding its run "
+                                                      "for an operator (`piwf run resolve-effect`)")] = 0
     pendingControllers: Annotated[int, Meta(description="resources with a reconcile queued (due now or later)")] = 0
     heldControllers: Annotated[int, Meta(description="resources held after a permanent error or an ambiguous "
                                                      "effect")] = 0
+    ambiguousControllerEffects: Annotated[int, Meta(description="reconcile effects whose outcome is unknown, each "
+                                                                "holding its resource (`piwf controller "
+                                                                "resolve-effect`)")] = 0
     activeControllerWorkers: Annotated[int, Meta(description="reconciles running now")] = 0
     maxControllerWorkers: int = 4
 
@@ -318,7 +325,9 @@ class RunDetail(RunSummary):
     definitionDigest: str
     input: Any
     output: Any
-    error: Annotated[dict[str, Any] | None, Meta(description="`type`, `message`, `node`, `traceback`")]
+    error: Annotated[dict[str, Any] | None, Meta(description="`type`, `message`, `node`, `traceback`, `where` "
+                                                              "(`file`, `line`, `function`, `code` in the user's "
+                                                              "code, or null)")]
     steps: Annotated[list[Step], Meta(description="every node attempt, in order")]
     workers: list[WorkerSummary]
     effects: list[EffectSummary]

@@ -16,7 +16,8 @@ import msgspec
 from piwf.protocol.steering import WorkflowChangeSettings, WorkflowQueueFollowUp, WorkflowRemoveFollowUp
 from piwf.wire import decode_with
 from piwf.protocol.worker import (
-    Count, EffectApply, EffectReserve, EffectSettle, Payload, Result, Text, WorkerMessage,
+    RECONCILE_LAUNCH_SCHEMA, WORKER_PROTOCOL_VERSION, Count, EffectApply, EffectReserve, EffectSettle, LoadError,
+    Payload, Result, Text, WorkerMessage,
 )
 
 LAUNCH_VAR = "PIWF_RECONCILE_LAUNCH"
@@ -29,6 +30,8 @@ class ReconcileLaunch(msgspec.Struct, forbid_unknown_fields=True):
     workerEpoch: str
     projectPath: str
     controller: str
+    schema: str = RECONCILE_LAUNCH_SCHEMA
+    protocolVersion: int = WORKER_PROTOCOL_VERSION
 
 
 # --- payloads --------------------------------------------------------------------------------
@@ -38,7 +41,7 @@ class ReconcileReadyPayload(Payload, frozen=True):
     """The controller loaded (with its timeout), or why it could not."""
 
     timeoutS: float | None = None
-    loadError: str | None = None
+    loadError: LoadError | None = None
 
 
 class ReconcileFinishPayload(Payload, frozen=True):

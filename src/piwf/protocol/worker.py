@@ -12,8 +12,9 @@ worker always come from the same installation.
 
 from __future__ import annotations
 
+import base64
 import hashlib
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
@@ -45,11 +46,15 @@ class WorkerMessage(msgspec.Struct, tag_field="operation", forbid_unknown_fields
 # --- payloads ------------------------------------------------------------------------------
 
 
+LOAD_ERROR_LIMIT = 8192  # characters of why a workflow or controller did not load (seed: error text)
+LoadError = Annotated[str, msgspec.Meta(max_length=LOAD_ERROR_LIMIT)]
+
+
 class ReadyPayload(Payload, frozen=True):
     """What the worker loaded: its workflow's digest, or why it could not load it."""
 
     digest: str | None = None
-    loadError: str | None = None
+    loadError: LoadError | None = None
 
 
 class AttemptStartPayload(Payload, frozen=True):
@@ -86,6 +91,9 @@ class EffectReservePayload(Payload, frozen=True):
     key: Text
     node: Text
     observable: bool
+    # a reconcile's effect: the action the key names (a reused key for another is a conflict)
+    kind: Annotated[str, msgspec.Meta(min_length=1, max_length=128)] | None = None
+    requestFingerprint: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")] | None = None
 
 
 class EffectKeyPayload(Payload, frozen=True):
@@ -296,6 +304,11 @@ class WorkerResponse(msgspec.Struct, omit_defaults=True):
     error: str | None = None
 
 
+WORKER_LAUNCH_SCHEMA = "piwf.worker-launch.v1"
+RECONCILE_LAUNCH_SCHEMA = "piwf.reconcile-launch.v1"
+WORKER_PROTOCOL_VERSION = 1  # the messages of this module; a worker refuses any other
+
+
 class LaunchEnvelope(msgspec.Struct, forbid_unknown_fields=True):
     runId: str
     generation: int
@@ -304,6 +317,42 @@ class LaunchEnvelope(msgspec.Struct, forbid_unknown_fields=True):
     workflow: str
     definitionDigest: str
     inputHash: str
+    schema: str = WORKER_LAUNCH_SCHEMA
+    protocolVersion: int = WORKER_PROTOCOL_VERSION
+
+
+class LaunchRefused(ValueError):
+    """A launch envelope this worker cannot follow: unreadable, or of another schema or
+    protocol version (a host and its workers from different piwf releases)."""
+
+
+class _LaunchHeader(msgspec.Struct):
+    """What says which envelope this is, read before the rest (whose fields may differ)."""
+
+    schema: str | None = None
+    protocolVersion: int | None = None
+
+
+E = TypeVar("E", bound=msgspec.Struct)
+
+
+def decode_launch(raw: str, schema: str, kind: type[E]) -> E:
+    """The envelope in ``raw`` (base64url JSON), as ``kind``; LaunchRefused, with one line
+    saying why, unless it is a ``schema`` envelope of WORKER_PROTOCOL_VERSION."""
+    try:
+        data = base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4))
+        header = msgspec.json.decode(data, type=_LaunchHeader)
+    except (ValueError, msgspec.DecodeError) as exc:
+        raise LaunchRefused(f"the launch envelope is unreadable: {exc}") from None
+    if header.schema != schema or header.protocolVersion != WORKER_PROTOCOL_VERSION:
+        raise LaunchRefused(
+            f"the launch envelope is {header.schema or 'of no schema'}, protocol version {header.protocolVersion}; "
+            f"this worker follows {schema}, protocol version {WORKER_PROTOCOL_VERSION} (the host and its workers "
+            "must be the same piwf)")
+    try:
+        return msgspec.json.decode(data, type=kind)
+    except msgspec.DecodeError as exc:
+        raise LaunchRefused(f"the launch envelope is unreadable: {exc}") from None
 
 
 # --- the fork server's control socket (host ↔ template; see worker/forkserver.py) --------

@@ -1,9 +1,12 @@
 """The worker's side of the host pipe: one request, one answer, in order.
 
 The protocol runs on its own pipe descriptors, so user code printing to stdout cannot
-corrupt it. A watcher thread waits for the pipe's hang-up: if the host goes away, the
-worker's whole process group is killed at once, even while user code runs: a run must
-never go on without its host.
+corrupt it. A node may call ``ctx`` from several threads: one request and its answer are
+one turn under a lock, so each answer reaches the call that asked (and says so: its
+``messageId`` is the request's, else the worker stops with a protocol error). A watcher
+thread waits for the pipe's hang-up: if the host goes away, the worker's whole process
+group is killed at once, even while user code runs: a run must never go on without its
+host.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import NoReturn, TypeVar
 import msgspec
 
 from piwf import faults
-from piwf.errors import ClaimLost, HostRefused
+from piwf.errors import ClaimLost, HostRefused, ProtocolError
 from piwf.wire import LineBuffer, encode_line
 from piwf.protocol.worker import MAX_WORKER_LINE, Payload, WorkerMessage, parse_worker_response
 
@@ -36,6 +39,7 @@ class Channel:
         self.generation = generation
         self.revision = 0
         self._sent = 0
+        self._turn = threading.Lock()  # one request and its answer at a time, whichever thread asks
         self.children: set[int] = set()  # process groups of registered shell processes
         threading.Thread(target=self._watch, daemon=True, name="piwf-host-watch").start()
 
@@ -68,22 +72,27 @@ class Channel:
 
     def request(self, kind: type[WorkerMessage], payload: Payload | None = None, result: type[R] | None = None) -> R:
         """Send one message of ``kind`` and wait for its answer; its result converted to
-        ``result`` when given. ClaimLost or HostRefused when the host did not accept it."""
-        self._sent += 1
+        ``result`` when given. ClaimLost or HostRefused when the host did not accept it.
+        Safe from any thread: the turn's lock covers the request, its answer and the
+        revision the answer carries (the next request expects it)."""
         fields = {} if payload is None else {"payload": payload}
-        message = kind(messageId=f"m{self._sent}", workerEpoch=self.worker_id, generation=self.generation,
-                       expectedRevision=self.revision, **fields)
-        line = encode_line(message)
-        if len(line) > MAX_WORKER_LINE:
-            raise HostRefused(f"{message.operation} message is {len(line)} bytes, "
-                              f"over the {MAX_WORKER_LINE}-byte limit")
-        _write_all(self._write_fd, line)
-        faults.point("worker.message.sent")
-        answer = self._next_answer()
-        faults.point("worker.answer.received")
-        response = parse_worker_response(answer)
-        if response.revision is not None:
-            self.revision = response.revision
+        with self._turn:
+            self._sent += 1
+            message = kind(messageId=f"m{self._sent}", workerEpoch=self.worker_id, generation=self.generation,
+                           expectedRevision=self.revision, **fields)
+            line = encode_line(message)
+            if len(line) > MAX_WORKER_LINE:
+                raise HostRefused(f"{message.operation} message is {len(line)} bytes, "
+                                  f"over the {MAX_WORKER_LINE}-byte limit")
+            _write_all(self._write_fd, line)
+            faults.point("worker.message.sent")
+            answer = self._next_answer()
+            faults.point("worker.answer.received")
+            response = parse_worker_response(answer)
+            if response.messageId != message.messageId:
+                raise ProtocolError(f"the host answered {response.messageId} to {message.messageId}")
+            if response.revision is not None:
+                self.revision = response.revision
         if response.outcome == "claimLost":
             raise ClaimLost(response.error or "claim lost")
         if response.outcome != "accepted":

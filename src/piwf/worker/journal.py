@@ -7,6 +7,8 @@ The run worker (``piwf.worker.main``) gives it to the engine; a reconcile worker
 
 from __future__ import annotations
 
+import threading
+from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +34,9 @@ class HostJournal:
         self.finished = False  # the run was completed with its last node's output
         self.submissions: dict[str, PendingSubmission] = {}  # waiting attempt -> submission to validate
         self.settings_of: dict[str, Any] = {}  # attempt -> the run's settings when it started
+        # One effect key at a time: threads of a node sharing a key wait for the first to
+        # settle it, then get its stored result (apply() runs once).
+        self._effect_locks: defaultdict[str, threading.Lock] = defaultdict(threading.Lock)
 
     def start(self, seq: int, node: str) -> str:
         started, self.started = self.started, None
@@ -58,9 +63,16 @@ class HostJournal:
     def fail(self, attempt_id: str, error: dict[str, Any]) -> None:
         self.channel.request(AttemptFail, AttemptFailPayload(attemptId=attempt_id, error=error))
 
-    def effect(self, node: str, key: str, apply: Callable[[], Any], observe: Callable[[], Any] | None) -> Any:
-        state = self.channel.request(EffectReserve, EffectReservePayload(key=key, node=node,
-                                                                         observable=observe is not None), EffectState)
+    def effect(self, node: str, key: str, apply: Callable[[], Any], observe: Callable[[], Any] | None, *,
+               kind: str | None = None, fingerprint: str | None = None) -> Any:
+        with self._effect_locks[key]:  # defaultdict's insertion is atomic under the GIL
+            return self._effect(node, key, apply, observe, kind, fingerprint)
+
+    def _effect(self, node: str, key: str, apply: Callable[[], Any], observe: Callable[[], Any] | None,
+                kind: str | None, fingerprint: str | None) -> Any:
+        state = self.channel.request(EffectReserve, EffectReservePayload(
+            key=key, node=node, observable=observe is not None, kind=kind, requestFingerprint=fingerprint),
+            EffectState)
         if state.state == "applied":
             return state.result
         if state.state == "rejected":
@@ -117,8 +129,12 @@ class HostJournal:
         identity = processes.identity(pid)
         if identity is None:  # cannot happen before the gate opens: the process waits for it
             raise PiwfError(f"shell process {pid} vanished before it was registered")
-        self.channel.children.add(pid)
-        self.channel.request(ProcessRegister, ProcessRegisterPayload(pid=pid, identity=identity, node=node))
+        self.channel.children.add(pid)  # killed with the worker should the host go, registered or not
+        try:
+            self.channel.request(ProcessRegister, ProcessRegisterPayload(pid=pid, identity=identity, node=node))
+        except PiwfError:
+            self.channel.children.discard(pid)  # not registered: nothing to unregister
+            raise
 
     def process_ended(self, pid: int) -> None:
         if pid in self.channel.children:
@@ -127,9 +143,9 @@ class HostJournal:
 
 
 def _json_result(value: Any, key: str, where: str) -> Any:
-    """An effect's result is stored and sent back like a node's output: same limits."""
+    """An effect's result is stored and sent back like a node's output: same limits, and
+    handed to its caller as a replay would (a tuple as a list)."""
     try:
-        check_output(value)
+        return check_output(value, f"the value {where} returned")
     except (TypeError, ValueError) as exc:
-        raise TypeError(f"effect {key!r}: {where} returned an unusable value: {exc}") from exc
-    return value
+        raise TypeError(f"effect {key!r}: {exc}") from exc

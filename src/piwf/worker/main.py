@@ -7,11 +7,8 @@ Launched by the host with ``$PIWF_WORKER_LAUNCH`` (base64url JSON envelope) and
 
 from __future__ import annotations
 
-import base64
 import os
 import sys
-
-import msgspec
 
 from piwf import faults
 from piwf.engine.executor import Step, Stop, describe_error, execute
@@ -19,8 +16,8 @@ from piwf.engine.definition import Workflow
 from piwf.engine.loader import load_workflow
 from piwf.errors import ClaimLost, DefinitionError, NodeFailed, PiwfError, WorkflowLoadError
 from piwf.protocol.worker import (
-    LaunchEnvelope, Ready, ReadyPayload, ReadyResult, RunComplete, RunCompletePayload, RunFail,
-    RunFailPayload, StepsPage, StepsRead, StepsReadPayload,
+    LOAD_ERROR_LIMIT, WORKER_LAUNCH_SCHEMA, LaunchEnvelope, LaunchRefused, Ready, ReadyPayload, ReadyResult,
+    RunComplete, RunCompletePayload, RunFail, RunFailPayload, StepsPage, StepsRead, StepsReadPayload, decode_launch,
 )
 from piwf.worker.channel import Channel
 from piwf.worker.journal import HostJournal
@@ -32,10 +29,11 @@ EXIT_OK = 0
 EXIT_REFUSED = 4  # the host refused one of its messages (a full disk, a stale revision)
 
 
+EXIT_LAUNCH = 5  # the launch envelope was not one this worker follows (LaunchRefused)
+
+
 def read_envelope() -> LaunchEnvelope:
-    raw = os.environ["PIWF_WORKER_LAUNCH"]
-    data = base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4))
-    return msgspec.json.decode(data, type=LaunchEnvelope)
+    return decode_launch(os.environ["PIWF_WORKER_LAUNCH"], WORKER_LAUNCH_SCHEMA, LaunchEnvelope)
 
 
 def run(envelope: LaunchEnvelope, channel: Channel) -> None:
@@ -76,7 +74,7 @@ def _load(envelope: LaunchEnvelope) -> tuple[Workflow | None, ReadyPayload]:
     try:
         workflow = load_workflow(envelope.projectPath, envelope.workflow)
     except (WorkflowLoadError, DefinitionError) as exc:
-        return None, ReadyPayload(loadError=str(exc)[:1500])
+        return None, ReadyPayload(loadError=str(exc)[:LOAD_ERROR_LIMIT])
     return workflow, ReadyPayload(digest=workflow.digest())
 
 
@@ -87,7 +85,11 @@ def main() -> int:
         from piwf.worker.reconcile import main as reconcile_main
 
         return reconcile_main()
-    envelope = read_envelope()
+    try:
+        envelope = read_envelope()
+    except LaunchRefused as exc:  # before any message: nothing was done
+        print(f"piwf worker: {exc}", file=sys.stderr)
+        return EXIT_LAUNCH
     read_fd, write_fd = (int(fd) for fd in os.environ["PIWF_WORKER_FDS"].split(","))
     channel = Channel(read_fd, write_fd, worker_id=envelope.workerEpoch, generation=envelope.generation)
     try:

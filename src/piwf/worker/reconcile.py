@@ -9,7 +9,6 @@ says ready (the host answers with the resource), calls ``reconcile(ctx)`` and re
 
 from __future__ import annotations
 
-import base64
 import os
 import sys
 import traceback
@@ -31,11 +30,15 @@ from piwf.controllers import Controller, Resource, Result
 from piwf.controllers.loader import load_controller
 from piwf.engine.executor import EffectRejected, Stop
 from piwf.errors import ClaimLost, PermanentError, PiwfError, TemporaryError
-from piwf.wire import canonical_json
+from piwf.wire import canonical_json, sha256_hex
 from piwf.worker.journal import HostJournal
 from piwf.worker.channel import Channel
+from piwf.protocol.worker import LOAD_ERROR_LIMIT, RECONCILE_LAUNCH_SCHEMA, LaunchRefused, decode_launch
+
+EXIT_LAUNCH = 5  # as a run's worker: the launch envelope was not one this worker follows
 
 TRACEBACK_TAIL = 4000
+DEFAULT_KIND = "effect"
 
 
 class Effects:
@@ -44,14 +47,24 @@ class Effects:
     def __init__(self, channel: Channel) -> None:
         self._journal = HostJournal(channel)  # the run worker's effect steps, reused as they are
 
-    def ensure(self, key: str, apply: Callable[[], Any], observe: Callable[[], Any] | None = None) -> Any:
+    def ensure(self, key: str, apply: Callable[[], Any], observe: Callable[[], Any] | None = None, *,
+               kind: str = DEFAULT_KIND, request: Any = None) -> Any:
         """Apply ``apply()`` once for this key and spec generation and return its result; a
         later pass gets the stored result. ``observe()`` (result, or None when not applied)
         lets a pass after a crash mid-apply find out instead of holding the resource. An
         exception from ``apply()`` fails the pass and the next pass applies it again; a
-        ``PermanentError`` from it is stored and raised again for this spec generation."""
+        ``PermanentError`` from it is stored and raised again for this spec generation.
+        ``kind`` (text) names the action and ``request`` (JSON) what it is asked to do: with
+        the key they are the effect's identity, so the key reused for another kind or
+        request fails the pass (a conflict) instead of returning the other action's result."""
+        if not isinstance(kind, str) or not 0 < len(kind) <= 128:
+            raise PiwfError(f"effect {key!r}: kind must be text of 1 to 128 characters, not {kind!r}")
         try:
-            return self._journal.effect(EFFECT_NODE, key, apply, observe)
+            fingerprint = sha256_hex(canonical_json(request))
+        except (TypeError, msgspec.EncodeError) as exc:
+            raise PiwfError(f"effect {key!r}: request must be JSON ({exc})") from None
+        try:
+            return self._journal.effect(EFFECT_NODE, key, apply, observe, kind=kind, fingerprint=fingerprint)
         except EffectRejected as exc:  # only a PermanentError is stored as rejected
             raise PermanentError(f"effect {key!r}: {exc.error.get('message', '')}") from None
 
@@ -110,8 +123,7 @@ class ReconcileContext:
 
 
 def read_launch() -> ReconcileLaunch:
-    raw = os.environ[LAUNCH_VAR]
-    return msgspec.json.decode(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)), type=ReconcileLaunch)
+    return decode_launch(os.environ[LAUNCH_VAR], RECONCILE_LAUNCH_SCHEMA, ReconcileLaunch)
 
 
 def run(launch: ReconcileLaunch, channel: Channel) -> None:
@@ -168,12 +180,16 @@ def _load(launch: ReconcileLaunch) -> tuple[Controller | None, ReconcileReadyPay
     try:
         controller = load_controller(launch.projectPath, launch.controller)
     except PiwfError as exc:
-        return None, ReconcileReadyPayload(loadError=str(exc)[:1500])
+        return None, ReconcileReadyPayload(loadError=str(exc)[:LOAD_ERROR_LIMIT])
     return controller, ReconcileReadyPayload(timeoutS=float(controller.timeout))
 
 
 def main() -> int:
-    launch = read_launch()
+    try:
+        launch = read_launch()
+    except LaunchRefused as exc:  # before any message: nothing was done
+        print(f"piwf reconcile worker: {exc}", file=sys.stderr)
+        return EXIT_LAUNCH
     read_fd, write_fd = (int(fd) for fd in os.environ["PIWF_WORKER_FDS"].split(","))
     channel = Channel(read_fd, write_fd, worker_id=launch.workerEpoch, generation=launch.generation)
     try:

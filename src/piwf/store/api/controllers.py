@@ -130,10 +130,12 @@ class ControllerEffectsStore(Protocol):
 
     async def reserve(
             self, uid: str, spec_generation: int, key: str, *, generation: int, observable: bool, now: int,
+            kind: str | None = None, fingerprint: str | None = None,
     ) -> dict[str, Any]:
         """What ``ctx.effects.ensure(key, ...)`` must do next: ``new`` (apply it), ``applied`` / ``rejected``
-        (return or raise what is stored), ``observe``, or ``ambiguous`` (the resource is now held). Raises
-        Rejected.
+        (return or raise what is stored), ``observe``, or ``ambiguous`` (the resource is now held). The
+        effect is identified by its key, ``kind`` and request ``fingerprint``: the key reserved before for
+        another kind or fingerprint raises Conflict. Raises Rejected.
         """
 
     async def begin_apply(self, uid: str, spec_generation: int, key: str, *, generation: int, now: int) -> None:

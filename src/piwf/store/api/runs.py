@@ -255,10 +255,10 @@ class WorkersStore(Protocol):
 
     async def register_process(
             self, *, worker_id: str, run_id: str, pid: int, identity: str, node: str | None, now: int) -> None:
-        ...
+        """Conflict when that process (pid and identity) is registered live to another worker."""
 
-    async def unregister_process(self, worker_id: str, pid: int, now: int) -> None:
-        ...
+    async def unregister_process(self, worker_id: str, pid: int, now: int) -> bool:
+        """Whether ``pid`` was registered live to this worker."""
 
     async def live_processes(self, worker_ids: list[str]) -> list[tuple[str, int, str]]:
         """(worker id, pid, identity) of registered processes not yet known to be gone."""

@@ -32,6 +32,16 @@ def add_event(db: Database, run_id: str, kind: str, payload: dict[str, Any], now
     return event_id
 
 
+def store_update(db: Database, run_id: str, type: str, key: str, data: Any, now: int) -> int:
+    """Replace the run's live update (type, key) with ``data`` (checked by the caller) and
+    add its ``update`` event, whose id is returned as the update's seq."""
+    seq = add_event(db, run_id, "update", {"updateType": type, "key": key}, now)
+    db.execute("""INSERT INTO run_updates (run_id, type, key, data_json, seq, updated_at) VALUES (?, ?, ?, ?, ?, ?)
+                  ON CONFLICT (run_id, type, key) DO UPDATE SET data_json = excluded.data_json, seq = excluded.seq,
+                    updated_at = excluded.updated_at""", (run_id, type, key, canonical_json(data).decode(), seq, now))
+    return seq
+
+
 def revision_of(db: Database, run_id: str) -> int | None:
     """The run's revision, None for an unknown run."""
     revision: int | None = db.scalar("SELECT revision FROM runs WHERE run_id = ?", (run_id,))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from piwf.errors import NotFound, Rejected
+from piwf.errors import Conflict, NotFound, Rejected
 from piwf.wire import canonical_json, sha256_hex
 from piwf.store.sql import ledger
 from piwf.store.sql.controller_queue import hold_for_effect, release_effect_hold, set_workflow_run
@@ -33,12 +33,37 @@ LEDGER = ledger.Ledger(
 
 @atomic
 def reserve(db: Database, uid: str, spec_generation: int, key: str, *, generation: int, observable: bool,
-            now: int) -> dict[str, Any]:
+            now: int, kind: str | None = None, fingerprint: str | None = None) -> dict[str, Any]:
     """What ``ctx.effects.ensure(key, ...)`` must do next: ``new`` (apply it), ``applied`` /
     ``rejected`` (return or raise what is stored), ``observe``, or ``ambiguous`` (the
-    resource is now held)."""
-    return ledger.reserve(LEDGER, db, (uid, spec_generation, key), generation=generation, observable=observable,
-                          now=now)
+    resource is now held). An effect is its key, kind and request fingerprint (seed): the
+    key reserved for another kind or request is a Conflict, never the other's result."""
+    ident = (uid, spec_generation, key)
+    _same_action(db, ident, kind, fingerprint)
+    return ledger.reserve(LEDGER, db, ident, generation=generation, observable=observable, now=now,
+                          columns={"kind": kind, "request_fingerprint": fingerprint})
+
+
+def _same_action(db: Database, ident: ledger.Ident, kind: str | None, fingerprint: str | None) -> None:
+    """Conflict unless the effect ``ident`` (if reserved) was reserved for this kind and
+    request. A row made before layout 11 (no kind, no fingerprint) takes this caller's.
+    Read, then written, under the reconcile's claim (its fence holds the resource's queue
+    row): no other writer reserves the resource's effects meanwhile."""
+    row = db.one(f"SELECT kind, request_fingerprint FROM controller_effects WHERE {LEDGER.where}", ident)
+    if row is None:
+        return
+    stored_kind, stored_fingerprint = row
+    if stored_kind is None and stored_fingerprint is None:
+        db.execute(f"UPDATE controller_effects SET kind = ?, request_fingerprint = ? WHERE {LEDGER.where}",
+                   (kind, fingerprint, *ident))
+        return
+    if stored_kind != kind:
+        raise Conflict(f"effect {ident[-1]!r} conflicts: it was reserved for kind {stored_kind!r}, not {kind!r}: "
+                       "a key names one action (use another key for another action)")
+    if stored_fingerprint != fingerprint:
+        raise Conflict(f"effect {ident[-1]!r} ({kind}) conflicts: it was reserved for another request (fingerprint "
+                       f"{(stored_fingerprint or '')[:12]}, not {(fingerprint or '')[:12]}): a key names one action "
+                       "(use another key for another request)")
 
 
 @atomic
@@ -107,10 +132,10 @@ def record_child(db: Database, uid: str, request_key: str, workflow: str, run_in
     add_resource_event(db, uid, "workflow_started", {"requestKey": request_key, "runId": run_id}, now)
     child = {"requestKey": request_key, "runId": run_id, "state": "running", "attempt": 1}
     seen = db.scalar("SELECT resource_version FROM controller_resources WHERE uid = ?", (uid,))
-    set_workflow_run(db, uid, child, now)
-    # The reconcile's own write: its result still compares against what it was shown.
-    db.execute("""UPDATE controller_queue SET claim_resource_version = claim_resource_version + 1
-                  WHERE uid = ? AND claim_resource_version = ?""", (uid, seen))
+    if set_workflow_run(db, uid, child, now):
+        # The reconcile's own write: its result still compares against what it was shown.
+        db.execute("""UPDATE controller_queue SET claim_resource_version = claim_resource_version + 1
+                      WHERE uid = ? AND claim_resource_version = ?""", (uid, seen))
     return {**child, "output": None}
 
 

@@ -263,12 +263,24 @@ def _release(db: Database, uid: str, now: int, due: int | None, *, errors: int |
                   WHERE uid = ?""", (due, errors, last_error is not False, last_error or None, hold, now, uid))
 
 
-def _write_status(db: Database, uid: str, status: dict[str, Any], finalizers: list[str], now: int) -> None:
+# The stored status and finalizers are these (a JSON value is stored canonically, either
+# inline or by hash, so equal values have equal columns).
+SAME_STATUS = """COALESCE(status_json, '') = COALESCE(?, '') AND COALESCE(status_hash, '') = COALESCE(?, '')
+  AND finalizers_json = ?"""
+
+
+def _write_status(db: Database, uid: str, status: dict[str, Any], finalizers: list[str], now: int) -> bool:
+    """Write the status and finalizers, bumping resourceVersion, unless they are the stored
+    ones: an identical write changes nothing, not even the version (seed; DESIGN §9).
+    Whether it wrote; the comparison is the UPDATE's own."""
     check_json_size(status, "status")
     status_json, status_hash = db.put_json(status, now)
-    db.execute("""UPDATE controller_resources SET status_json = ?, status_hash = ?, finalizers_json = ?,
-                    resource_version = resource_version + 1, updated_at = ? WHERE uid = ?""",
-               (status_json, status_hash, canonical_json(finalizers).decode(), now, uid))
+    encoded = canonical_json(finalizers).decode()
+    db.execute(f"""UPDATE controller_resources SET status_json = ?, status_hash = ?, finalizers_json = ?,
+                     resource_version = resource_version + 1, updated_at = ?
+                   WHERE uid = ? AND NOT ({SAME_STATUS})""",
+               (status_json, status_hash, encoded, now, uid, status_json, status_hash, encoded))
+    return db.changes() == 1
 
 
 def _set_condition(db: Database, uid: str, condition: dict[str, Any], now: int) -> None:
@@ -280,15 +292,14 @@ def _set_condition(db: Database, uid: str, condition: dict[str, Any], now: int) 
     _write_status(db, uid, status, decode_json(row[3].encode()), now)
 
 
-def set_workflow_run(db: Database, uid: str, workflow_run: dict[str, Any], now: int) -> None:
+def set_workflow_run(db: Database, uid: str, workflow_run: dict[str, Any], now: int) -> bool:
+    """Show the child run in ``status.workflowRun``; whether that changed the resource."""
     row = db.one("SELECT status_json, status_hash, finalizers_json FROM controller_resources WHERE uid = ?", (uid,))
     if row is None:
-        return
+        return False
     status = dict(db.get_json(row[0], row[1]) or {})
-    if status.get("workflowRun") == workflow_run:
-        return
     status["workflowRun"] = workflow_run
-    _write_status(db, uid, status, decode_json(row[2].encode()), now)
+    return _write_status(db, uid, status, decode_json(row[2].encode()), now)
 
 
 def merge_conditions(old: list[dict[str, Any]], new: list[dict[str, Any]], generation: int,

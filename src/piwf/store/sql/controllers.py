@@ -207,7 +207,8 @@ def list_resources(db: Database, project: str | None, controller: str | None) ->
 def status_counts(db: Database, now: int) -> dict[str, int]:
     pending = db.scalar("""SELECT COUNT(*) FROM controller_queue WHERE available_at IS NOT NULL AND hold IS NULL""")
     held = db.scalar("SELECT COUNT(*) FROM controller_queue WHERE hold IS NOT NULL")
-    return {"pendingControllers": pending, "heldControllers": held}
+    ambiguous = db.scalar("SELECT COUNT(*) FROM controller_effects WHERE status = 'ambiguous'")
+    return {"pendingControllers": pending, "heldControllers": held, "ambiguousControllerEffects": ambiguous}
 
 
 def _fields(db: Database, row: tuple[Any, ...]) -> dict[str, Any]:

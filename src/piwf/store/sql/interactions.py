@@ -24,7 +24,7 @@ from piwf.status import AttemptStatus, Provenance, RequestStatus, SubmissionStat
 from piwf.wire import canonical_json, decode_json
 from piwf.protocol.worker import InteractionOpenPayload, PendingSubmission
 from piwf.store.sql.database import Database, atomic
-from piwf.store.sql.base import LIVE, add_event, require_claim
+from piwf.store.sql.base import LIVE, add_event, require_claim, store_update
 from piwf.store.sql.database import one_of
 from piwf.store.sql.timefmt import iso
 
@@ -389,9 +389,11 @@ def submit(db: Database, *, request_id: str, value: Any, session_id: str | None,
 
 def update(db: Database, *, request_id: str, expected_revision: int, action: UpdateAction, client_id: str,
            entry_id: str | None, progress: str | None, lease_ms: int, now: int) -> UpdateReceipt:
-    """Presentation claims (seed rules): ``claim`` needs the current revision and a request
-    pending, or presenting by the same client or with an expired claim; ``presented`` and
-    ``progress`` need the current revision of an open request."""
+    """Presentation claims and progress (seed rules): ``claim`` needs the current revision
+    and a request pending, or presenting by the same client or with an expired claim, and
+    not yet presented; ``presented`` ends presentation claiming (the request stays
+    ``presenting``, with no presenter); ``progress`` needs the current revision and the
+    request's attempt still waiting, and is published as a run update."""
     with db.write():
         row = db.one("""SELECT status, revision, presenter, presenter_expires_at, entry_id
                         FROM interaction_requests WHERE request_id = ?""", (request_id,))
@@ -402,37 +404,65 @@ def update(db: Database, *, request_id: str, expected_revision: int, action: Upd
             raise Rejected(f"request {request_id} is {status}")
         if expected_revision != revision:
             raise Conflict(f"request {request_id} is at revision {revision}, not {expected_revision}")
-        sets: tuple[str, tuple[Any, ...]]
+        if action is UpdateAction.PROGRESS:
+            return _progress(db, request_id, revision, progress, now)
         if action is UpdateAction.CLAIM:
-            held = status == RequestStatus.PRESENTING and presenter != client_id and (expires or 0) > now
-            if held:
+            if entry is not None:  # presented: nobody claims (and shows) it again
+                raise Conflict(f"request {request_id} was presented as {entry}; its presentation is over")
+            if status == RequestStatus.PRESENTING and presenter != client_id and (expires or 0) > now:
                 raise Conflict(f"request {request_id} is being presented by {presenter}")
-            sets = ("status = 'presenting', presenter = ?, presenter_expires_at = ?", (client_id, now + lease_ms))
-        elif action is UpdateAction.PRESENTED:
+            sets: tuple[str, tuple[Any, ...]] = ("status = 'presenting', presenter = ?, presenter_expires_at = ?",
+                                                 (client_id, now + lease_ms))
+            guard: tuple[str, tuple[Any, ...]] = ("entry_id IS NULL", ())
+        else:
             if entry_id is None:
                 raise Rejected("action presented needs entryId")
             if entry is not None and entry != entry_id:
                 raise Conflict(f"request {request_id} was presented as {entry}")
-            sets = ("status = 'pending', presenter = NULL, presenter_expires_at = NULL, entry_id = ?", (entry_id,))
-        else:
-            if progress is None:
-                raise Rejected("action progress needs progress")
-            sets = ("progress = ?", (progress,))
-        return _apply_update(db, request_id, revision, sets, now)
+            sets = ("status = 'presenting', presenter = NULL, presenter_expires_at = NULL, entry_id = ?",
+                    (entry_id,))
+            guard = ("(entry_id IS NULL OR entry_id = ?)", (entry_id,))
+        return _apply_update(db, request_id, revision, sets, guard, now)
 
 
 def _apply_update(db: Database, request_id: str, revision: int, sets: tuple[str, tuple[Any, ...]],
-                  now: int) -> UpdateReceipt:
-    """The update, a compare-and-set on the revision checked (and the request still open)."""
+                  guard: tuple[str, tuple[Any, ...]], now: int) -> UpdateReceipt:
+    """The update, a compare-and-set on the revision checked (the request still open, and
+    ``guard`` still holding)."""
     row = db.one(f"""UPDATE interaction_requests SET {sets[0]}, revision = revision + 1, updated_at = ?
-                     WHERE request_id = ? AND revision = ? AND {OPEN}
+                     WHERE request_id = ? AND revision = ? AND {OPEN} AND {guard[0]}
                      RETURNING status, revision, presenter, presenter_expires_at""",
-                 (*sets[1], now, request_id, revision))
+                 (*sets[1], now, request_id, revision, *guard[1]))
     if row is None:
         raise Conflict(f"request {request_id} changed meanwhile (it was at revision {revision})")
     status, revision, presenter, expires = row
     return UpdateReceipt(requestId=request_id, status=status, revision=revision, presenter=presenter,
                          presenterExpiresAt=iso(expires))
+
+
+PROGRESS_UPDATE = "interaction.progress"  # the run update's type; its key is the request id
+
+
+def _progress(db: Database, request_id: str, revision: int, progress: str | None, now: int) -> UpdateReceipt:
+    """Progress on a request is a run update (type ``interaction.progress``, keyed by the
+    request): published, seen by ``run.watch``, kept on the request for the inbox. Only
+    while the request's attempt still waits (a stale attempt is a conflict); the request's
+    revision is the compare-and-set token and is not bumped (seed)."""
+    if progress is None:
+        raise Rejected("action progress needs progress")
+    row = db.one(f"""UPDATE interaction_requests SET progress = ?, updated_at = ?
+                     WHERE request_id = ? AND revision = ? AND {OPEN} AND EXISTS (
+                       SELECT 1 FROM node_attempts a WHERE a.attempt_id = interaction_requests.attempt_id
+                         AND a.status = 'waiting')
+                     RETURNING run_id, node_id, status, presenter, presenter_expires_at""",
+                 (progress, now, request_id, revision))
+    if row is None:
+        raise Conflict(f"request {request_id} is stale: its attempt no longer waits (or it changed meanwhile)")
+    run_id, node, status, presenter, expires = row
+    seq = store_update(db, run_id, PROGRESS_UPDATE, request_id,
+                       {"requestId": request_id, "nodeId": node, "progress": progress}, now)
+    return UpdateReceipt(requestId=request_id, status=status, revision=revision, presenter=presenter,
+                         presenterExpiresAt=iso(expires), updateSeq=seq)
 
 
 # --- deadlines and cancellation --------------------------------------------------------------

@@ -34,11 +34,21 @@ def claim_next_run(
     db: Database, *, runner_id: str, token: str, lease_ms: int, now: int, epoch: int,
     exclude: frozenset[str] = frozenset(),
 ) -> Claim | None:
-    """Claim the oldest claimable run not in ``exclude``, or None."""
+    """Claim the oldest claimable run not in ``exclude``, or None; a run with a submission
+    waiting to be validated comes before the rest of the queue."""
     excluded = {f"x{i}": run_id for i, run_id in enumerate(sorted(exclude))}
     not_in = f"AND q.run_id NOT IN ({', '.join(':' + k for k in excluded)})" if excluded else ""
     params = {"now": now, **excluded}
     with db.write():
+        # First a ready run with a submission waiting to be validated (seed: a person waits
+        # on it; few, found through the validating submissions' own index).
+        validating = db.one(f"""SELECT q.run_id FROM interaction_submissions s
+                                JOIN interaction_requests r ON r.request_id = s.request_id
+                                JOIN run_queue q ON q.run_id = r.run_id
+                                WHERE s.status = 'validating' AND {READY} AND {SESSION_FREE} {not_in}
+                                ORDER BY q.created_at, q.run_id LIMIT 1""", params)
+        if validating is not None:
+            return _take(db, validating[0], runner_id, token, lease_ms, now, epoch)
         # The two halves of CLAIMABLE: the oldest ready run (its index is in claim order)
         # and runs whose claims expired (few, so they are compared here, not sorted by SQLite).
         ready = db.one(f"""SELECT q.created_at, q.run_id FROM run_queue q INDEXED BY run_queue_ready
@@ -220,12 +230,13 @@ def refuse_revision(db: Database, run_id: str, expected: int | None) -> None:
 
 def cancel_run(db: Database, run_id: str, now: int, *, token: str | None = None,
                expected_revision: int | None = None) -> bool:
-    """Cancel a run. Without a token only unclaimed runs (queued, parked) can be cancelled;
-    ``expected_revision``, a compare-and-set on the run's revision, is checked in the same
-    UPDATE (NotFound, Conflict)."""
+    """Cancel a run. Without a token only runs no live claim holds can be cancelled
+    (queued, parked, or claimed with the claim expired: nobody may write for them, and a
+    worker still going finds its claim gone); ``expected_revision``, a compare-and-set on
+    the run's revision, is checked in the same UPDATE (NotFound, Conflict)."""
     with db.write():
         where, params = ((f"AND claim_token = ? AND {LIVE}", (token,)) if token
-                         else ("AND status IN ('queued', 'parked')", ()))
+                         else (f"AND (status IN ('queued', 'parked') OR ({LIVE} AND claim_expires_at <= ?))", (now,)))
         fence = (f"{where} {AT_REVISION}", (*params, expected_revision, expected_revision))
         if not _end_queue_row(db, run_id, QueueStatus.CANCELLED, now, fence=fence):  # the fence is in the UPDATE
             refuse_revision(db, run_id, expected_revision)

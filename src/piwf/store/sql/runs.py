@@ -381,6 +381,7 @@ def status_counts(db: Database, now: int) -> dict[str, int]:
             """SELECT COUNT(*) FROM run_queue INDEXED BY run_queue_claimable
                WHERE status IN ('starting', 'running') AND claim_expires_at <= ?""", (now,))
         counts[("interactions", "open")] = count_open(db)
+        counts[("effects", "ambiguous")] = db.scalar(AMBIGUOUS_EFFECTS)
         _delivery_counts(db, counts)
     return _status_fields(counts.get, int(expired))
 
@@ -396,8 +397,14 @@ def recounted(db: Database, now: int) -> dict[str, int]:
         expired = db.scalar("""SELECT COUNT(*) FROM run_queue WHERE status IN ('starting', 'running')
                                AND claim_expires_at <= ?""", (now,))
         counts[("interactions", "open")] = count_open(db)
+        counts[("effects", "ambiguous")] = db.scalar(AMBIGUOUS_EFFECTS)
         _delivery_counts(db, counts)
     return _status_fields(counts.get, int(expired))
+
+
+# Effects whose outcome nobody knows, each holding its run for an operator (layout 11's
+# partial index effects_ambiguous finds them without reading the others).
+AMBIGUOUS_EFFECTS = "SELECT COUNT(*) FROM effects WHERE status = 'ambiguous'"
 
 
 def _delivery_counts(db: Database, counts: dict[tuple[str, str], int]) -> None:
@@ -427,6 +434,7 @@ def _status_fields(count: Callable[[tuple[str, str]], int | None], expired: int)
         "cancelledRuns": total("runs.status", "cancelled"),
         "expiredClaims": expired,
         "pendingInteractions": total("interactions", "open"),
+        "ambiguousEffects": total("effects", "ambiguous"),
         "undeliveredNotifications": total("notifications", "undelivered"),
         "unresolvedTurns": total("turns", "unresolved"),
         "lifecycleContradictions": total("lifecycle", "contradictions"),

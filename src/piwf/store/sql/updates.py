@@ -13,7 +13,7 @@ from typing import Any
 from piwf.errors import Rejected
 from piwf.protocol import CONTENT_LIMIT, RunEvent, RunUpdate, WatchedRun, WatchEvent, WatchPage
 from piwf.wire import canonical_json, decode_json
-from piwf.store.sql.base import RUN_COLUMNS, add_event, require_claim, summary_fields
+from piwf.store.sql.base import RUN_COLUMNS, require_claim, store_update, summary_fields
 from piwf.store.sql.database import Database, atomic
 from piwf.store.sql.interactions import list_requests
 from piwf.store.sql.timefmt import iso
@@ -35,11 +35,7 @@ def publish(db: Database, run_id: str, token: str, *, attempt_id: str, type: str
     encoded = canonical_json(data).decode()
     if len(encoded.encode()) > CONTENT_LIMIT:
         raise Rejected(f"update {type}/{key} is {len(encoded.encode())} bytes as JSON; the limit is {CONTENT_LIMIT}")
-    seq = add_event(db, run_id, "update", {"updateType": type, "key": key}, now)
-    db.execute("""INSERT INTO run_updates (run_id, type, key, data_json, seq, updated_at) VALUES (?, ?, ?, ?, ?, ?)
-                  ON CONFLICT (run_id, type, key) DO UPDATE SET data_json = excluded.data_json, seq = excluded.seq,
-                    updated_at = excluded.updated_at""", (run_id, type, key, encoded, seq, now))
-    return seq
+    return store_update(db, run_id, type, key, data, now)
 
 
 def list_updates(db: Database, run_id: str, after: int = 0) -> list[RunUpdate]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
+from piwf.errors import Conflict
 from piwf.protocol import WorkerSummary
 from piwf.status import ENDED, LIVE_WORKER
 from piwf.wire import canonical_json
@@ -138,17 +139,32 @@ def worker_summaries(db: Database, run_id: str) -> list[WorkerSummary]:
 
 def register_process(db: Database, *, worker_id: str, run_id: str, pid: int, identity: str,
                      node: str | None, now: int) -> None:
-    db.execute(
-        """INSERT OR REPLACE INTO run_processes
-             (worker_epoch, pid, process_start_identity, run_id, node_id, status, registered_at)
-           VALUES (?, ?, ?, ?, ?, 'live', ?)""",
-        (worker_id, pid, identity, run_id, node, now),
-    )
+    """Record a process group the worker started; Conflict when that very process (pid and
+    start identity) is registered live to another worker (seed 000)."""
+    with db.write():
+        owner = db.scalar(
+            """SELECT worker_epoch FROM run_processes
+               WHERE status = 'live' AND pid = ? AND process_start_identity = ? AND worker_epoch <> ?""",
+            (pid, identity, worker_id))
+        if owner is not None:
+            raise Conflict(f"process {pid} is already registered to another worker ({owner})")
+        db.execute(
+            """INSERT INTO run_processes
+                 (worker_epoch, pid, process_start_identity, run_id, node_id, status, registered_at)
+               VALUES (?, ?, ?, ?, ?, 'live', ?)
+               ON CONFLICT (worker_epoch, pid) DO UPDATE SET
+                 process_start_identity = excluded.process_start_identity, run_id = excluded.run_id,
+                 node_id = excluded.node_id, status = 'live', registered_at = excluded.registered_at,
+                 ended_at = NULL""",
+            (worker_id, pid, identity, run_id, node, now),
+        )
 
 
-def unregister_process(db: Database, worker_id: str, pid: int, now: int) -> None:
-    db.execute("UPDATE run_processes SET status = 'gone', ended_at = ? WHERE worker_epoch = ? AND pid = ?",
-               (now, worker_id, pid))
+def unregister_process(db: Database, worker_id: str, pid: int, now: int) -> bool:
+    """Whether ``pid`` was registered live to this worker (it is gone now)."""
+    db.execute("""UPDATE run_processes SET status = 'gone', ended_at = ?
+                  WHERE worker_epoch = ? AND pid = ? AND status = 'live'""", (now, worker_id, pid))
+    return db.changes() == 1
 
 
 def live_processes(db: Database, worker_ids: list[str]) -> list[tuple[str, int, str]]:

@@ -15,11 +15,7 @@ import trio
 
 from piwf.errors import StoreError
 from piwf.store.sqlite import hosts
-from piwf.store.sql.aggregates import (
-    SqliteCommandsStore, SqliteControllerEffectsStore, SqliteControllerQueueStore, SqliteControllersStore,
-    SqliteDeliveryStore, SqliteEffectsStore, SqliteInteractionsStore, SqliteQueueStore,
-    SqliteRunsStore, SqliteSettingsStore, SqliteSupervisionStore, SqliteUpdatesStore, SqliteWorkersStore,
-)
+from piwf.store.sql.aggregates import Aggregates, Inline
 from piwf.store.sqlite.db import Database, _Write
 from piwf.store.sqlite.group import GroupCommit
 
@@ -28,26 +24,14 @@ if TYPE_CHECKING:
     from piwf.store.api.types import HostClaim, LeaseRecord
 
 
-class SqliteStore:
+class SqliteStore(Aggregates):
     """``piwf.store.api.Store`` on one SQLite database. ``db`` is the backend's own (tests
-    use it); the host must not."""
+    use it); the host must not. Its aggregates run their functions inline (``Inline``)."""
 
     def __init__(self, db: Database) -> None:
+        super().__init__(Inline(db))
         self.db = db
         self.hosts: api.HostsStore = SqliteHostsStore(db)
-        self.commands: api.CommandsStore = SqliteCommandsStore(db)
-        self.runs: api.RunsStore = SqliteRunsStore(db)
-        self.queue: api.QueueStore = SqliteQueueStore(db)
-        self.supervision: api.SupervisionStore = SqliteSupervisionStore(db)
-        self.workers: api.WorkersStore = SqliteWorkersStore(db)
-        self.effects: api.EffectsStore = SqliteEffectsStore(db)
-        self.interactions: api.InteractionsStore = SqliteInteractionsStore(db)
-        self.delivery: api.DeliveryStore = SqliteDeliveryStore(db)
-        self.updates: api.UpdatesStore = SqliteUpdatesStore(db)
-        self.settings: api.SettingsStore = SqliteSettingsStore(db)
-        self.controllers: api.ControllersStore = SqliteControllersStore(db)
-        self.controller_queue: api.ControllerQueueStore = SqliteControllerQueueStore(db)
-        self.controller_effects: api.ControllerEffectsStore = SqliteControllerEffectsStore(db)
         self.group: GroupCommit | None = None  # set by serve: from then on commits share fsyncs
         self.in_unit_of_work = False
 

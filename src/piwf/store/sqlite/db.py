@@ -33,6 +33,16 @@ DAMAGE_HINT = ("Restore it from a backup, or move the state directory aside to s
                "(sqlite3's .recover may save what is readable); nothing was written to it.")
 
 
+def _vfs() -> str | None:
+    """The VFS to open state databases with: SQLite's own, unless ``PIWF_POWER_CUT`` arms the
+    one that simulates power loss (``powercut.py``; tests and the chaos harness only)."""
+    if not os.environ.get("PIWF_POWER_CUT"):
+        return None
+    from piwf.store.sqlite import powercut
+    powercut.armed()
+    return powercut.NAME
+
+
 class Database:
     """One connection, used by one thread at a time."""
 
@@ -65,7 +75,7 @@ class Database:
                 _verify_readonly(path, verify)
         old_umask = os.umask(0o077)
         try:
-            conn = apsw.Connection(str(path), statementcachesize=STATEMENT_CACHE)
+            conn = apsw.Connection(str(path), statementcachesize=STATEMENT_CACHE, vfs=_vfs())
         finally:
             os.umask(old_umask)
         db = cls(conn, path)
@@ -135,6 +145,11 @@ class Database:
     def sync_wal(self) -> None:
         """fdatasync the WAL: every transaction committed before this call is durable
         when it returns. Safe from another thread while the connection commits more."""
+        if _vfs():  # a simulated power cut (tests, the chaos harness): the VFS sees this sync too
+            from piwf.store.sqlite import powercut
+            vfs = powercut.armed()
+            assert vfs is not None
+            return vfs.sync_path(f"{self.path}-wal")
         try:
             fd = os.open(f"{self.path}-wal", os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:  # no WAL: everything is in the database file, synced by its checkpoint

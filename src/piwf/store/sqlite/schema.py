@@ -7,7 +7,7 @@ from piwf.store.sqlite.schema_features import (
 )
 
 APPLICATION_ID = 0x70697766  # "piwf"
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 
 
 # The columns named worker_epoch (run_workers, run_processes, worker_messages and the run_processes_live index)
@@ -211,6 +211,18 @@ NOT_BEFORE_SQL = """
 ALTER TABLE run_queue ADD COLUMN not_before INTEGER;
 """
 
+# Layout 11: effects whose outcome is unknown are counted (host.status ambiguousEffects)
+# through partial indexes, so the count reads only them; a reconcile's effect records the
+# action it was reserved for (kind, and a fingerprint of its request: a key reused for
+# another action is a conflict; NULL in a row made before layout 11: the first reserve
+# after it records them). A fresh database adds them the same way.
+EFFECT_IDENTITY_SQL = """
+CREATE INDEX effects_ambiguous ON effects(run_id) WHERE status = 'ambiguous';
+CREATE INDEX controller_effects_ambiguous ON controller_effects(uid) WHERE status = 'ambiguous';
+ALTER TABLE controller_effects ADD COLUMN kind TEXT;
+ALTER TABLE controller_effects ADD COLUMN request_fingerprint TEXT;
+"""
+
 COUNTED_TRIGGERS = [f"{table}_counted_{event}" for table in ("runs", "run_queue")
                     for event in ("insert", "status", "moved", "delete")] + ["runs_counted_paused"]
 
@@ -317,7 +329,7 @@ CREATE TABLE worker_messages (
   PRIMARY KEY (worker_epoch, message_id)
 );
 """ + EFFECTS_AND_PROCESSES_SQL + RUN_COUNTS_SQL + INTERACTIONS_SQL + CONTROLLERS_SQL + DELIVERY_SQL + SETTINGS_SQL \
-    + NOT_BEFORE_SQL
+    + NOT_BEFORE_SQL + EFFECT_IDENTITY_SQL
 
 
 
@@ -366,4 +378,6 @@ DROP TABLE run_workers_v2;
     8: "CREATE INDEX IF NOT EXISTS turns_run ON turns(run_id);\n" + SETTINGS_SQL,
     # 10: a crashed run's back-off (run_queue.not_before), durable.
     9: NOT_BEFORE_SQL,
+    # 11: ambiguous effects found by partial indexes; a reconcile effect's kind and request fingerprint.
+    10: EFFECT_IDENTITY_SQL,
 }

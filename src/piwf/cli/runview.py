@@ -1,0 +1,117 @@
+"""How a run reads on a terminal: its state in a word (held runs as held, with the
+command that releases them), how a wait for it ended (with its exit code), and how a
+failure reads (its type, and the line of the user's code that raised it).
+
+Shared by ``run show``, ``run list``, ``run start --wait``, ``run wait``, ``answer --wait``
+and ``piwf watch``; it imports nothing heavy (no rich, no trio).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from piwf.cli.text import shown
+from piwf.errors import ExitCode
+
+HELD_FOR_A_PERSON = ("crashed", "effect", "source")  # holds only someone can release (not a pause, not a wait)
+WHY_HELD = {"crashed": "its worker crashed too many times in a row", "effect": "an effect's outcome is unknown",
+            "source": "its workflow file changed or does not load"}
+
+
+def held(run: dict[str, Any]) -> bool:
+    """Held for a person: parked with a hold that only someone acting releases."""
+    return run.get("hold") in HELD_FOR_A_PERSON and run["queueStatus"] in ("queued", "parked")
+
+
+def state(run: dict[str, Any]) -> str:
+    """A run's state in a word or two: ``held (crashed)``, ``paused``, else its engine status."""
+    if held(run):
+        return f"held ({run['hold']})"
+    if run["paused"] and run["queueStatus"] in ("queued", "parked"):
+        return "paused"
+    return str(run["status"])
+
+
+def release(run: dict[str, Any]) -> str:
+    """What someone does to let a held, paused or waiting run go on: the command to run."""
+    run_id, hold = run["runId"], run.get("hold")
+    if hold == "effect":
+        keys = [e["key"] for e in run.get("effects", []) if e["status"] == "ambiguous"] or ["KEY"]
+        return "; ".join(f"piwf run resolve-effect {run_id} {shown(key)} --applied|--not-applied" for key in keys)
+    if hold == "source":
+        return f"restore the workflow file, or piwf run resume {run_id} to go on with the new one"
+    if hold == "crashed":
+        return f"see piwf run logs {run_id}, fix the cause, then piwf run resume {run_id}"
+    if hold == "waiting" or run["status"] == "waiting":
+        return f"piwf inbox --run {run_id}"
+    return f"piwf run resume {run_id}"
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How a wait for a run ended: the exit code, and one line saying why (empty on success)."""
+
+    code: ExitCode
+    reason: str
+
+    def as_json(self) -> dict[str, Any]:
+        outcome = "completed" if self.code == ExitCode.OK else self.code.outcome
+        return {"outcome": outcome, "exitCode": int(self.code), "reason": self.reason}
+
+
+def ending(run: dict[str, Any]) -> Ending | None:
+    """How a wait for ``run`` ends as the run stands: None while something will still happen
+    to it without anyone acting (queued, running, between crashes)."""
+    run_id, status = run["runId"], run["status"]
+    if status == "completed":
+        return Ending(ExitCode.OK, "")
+    if status in ("failed", "timed_out"):
+        code = ExitCode.RUN_FAILED if status == "failed" else ExitCode.RUN_TIMED_OUT
+        return Ending(code, f"run {run_id} {'failed' if status == 'failed' else 'timed out'}: {_error_line(run)}")
+    if status == "cancelled":
+        return Ending(ExitCode.RUN_CANCELLED, f"run {run_id} was cancelled")
+    return held_ending(run) or (
+        Ending(ExitCode.RUN_WAITING, f"run {run_id} waits for an answer: {release(run)}")
+        if status == "waiting" and run["queueStatus"] == "parked" else None)
+
+
+def held_ending(run: dict[str, Any]) -> Ending | None:
+    """The ending of a run held for a person or paused; None otherwise."""
+    if held(run):
+        why = run.get("statusDetail") or WHY_HELD[run["hold"]]
+        return Ending(ExitCode.RUN_HELD, f"run {run['runId']} is held ({run['hold']}): {shown(why, 500)}; "
+                                         f"{release(run)}")
+    if state(run) == "paused":
+        return Ending(ExitCode.RUN_PAUSED, f"run {run['runId']} is paused: {release(run)}")
+    return None
+
+
+def _error_line(run: dict[str, Any]) -> str:
+    error = run.get("error") or {}
+    if not error:
+        return shown(run.get("statusDetail") or "no error recorded", 500)
+    where = error.get("where")
+    return error_head(error) + (f" at {shown(where['file'])}:{where['line']}" if where else "")
+
+
+def error_head(error: dict[str, Any]) -> str:
+    """``KeyError: 'text' (node a)``: the exception's type, its message, the node."""
+    message = str(error.get("message") or "")
+    node = error.get("node")
+    if node is not None and message.startswith(f"node {node}: "):
+        message = message[len(f"node {node}: "):]
+    return f"{shown(error.get('type') or 'Error')}: {shown(message, 1000)}" + (
+        f" (node {shown(node)})" if node is not None else "")
+
+
+def format_error(error: dict[str, Any]) -> list[str]:
+    """A failure in a few lines: its type and message, the node, and where the user's code
+    raised it (``--json`` has the whole traceback)."""
+    lines = [f"error:    {error_head(error)}"]
+    where = error.get("where")
+    if where:
+        lines.append(f"  at {shown(where['file'], 500)}:{where['line']} in {shown(where['function'])}")
+        if where.get("code"):
+            lines.append(f"    {shown(where['code'], 500)}")
+    return lines
