@@ -18,7 +18,7 @@ from piwf.host.isolated import ISOLATED_AT_ONCE, SOURCE_LIMIT
 from piwf.host.state import HostState
 from piwf.paths import StatePaths
 
-from .conftest import HostProcess, write_workflow
+from .conftest import HostProcess, wait_for, write_workflow
 from .test_settings import TUNED
 from .test_interactions import open_request, start
 
@@ -209,3 +209,34 @@ async def test_the_same_check_of_the_same_file_spawns_no_second_process(
     started = host.catalog.isolation.started
     again = await client.call("run.start", payload={**start_payload(project, "tuned"), "settings": {"budget": 4}})
     assert again.outcome == "accepted" and host.catalog.isolation.started == started
+
+
+async def test_beyond_the_waiting_bound_a_check_is_refused_unavailable_before_spawning(
+        project: Path, nursery: trio.Nursery) -> None:
+    from piwf.host.isolated import Busy, Isolation
+
+    write_workflow(project, "slow", """
+        import os, time
+        while not os.path.exists("gate"):
+            time.sleep(0.02)
+        from piwf import Workflow, compute
+        workflow = Workflow(name="slow", start_at="a", nodes={"a": compute(lambda ctx: {})})
+    """)
+    isolation = Isolation(at_once=1, waiting_max=0)
+    results: list[Any] = []
+
+    async def inspect() -> None:
+        results.append(await isolation.run(["piwf.engine.inspect", str(project), "slow"], str(project),
+                                           "workflow 'slow'", "inspected"))
+    nursery.start_soon(inspect)
+    await wait_for(lambda: isolation.running == 1)
+    try:
+        await isolation.run(["piwf.engine.inspect", str(project), "slow"], str(project), "workflow 'slow'",
+                            "inspected")
+        raise AssertionError("not refused")
+    except Busy as exc:
+        assert exc.outcome == "unavailable" and "retry shortly" in str(exc)
+    assert isolation.started == 1  # the refused one spawned nothing
+    (project / "gate").touch()
+    await wait_for(lambda: results)
+    assert results[0]["name"] == "slow"
