@@ -7,6 +7,7 @@ same ``idempotencyKey``) again and the host answers from its command log.
 from __future__ import annotations
 
 import os
+import select
 import socket
 import uuid
 from collections.abc import Callable
@@ -96,10 +97,11 @@ class DeliveryCalls:
         return self.call("delivery.list", payload=_drop_none(sessionId=session_id, runId=run_id, limit=limit))
 
     def watch(self, *, after: int | None = None, run_id: str | None = None, timeout_ms: int = 30_000,
-              limit: int = 200) -> Any:
-        """``run.watch``: a snapshot (no ``after``), or what changed after the cursor."""
+              limit: int = 200, runs_after: str | None = None) -> Any:
+        """``run.watch``: a snapshot (no ``after``; a later page of it with ``runs_after``), or
+        what changed after the cursor."""
         return self.call("run.watch", run_id=run_id, payload=_drop_none(after=after, timeoutMs=timeout_ms,
-                                                                        limit=limit))
+                                                                        limit=limit, runsAfter=runs_after))
 
 
 _response_decoder = msgspec.json.Decoder(HostResponse)
@@ -127,6 +129,7 @@ class Client(InteractionCalls, DeliveryCalls):
         self._sock: socket.socket | None = None
         self._buffer = LineBuffer(MAX_LINE * 16)
         self._lines: list[bytes] = []
+        self._answered_any = False  # bytes came back for the line being sent
 
     def __enter__(self) -> Client:
         return self
@@ -135,8 +138,9 @@ class Client(InteractionCalls, DeliveryCalls):
         self.close()
 
     def connect(self) -> None:
-        if self._sock is not None:
+        if self._sock is not None and not self._closed_by_host():
             return
+        self.close()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self.timeout)
         try:
@@ -152,6 +156,15 @@ class Client(InteractionCalls, DeliveryCalls):
             raise HostUnavailable(f"cannot reach the piwf host at {self.paths.socket}: {exc}") from exc
         self._sock = sock
 
+    def _closed_by_host(self) -> bool:
+        """Between requests the host says nothing unless it is closing the connection (it
+        made room for another client, an idle one timed out): then connect again."""
+        assert self._sock is not None
+        if self._lines:
+            return False
+        readable, _, _ = select.select([self._sock], [], [], 0)
+        return bool(readable)
+
     def close(self) -> None:
         if self._sock is not None:
             self._sock.close()
@@ -160,8 +173,26 @@ class Client(InteractionCalls, DeliveryCalls):
         self._lines = []
 
     def send_line(self, line: bytes) -> bytes:
-        """Send raw bytes (one line) and return the raw response line."""
+        """Send raw bytes (one line) and return the raw response line.
+
+        A connection kept from an earlier request that the host closed meanwhile (it made
+        room for another client after answering a long poll, or timed out an idle one)
+        before this line reached it is connected again and the line sent once more: the
+        host reads nothing from a connection it is closing, and a request sent twice with
+        its ``requestId`` is answered from the command log anyway."""
+        reused = self._sock is not None
+        try:
+            return self._send_line(line)
+        except HostTimeout:
+            raise
+        except HostUnavailable:
+            if not reused or self._answered_any:
+                raise
+            return self._send_line(line)
+
+    def _send_line(self, line: bytes) -> bytes:
         self.connect()
+        self._answered_any = False
         assert self._sock is not None
         try:
             self._sock.sendall(line)
@@ -187,11 +218,19 @@ class Client(InteractionCalls, DeliveryCalls):
             if not chunk:
                 self.close()
                 raise HostUnavailable("the host closed the connection")
+            self._answered_any = True
             self._lines.extend(self._buffer.feed(chunk))
         return self._lines.pop(0)
 
     def send(self, request: HostRequest) -> HostResponse:
-        return _decode(self.send_line(_line(request)))
+        line = _line(request)
+        reused = self._sock is not None
+        response = _decode(self.send_line(line))
+        if reused and response.requestId == "" and response.outcome == "unavailable":
+            # the host's line as it closed the kept connection (to make room), not an answer
+            self.close()
+            response = _decode(self.send_line(line))
+        return response
 
     def call(self, operation: str, **kwargs: Any) -> HostResponse:
         return self.send(make_request(operation, client_id=self.client_id, **kwargs))

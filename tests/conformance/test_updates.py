@@ -63,3 +63,21 @@ async def test_the_cursor_of_one_run_and_of_all(store: Any, clock: ManualClock) 
     nothing = await store.updates.snapshot(run_id="nope", limit=10, now=clock.now_ms())
     assert (nothing.runs, nothing.events) == ([], [])
     assert (await store.updates.changes(after=0, run_id="nope", limit=10, now=clock.now_ms())).events == []
+
+
+async def test_a_snapshot_pages_the_active_runs_oldest_first(store: Any, clock: ManualClock) -> None:
+    for n in range(5):
+        await new_run(store, clock, run_id=f"r{n}")
+    clock.advance(-3)  # two runs created at one millisecond: the run id breaks the tie
+    await new_run(store, clock, run_id="r2b")
+    seen, after = [], None
+    while True:
+        page = await store.updates.snapshot(run_id=None, limit=2, now=clock.now_ms(), runs_after=after)
+        assert len(page.runs) <= 2
+        seen += [r.runId for r in page.runs]
+        after = page.nextRunsAfter
+        if after is None:
+            break
+    assert seen == ["r0", "r1", "r2", "r2b", "r3", "r4"]
+    with pytest.raises(Rejected, match="runsAfter"):
+        await store.updates.snapshot(run_id=None, limit=2, now=clock.now_ms(), runs_after="nope")

@@ -38,7 +38,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         max_controller_workers=args.max_controller_workers,
                         presentation_lease_ms=max(1, int(args.presentation_lease * 1000)),
                         delivery_lease_ms=max(1, int(args.delivery_lease * 1000)), retain_ms=args.retain,
-                        node_time_limit_s=args.node_time_limit,
+                        node_time_limit_s=args.node_time_limit, socket_check_s=args.socket_check,
                         **service_manager_settings())
     try:
         trio.run(Host(config).serve)
@@ -169,6 +169,7 @@ def _holder(record: dict[str, object] | None) -> tuple[int, str] | None:
 
 def cmd_stop(args: argparse.Namespace) -> int:
     paths = _paths(args)
+    said = "host stopped"
     try:
         with _client(args) as client:
             holder = read_record(paths)
@@ -178,21 +179,26 @@ def cmd_stop(args: argparse.Namespace) -> int:
     except HostTimeout:
         raise  # a host is there, but it did not answer: it was not asked to stop
     except HostUnavailable:
-        stopped = False
+        holder = read_record(paths)
+        standbys = _standbys(paths)
+        stopped = _signal_unreachable(paths, holder)
+        if stopped:
+            said = (f"host stopped (pid {holder and holder.get('pid')} could not be reached on its socket: "
+                    "it was sent SIGTERM)")
     successor = None
     if stopped and (pid_identity := _holder(holder)):
         _wait_for_exit(*pid_identity)
         successor = _successor(paths, standbys)
-    _print(args, {"stopped": stopped, "takenOverBy": successor}, _format_stop)
+    _print(args, {"stopped": stopped, "takenOverBy": successor}, lambda r: _format_stop(r, said))
     return 0
 
 
-def _format_stop(r: dict[str, Any]) -> str:
+def _format_stop(r: dict[str, Any], said: str = "host stopped") -> str:
     if not r["stopped"]:
         return "no host was running"
     if r["takenOverBy"] is None:
-        return "host stopped"
-    return (f"host stopped; a standby (pid {r['takenOverBy']}) took over and serves the state directory "
+        return said
+    return (f"{said}; a standby (pid {r['takenOverBy']}) took over and serves the state directory "
             "(`piwf stop` again stops it)")
 
 
@@ -212,6 +218,33 @@ def _successor(paths: StatePaths, standbys: list[dict[str, object]], timeout_s: 
         waiting = {pid: ident for pid, ident in waiting.items() if alive(pid, ident)}
         time.sleep(0.02)
     return None
+
+
+def _signal_unreachable(paths: StatePaths, holder: dict[str, object] | None) -> bool:
+    """A host that holds the lock but cannot be reached on its socket (deleted, or
+    something else at its path) is sent SIGTERM: it drains as on ``host.stop``. Only the
+    very process the lock record names, while the lock is held."""
+    import signal
+
+    from piwf.host.lock import is_held
+    from piwf.processes import alive
+
+    pid_identity = _holder(holder)
+    if pid_identity is None or not is_held(paths):
+        return False
+    try:
+        pidfd = os.pidfd_open(pid_identity[0])  # names that process from here on, whatever reuses its pid
+    except OSError:
+        return False
+    try:
+        if not alive(*pid_identity):
+            return False
+        signal.pidfd_send_signal(pidfd, signal.SIGTERM)
+    except ProcessLookupError:
+        return False
+    finally:
+        os.close(pidfd)
+    return True
 
 
 def _wait_for_exit(pid: int, identity: str, timeout_s: float = 60.0) -> None:

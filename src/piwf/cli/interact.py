@@ -18,17 +18,26 @@ def cmd_inbox(args: argparse.Namespace) -> int:
 
     if args.follow:
         return cli_deliver.follow(args)
-    payload: dict[str, Any] = {"open": not args.all}
+    payload: dict[str, Any] = {"open": not args.all, "limit": args.limit + 1}  # one more: are there more?
     if args.session:
         payload["sessionId"] = args.session
     if args.run:
         payload["runId"] = args.run
     with _client(args) as client:
         page = _ok(client.call("interaction.list", payload=payload))
+        page["more"] = len(page["requests"]) > args.limit
+        page["requests"] = page["requests"][:args.limit]
         cli_deliver.add_delivery(client, args, page)  # undelivered notifications, unresolved turns
-    _print(args, page, lambda p: "\n".join([*(format_request(r) for r in p["requests"]),
+    _print(args, page, lambda p: "\n".join([*(format_request(r) for r in p["requests"]), *_more(p, args.limit),
                                             *cli_deliver.format_delivery(p)]) or "nothing waits for you")
     return 0
+
+
+def _more(page: dict[str, Any], limit: int) -> list[str]:
+    if not page["more"]:
+        return []
+    return [f"… more requests than these {limit} (oldest first): piwf inbox --limit {min(limit * 10, 999)}, "
+            "or answer these first"]
 
 
 def format_request(r: dict[str, Any]) -> str:

@@ -142,6 +142,7 @@ def _add_serve(commands: Any, common: argparse.ArgumentParser) -> None:
         ("--request-timeout", 10.0, "a client has to send a whole request once it began"),
         ("--reply-timeout", 10.0, "a client has to take a reply before it is disconnected"),
         ("--presentation-lease", 10.0, "a client presenting a decision or ask holds it"),
+        ("--socket-check", 1.0, "between looks at the socket's path (a deleted socket is bound again)"),
     ):
         _add_seconds(serve, flag, default, text)
     serve.add_argument("--max-controller-workers", type=_positive, default=4, metavar="N",
@@ -288,11 +289,21 @@ def _keyed(group: Any, common: argparse.ArgumentParser, name: str, text: str, ha
     return sub
 
 
+def _inbox_limit(text: str) -> int:
+    value = _positive(text)
+    if value > 999:
+        raise argparse.ArgumentTypeError(f"{value} is over 999")
+    return value
+
+
 def _add_interact(commands: Any, common: argparse.ArgumentParser) -> None:
     inbox = commands.add_parser("inbox", parents=[common], help="decisions and asks waiting for an answer")
     inbox.add_argument("--session", metavar="ID", help="only requests of runs started by this session")
     inbox.add_argument("--run", metavar="RUN_ID", help="only this run's requests")
     inbox.add_argument("--all", action="store_true", help="closed requests too (settled, expired, cancelled)")
+    inbox.add_argument("--limit", type=_inbox_limit, default=100, metavar="N",
+                       help="show at most N requests, oldest first (default 100, at most 999); a last line says "
+                            "when there are more")
     inbox.add_argument("--follow", action="store_true", help="with --session: print the session's notifications "
                        "and turns as they arrive, delivering each (the reference client, docs/sessions.md)")
     inbox.set_defaults(handler="interact:cmd_inbox")

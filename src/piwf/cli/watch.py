@@ -155,12 +155,12 @@ def _event_line(item: dict[str, Any]) -> str:
 def cmd_watch(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from piwf.cli.common import WAIT_S, _client, _emit, _ok
+    from piwf.cli.common import WAIT_S, _client, _emit
 
     view = View()
     with _client(args) as client:
         client.timeout = WAIT_S + (client.timeout or 0)  # a run.watch may take its own limit
-        page = _ok(client.watch(run_id=args.run_id, limit=EVENTS_SHOWN))
+        page = snapshot(client, args.run_id)
         view.apply(page)
         if args.run_id is None:
             _add_recent(client, view)
@@ -190,6 +190,25 @@ def cmd_watch(args: argparse.Namespace) -> int:
                 console.print(f"── cursor {view.cursor} ──")
                 console.print(render(view, expand=terminal))
                 console.file.flush()
+
+
+SNAPSHOT_PAGE = 200  # active runs per run.watch snapshot page
+
+
+def snapshot(client: Any, run_id: str | None) -> dict[str, Any]:
+    """The whole snapshot, one page of active runs after another (each a short request
+    for the host), as one page: the first page's cursor, every run, the latest events."""
+    from piwf.cli.common import _ok
+
+    first: dict[str, Any] = _ok(client.watch(run_id=run_id, limit=SNAPSHOT_PAGE))
+    page = first
+    while page.get("nextRunsAfter"):
+        page = _ok(client.watch(run_id=run_id, limit=SNAPSHOT_PAGE, runs_after=page["nextRunsAfter"]))
+        for key in ("runs", "updates", "requests"):
+            first[key] += page[key]
+    first["events"] = first["events"][-EVENTS_SHOWN:]
+    first["nextRunsAfter"] = None
+    return first
 
 
 def _next_page(client: Any, args: argparse.Namespace, view: View) -> dict[str, Any]:

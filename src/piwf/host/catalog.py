@@ -6,18 +6,18 @@ the file is not read again while its size, mtime and inode stay as they were.
 
 from __future__ import annotations
 
-import sys
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import trio
-
 from piwf.engine.loader import workflow_path
-from piwf.errors import PiwfError, Rejected
-from piwf.wire import canonical_json, decode_json, sha256_hex
+from piwf.errors import PiwfError, Rejected, StorageUnavailable
+from piwf.wire import canonical_json, sha256_hex
+from piwf.host.isolated import Isolation, StatKey
 
-INSPECT_TIMEOUT_S = 30
+Check = Callable[[], Awaitable[None]]
+SETTINGS_CACHED = 256  # settings checks remembered (by file content and request), newest kept
 
 
 @dataclass(frozen=True)
@@ -29,74 +29,76 @@ class WorkflowInfo:
     settings: dict[str, Any] | None = None  # {"defaults", "mutable"} when the workflow declares settings
 
 
+Seen = tuple[StatKey, WorkflowInfo]
+
+
 class Catalog:
     def __init__(self) -> None:
+        self.isolation = Isolation()  # bounds the file reads and throwaway processes below
         # (path, source hash) -> (digest, start node, settings declaration)
         self._cache: dict[tuple[str, str], tuple[str, str, Any]] = {}
-        self._seen: dict[str, tuple[tuple[int, int, int], WorkflowInfo]] = {}  # path -> (stat key, info)
+        self._seen: dict[str, Seen] = {}  # path -> (stat key, info)
+        self._settings: OrderedDict[tuple[str, str, bytes], tuple[str, Any]] = OrderedDict()
 
     async def inspect(self, project: str, name: str) -> WorkflowInfo:
-        try:
-            path = workflow_path(project, name)
-            stat = path.stat()
-            stat_key = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
-            seen = self._seen.get(str(path))
-            if seen is not None and seen[0] == stat_key:  # unchanged since the last start
-                return seen[1]
-            source = await trio.Path(path).read_bytes()
-        except PiwfError as exc:
-            raise Rejected(str(exc)) from exc
-        except OSError as exc:
-            raise Rejected(f"no workflow {name!r} in {project}: {path} {(exc.strerror or str(exc)).lower()}") from exc
-        key = (str(path), sha256_hex(source))
+        path_key, seen, source = await self._source(project, name)
+        if source is None:  # unchanged since the last start
+            assert seen is not None
+            return seen[1]
+        stat_key, path = path_key
+        key = (path, sha256_hex(source))
         if key not in self._cache:
             self._cache[key] = await self._digest(project, name)
         digest, start_at, settings = self._cache[key]
         info = WorkflowInfo(name, digest, source, start_at, settings)
-        self._seen[str(path)] = (stat_key, info)
+        self._seen[path] = (stat_key, info)
         return info
 
+    async def _source(self, project: str, name: str) -> tuple[tuple[StatKey, str], Seen | None, bytes | None]:
+        """((stat key, path), what was seen there last, the file's bytes or None when
+        unchanged since then), read within the host's bounds; ``Rejected`` saying what
+        the file is when it cannot be a workflow file."""
+        try:
+            path = workflow_path(project, name)
+            seen = self._seen.get(str(path))
+            stat_key, source = await self.isolation.read_user_file(path, None if seen is None else seen[0])
+        except (Rejected, StorageUnavailable):
+            raise
+        except PiwfError as exc:
+            raise Rejected(str(exc)) from exc
+        except OSError as exc:
+            raise Rejected(f"no workflow {name!r} in {project}: {path} {(exc.strerror or str(exc)).lower()}") from exc
+        return (stat_key, str(path)), seen, source
+
     async def _digest(self, project: str, name: str) -> tuple[str, str, Any]:
-        result = await _inspect(project, name)
+        result = await self._inspect(project, name)
         return result["digest"], result["startAt"], result.get("settings")
 
     async def resolve_settings(self, project: str, name: str, *, current: Any, patch: Any,
-                               mutable_only: bool) -> tuple[str, Any]:
+                               mutable_only: bool, check: Check | None = None) -> tuple[str, Any]:
         """(digest, settings): ``patch`` merged into ``current`` and checked against the
         workflow's settings type (and, with ``mutable_only``, its mutable paths) in a
-        throwaway process, with the workflow file as it is now."""
+        throwaway process, with the workflow file as it is now (the same check of the same
+        file is answered from memory). ``check`` runs just before a process would be
+        started: what it raises refuses the request without one."""
         request = canonical_json({"current": current, "patch": patch, "mutableOnly": mutable_only})
-        result = await _inspect(project, name, settings=request)
-        return result["digest"], result["settings"]
+        (_, path), _, source = await self._source(project, name)
+        if source is None:
+            source = self._seen[path][1].source
+        key = (path, sha256_hex(source), request)
+        if (known := self._settings.get(key)) is not None:  # the same check of the same file: no process
+            self._settings.move_to_end(key)
+            return known
+        result = await self._inspect(project, name, settings=request, check=check)
+        self._settings[key] = answer = (result["digest"], result["settings"])
+        while len(self._settings) > SETTINGS_CACHED:
+            self._settings.popitem(last=False)
+        return answer
 
+    async def _inspect(self, project: str, name: str, settings: bytes | None = None,
+                       check: Check | None = None) -> dict[str, Any]:
+        """One ``python -m piwf.engine.inspect`` run; its one JSON result, or ``Rejected``."""
+        mode = [] if settings is None else ["--settings"]
+        return await self.isolation.run(["piwf.engine.inspect", *mode, project, name], project,
+                                        f"workflow {name!r}", "inspected", stdin=settings or b"", check=check)
 
-async def _inspect(project: str, name: str, settings: bytes | None = None) -> dict[str, Any]:
-    """One ``python -m piwf.engine.inspect`` run; its one JSON result, or ``Rejected``."""
-    mode = [] if settings is None else ["--settings"]
-    return await run_isolated(["piwf.engine.inspect", *mode, project, name], project, f"workflow {name!r}",
-                              "inspected", stdin=settings or b"")
-
-
-async def run_isolated(module_args: list[str], project: str, what: str, verb: str,
-                       stdin: bytes = b"") -> dict[str, Any]:
-    """``python -m MODULE ARGS`` in a throwaway process in ``project`` (user code never runs
-    in the host), within INSPECT_TIMEOUT_S: the one JSON line it prints last, or
-    ``Rejected`` saying why ``what`` could not be ``verb``."""
-    try:
-        with trio.move_on_after(INSPECT_TIMEOUT_S) as timeout:
-            done = await trio.run_process(
-                [sys.executable, "-m", *module_args], stdin=stdin,
-                capture_stdout=True, capture_stderr=True, check=False, cwd=Path(project),
-            )
-    except OSError as exc:
-        raise Rejected(f"{what} could not be {verb}: {exc}") from None
-    if timeout.cancelled_caught:
-        raise Rejected(f"{what} took over {INSPECT_TIMEOUT_S} s to load")
-    try:
-        result: dict[str, Any] = decode_json(done.stdout.strip().splitlines()[-1])
-    except (PiwfError, IndexError):
-        tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
-        raise Rejected(f"{what} could not be {verb}: {tail[0]}") from None
-    if "error" in result:
-        raise Rejected(result["error"])
-    return result

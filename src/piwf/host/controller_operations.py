@@ -14,10 +14,9 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-import trio
 
 from piwf.controllers.loader import controller_path
-from piwf.errors import PiwfError, Rejected
+from piwf.errors import PiwfError, Rejected, StorageUnavailable
 from piwf.protocol import (
     ApplyResource, DeleteResource, GetResource, ListResources, ReconcileResource, ResolveResourceEffect,
 )
@@ -25,7 +24,7 @@ from piwf.protocol.resources import ResolveResourceEffectReceipt, ResourceDetail
 from piwf.store.api import UnitOfWork
 from piwf.store.api.rules import check_json_size, check_key
 from piwf.wire import HostResponse, Outcome, sha256_hex
-from piwf.host.catalog import run_isolated
+from piwf.host.isolated import Isolation
 from piwf.host.operation_types import After, Reads, Writes
 from piwf.host.state import HostState, log
 
@@ -38,28 +37,29 @@ class ControllerInfo:
 
 
 class ControllerCatalog:
-    """Controller files checked in a throwaway process, cached by their content hash."""
+    """Controller files checked in a throwaway process, cached by their content hash; the
+    file read and the process within the host's bounds (``isolation``, host/isolated.py)."""
 
     def __init__(self) -> None:
         self._cache: dict[tuple[str, str], ControllerInfo] = {}
 
-    async def inspect(self, project: str, name: str) -> ControllerInfo:
+    async def inspect(self, isolation: Isolation, project: str, name: str) -> ControllerInfo:
         try:
             path = controller_path(project, name)
-            source = await trio.Path(path).read_bytes()
+            _, source = await isolation.read_user_file(path)
+        except (Rejected, StorageUnavailable):
+            raise
         except PiwfError as exc:
             raise Rejected(str(exc)) from exc
         except OSError as exc:
             raise Rejected(f"no controller {name!r} in {project}: {(exc.strerror or str(exc)).lower()}") from exc
+        assert source is not None
         key = (str(path), sha256_hex(source))
         if key not in self._cache:
-            self._cache[key] = await _load_isolated(project, name)
+            result = await isolation.run(["piwf.controllers.loader", project, name], project,
+                                         f"controller {name!r}", "loaded")
+            self._cache[key] = ControllerInfo(result["name"], result["timeoutS"], result["initialStatus"])
         return self._cache[key]
-
-
-async def _load_isolated(project: str, name: str) -> ControllerInfo:
-    result = await run_isolated(["piwf.controllers.loader", project, name], project, f"controller {name!r}", "loaded")
-    return ControllerInfo(result["name"], result["timeoutS"], result["initialStatus"])
 
 
 CATALOG = ControllerCatalog()  # one per process: keyed by path and content, so hosts may share it
@@ -95,7 +95,7 @@ async def _prepare_apply(host: HostState, request: ApplyResource) -> ControllerI
     p = request.payload
     check_key(p.key)
     check_json_size(p.spec, "spec")
-    return await CATALOG.inspect(_project(p.projectPath), p.controller)
+    return await CATALOG.inspect(host.catalog.isolation, _project(p.projectPath), p.controller)
 
 
 async def _apply(host: HostState, tx: UnitOfWork, request: ApplyResource, info: ControllerInfo,

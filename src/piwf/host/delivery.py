@@ -109,8 +109,9 @@ async def _run_watch(host: HostState, request: WatchRuns) -> WatchPage:
     payload, run_id, store = request.payload, request.runId, host.store
     if run_id is not None:
         await store.runs.revision(run_id)  # notFound for an unknown run
-    if payload.after is None:
-        return await store.updates.snapshot(run_id=run_id, limit=payload.limit, now=host.now())
+    if payload.after is None:  # a snapshot, in pages of `limit` active runs
+        return await store.updates.snapshot(run_id=run_id, limit=payload.limit, now=host.now(),
+                                            runs_after=payload.runsAfter)
     with WATCH_ENDS_EARLY.get() or trio.CancelScope(), trio.move_on_after(payload.timeoutMs / 1000):
         after = payload.after
         await until_changed(host, lambda: _moved_past(host, run_id, after))

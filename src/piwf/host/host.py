@@ -49,7 +49,7 @@ from piwf.host.deadlines import serve_deadlines
 from piwf.host.reconcile_lane import serve_controllers
 from piwf.host.retention import serve_retention
 from piwf.host.run_lane import serve_dispatcher
-from piwf.host.server import adopt_listener, check_socket_path, open_listener, serve_socket
+from piwf.host.server import Listening, adopt_listener, check_socket_path, open_listener, serve_socket
 from piwf.host.state import HostConfig, HostState, log
 from piwf.host.worker_process import reap_registered
 
@@ -69,10 +69,10 @@ class Host:
             await self._serve_locked(task_status, inherited)
         finally:
             if inherited is not None:  # closes this process's descriptor only: systemd keeps its own
-                inherited.socket.close()
+                inherited.listener.socket.close()
 
     async def _serve_locked(self, task_status: trio.TaskStatus[HostState],
-                            inherited: trio.SocketListener | None) -> None:
+                            inherited: Listening | None) -> None:
         serving: list[HostState] = []  # the launcher's drain deadline is the host's, once there is one
         held: list[HostLock] = []
         refused: PiwfError | None = None  # raised as it is (not in a group): the CLI prints its one line
@@ -145,10 +145,10 @@ class Host:
         return await _stand_by(paths, record)
 
     async def _serve_runs(self, host: HostState, task_status: trio.TaskStatus[HostState],
-                          inherited: trio.SocketListener | None) -> None:
+                          inherited: Listening | None) -> None:
         """``inherited``: the socket systemd bound (socket activation), served as it is."""
         config = self.config
-        listener = inherited or await open_listener(config.state_dir.socket)
+        listening = inherited or await open_listener(config.state_dir.socket)
         notifier = Notifier(config.notify_socket, config.watchdog_s)
         async with open_notifier(notifier, host):
             try:
@@ -161,7 +161,7 @@ class Host:
                     await nursery.start(serve_dispatcher, host)
                     await nursery.start(serve_deadlines, host)
                     await nursery.start(serve_controllers, host)
-                    await nursery.start(serve_socket, host, listener)
+                    await nursery.start(serve_socket, host, listening)
                     log.info("serving %s at epoch %d (max %d workers)%s", config.state_dir.socket, host.epoch,
                              config.max_workers, "" if inherited is None else " on the inherited socket")
                     notifier.ready(host)  # the socket accepts and the takeover is done
@@ -170,9 +170,7 @@ class Host:
                 notifier.stop(host)
                 _start_drain(host)  # however the host scope ended: a stop, a lost lease, a parent's cancel
                 with trio.CancelScope(shield=True, deadline=host.drain_deadline):
-                    await listener.aclose()
-                    if inherited is None:  # an inherited socket outlives this host
-                        config.state_dir.socket.unlink(missing_ok=True)
+                    await listening.aclose()  # unlinks the socket file only if it is the one bound here
                     await _release(host)
 
 

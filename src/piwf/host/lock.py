@@ -109,3 +109,18 @@ def read_standbys(paths: StatePaths) -> list[dict[str, object]]:
                 record["pid"], str(record.get("identity"))):
             found.append(record)
     return sorted(found, key=lambda r: int(str(r["pid"])))
+
+
+def is_held(paths: StatePaths) -> bool:
+    """Some process holds the host lock now (a host serving, or starting, or draining)."""
+    try:
+        fd = os.open(paths.lock, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # a shared lock taken here goes with it
+    return False

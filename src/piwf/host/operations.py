@@ -39,7 +39,7 @@ from piwf.store.api.record import redact
 from piwf.wire import HostResponse, Outcome, check_id, request_fingerprint
 from piwf.host import controller_operations
 from piwf.host import delivery
-from piwf.host.delivery import until_changed
+from piwf.host.delivery import WATCH_ENDS_EARLY, until_changed
 from piwf.host import output, retention, settings_operations
 from piwf.host.catalog import WorkflowInfo
 from piwf.host.operation_types import After, Reads, Writes
@@ -147,7 +147,7 @@ async def _run_wait(host: HostState, request: WaitRun) -> WaitReceipt:
     this host has recorded how its worker ended: the receipt never shows a run at rest
     beside a worker still `running`."""
     run_id = request.runId
-    with trio.move_on_after(request.payload.timeoutMs / 1000):
+    with WATCH_ENDS_EARLY.get() or trio.CancelScope(), trio.move_on_after(request.payload.timeoutMs / 1000):
         # asked again on every change, and when a run leaves host.active
         await until_changed(host, lambda: _summary_settled(host, run_id))
     run = await host.store.runs.get_run(run_id, host.now())

@@ -64,7 +64,7 @@ def inherited_listener_fd(environ: Mapping[str, str], pid: int) -> int | None:
     return LISTEN_FDS_START
 
 
-async def open_listener(path: Path) -> trio.SocketListener:
+async def open_listener(path: Path) -> Listening:
     """Bind the socket 0600 from the start (umask), replacing a stale socket file."""
     check_socket_path(path)
     path.unlink(missing_ok=True)
@@ -72,13 +72,87 @@ async def open_listener(path: Path) -> trio.SocketListener:
     old_umask = os.umask(0o177)
     try:
         await sock.bind(str(path))
+        bound = _file_id(path)
+    except BaseException:
+        sock.close()
+        raise
     finally:
         os.umask(old_umask)
     sock.listen(128)
-    return trio.SocketListener(sock)
+    return Listening(path, trio.SocketListener(sock), bound)
 
 
-def adopt_listener(fd: int, path: Path) -> trio.SocketListener:
+def _file_id(path: Path) -> tuple[int, int]:
+    info = os.lstat(path)
+    return info.st_dev, info.st_ino
+
+
+@dataclass(eq=False)
+class Listening:
+    """The socket the host serves at ``path``: the one it bound (``bound``: that file's
+    device and inode), or one a service manager passed (``bound`` None: never touched)."""
+
+    path: Path
+    listener: trio.SocketListener
+    bound: tuple[int, int] | None = None
+
+    def ours(self) -> bool:
+        """The file at ``path`` is still the socket this host bound."""
+        try:
+            return self.bound is not None and _file_id(self.path) == self.bound
+        except OSError:
+            return False
+
+    async def aclose(self) -> None:
+        """Close the listener; unlink the socket file only while it is the one bound here
+        (whatever else is at the path now, a regular file included, is left alone)."""
+        await self.listener.aclose()
+        if self.ours():
+            self.path.unlink(missing_ok=True)
+
+
+async def watch_socket(host: HostState, listening: Listening, accept: Any) -> None:
+    """Keep the host reachable: when its socket file is deleted, bind a new one at the
+    path (``accept`` serves it) and close the old; when something else took the path (a
+    regular file, a directory, another socket), nothing there is deleted and the host
+    stops, saying why, since no client can reach it."""
+    while True:
+        await trio.sleep(host.config.socket_check_s)
+        if listening.ours():
+            continue
+        try:
+            mode: int | None = os.lstat(listening.path).st_mode
+        except FileNotFoundError:
+            mode = None
+        except OSError as exc:
+            log.warning("cannot look at the socket %s: %s", listening.path, exc.strerror)
+            continue
+        if mode is not None:
+            what = "another socket" if stat.S_ISSOCK(mode) else _kind(mode)
+            log.error("the host's socket %s was replaced by %s: no client can reach this host; stopping "
+                      "(what is there now is left as it is)", listening.path, what)
+            host.stop_requested.set()
+            return
+        try:
+            fresh = await open_listener(listening.path)
+        except (OSError, StateDirError) as exc:
+            log.error("the host's socket %s was deleted and cannot be bound again (%s); stopping",
+                      listening.path, exc)
+            host.stop_requested.set()
+            return
+        old = listening.listener
+        listening.listener, listening.bound = fresh.listener, fresh.bound
+        accept(fresh.listener)
+        await old.aclose()
+        log.warning("the host's socket %s was deleted while the host ran; bound it again", listening.path)
+
+
+def _kind(mode: int) -> str:
+    return "a directory" if stat.S_ISDIR(mode) else "a symlink" if stat.S_ISLNK(mode) else \
+        "a regular file" if stat.S_ISREG(mode) else "something that is not a socket"
+
+
+def adopt_listener(fd: int, path: Path) -> Listening:
     """Serve a listening Unix stream socket bound at ``path`` by someone else (systemd's
     piwf.socket). It is never bound, chmod-ed or unlinked here: it outlives this host, and
     clients connecting while the host restarts wait in its backlog."""
@@ -93,7 +167,7 @@ def adopt_listener(fd: int, path: Path) -> trio.SocketListener:
         raise
     sock.set_inheritable(False)  # workers must not hold the listening socket
     sock.setblocking(False)
-    return trio.SocketListener(trio.socket.from_stdlib_socket(sock))
+    return Listening(path, trio.SocketListener(trio.socket.from_stdlib_socket(sock)))
 
 
 def _check_inherited(sock: socket.socket, path: Path) -> None:
@@ -123,30 +197,44 @@ READ_CHUNK = 65536
 DISPLACED_NOTICE_S = 1.0  # how long a displaced connection's last line may take to leave
 
 
-async def serve_socket(host: HostState, listener: trio.SocketListener, *,
+async def serve_socket(host: HostState, listening: Listening, *,
                        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    """Accept connections for the host's life, one task each. Out of descriptors, it
-    backs off (as ``trio.serve_listeners`` does) and says so once, not each time."""
+    """Accept connections for the host's life, one task each; a socket it bound itself is
+    watched (``watch_socket``) and bound again if deleted."""
     connections = Connections(host.config.max_connections)
     async with trio.open_nursery() as nursery:
+        def accept(listener: trio.SocketListener) -> None:
+            nursery.start_soon(_accept, host, connections, listener, nursery)
+
+        accept(listening.listener)
+        if listening.bound is not None:
+            nursery.start_soon(watch_socket, host, listening, accept)
         task_status.started()
-        backoff = CAPACITY_BACKOFF_S[0]
-        while True:
-            try:
-                stream = await listener.accept()
-            except OSError as exc:
-                if exc.errno not in CAPACITY_ERRNOS:
-                    raise
-                if backoff == CAPACITY_BACKOFF_S[0]:
-                    log.warning("cannot accept connections (%s); retrying while connections close",
-                                os.strerror(exc.errno))
-                await trio.sleep(backoff)
-                backoff = min(backoff * 2, CAPACITY_BACKOFF_S[1])
-                continue
-            if backoff != CAPACITY_BACKOFF_S[0]:
-                log.info("accepting connections again")
-                backoff = CAPACITY_BACKOFF_S[0]
-            nursery.start_soon(_connection, host, connections, stream)
+
+
+async def _accept(host: HostState, connections: Connections, listener: trio.SocketListener,
+                  nursery: trio.Nursery) -> None:
+    """Accept on ``listener`` until it is closed (replaced). Out of descriptors, it backs
+    off (as ``trio.serve_listeners`` does) and says so once, not each time."""
+    backoff = CAPACITY_BACKOFF_S[0]
+    while True:
+        try:
+            stream = await listener.accept()
+        except trio.ClosedResourceError:
+            return
+        except OSError as exc:
+            if exc.errno not in CAPACITY_ERRNOS:
+                raise
+            if backoff == CAPACITY_BACKOFF_S[0]:
+                log.warning("cannot accept connections (%s); retrying while connections close",
+                            os.strerror(exc.errno))
+            await trio.sleep(backoff)
+            backoff = min(backoff * 2, CAPACITY_BACKOFF_S[1])
+            continue
+        if backoff != CAPACITY_BACKOFF_S[0]:
+            log.info("accepting connections again")
+            backoff = CAPACITY_BACKOFF_S[0]
+        nursery.start_soon(_connection, host, connections, stream)
 
 
 @dataclass(eq=False)
@@ -155,19 +243,31 @@ class Connection:
 
     waiting_since: float  # when the host last began to wait for this client's next request
     reading: trio.CancelScope | None = None  # set while the host waits for bytes: it may be displaced
+    long_poll: trio.CancelScope | None = None  # set while it answers a long poll: displacing ends it early
+    long_poll_since: float = 0.0
     displaced: bool = False
     closed: trio.Event = field(default_factory=trio.Event)
 
+    def is_displaced(self) -> bool:
+        return self.displaced
+
     def displace(self) -> None:
+        """Close this connection to make room: at once if it waits for its client; a long
+        poll first answers with what it has (a normal reply), then the connection closes."""
         self.displaced = True
         if self.reading is not None:
             self.reading.cancel()
+        if self.long_poll is not None:
+            self.long_poll.cancel()
 
 
 class Connections:
     """The connections one host serves, at most ``cap``. At the cap a newcomer displaces
-    the connection that has waited longest for its client (idle, or trickling a request);
-    only when every connection is being answered is the newcomer refused."""
+    the connection that has waited longest: for its client (idle, or trickling a request),
+    or in a long poll (``run.watch``, ``run.wait``: it answers at once with what it has,
+    then its connection closes), so long polls never lock out ``status``, ``stop`` or any
+    short request; only when every connection is answering a short request is the
+    newcomer refused."""
 
     def __init__(self, cap: int) -> None:
         self.cap = cap
@@ -175,14 +275,20 @@ class Connections:
 
     async def admit(self, connection: Connection) -> bool:
         while len(self._open) >= self.cap:
-            waiting = [c for c in self._open if c.reading is not None and not c.displaced]
-            if not waiting:
+            longest = self._to_displace()
+            if longest is None:
                 return False
-            longest = min(waiting, key=lambda c: c.waiting_since)
             longest.displace()
             await longest.closed.wait()  # within DISPLACED_NOTICE_S: it only says why, then closes
         self._open.add(connection)
         return True
+
+    def _to_displace(self) -> Connection | None:
+        """The connection waiting longest: for its client (idle, or trickling a request)
+        or, in a long poll, for a change. One being answered otherwise is never chosen."""
+        waiting = [(c.waiting_since, c) for c in self._open if c.reading is not None and not c.displaced]
+        waiting += [(c.long_poll_since, c) for c in self._open if c.long_poll is not None and not c.displaced]
+        return min(waiting, key=lambda pair: pair[0])[1] if waiting else None
 
     def remove(self, connection: Connection) -> None:
         self._open.discard(connection)
@@ -230,7 +336,9 @@ async def _serve_lines(host: HostState, connection: Connection, stream: trio.Soc
             await _refuse(host, stream, Outcome.REJECTED, str(exc))
             return
         for i, line in enumerate(lines):
-            if not await _answer(host, stream, line, behind=i + 1 < len(lines) or bool(buffer.pending)):
+            if not await _answer(host, connection, stream, line, behind=i + 1 < len(lines) or bool(buffer.pending)):
+                return
+            if connection.is_displaced():  # a long poll answered early to make room: its connection goes
                 return
         if lines:
             connection.waiting_since = trio.current_time()
@@ -274,7 +382,8 @@ async def _receive(connection: Connection, stream: trio.SocketStream, deadline: 
         connection.reading = None
 
 
-async def _answer(host: HostState, stream: trio.SocketStream, line: bytes, *, behind: bool = False) -> bool:
+async def _answer(host: HostState, connection: Connection, stream: trio.SocketStream, line: bytes, *,
+                  behind: bool = False) -> bool:
     """Answer one line (``behind``: more of the client's bytes were read after it); False
     closes the connection (no request id could be read, or the reply did not leave in time)."""
     try:
@@ -282,7 +391,7 @@ async def _answer(host: HostState, stream: trio.SocketStream, line: bytes, *, be
     except ProtocolError as exc:
         sent = await _send(host, stream, HostResponse(exc.request_id or "", Outcome.REJECTED, error=str(exc)))
         return sent and exc.request_id is not None
-    response, after = await _handle(host, stream, request, behind)
+    response, after = await _handle(host, connection, stream, request, behind)
     try:
         sent = await _send(host, stream, response)
         if sent:
@@ -293,17 +402,30 @@ async def _answer(host: HostState, stream: trio.SocketStream, line: bytes, *, be
     return sent
 
 
-async def _handle(host: HostState, stream: trio.SocketStream, request: Any,
+async def _handle(host: HostState, connection: Connection, stream: trio.SocketStream, request: Any,
                   behind: bool = False) -> tuple[HostResponse, Any]:
-    """Answer ``request``; a long poll (``run.watch``) is given up, and the connection
-    closed, as soon as its client goes away instead of when its timeout ends, and answered
-    at once with what it has when the client's next request is behind it."""
+    """Answer ``request``; a long poll (``run.watch``, ``run.wait``) is given up, and the
+    connection closed, as soon as its client goes away instead of when its timeout ends,
+    and answered at once with what it has when the client's next request is behind it or
+    when a newcomer needs its connection slot."""
     if not request.long_poll:
         return await handle_request(host, request)
     answered: list[tuple[HostResponse, Any]] = []
     ends_early = trio.CancelScope()
-    if behind:
+    if behind or connection.displaced:
         ends_early.cancel()
+    connection.long_poll, connection.long_poll_since = ends_early, trio.current_time()
+    try:
+        await _long_poll(host, stream, request, ends_early, answered)
+    finally:
+        connection.long_poll = None
+    if not answered:
+        raise trio.BrokenResourceError("the client went away during a long poll")
+    return answered[0]
+
+
+async def _long_poll(host: HostState, stream: trio.SocketStream, request: Any, ends_early: trio.CancelScope,
+                     answered: list[tuple[HostResponse, Any]]) -> None:
     async with trio.open_nursery() as nursery:
         async def answer() -> None:
             WATCH_ENDS_EARLY.set(ends_early)
@@ -312,9 +434,6 @@ async def _handle(host: HostState, stream: trio.SocketStream, request: Any,
 
         nursery.start_soon(answer)
         nursery.start_soon(_until_client_leaves, stream, nursery.cancel_scope, ends_early)
-    if not answered:
-        raise trio.BrokenResourceError("the client went away during a long poll")
-    return answered[0]
 
 
 async def _until_client_leaves(stream: trio.SocketStream, scope: trio.CancelScope,

@@ -73,25 +73,49 @@ async def _get_settings(host: HostState, request: GetSettings) -> RunSettings:
     return await host.store.settings.get_settings(request.runId, request.payload.scopeId)
 
 
+REBASES = 3  # a change moved under a waiting check: read again and check again, this many times
+
+
+class _Moved(Exception):
+    """The scope's change number moved while a check waited for a throwaway process."""
+
+
 async def proposal(host: HostState, run_id: str, patch: Any, *, scope_id: str | None = None,
                    expected: int | None = None) -> tuple[str, int, Any]:
     """(scope id, change number checked from, settings after ``patch``): the patch checked
-    in a throwaway process against the run's workflow, which must not have changed."""
+    in a throwaway process against the run's workflow, which must not have changed.
+
+    What can be refused is refused before a process is started: an ended run, a stale
+    ``expected``, and a change number that moved while the check waited for a process
+    slot (then the check starts again from the new settings, or, with ``expected``, is a
+    conflict), so concurrent changes do not each spawn a process only to conflict."""
     _check_size(patch)
     store = host.store
     workflow, project, digest, _, _ = await store.runs.run_source(run_id)
     status = (await store.runs.run_summary(run_id)).queueStatus
     if status in ENDED:
         raise Rejected(f"run {run_id} has ended ({status}): its settings can no longer change")
-    scope, change, current = await store.settings.find_scope(run_id, scope_id)
-    if expected is not None and expected != change:
-        raise Conflict(f"the settings of run {run_id} are at change {change}, not {expected}")
-    checked, value = await host.catalog.resolve_settings(project, workflow, current=current, patch=patch,
-                                                         mutable_only=True)
-    if checked != digest:
-        raise Rejected(f"workflow {workflow} changed since run {run_id} started (digest {checked[:19]}, the run has "
-                       f"{digest[:19]}): its settings cannot be checked against the run's type")
-    return scope, change, value
+    for _ in range(REBASES):
+        scope, change, current = await store.settings.find_scope(run_id, scope_id)
+        if expected is not None and expected != change:
+            raise Conflict(f"the settings of run {run_id} are at change {change}, not {expected}")
+
+        async def unmoved(scope: str = scope, change: int = change) -> None:
+            _, now_at, _ = await store.settings.find_scope(run_id, scope)
+            if now_at != change:
+                raise _Moved
+
+        try:
+            checked, value = await host.catalog.resolve_settings(project, workflow, current=current, patch=patch,
+                                                                 mutable_only=True, check=unmoved)
+        except _Moved:
+            continue
+        if checked != digest:
+            raise Rejected(f"workflow {workflow} changed since run {run_id} started (digest {checked[:19]}, the run "
+                           f"has {digest[:19]}): its settings cannot be checked against the run's type")
+        return scope, change, value
+    raise Conflict(f"the settings of run {run_id} changed {REBASES} times while this change waited to be checked; "
+                   "send it again")
 
 
 async def _prepare_change(host: HostState, request: ChangeSettings) -> tuple[str, int, Any]:

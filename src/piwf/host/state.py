@@ -45,6 +45,7 @@ class HostConfig:
     request_timeout_s: float = 10.0  # a request line, from its first byte to its newline
     reply_timeout_s: float = 10.0  # a reply, to leave: a client that does not read is disconnected
     max_connections: int = 64
+    socket_check_s: float = 1.0  # between looks at the socket's path: a deleted socket is bound again
     worker_env: dict[str, str] = field(default_factory=dict)
     worker_start: str = "fork"  # or "spawn"
     listen_fd: int | None = None  # a listening socket passed by the service manager (LISTEN_FDS)

@@ -186,7 +186,7 @@ async def _supervise_process(host: HostState, active: Active[Any], proc: WorkerH
             returncode = await _stop(proc, host.config.kill_grace_s, exited)
             if not diagnostics.complete:  # what it printed last, before it was stopped
                 with trio.move_on_after(OUTPUT_TAIL_S):
-                    await _read_output(proc.stdout, diagnostics)
+                    await _read_output(proc.stdout, diagnostics, pace_s=0)
         diagnostics.close()
         end = ProcessEnd(returncode, diagnostics.text())
         if cleanup.cancelled_caught and returncode is None:
@@ -242,12 +242,22 @@ async def _stop(proc: WorkerHandle, grace_s: float, exited: bool) -> int | None:
     return await proc.reap()
 
 
-async def _read_output(stream: trio.abc.ReceiveStream | None, diagnostics: Diagnostics) -> None:
+OUTPUT_READ = 65536  # bytes of a worker's stdout/stderr per read
+OUTPUT_PACE_S = 0.01  # at least this long between two reads of one worker's output
+
+
+async def _read_output(stream: trio.abc.ReceiveStream | None, diagnostics: Diagnostics,
+                       pace_s: float = OUTPUT_PACE_S) -> None:
+    """Keep the tail of what the worker prints. Reads are paced (at most one per
+    ``pace_s``, 64 KiB each): a node printing as fast as it can waits on its full pipe
+    instead of spinning the host, which wakes for it at most 100 times a second."""
     if stream is None:
         return
     try:
-        while chunk := await stream.receive_some(65536):
+        while chunk := await stream.receive_some(OUTPUT_READ):
             diagnostics.add(chunk)
+            if pace_s:
+                await trio.sleep(pace_s)
     except (trio.ClosedResourceError, trio.BrokenResourceError):
         return
     diagnostics.complete = True

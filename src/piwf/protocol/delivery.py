@@ -66,7 +66,10 @@ class ListDeliveryPayload(NoPayload, frozen=True):
 class WatchPayload(NoPayload, frozen=True):
     after: Annotated[int, Meta(ge=0), Meta(description="the `cursor` of the previous answer; absent: a snapshot "
                                                        "now (active runs, the latest events)")] | None = None
-    limit: Annotated[int, Meta(ge=1, le=1000, description="at most this many events")] = 200
+    limit: Annotated[int, Meta(ge=1, le=1000, description="at most this many events (and, in a snapshot, "
+                                                           "runs)")] = 200
+    runsAfter: Annotated[str | None, Meta(description="a snapshot's next page: the `nextRunsAfter` of the "
+                                                      "previous one")] = None
     timeoutMs: Annotated[int, Meta(ge=0, le=WAIT_LIMIT_MS, description="with `after`: answer after this long at "
                                                                       "the latest, changed or not (or as soon as "
                                                                       "the client's next request comes behind it)")
@@ -187,6 +190,9 @@ class WatchPage(Struct):
     events: Annotated[list[WatchEvent], Meta(description="new events, oldest first (snapshot: the latest)")]
     requests: Annotated[list[InteractionRequest], Meta(description="open requests of the runs in `runs`")]
     more: Annotated[bool, Meta(description="more events after `cursor` are already there: ask again at once")]
+    nextRunsAfter: Annotated[str | None, Meta(description="a snapshot with more active runs than `limit`: send "
+                                                          "it as `runsAfter` (no `after`) for the next page, and "
+                                                          "watch from the first page's `cursor`")] = None
 
 
 # --- requests ---------------------------------------------------------------------------

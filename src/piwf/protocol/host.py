@@ -498,6 +498,7 @@ class WaitRun(RunRequest, tag="run.wait"):
 
     payload: WaitRunPayload = WaitRunPayload()
     is_read = True
+    long_poll = True
     receipt_type = WaitReceipt
 
 

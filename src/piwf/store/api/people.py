@@ -169,9 +169,11 @@ class UpdatesStore(Protocol):
     async def last_event(self, run_id: str | None = None) -> int:
         """The newest event id (of one run, or of all): a watch waits until it moves past its cursor."""
 
-    async def snapshot(self, *, run_id: str | None, limit: int, now: int) -> WatchPage:
-        """Now: the active runs (or ``run_id``), all their updates and open requests, and the latest ``limit``
-        events. An unknown ``run_id`` gives an empty page (the caller checks the run first).
+    async def snapshot(self, *, run_id: str | None, limit: int, now: int, runs_after: str | None = None) -> WatchPage:
+        """Now: the active runs (or ``run_id``), oldest first, at most ``limit`` of them after the run
+        ``runs_after`` (``nextRunsAfter`` names the next page's start, None on the last), all their updates and
+        open requests, and the latest ``limit`` events. An unknown ``run_id`` gives an empty page (the caller
+        checks the run first); an unknown ``runs_after`` is Rejected.
         """
 
     async def changes(self, *, after: int, run_id: str | None, limit: int, now: int) -> WatchPage:

@@ -431,8 +431,8 @@ class UpdatesAggregate:
     async def last_event(self, run_id: str | None = None) -> int:
         return await self.call(_updates.last_event, run_id)
 
-    async def snapshot(self, *, run_id: str | None, limit: int, now: int) -> WatchPage:
-        return await self.call(_updates.snapshot, run_id=run_id, limit=limit, now=now)
+    async def snapshot(self, *, run_id: str | None, limit: int, now: int, runs_after: str | None = None) -> WatchPage:
+        return await self.call(_updates.snapshot, run_id=run_id, limit=limit, now=now, runs_after=runs_after)
 
     async def changes(self, *, after: int, run_id: str | None, limit: int, now: int) -> WatchPage:
         return await self.call(_updates.changes, after=after, run_id=run_id, limit=limit, now=now)

@@ -90,23 +90,48 @@ def _bounded(where: str, params: tuple[Any, ...], horizon: int | None) -> tuple[
     return f"{where} AND event_id <= ?", (*params, horizon)
 
 
-def snapshot(db: Database, *, run_id: str | None, limit: int, now: int) -> WatchPage:
-    """Now: the active runs (or ``run_id``), all their updates and open requests, and the
-    latest ``limit`` events."""
+ACTIVE = "status IN ('queued', 'starting', 'running', 'parked')"
+
+
+def snapshot(db: Database, *, run_id: str | None, limit: int, now: int, runs_after: str | None = None) -> WatchPage:
+    """Now: the active runs (or ``run_id``), oldest first, at most ``limit`` of them after
+    the run ``runs_after`` (a page: ``nextRunsAfter`` names where the next one starts),
+    with all their updates and open requests, and the latest ``limit`` events."""
     horizon = db.event_horizon()  # before the snapshot the page is read from
     with db.read():
+        more: str | None = None
         if run_id is not None:
             queue_status = db.scalar("SELECT status FROM run_queue WHERE run_id = ?", (run_id,))
             run_ids = [] if queue_status is None else [run_id]
         else:
-            run_ids = [r for (r,) in db.execute("""SELECT run_id FROM run_queue
-                WHERE status IN ('queued', 'starting', 'running', 'parked') ORDER BY created_at, run_id""")]
+            run_ids = _active_page(db, runs_after, limit + 1)
+            if len(run_ids) > limit:
+                run_ids = run_ids[:limit]
+                more = run_ids[-1]
         where, params = _bounded("WHERE run_id = ?" if run_id is not None else "WHERE 1 = 1",
                                  (run_id,) if run_id is not None else (), horizon)
         rows = db.execute(f"""SELECT event_id, run_id, at, type, payload_json FROM run_events {where}
                               ORDER BY event_id DESC LIMIT ?""", (*params, limit)).fetchall()
         cursor = last_event(db, None, horizon)
-        return _page(db, cursor, run_ids, list(reversed(rows)), after=0, more=False, now=now, horizon=horizon)
+        page = _page(db, cursor, run_ids, list(reversed(rows)), after=0, more=False, now=now, horizon=horizon)
+        page.nextRunsAfter = more
+        return page
+
+
+def _active_page(db: Database, runs_after: str | None, limit: int) -> list[str]:
+    """Up to ``limit`` active runs in (created_at, run_id) order, after the run ``runs_after``
+    (which need not be active any more; an unknown one is refused)."""
+    if runs_after is None:
+        rows = db.execute(f"SELECT run_id FROM run_queue WHERE {ACTIVE} ORDER BY created_at, run_id LIMIT ?",
+                          (limit,))
+        return [r for (r,) in rows]
+    created = db.scalar("SELECT created_at FROM run_queue WHERE run_id = ?", (runs_after,))
+    if created is None:
+        raise Rejected(f"payload.runsAfter: no run {runs_after!r}")
+    rows = db.execute(f"""SELECT run_id FROM run_queue WHERE {ACTIVE}
+                            AND (created_at > ? OR (created_at = ? AND run_id > ?))
+                          ORDER BY created_at, run_id LIMIT ?""", (created, created, runs_after, limit))
+    return [r for (r,) in rows]
 
 
 def changes(db: Database, *, after: int, run_id: str | None, limit: int, now: int) -> WatchPage:

@@ -6,6 +6,8 @@ mode holds the GIL through the busy timeout and freezes the trio loop (NOTES.md)
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +22,7 @@ from piwf.store.api.rules import BLOB_TOUCH_MS
 from piwf.store.sql.database import PUT_BLOB
 from piwf.store.sqlite.schema import APPLICATION_ID, MIGRATIONS, REQUIRED_TABLES, SCHEMA_SQL, SCHEMA_VERSION
 
+log = logging.getLogger("piwf.store")
 _T = TypeVar("_T")
 _P = ParamSpec("_P")
 INLINE_JSON_LIMIT = 4096
@@ -53,6 +56,8 @@ class Database:
         self._depth = 0
         self.durability = "full"
         self.sync_deferred = False  # see defer_sync
+        self.file_id: tuple[int, int] | None = None  # (device, inode) of the file opened; see check_file
+        self.lost: str | None = None  # what happened to that file, once a write found it gone
 
     # --- opening ---------------------------------------------------------------------
 
@@ -80,6 +85,7 @@ class Database:
         db = cls(conn, path)
         db.durability = durability
         try:
+            db.file_id = _file_id(path)
             conn.setbusytimeout(BUSY_TIMEOUT_MS)
             fresh = db._is_empty()
             if not fresh:
@@ -226,6 +232,28 @@ class Database:
         """A write transaction; nested calls join the outer one."""
         return _Write(self)
 
+    def check_file(self) -> None:
+        """Refuse to write (``StorageUnavailable``) when the file at ``path`` is no longer the
+        one this connection has open: deleted, or replaced by another file. SQLite would
+        go on writing into the open, unlinked file, and a restart would find none of it.
+        One ``stat`` per write transaction; logged once, as an error."""
+        if self.file_id is None:
+            return
+        try:
+            now = _file_id(self.path)
+        except FileNotFoundError:
+            now = None
+        except OSError:
+            return  # the directory is unreadable: SQLite's own error says so when it matters
+        if now == self.file_id:
+            return
+        if self.lost is None:
+            what = "deleted" if now is None else "replaced by another file"
+            self.lost = (f"the state database {self.path} was {what} while the host ran: nothing more is written "
+                         f"to it. {_open_copy(self.path)}Stop the host, put the database back, and start it again")
+            log.error("%s", self.lost)
+        raise StorageUnavailable(f"{self.lost}; nothing was changed")
+
     def _rollback(self) -> None:
         # SQLite rolls some failures back by itself (SQLITE_FULL, SQLITE_IOERR): then there
         # is no transaction left to roll back.
@@ -312,6 +340,7 @@ class _Write:
         if db._depth:
             db._depth += 1
             return db
+        db.check_file()
         try:
             db.conn.execute("BEGIN IMMEDIATE")
         except apsw.Error as exc:
@@ -355,6 +384,26 @@ class _Read:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
         if self.began and self.db.conn.in_transaction:
             self.db.conn.execute("COMMIT")
+
+
+def _file_id(path: Path) -> tuple[int, int]:
+    info = os.stat(path)
+    return info.st_dev, info.st_ino
+
+
+def _open_copy(path: Path) -> str:
+    """Where this process still has the deleted database open, as advice to copy it."""
+    wanted = f"{os.path.realpath(path.parent)}/{path.name} (deleted)"
+    try:
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/self/fd/{fd}") == wanted:
+                    return (f"Until the host stops, what it held is still readable at /proc/{os.getpid()}/fd/{fd} "
+                            f"(copy it back to {path}, leaving {path.name}-wal where it is, after stopping the host's "
+                            "clients and before stopping the host). ")
+    except OSError:
+        pass
+    return ""
 
 
 def _verify_readonly(path: Path, verify: Callable[[Database], None]) -> None:
