@@ -20,7 +20,7 @@ import trio
 import piwf
 from piwf.cli.common import LOAD_LIMIT_S
 from piwf.errors import ExitCode
-from piwf.host.catalog import INSPECT_TIMEOUT_S
+from piwf.host.isolated import INSPECT_TIMEOUT_S
 from piwf.paths import StatePaths
 
 from .conftest import HostProcess, write_workflow

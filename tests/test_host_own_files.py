@@ -100,7 +100,7 @@ async def test_stop_finds_a_host_whose_socket_is_gone(paths: StatePaths, host_pr
     served: HostProcess = await host_process("--socket-check", "3600").start()
     paths.socket.unlink()  # and the host does not look for an hour: nobody can reach it meanwhile
     done = await piwf(paths, "stop", "--json")
-    assert json.loads(done.stdout) == {"stopped": True}
+    assert json.loads(done.stdout) == {"stopped": True, "takenOverBy": None}
     assert await served.wait() == 0
     started_again = await host_process().start()  # the state directory is free again
     assert started_again.proc is not None

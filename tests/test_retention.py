@@ -312,8 +312,8 @@ def _pages(paths: StatePaths) -> int:
 
 
 async def test_a_bad_duration_gets_one_clear_line_and_changes_nothing(paths: StatePaths) -> None:
-    for args, why in ((("serve", "--retain", "5x"), "is not a duration"),
-                      (("prune", "--older-than", "0s"), "more than 0"),
+    for args, why in ((("serve", "--retain", "5x"), "is not a length of time"),
+                      (("prune", "--older-than", "0s"), "is not a length of time"),
                       (("prune", "--older-than", "0.5s"), "must be at least 1s")):
         done = await piwf(paths, *args, check=False)
         assert done.returncode == 2 and done.stdout == b"", done
