@@ -259,6 +259,8 @@ async def test_no_host_and_usage_errors_have_their_own_exit_codes(paths: StatePa
     assert nobody.returncode == ExitCode.NO_HOST == 9
     assert "no piwf host is serving" in one_line(nobody)
     assert error_document(nobody)["outcome"] == "noHost"
+    never = await cli(paths, "run", "wait", "run-x", limit_s=20)  # only a host that went away is waited for
+    assert never.returncode == ExitCode.NO_HOST and "no piwf host is serving" in one_line(never)
 
     for args in (["run", "start", "--json"], ["run", "list", "--limit", "0", "--json"],
                  ["run", "start", "x", "--input", "{", "--json"], ["frobnicate", "--json"]):

@@ -118,7 +118,9 @@ def through_restarts(client: Client, deadline: Deadline, body: Callable[[], T], 
     host that does not answer), reconnect with a short back-off and call it again — the
     host serves the same state directory when it is back, and a wait asks afresh. The host
     may stay away until the wait's own limit passes, or ``HOST_AWAY_S`` without one: then
-    HostUnavailable (exit 9). ``say``: one line on stderr when it is lost, one when back."""
+    HostUnavailable (exit 9). ``say``: one line on stderr when it is lost, one when back.
+    No host at all to begin with is not waited for: HostUnavailable at once."""
+    client.connect()
     while True:
         try:
             return body()
