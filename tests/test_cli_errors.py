@@ -259,6 +259,8 @@ async def test_no_host_and_usage_errors_have_their_own_exit_codes(paths: StatePa
     assert nobody.returncode == ExitCode.NO_HOST == 9
     assert "no piwf host is serving" in one_line(nobody)
     assert error_document(nobody)["outcome"] == "noHost"
+    never = await cli(paths, "run", "wait", "run-x", limit_s=20)  # only a host that went away is waited for
+    assert never.returncode == ExitCode.NO_HOST and "no piwf host is serving" in one_line(never)
 
     for args in (["run", "start", "--json"], ["run", "list", "--limit", "0", "--json"],
                  ["run", "start", "x", "--input", "{", "--json"], ["frobnicate", "--json"]):
@@ -286,9 +288,11 @@ async def test_json_nested_too_deep_on_the_command_line_is_a_usage_error(paths: 
     assert "nested deeper than 100 levels" in one_line(done)
 
 
-async def test_a_wait_whose_host_dies_still_names_the_run_it_started(
+async def test_a_wait_whose_host_dies_for_good_still_names_the_run_it_started(
     host_process: Callable[..., HostProcess], paths: StatePaths, project: Path
 ) -> None:
+    """A host that went away is waited for (a restart: tests/test_cli_hints.py), but only
+    within the wait's limit: no host back by then is exit 9, naming the run."""
     write_workflow(project, "sleeper", """
         from piwf import Workflow, shell
         workflow = Workflow(name="sleeper", start_at="s", nodes={"s": shell(["sleep", "300"])})
@@ -298,14 +302,17 @@ async def test_a_wait_whose_host_dies_still_names_the_run_it_started(
         done: list[subprocess.CompletedProcess[bytes]] = []
 
         async def start() -> None:
-            done.append(await cli(paths, "run", "start", "sleeper", "--project", str(project), "--wait"))
+            done.append(await cli(paths, "run", "start", "sleeper", "--project", str(project), "--wait",
+                                  "--wait-timeout", "15s"))
 
         nursery.start_soon(start)
         await wait_for(lambda: list((paths.root / "host").glob("*.sock")) and _a_run_is_running(paths))
         host.kill_group()
     line = one_line(done[0])
     assert done[0].returncode == ExitCode.NO_HOST
-    assert re.search(r"run run-[0-9a-f]+ was started, but waiting for it failed", line), line
+    assert re.search(r"run run-[0-9a-f]+ was started, but waiting for it failed: the host went away \(.*\) "
+                     r"and did not come back before the wait's limit \(15 s\) passed; follow it with "
+                     r"piwf run wait run-[0-9a-f]+$", line.strip()), line
 
 
 def _a_run_is_running(paths: StatePaths) -> bool:

@@ -100,7 +100,8 @@ def cmd_answer(args: argparse.Namespace) -> int:
             _print(args, receipt, lambda r: f"{r['submissionId']}: submitted; the workflow validates it")
             return 0
         try:
-            submission, end = waiting.submission_ending(client, receipt, waiting.Deadline(args.wait_timeout))
+            submission, end = waiting.submission_ending(client, receipt, waiting.Deadline(args.wait_timeout),
+                                                        say=waiting.shows_progress(args))
         except KeyboardInterrupt:
             print(f"piwf: stopped waiting; submission {receipt['submissionId']} stays and is validated all the "
                   f"same: piwf inbox --run {receipt['runId']}", file=sys.stderr)

@@ -69,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "waits, or is paused or held; the exit code says which (docs/operations.md)")
     _add_wait_timeout(start)
     start.add_argument("--settings", metavar="JSON", help="initial settings (merged over the workflow's defaults)")
+    _add_request_id(start)
     start.set_defaults(handler="run:cmd_run_start")
     wait = run.add_parser("wait", parents=[common], help="wait for a run as `run start --wait` does")
     wait.add_argument("run_id", metavar="RUN_ID")

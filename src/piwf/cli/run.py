@@ -6,15 +6,19 @@ import argparse
 import json
 import shlex
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 from piwf.cli import interact as cli_interact
 from piwf.cli import runview, waiting
-from piwf.cli.common import DEFAULT_TIMEOUT_S, LOAD_LIMIT_S, _client, _json_arg, _ok, _print, slow_notice
+from piwf.cli.common import (DEFAULT_TIMEOUT_S, LOAD_LIMIT_S, _client, _json_arg, _ok, _paths, _print, _timeout,
+                             client_id, slow_notice)
 from piwf.cli.text import shown
 from piwf.client import Client
-from piwf.errors import UsageError
+from piwf.errors import HostTimeout, PiwfError, UsageError
+
+STATUS_PROBE_S = 2.0  # after a start timed out: does the host answer at once (loading) or not (frozen)?
 
 
 def cmd_run_start(args: argparse.Namespace) -> int:
@@ -29,15 +33,57 @@ def cmd_run_start(args: argparse.Namespace) -> int:
         raise UsageError("--wait-timeout goes with --wait")
     # Loading the workflow may take the host up to LOAD_LIMIT_S: by default the CLI waits for
     # the host's own answer (its reason), a --timeout or $PIWF_TIMEOUT bounds the wait.
+    # The request id is chosen here, so that a start whose answer did not come in time can be
+    # retried with it: the host adopts the retry (the same run), it starts no second run.
+    request_id = args.command_id or uuid.uuid4().hex
     with _client(args, default_timeout=LOAD_LIMIT_S + DEFAULT_TIMEOUT_S) as client:
-        with slow_notice(f"waiting for the host to load workflow {args.name} (its import may take up to "
-                         f"{LOAD_LIMIT_S} s; --timeout S waits less)"):
-            receipt = _ok(client.call("run.start", run_id=args.run_id, payload=payload))
+        try:
+            with slow_notice(f"waiting for the host to load workflow {args.name} (its import may take up to "
+                             f"{LOAD_LIMIT_S} s; --timeout S waits less)"):
+                receipt = _ok(client.call("run.start", run_id=args.run_id, payload=payload, request_id=request_id))
+        except HostTimeout as exc:
+            raise HostTimeout(_start_timed_out(args, exc, request_id)) from exc
         run_id = receipt["runId"]
         if not args.wait:
             _print(args, {"runId": run_id}, lambda r: run_id)
             return 0
         return waiting.attend(args, client, run_id, format_run, announce=True)
+
+
+def _start_timed_out(args: argparse.Namespace, exc: HostTimeout, request_id: str) -> str:
+    """Why ``run start`` got no answer in time, and how to go on without starting the run
+    twice. A host that answers ``host.status`` at once is loading the workflow (its import
+    runs in a child process of its own), not frozen."""
+    try:
+        with Client(_paths(args), timeout=STATUS_PROBE_S, client_id=client_id()) as probe:
+            _ok(probe.call("host.status"))
+    except PiwfError:
+        head = str(exc)  # frozen or overloaded: the request may have been received all the same
+    else:
+        waited = _timeout(args, LOAD_LIMIT_S + DEFAULT_TIMEOUT_S)
+        head = (f"the host answers, but did not start the run within {waited:g} s: workflow {args.name} is "
+                f"still loading (its import may take up to {LOAD_LIMIT_S} s)")
+    return (f"{head}; the run may start all the same: see piwf run list --workflow {shlex.quote(args.name)}, "
+            f"or retry with the same request id (adopted, not a second run): {_retry_command(args, request_id)}")
+
+
+def _retry_command(args: argparse.Namespace, request_id: str) -> str:
+    """This ``run start`` again, word for word, with its request id (and without its
+    ``--timeout``: the retry waits for the host's own answer)."""
+    words = ["piwf", "run", "start", args.name, "--project", str(Path(args.project).absolute())]
+    for flag, value in (("--input", None if args.input == "{}" else args.input), ("--session", args.session),
+                        ("--run-id", args.run_id), ("--settings", args.settings),
+                        ("--state-dir", args.state_dir and str(Path(args.state_dir).absolute()))):
+        if value is not None:
+            words += [flag, value]
+    if args.wait:
+        words.append("--wait")
+    if args.wait_timeout is not None:
+        words += ["--wait-timeout", f"{args.wait_timeout}ms" if args.wait_timeout % 1000 else
+                  f"{args.wait_timeout // 1000}s"]
+    if args.json:
+        words.append("--json")
+    return shlex.join([*words, "--request-id", request_id])
 
 
 def cmd_run_wait(args: argparse.Namespace) -> int:

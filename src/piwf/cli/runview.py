@@ -43,12 +43,14 @@ def release(run: dict[str, Any]) -> str:
             return f"see piwf run show {run_id}, then piwf run resolve-effect {run_id} KEY --applied|--not-applied"
         return "; ".join(f"piwf run resolve-effect {run_id} {shlex.quote(shown(key))} --applied|--not-applied"
                          for key in keys)
-    if hold == "source":
-        return f"restore the workflow file, or piwf run resume {run_id} to go on with the new one"
+    if hold == "source":  # resume goes on with the file as it is then: restoring it alone releases nothing
+        if str(run.get("statusDetail") or "").startswith("workflow cannot load"):
+            return f"fix the workflow file, then piwf run resume {run_id}"
+        return f"restore the workflow file or keep the change, then piwf run resume {run_id}"
     if hold == "crashed":
         return f"see piwf run logs {run_id}, fix the cause, then piwf run resume {run_id}"
-    if hold == "waiting" or run["status"] == "waiting":
-        return f"piwf inbox --run {run_id}"
+    if state(run) != "paused" and (hold == "waiting" or run["status"] == "waiting"):
+        return f"piwf inbox --run {run_id}"  # a paused run's answer is refused until it is resumed
     return f"piwf run resume {run_id}"
 
 

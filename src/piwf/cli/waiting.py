@@ -12,18 +12,22 @@ nothing is drawn. Ctrl-C stops the wait, not the run, and says how to follow it.
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from piwf.cli import runview
 from piwf.cli.text import shown
 from piwf.cli.common import WAIT_S, _emit, _ok, _print
+from piwf.cli.deliver import RECONNECT_BACKOFF_S, lost_host
 from piwf.client import Client
-from piwf.errors import ExitCode, HostReplied, HostUnavailable
+from piwf.errors import ExitCode, HostReplied, HostTimeout, HostUnavailable
 
 POLL_MS = 30_000  # one run.watch long poll while progress is shown
+HOST_AWAY_S = 60.0  # without --wait-timeout: how long a wait lets the host be away (a restart, an upgrade)
+T = TypeVar("T")
 ENDED = ("completed", "failed", "timed_out", "cancelled")
 
 
@@ -38,6 +42,9 @@ class Deadline:
         if self.at is None:
             return most
         return max(0, min(most, int((self.at - time.monotonic()) * 1000)))
+
+    def left_s(self) -> float:
+        return 0.0 if self.at is None else max(0.0, self.at - time.monotonic())
 
     def passed(self) -> bool:
         return self.at is not None and time.monotonic() >= self.at
@@ -63,16 +70,11 @@ def attend(args: argparse.Namespace, client: Client, run_id: str, show: Callable
     try:
         if announce and not args.json:
             print(run_id, flush=True)  # the run can be followed from here, whatever happens next
-        run = wait_for_run(client, run_id, deadline, progress=shows_progress(args))
+        run = wait_for_run(client, run_id, deadline, progress=shows_progress(args), say=shows_progress(args))
     except HostUnavailable as exc:  # the run exists: say which, so it can be followed up
         what = (f"run {run_id} was started, but waiting for it failed" if announce
                 else f"waiting for run {run_id} failed")
         raise type(exc)(f"{what}: {exc}; follow it with piwf run wait {run_id}") from exc
-    except HostReplied as exc:  # "unavailable: the host is stopping", say
-        if exc.outcome != "unavailable":
-            raise
-        raise HostReplied(exc.outcome, f"waiting for run {run_id} failed: {exc.error}; follow it with "
-                                       f"piwf run wait {run_id}") from exc
     except KeyboardInterrupt:
         print(f"piwf: stopped waiting; run {run_id} goes on. Follow it with: piwf run wait {run_id} "
               f"(or piwf watch {run_id})", file=sys.stderr)
@@ -92,17 +94,70 @@ def attend(args: argparse.Namespace, client: Client, run_id: str, show: Callable
     return end.code
 
 
-def wait_for_run(client: Client, run_id: str, deadline: Deadline, *, progress: bool = False) -> dict[str, Any]:
+def wait_for_run(client: Client, run_id: str, deadline: Deadline, *, progress: bool = False,
+                 say: bool = False) -> dict[str, Any]:
     """The run once it is at rest (``atRest`` true), or as it stands when the deadline
-    passed (``atRest`` false)."""
+    passed (``atRest`` false). A host that goes away meanwhile is waited for
+    (``through_restarts``); ``say``: say so on stderr."""
     long_polls(client)
     if progress:
-        return _with_progress(client, run_id, deadline)
+        return through_restarts(client, deadline, lambda: _with_progress(client, run_id, deadline), say=say)
+    return through_restarts(client, deadline, lambda: _plain_wait(client, run_id, deadline), say=say)
+
+
+def _plain_wait(client: Client, run_id: str, deadline: Deadline) -> dict[str, Any]:
     while True:
         run: dict[str, Any] = _ok(client.call("run.wait", run_id=run_id,
                                               payload={"timeoutMs": deadline.left_ms(WAIT_S * 1000)}))
         if run["atRest"] or deadline.passed():
             return run
+
+
+def through_restarts(client: Client, deadline: Deadline, body: Callable[[], T], *, say: bool) -> T:
+    """``body()``; when the host goes away meanwhile (stopped, restarting, killed; not a
+    host that does not answer), reconnect with a short back-off and call it again — the
+    host serves the same state directory when it is back, and a wait asks afresh. The host
+    may stay away until the wait's own limit passes, or ``HOST_AWAY_S`` without one: then
+    HostUnavailable (exit 9). ``say``: one line on stderr when it is lost, one when back.
+    No host at all to begin with is not waited for: HostUnavailable at once."""
+    client.connect()
+    while True:
+        try:
+            return body()
+        except (HostUnavailable, HostReplied) as exc:
+            if isinstance(exc, HostTimeout) or not lost_host(exc):
+                raise
+            _until_back(client, deadline, exc, say=say)
+
+
+def _until_back(client: Client, deadline: Deadline, lost: Exception, *, say: bool) -> None:
+    limit_s = deadline.left_s() if deadline.at is not None else HOST_AWAY_S
+    give_up = time.monotonic() + limit_s
+    within = (f"before the wait's limit ({deadline.seconds:g} s) passed" if deadline.seconds is not None
+              else f"within {HOST_AWAY_S:g} s")
+    long_timeout = client.timeout
+    if say:
+        print(f"piwf: lost the host ({lost}); reconnecting", file=sys.stderr, flush=True)
+    try:
+        for attempt in itertools.count():
+            client.close()
+            left = give_up - time.monotonic()
+            if left <= 0:
+                raise HostUnavailable(f"the host went away ({lost}) and did not come back {within}")
+            time.sleep(min(RECONNECT_BACKOFF_S[min(attempt, len(RECONNECT_BACKOFF_S) - 1)], left))
+            client.timeout = max(0.1, min(left, long_timeout or left))  # a try may not outlast the limit
+            try:
+                _ok(client.call("host.status"))
+            except (HostUnavailable, HostReplied) as again:  # a host that answers "stopping" is not back
+                if not lost_host(again):
+                    raise
+                continue
+            if say:
+                print("piwf: reconnected to the host", file=sys.stderr, flush=True)
+            return
+    finally:
+        client.close()  # the next request connects with the long polls' own timeout
+        client.timeout = long_timeout
 
 
 def _with_progress(client: Client, run_id: str, deadline: Deadline) -> dict[str, Any]:
@@ -149,11 +204,17 @@ class _Progress:
         self._bar.__exit__(None, None, None)
 
 
-def submission_ending(client: Client, receipt: dict[str, Any], deadline: Deadline) -> tuple[dict[str, Any], Any]:
+def submission_ending(client: Client, receipt: dict[str, Any], deadline: Deadline,
+                      *, say: bool = False) -> tuple[dict[str, Any], Any]:
     """``answer --wait``: wait until the submission is validated, or its run is held,
     paused or ended meanwhile. Returns (the submission as last seen, the run's Ending or
-    None when the submission was decided)."""
+    None when the submission was decided). A host restart meanwhile is waited for, as in
+    ``wait_for_run``."""
     long_polls(client)
+    return through_restarts(client, deadline, lambda: _submission_ending(client, receipt, deadline), say=say)
+
+
+def _submission_ending(client: Client, receipt: dict[str, Any], deadline: Deadline) -> tuple[dict[str, Any], Any]:
     run_id = receipt["runId"]
     cursor = _ok(client.watch(run_id=run_id, limit=1))["cursor"]
     while True:

@@ -61,8 +61,7 @@ def _source_problem(message: Ready, digest: str) -> str | None:
     if loaded.loadError is not None:
         return f"workflow cannot load: {loaded.loadError}"
     if loaded.digest != digest:
-        return (f"workflow source changed (digest {str(loaded.digest)[:19]}, run has {digest[:19]}); "
-                "resume to run the new source")
+        return f"workflow source changed (digest {str(loaded.digest)[:19]}, run has {digest[:19]})"
     return None
 
 
