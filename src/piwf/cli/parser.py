@@ -337,8 +337,9 @@ def _add_followup(commands: Any, common: argparse.ArgumentParser) -> None:
                      "(a safe retry; default: a new key each time)")
     add.set_defaults(handler="follow:cmd_followup_add")
     remove = group.add_parser("remove", parents=[common], help="take back a follow-up not yet delivered")
-    remove.add_argument("run_id", metavar="RUN_ID")
-    remove.add_argument("followup_id", metavar="FOLLOWUP_ID")
+    remove.add_argument("run_id", metavar="RUN_ID", help="the run it was queued for")
+    remove.add_argument("followup_id", metavar="FOLLOWUP_ID", nargs="?",
+                        help="as `followup add` printed it (with the whole command)")
     remove.set_defaults(handler="follow:cmd_followup_remove")
 
 
