@@ -103,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         sub = run.add_parser(name, parents=[common], help=text)
         sub.add_argument("run_id", metavar="RUN_ID")
-        sub.add_argument("--follow", "-f", action="store_true", help=follow + " (with --json: a JSON line each)")
+        sub.add_argument("--follow", "-f", action="store_true", help=follow + " or is held, paused or waiting "
+                         "(then exit as --wait does: 24, 23, 25); with --json a JSON line each")
         sub.set_defaults(handler=f"follow:cmd_run_{name}")
     resolve = run.add_parser("resolve-effect", parents=[common],
                              help="say whether an ambiguous effect was applied, releasing its run")
