@@ -234,6 +234,10 @@ async def test_following_a_paused_run_or_one_waiting_for_an_answer_ends_as_wait_
     follow = await follower(paths, "run", "events", waiting, "--follow")
     assert await follow.finish() == 25
     assert follow.err == f"piwf: run {waiting} waits for an answer: piwf inbox --run {waiting}\n".encode()
+    as_json = await follower(paths, "run", "events", waiting, "--follow", "--json")
+    assert await as_json.finish() == 25 and as_json.err == follow.err  # stdout: only the events' JSON lines
+    assert [json.loads(line)["type"] for line in as_json.out.splitlines()] == [
+        line.split()[1] for line in follow.out.decode().splitlines()]
     paused = await start(paths, project, "gated")
     await wait_for(lambda: (project / "wait.log").exists())
     await call(paths, "run.pause", run_id=paused)
