@@ -17,6 +17,7 @@ import trio
 from piwf.paths import StatePaths
 
 from .conftest import piwf, wait_for, write_workflow
+from .test_cli_wait import DECIDES, fast_host  # noqa: F401 (a fixture)
 from .test_delivery import ends_source
 from .test_interactions import open_request, start, wait_run
 from .test_lifecycle import call
@@ -45,6 +46,7 @@ class Follower:
     def __init__(self, proc: trio.Process) -> None:
         self.proc = proc
         self.out = b""
+        self.err = b""
 
     async def until(self, text: bytes) -> None:
         assert self.proc.stdout is not None
@@ -55,16 +57,19 @@ class Follower:
                 self.out += chunk
 
     async def finish(self) -> int:
-        assert self.proc.stdout is not None
+        assert self.proc.stdout is not None and self.proc.stderr is not None
         with trio.fail_after(30):
             while chunk := await self.proc.stdout.receive_some(65536):
                 self.out += chunk
+            while chunk := await self.proc.stderr.receive_some(65536):
+                self.err += chunk
             return await self.proc.wait()
 
 
 async def follower(paths: StatePaths, *args: str) -> Follower:
     proc = await trio.lowlevel.open_process([sys.executable, "-m", "piwf", *args, "--state-dir", str(paths.root)],
-                                            stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
+                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                            stdin=subprocess.DEVNULL)
     return Follower(proc)
 
 
@@ -164,12 +169,19 @@ async def test_followup_add_and_remove_from_the_command_line(host: Any, paths: S
     write_workflow(project, "ends", ends_source("approve"))
     run_id = await start(paths, project, "ends", originSessionId="agent-9")
     request = await open_request(paths, run_id)
+    empty = await piwf(paths, "followup", "add", run_id, " ", check=False)  # before: protocol words, exit 1
+    assert (empty.returncode, empty.stderr, empty.stdout) == (2, b"piwf: TEXT must not be empty\n", b"")
     first = (await piwf(paths, "followup", "add", run_id, "Then open a pull request")).stdout.decode()
-    assert first.endswith(f": follow-up 1 of run {run_id}, queued\n") and first.startswith("fup-")
+    fup = first.split(":")[0]
+    assert first == (f"{fup}: follow-up 1 of run {run_id}, queued; "  # numbered 1: the empty one was not sent
+                     f"take it back with: piwf followup remove {run_id} {fup}\n") and fup.startswith("fup-")
+    alone = await piwf(paths, "followup", "remove", fup, check=False)  # before: argparse's "required" line
+    assert (alone.returncode, alone.stderr) == (2, f"piwf: give the run and the follow-up: piwf followup remove "
+                                                   f"RUN_ID {fup} (piwf followup add printed this command)\n".encode())
     gone = json.loads((await piwf(paths, "followup", "add", run_id, "Never mind", "--json")).stdout)
     retry = await piwf(paths, "followup", "add", run_id, "Tell the team", "--request-key", "k")
     again = await piwf(paths, "followup", "add", run_id, "Tell the team", "--request-key", "k")
-    assert again.stdout.decode().endswith("(already queued under this key)\n")
+    assert "(already queued under this key); take it back with" in again.stdout.decode()
     assert retry.stdout.split(b":")[0] == again.stdout.split(b":")[0]
     removed = await piwf(paths, "followup", "remove", run_id, gone["followUpId"])
     assert removed.stdout.decode() == f"{gone['followUpId']}: removed\n"
@@ -180,6 +192,60 @@ async def test_followup_add_and_remove_from_the_command_line(host: Any, paths: S
     turns = (await call(paths, "delivery.list", payload={"sessionId": "agent-9"}))["turns"]
     assert [(t["cause"], [f["prompt"] for f in t["followUps"]]) for t in turns] == [
         ("completed", ["Then open a pull request", "Tell the team"])]
+
+
+CRASHES_AT_THE_GATE = """
+    import os
+    from pathlib import Path
+    from piwf import Workflow, compute
+
+    def crash(ctx):
+        print("before the gate", flush=True)
+        while not Path(ctx.project_path, "gate").exists():
+            pass
+        os._exit(3)
+
+    workflow = Workflow(name="crashes", start_at="a", nodes={"a": compute(crash)})
+"""
+
+
+async def test_following_a_run_that_becomes_held_ends_as_wait_does(  # held after its second crash in a row
+        fast_host: Any, paths: StatePaths, project: Path) -> None:  # noqa: F811 (the fixture)
+    write_workflow(project, "crashes", CRASHES_AT_THE_GATE)
+    run_id = await start(paths, project, "crashes")
+    logs = await follower(paths, "run", "logs", run_id, "--follow")
+    events = await follower(paths, "run", "events", run_id, "--follow")
+    await logs.until(b"before the gate\n")  # following its live worker
+    await events.until(b"node=a")
+    (project / "gate").write_text("open")  # it crashes twice in a row: held (before: followed for ever)
+    assert await logs.finish() == 24 == await events.finish()
+    held = (f"piwf: run {run_id} is held (crashed): worker crashed 2 times in a row; last output: before the gate; "
+            f"see piwf run logs {run_id}, fix the cause, then piwf run resume {run_id}\n").encode()
+    assert logs.err == held == events.err
+    workers = [w["workerEpoch"] for w in (await call(paths, "run.status", run_id=run_id))["workers"]]
+    assert len(workers) == 2 and logs.out.decode().splitlines()[-1] == f"== worker {workers[-1]}: crashed (exit 3)"
+    assert events.out == (await piwf(paths, "run", "events", run_id)).stdout  # every event up to then, once
+
+
+async def test_following_a_paused_run_or_one_waiting_for_an_answer_ends_as_wait_does(
+        host: Any, paths: StatePaths, project: Path) -> None:
+    write_workflow(project, "decides", DECIDES)
+    waiting = await start(paths, project, "decides")
+    follow = await follower(paths, "run", "events", waiting, "--follow")
+    assert await follow.finish() == 25
+    assert follow.err == f"piwf: run {waiting} waits for an answer: piwf inbox --run {waiting}\n".encode()
+    as_json = await follower(paths, "run", "events", waiting, "--follow", "--json")
+    assert await as_json.finish() == 25 and as_json.err == follow.err  # stdout: only the events' JSON lines
+    assert [json.loads(line)["type"] for line in as_json.out.splitlines()] == [
+        line.split()[1] for line in follow.out.decode().splitlines()]
+    paused = await start(paths, project, "gated")
+    await wait_for(lambda: (project / "wait.log").exists())
+    await call(paths, "run.pause", run_id=paused)
+    follow = await follower(paths, "run", "logs", paused, "-f")
+    await follow.until(b"== generation 1")
+    (project / "gate").write_text("open")  # its node ends; the run parks, paused
+    assert await follow.finish() == 23
+    assert follow.err.startswith(f"piwf: run {paused} is paused: ".encode()) and follow.err.count(b"\n") == 1
 
 
 async def test_watch_once_shows_the_runs_that_just_ended(host: Any, paths: StatePaths, project: Path) -> None:

@@ -1,8 +1,11 @@
 """``piwf run events RUN --follow``, ``piwf run logs RUN --follow`` and ``piwf followup``.
 
 Following is a ``run.watch`` long poll on the one run (no request is sent while nothing
-changes), from the last event already printed; it ends when the run has ended (its queue
-status final), and outlives host restarts as ``piwf watch`` does, saying so on stderr.
+changes), from the last event already printed; it ends when the run has ended (exit 0),
+or when nothing more happens to it without someone acting — held, paused, waiting for an
+answer: then one line on stderr says so with the command that releases it, and the exit
+code is the one ``--wait`` gives (``runview.ending``). It outlives host restarts as
+``piwf watch`` does, saying so on stderr.
 """
 
 from __future__ import annotations
@@ -14,44 +17,77 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from piwf.cli import runview
 from piwf.cli.common import WAIT_S, _client, _ok, _print
 from piwf.cli.text import terminal_text
 from piwf.client import Client
-from piwf.errors import HostReplied, HostUnavailable
+from piwf.errors import HostReplied, HostUnavailable, UsageError
 from piwf.status import ENDED
+from piwf.wire import HostResponse
 
 POLL_MS = 30_000
 
 
-def _changes(client: Client, run_id: str, after: int) -> Iterator[list[dict[str, Any]]]:
-    """The run's new events, a batch per ``run.watch`` answer, from event ``after`` on, until
-    the run has ended and is at rest (its worker's end recorded), and every event up to then
-    was yielded."""
-    client.timeout = WAIT_S + (client.timeout or 0)  # a run.watch may take its own limit
-    ended = _ok(client.call("run.status", run_id=run_id))["queueStatus"] in ENDED
-    while not ended:
-        page = _watch(client, run_id, after, POLL_MS)
-        after = page["cursor"]
-        yield [item["event"] for item in page["events"]]
-        ended = not page["more"] and any(r["runId"] == run_id and r["queueStatus"] in ENDED for r in page["runs"])
-    _ok(client.call("run.wait", run_id=run_id, payload={"timeoutMs": WAIT_S * 1000}))
-    while True:  # what was recorded up to rest: the worker's end
-        page = _watch(client, run_id, after, 0)
-        after = page["cursor"]
-        yield [item["event"] for item in page["events"]]
-        if not page["more"]:
-            return
+class _Follow:
+    """The run's new events, batch by batch (``changes``), until it has ended or is at rest
+    for someone to act; ``end`` is then how ``--wait`` would have ended (None: it ended)."""
+
+    def __init__(self, client: Client, run_id: str) -> None:
+        client.timeout = WAIT_S + (client.timeout or 0)  # a run.watch may take its own limit
+        self.client, self.run_id = client, run_id
+        self.end: runview.Ending | None = None
+
+    def changes(self, after: int) -> Iterator[list[dict[str, Any]]]:
+        """A batch per ``run.watch`` answer, from event ``after`` on, until the run is at rest
+        (ended, held, paused, waiting; its worker's end recorded) and every event up to then
+        was yielded."""
+        while (run := self._at_rest()) is None:
+            page = _watch(self.client, self.run_id, after, POLL_MS)
+            after = page["cursor"]
+            yield [item["event"] for item in page["events"]]
+        while True:  # what was recorded up to rest: the worker's end
+            page = _watch(self.client, self.run_id, after, 0)
+            after = page["cursor"]
+            yield [item["event"] for item in page["events"]]
+            if not page["more"]:
+                break
+        if run["queueStatus"] not in ENDED:
+            self.end = runview.ending(run)
+
+    def _at_rest(self) -> dict[str, Any] | None:
+        """The run if nothing more happens to it without someone acting, as ``run wait``
+        ends: once the way it stands ends a wait, its worker's end is waited for too."""
+        run = self._wait(0)
+        if not run["atRest"] and (run["queueStatus"] in ENDED or runview.ending(run) is not None):
+            run = self._wait(WAIT_S * 1000)
+        return run if run["atRest"] and (run["queueStatus"] in ENDED or runview.ending(run)) else None
+
+    def _wait(self, timeout_ms: int) -> dict[str, Any]:
+        return _again(self.client, lambda: self.client.call("run.wait", run_id=self.run_id,
+                                                            payload={"timeoutMs": timeout_ms}))
+
+    def ended(self) -> int:
+        """0 when the run ended; else say why the follow stopped, and the wait's exit code."""
+        if self.end is None:
+            return 0
+        print(f"piwf: {self.end.reason}", file=sys.stderr, flush=True)
+        return int(self.end.code)
 
 
 def _watch(client: Client, run_id: str, after: int, timeout_ms: int) -> dict[str, Any]:
-    """One ``run.watch`` of the run after ``after``; a lost host (stopped, restarting) is
-    waited for, saying so on stderr, and the watch is sent again."""
+    """One ``run.watch`` of the run after ``after``."""
+    return _again(client, lambda: client.watch(after=after, run_id=run_id, timeout_ms=timeout_ms, limit=1000))
+
+
+def _again(client: Client, request: Callable[[], HostResponse]) -> dict[str, Any]:
+    """The request's receipt; a lost host (stopped, restarting) is waited for, saying so on
+    stderr, and the request is sent again."""
     from piwf.cli.deliver import lost_host, until_host_is_back
 
     while True:
         try:
-            page: dict[str, Any] = _ok(client.watch(after=after, run_id=run_id, timeout_ms=timeout_ms, limit=1000))
-            return page
+            receipt: dict[str, Any] = _ok(request())
+            return receipt
         except (HostUnavailable, HostReplied) as exc:
             if not lost_host(exc):
                 raise
@@ -79,9 +115,10 @@ def follow_events(args: argparse.Namespace) -> int:
     with _client(args) as client:
         events = all_events(client, args.run_id)
         _show(args, events, event_line)
-        for batch in _changes(client, args.run_id, events[-1]["eventId"] if events else 0):
+        follow = _Follow(client, args.run_id)
+        for batch in follow.changes(events[-1]["eventId"] if events else 0):
             _show(args, batch, event_line)
-    return 0
+    return follow.ended()
 
 
 def follow_logs(args: argparse.Namespace) -> int:
@@ -94,11 +131,12 @@ def follow_logs(args: argparse.Namespace) -> int:
         events = all_events(client, args.run_id)
         after = events[-1]["eventId"] if events else 0
         _print_workers(client, args, shown)
-        for _ in _changes(client, args.run_id, after):
+        follow = _Follow(client, args.run_id)
+        for _ in follow.changes(after):
             _print_workers(client, args, shown)
     if not shown and not args.json:
-        print(f"{args.run_id}: no worker has run")
-    return 0
+        print(f"{args.run_id}: no worker has run", flush=True)
+    return follow.ended()
 
 
 def _print_workers(client: Client, args: argparse.Namespace, shown: dict[str, bool]) -> None:
@@ -152,16 +190,27 @@ def _show(args: argparse.Namespace, items: list[dict[str, Any]], line: Callable[
 
 
 def cmd_followup_add(args: argparse.Namespace) -> int:
+    """Queue TEXT for the run's session; the receipt line ends with the command that takes
+    it back (a follow-up is found through its run)."""
+    if not args.text.strip():
+        raise UsageError("TEXT must not be empty")
     key = args.request_key or f"cli-{secrets.token_hex(8)}"
     with _client(args) as client:
         receipt = _ok(client.call("followup.queue", run_id=args.run_id,
                                   payload={"requestKey": key, "prompt": args.text}))
     _print(args, receipt, lambda r: f"{r['followUpId']}: follow-up {r['order']} of run {r['runId']}, {r['state']}"
-           + (" (already queued under this key)" if r["adopted"] else ""))
+           + (" (already queued under this key)" if r["adopted"] else "")
+           + (f"; take it back with: piwf followup remove {r['runId']} {r['followUpId']}"
+              if r["state"] == "queued" else ""))
     return 0
 
 
 def cmd_followup_remove(args: argparse.Namespace) -> int:
+    if args.followup_id is None:  # one id: the protocol finds a follow-up through its run
+        given = args.run_id
+        run, fup = ("RUN_ID", given) if given.startswith("fup-") else (given, "FOLLOWUP_ID")
+        raise UsageError(f"give the run and the follow-up: piwf followup remove {run} {fup} "
+                         "(piwf followup add printed this command)")
     with _client(args) as client:
         receipt = _ok(client.call("followup.remove", run_id=args.run_id,
                                   payload={"followUpId": args.followup_id}))

@@ -104,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         sub = run.add_parser(name, parents=[common], help=text)
         sub.add_argument("run_id", metavar="RUN_ID")
-        sub.add_argument("--follow", "-f", action="store_true", help=follow + " (with --json: a JSON line each)")
+        sub.add_argument("--follow", "-f", action="store_true", help=follow + " or is held, paused or waiting "
+                         "(then exit as --wait does: 24, 23, 25); with --json a JSON line each")
         sub.set_defaults(handler=f"follow:cmd_run_{name}")
     resolve = run.add_parser("resolve-effect", parents=[common],
                              help="say whether an ambiguous effect was applied, releasing its run")
@@ -338,8 +339,9 @@ def _add_followup(commands: Any, common: argparse.ArgumentParser) -> None:
                      "(a safe retry; default: a new key each time)")
     add.set_defaults(handler="follow:cmd_followup_add")
     remove = group.add_parser("remove", parents=[common], help="take back a follow-up not yet delivered")
-    remove.add_argument("run_id", metavar="RUN_ID")
-    remove.add_argument("followup_id", metavar="FOLLOWUP_ID")
+    remove.add_argument("run_id", metavar="RUN_ID", help="the run it was queued for")
+    remove.add_argument("followup_id", metavar="FOLLOWUP_ID", nargs="?",
+                        help="as `followup add` printed it (with the whole command)")
     remove.set_defaults(handler="follow:cmd_followup_remove")
 
 
