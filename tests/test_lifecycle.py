@@ -272,7 +272,7 @@ async def test_piwf_stop_drains_the_host(
 ) -> None:
     first = await host_process().start()
     stopped = await piwf(paths, "stop", "--json")
-    assert json.loads(stopped.stdout) == {"stopped": True}
+    assert json.loads(stopped.stdout) == {"stopped": True, "takenOverBy": None}
     assert await first.wait() == 0
     again = await piwf(paths, "stop")
     assert b"no host was running" in again.stdout

@@ -40,10 +40,14 @@ def retry_run(db: Database, run_id: str, now: int, *, actor: str, expected_revis
     Raises NotFound, Conflict (another revision), Rejected (any other status; its session has
     another active run)."""
     with db.write():
+        # Read first: after a failed statement PostgreSQL runs nothing more in the transaction.
+        # The session's lock is the one run creation and claims take (several writers).
+        session = db.scalar("SELECT origin_session_id FROM runs WHERE run_id = ?", (run_id,))
+        if session is not None:
+            db.lock_key("session", session)
         try:
             requeued = db.one(_REQUEUE, (now, run_id, expected_revision, expected_revision))
         except ConstraintViolation:  # the session's one active run (run_queue_session_reservation)
-            session = db.scalar("SELECT origin_session_id FROM runs WHERE run_id = ?", (run_id,))
             raise Rejected(f"run {run_id} cannot be retried now: its session {session} has another active "
                            "run; retry it once that one ends") from None
         if requeued is None:
