@@ -15,7 +15,8 @@ import trio
 
 from piwf.errors import StoreError
 from piwf.store.sqlite import hosts
-from piwf.store.sql.aggregates import Aggregates, Inline
+from piwf.store.sql.aggregates import Aggregates
+from piwf.store.sql.runner import Inline
 from piwf.store.sqlite.db import Database, _Write
 from piwf.store.sqlite.group import GroupCommit
 

@@ -1,0 +1,33 @@
+"""How a backend runs the aggregates' module functions: a ``Runner`` (SQLite's ``Inline``;
+PostgreSQL's in ``piwf.store.postgres.runner``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Concatenate, ParamSpec, Protocol, TypeVar
+
+from piwf.store.sql.database import Database
+
+_T = TypeVar("_T")
+_P = ParamSpec("_P")
+
+
+class Runner(Protocol):
+    """How a backend runs a module function: ``await call(function, *args)`` runs
+    ``function(db, *args)`` on the backend's ``Database`` and returns what it returns."""
+
+    async def __call__(self, function: Callable[Concatenate[Database, _P], _T], /, *args: _P.args,
+                       **kwargs: _P.kwargs) -> _T: ...
+
+
+class Inline:
+    """SQLite's runner: the function runs at once, on the trio loop, on the one connection."""
+
+    __slots__ = ("db",)
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    async def __call__(self, function: Callable[Concatenate[Database, _P], _T], /, *args: _P.args,
+                       **kwargs: _P.kwargs) -> _T:
+        return function(self.db, *args, **kwargs)
