@@ -204,7 +204,8 @@ def _format_stop(r: dict[str, Any], said: str = "host stopped") -> str:
 
 def _successor(paths: StatePaths, standbys: list[dict[str, object]], timeout_s: float = 10.0) -> int | None:
     """The pid of the standby that took the lock after the host stopped, if one was waiting:
-    one of them takes it at once, and writes the lock record as it does."""
+    one of them takes it at once, and writes the lock record as it does; returned once it
+    serves (answers on the socket), so "took over and serves" is true when it is said."""
     import time
 
     from piwf.processes import alive
@@ -214,10 +215,27 @@ def _successor(paths: StatePaths, standbys: list[dict[str, object]], timeout_s: 
     while waiting and time.monotonic() < deadline:
         holder = _holder(read_record(paths))
         if holder is not None and holder[0] in waiting:
+            _until_serving(paths, deadline)
             return holder[0]
         waiting = {pid: ident for pid, ident in waiting.items() if alive(pid, ident)}
         time.sleep(0.02)
     return None
+
+
+def _until_serving(paths: StatePaths, deadline: float) -> None:
+    """Wait (until ``deadline``) for the host holding the lock to answer ``host.status``."""
+    import time
+
+    from piwf.client import Client
+
+    while time.monotonic() < deadline:
+        try:
+            with Client(paths, timeout=max(0.1, deadline - time.monotonic())) as client:
+                if client.call("host.status").outcome == "accepted":
+                    return
+        except (HostUnavailable, HostTimeout, OSError):
+            pass
+        time.sleep(0.02)
 
 
 def _signal_unreachable(paths: StatePaths, holder: dict[str, object] | None) -> bool:
