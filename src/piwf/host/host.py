@@ -141,7 +141,6 @@ class Host:
         """The host lock; a standby waits for it (None if it is told to stop first)."""
         if not self.config.standby:
             return HostLock.acquire(paths, record)
-        log.info("standing by: %s is served by another host; taking over when it stops", paths.root)
         return await _stand_by(paths, record)
 
     async def _serve_runs(self, host: HostState, task_status: trio.TaskStatus[HostState],
@@ -179,6 +178,8 @@ async def _stand_by(paths: StatePaths, record: dict[str, object]) -> HostLock | 
     taken: list[HostLock] = []
     since = {"since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals, standing_by(paths, {**record, **since}):
+        # Said once its record is written: a reader of the log then finds the standby in status.
+        log.info("standing by: %s is served by another host; taking over when it stops", paths.root)
         async with trio.open_nursery() as nursery:
             async def take() -> None:
                 taken.append(await HostLock.wait(paths, record))
