@@ -385,10 +385,7 @@ def status_counts(db: Database, now: int) -> dict[str, int]:
         expired = db.scalar(
             """SELECT COUNT(*) FROM run_queue INDEXED BY run_queue_claimable
                WHERE status IN ('starting', 'running') AND claim_expires_at <= ?""", (now,))
-        counts[("runs", "held")] = count_held(db)
-        counts[("interactions", "open")] = count_open(db)
-        counts[("effects", "ambiguous")] = db.scalar(AMBIGUOUS_EFFECTS)
-        _delivery_counts(db, counts)
+        _needing_someone(db, counts)
     return _status_fields(counts.get, int(expired))
 
 
@@ -415,11 +412,17 @@ def _counted_from_indexes(db: Database, now: int) -> dict[str, int]:
         counts[("lifecycle", "contradictions")] = db.scalar(UNENDED_CONTRADICTIONS)
         expired = db.scalar("""SELECT COUNT(*) FROM run_queue WHERE status IN ('starting', 'running')
                                AND claim_expires_at <= ?""", (now,))
-        counts[("runs", "held")] = count_held(db)
-        counts[("interactions", "open")] = count_open(db)
-        counts[("effects", "ambiguous")] = db.scalar(AMBIGUOUS_EFFECTS)
-        _delivery_counts(db, counts)
+        _needing_someone(db, counts)
     return _status_fields(counts.get, int(expired))
+
+
+def _needing_someone(db: Database, counts: dict[tuple[str, str], int]) -> None:
+    """The counts every backend reads the same way, from small indexes: held runs, open
+    requests, ambiguous effects, what waits for delivery."""
+    counts[("runs", "held")] = count_held(db)
+    counts[("interactions", "open")] = count_open(db)
+    counts[("effects", "ambiguous")] = db.scalar(AMBIGUOUS_EFFECTS)
+    _delivery_counts(db, counts)
 
 
 def recounted(db: Database, now: int) -> dict[str, int]:
@@ -432,10 +435,7 @@ def recounted(db: Database, now: int) -> dict[str, int]:
         counts[("lifecycle", "contradictions")] = db.scalar(LIFECYCLE_CONTRADICTIONS)
         expired = db.scalar("""SELECT COUNT(*) FROM run_queue WHERE status IN ('starting', 'running')
                                AND claim_expires_at <= ?""", (now,))
-        counts[("runs", "held")] = count_held(db)
-        counts[("interactions", "open")] = count_open(db)
-        counts[("effects", "ambiguous")] = db.scalar(AMBIGUOUS_EFFECTS)
-        _delivery_counts(db, counts)
+        _needing_someone(db, counts)
     return _status_fields(counts.get, int(expired))
 
 
