@@ -22,12 +22,9 @@ import psycopg
 from psycopg import errors as pg_errors
 
 from piwf.errors import ConstraintViolation, SchemaError, StorageUnavailable, StoreError
-from piwf.store.api.rules import BLOB_TOUCH_MS
 from piwf.store.postgres import cursors
-from piwf.store.sql.database import PUT_BLOB
-from piwf.wire import canonical_json, decode_json, sha256_hex
+from piwf.store.sql.database import Blobs
 
-INLINE_JSON_LIMIT = 4096
 DIALECT = "postgresql"
 
 _TRANSLATED: dict[str, tuple[str, bool]] = {}
@@ -73,7 +70,7 @@ def _translate(sql: str) -> tuple[str, bool]:
     return "".join(out), numbered
 
 
-class PgDatabase:
+class PgDatabase(Blobs):
     """One psycopg connection as a ``piwf.store.sql.database.Database``; used by one thread
     at a time (a unit of work's calls hop threads one after the other, never at once)."""
 
@@ -178,31 +175,6 @@ class PgDatabase:
 
     # --- blobs ------------------------------------------------------------------------
 
-    def put_json(self, value: Any, now: int) -> tuple[str | None, str | None]:
-        data = canonical_json(value)
-        if len(data) <= INLINE_JSON_LIMIT:
-            return data.decode(), None
-        return None, self.put_blob(data, now)
-
-    def put_blob(self, data: bytes, now: int) -> str:
-        """Content-addressed: a blob inserted by two writers at once is stored once (the
-        second waits for the first's row, then refreshes it at most)."""
-        digest = sha256_hex(data)
-        self.execute(PUT_BLOB, (digest, data, now, now - BLOB_TOUCH_MS))  # stored again: refreshed for retention
-        return digest
-
-    def get_json(self, inline: str | None, digest: str | None) -> Any:
-        if inline is not None:
-            return decode_json(inline.encode())
-        if digest is None:
-            return None
-        return decode_json(self.get_blob(digest))
-
-    def get_blob(self, digest: str) -> bytes:
-        content = self.scalar("SELECT content FROM blobs WHERE hash = ?", (digest,))
-        if content is None:
-            raise StoreError(f"blob {digest} is missing")
-        return bytes(content)
 
 
 class _Write:

@@ -8,6 +8,10 @@ from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
+from piwf.errors import StoreError
+from piwf.store.api.rules import BLOB_TOUCH_MS
+from piwf.wire import canonical_json, decode_json, sha256_hex
+
 _T = TypeVar("_T")
 _P = ParamSpec("_P")
 
@@ -76,6 +80,44 @@ class Database(Protocol):
 # deletes only unused blobs older than BLOB_GRACE_MS, never deletes one being stored again.
 PUT_BLOB = """INSERT INTO blobs (hash, content, created_at) VALUES (?, ?, ?)
   ON CONFLICT (hash) DO UPDATE SET created_at = excluded.created_at WHERE blobs.created_at < ?"""
+
+
+INLINE_JSON_LIMIT = 4096  # a JSON value this long or shorter is kept in its row, a longer one as a blob
+
+
+class Blobs:
+    """Content-addressed values, the same on every backend (a mixin over its ``execute``
+    and ``scalar``)."""
+
+    def execute(self, sql: str, params: Any = ()) -> Any: ...
+    def scalar(self, sql: str, params: Any = ()) -> Any: ...
+
+    def put_json(self, value: Any, now: int) -> tuple[str | None, str | None]:
+        """Store a JSON value: inline when small, else in ``blobs``. Returns (inline, hash)."""
+        data = canonical_json(value)
+        if len(data) <= INLINE_JSON_LIMIT:
+            return data.decode(), None
+        return None, self.put_blob(data, now)
+
+    def put_blob(self, data: bytes, now: int) -> str:
+        """``PUT_BLOB``: two writers storing one blob at once store it once; one stored again
+        is refreshed, so retention keeps it."""
+        digest = sha256_hex(data)
+        self.execute(PUT_BLOB, (digest, data, now, now - BLOB_TOUCH_MS))
+        return digest
+
+    def get_json(self, inline: str | None, digest: str | None) -> Any:
+        if inline is not None:
+            return decode_json(inline.encode())
+        if digest is None:
+            return None
+        return decode_json(self.get_blob(digest))
+
+    def get_blob(self, digest: str) -> bytes:
+        content = self.scalar("SELECT content FROM blobs WHERE hash = ?", (digest,))
+        if content is None:
+            raise StoreError(f"blob {digest} is missing")
+        return bytes(content)
 
 
 def atomic(function: Callable[Concatenate[Any, _P], _T]) -> Callable[Concatenate[Any, _P], _T]:

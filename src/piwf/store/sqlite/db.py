@@ -17,15 +17,12 @@ import apsw
 
 from piwf.errors import (ConstraintViolation, CorruptStateError, SchemaError, StorageFull, StorageUnavailable,
                       StoreError)
-from piwf.wire import canonical_json, decode_json, sha256_hex
-from piwf.store.api.rules import BLOB_TOUCH_MS
-from piwf.store.sql.database import PUT_BLOB
+from piwf.store.sql.database import Blobs
 from piwf.store.sqlite.schema import APPLICATION_ID, MIGRATIONS, REQUIRED_TABLES, SCHEMA_SQL, SCHEMA_VERSION
 
 log = logging.getLogger("piwf.store")
 _T = TypeVar("_T")
 _P = ParamSpec("_P")
-INLINE_JSON_LIMIT = 4096
 BUSY_TIMEOUT_MS = 5000
 # Prepared statements kept per connection: more than piwf has distinct statements, so none
 # is compiled twice (apsw keeps 16 by default).
@@ -45,7 +42,7 @@ def _vfs() -> str | None:
     return powercut.NAME
 
 
-class Database:
+class Database(Blobs):
     """One connection, used by one thread at a time."""
 
     dialect = "sqlite"
@@ -299,30 +296,6 @@ class Database:
 
     # --- blobs ------------------------------------------------------------------------
 
-    def put_json(self, value: Any, now: int) -> tuple[str | None, str | None]:
-        """Store a JSON value: inline when small, else in ``blobs``. Returns (inline, hash)."""
-        data = canonical_json(value)
-        if len(data) <= INLINE_JSON_LIMIT:
-            return data.decode(), None
-        return None, self.put_blob(data, now)
-
-    def put_blob(self, data: bytes, now: int) -> str:
-        digest = sha256_hex(data)
-        self.execute(PUT_BLOB, (digest, data, now, now - BLOB_TOUCH_MS))
-        return digest
-
-    def get_json(self, inline: str | None, digest: str | None) -> Any:
-        if inline is not None:
-            return decode_json(inline.encode())
-        if digest is None:
-            return None
-        return decode_json(self.get_blob(digest))
-
-    def get_blob(self, digest: str) -> bytes:
-        content = self.scalar("SELECT content FROM blobs WHERE hash = ?", (digest,))
-        if content is None:
-            raise StoreError(f"blob {digest} is missing")
-        return bytes(content)
 
 
 class _Write:
