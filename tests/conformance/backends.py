@@ -81,17 +81,6 @@ class PostgresBackend:
         return await trio.to_thread.run_sync(lock_waits, self.postgres.url())
 
 
-# Conformance tests a backend does not pass yet, skipped there (with this reason): a test
-# file, or a part of a test id. pg-people empties PostgreSQL's as its aggregates land.
-PENDING: dict[str, tuple[str, ...]] = {
-    "postgresql": (),
-}
-# What only those tests call: the coverage check does not ask for it ("Protocol" or "Protocol.method").
-PENDING_PROTOCOLS: dict[str, tuple[str, ...]] = {
-    "postgresql": (),
-}
-
-
 BACKENDS: dict[str, type[Backend]] = {
     "sqlite": SqliteBackend,
     "postgresql": PostgresBackend,

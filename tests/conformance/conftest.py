@@ -17,7 +17,7 @@ import pytest
 
 from piwf.clock import Clock, ManualClock
 
-from .backends import BACKENDS, PENDING, Backend
+from .backends import BACKENDS, Backend
 from .recording import COVERAGE, Recording
 
 HERE = Path(__file__).parent
@@ -35,9 +35,6 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
         chosen = BACKENDS[request.param](tmp_path, request.getfixturevalue("postgres"))
     else:
         chosen = BACKENDS[request.param](tmp_path)
-    pending = [part for part in PENDING.get(chosen.name, ()) if part in request.node.nodeid]
-    if pending:
-        pytest.skip(f"not yet on the {chosen.name} backend (tests/conformance/backends.py PENDING: {pending[0]})")
     marker = request.node.get_closest_marker("lease")
     if marker is not None and marker.args[0] != chosen.lease:
         pytest.skip(f"the {chosen.name} backend's host lease is of the {chosen.lease!r} shape")

@@ -219,14 +219,7 @@ class Coverage:
 
     def missing(self, required: set[Method]) -> dict[str, list[Method]]:
         """For each backend that was exercised at all, the required methods it never saw."""
-        from .backends import PENDING_PROTOCOLS
-
-        def needed(backend: str) -> set[Method]:
-            pending = PENDING_PROTOCOLS.get(backend, ())
-            return {method for method in required if method[0] not in pending and ".".join(method) not in pending}
-
-        return {backend: sorted(needed(backend) - seen) for backend, seen in self.calls.items()
-                if seen and needed(backend) - seen}
+        return {backend: sorted(required - seen) for backend, seen in self.calls.items() if seen and required - seen}
 
 
 COVERAGE = Coverage()

@@ -25,11 +25,13 @@ from .helpers import LEASE, new_run, running
 from .test_interactions import answer, asking, submit
 
 
+# Only PostgreSQL: SQLite has one writer at a time, there is no interleaving to show.
+pytestmark = pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+
+
 @pytest.fixture
-async def two(backend: Any, open_store: Any) -> tuple[Any, Any]:
+async def two(open_store: Any) -> tuple[Any, Any]:
     """Two stores on one database: two hosts' views of it."""
-    if backend.name != "postgresql":
-        pytest.skip("interleavings of concurrent writers: SQLite has one writer at a time")
     return await open_store(), await open_store()
 
 

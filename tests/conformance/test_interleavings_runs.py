@@ -3,7 +3,7 @@ stores on one database (two hosts), in deterministic interleavings — A's unit 
 read or written and stays open, B acts meanwhile (and is seen waiting for A's lock where
 it must wait), A commits, B goes on — so B's answer is the one SQLite's single writer gives.
 
-SQLite has one writer at a time: these run on PostgreSQL only (the ``two`` fixture).
+SQLite has one writer at a time: these run on PostgreSQL only (``pytestmark``).
 """
 
 from __future__ import annotations
@@ -24,11 +24,13 @@ from .test_interleavings_people import interleave, waiting_for_a_lock
 BIG = b"x" * 10_000  # a workflow source stored as a blob (over the inline limit)
 
 
+# Only PostgreSQL: SQLite has one writer at a time, there is no interleaving to show.
+pytestmark = pytest.mark.parametrize("backend", ["postgresql"], indirect=True)
+
+
 @pytest.fixture
-async def two(backend: Any, open_store: Any) -> tuple[Any, Any]:
+async def two(open_store: Any) -> tuple[Any, Any]:
     """Two stores on one database: two hosts' views of it."""
-    if backend.name != "postgresql":
-        pytest.skip("interleavings of concurrent writers: SQLite has one writer at a time")
     return await open_store(), await open_store()
 
 
