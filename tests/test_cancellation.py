@@ -20,12 +20,13 @@ import trio
 
 from piwf import processes
 from piwf.client import AsyncClient
+from piwf.host.run_lane import RunLane
 from piwf.host.host import Host
 from piwf.host.state import HostState
 from piwf.paths import StatePaths
 from piwf.store.sqlite import Database
 
-from .conftest import HostProcess, config, wait_for
+from .conftest import HostProcess, config, pg_store_url, wait_for
 from .test_launcher import templates
 from .test_lifecycle import _running_worker, call, run_status, start
 
@@ -54,6 +55,40 @@ async def test_a_cancelled_runs_worker_is_recorded_with_its_exit(
     worker = await wait_for(lambda: _ended_worker(paths, run_id))
     assert worker["status"] == "cancelled"
     assert worker["signal"] == signal.SIGTERM and worker["exitCode"] is None, worker
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request: pytest.FixtureRequest) -> str | None:
+    """The in-process host's store: the state directory's SQLite, or a fresh PostgreSQL schema."""
+    return None if request.param == "sqlite" else pg_store_url(request.getfixturevalue("postgres"))
+
+
+async def test_a_cancel_between_a_claims_commit_and_the_host_taking_it_up_takes_effect(
+    paths: StatePaths, project: Path, nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch, store_url: str | None,
+) -> None:
+    """run.cancel lands after the claim committed and before the dispatcher registers the
+    run as active (on PostgreSQL the claim's commit returns from a thread: other tasks run
+    in between): it is accepted, and the run's worker is stopped before it starts."""
+    answers: list[Any] = []
+    claim = RunLane.claim
+
+    async def claim_then_cancel(self: RunLane, room: int) -> list[Any]:
+        claimed = await claim(self, room)
+        for active in claimed:  # committed, not yet in host.active: the window
+            async with AsyncClient(paths) as client:
+                answers.append(await client.call("run.cancel", run_id=active.claim.run_id))
+        return claimed
+
+    monkeypatch.setattr(RunLane, "claim", claim_then_cancel)
+    await nursery.start(Host(config(paths, store_url=store_url)).serve)
+    run_id = await start(paths, project, "gated")
+    await wait_for(lambda: answers)
+    assert answers[0].outcome == "accepted", answers[0]
+    worker = await wait_for(lambda: _ended_worker(paths, run_id))
+    assert worker["status"] == "cancelled" and worker["pid"] is None, worker  # stopped before it started
+    run = await run_status(paths, run_id)
+    assert (run["status"], run["queueStatus"]) == ("cancelled", "cancelled")
+    assert not (project / "once.log").exists()  # its first node never ran
 
 
 async def test_a_host_cancelled_by_its_parent_records_its_workers_as_stopped_not_crashed(

@@ -9,7 +9,7 @@ import pytest
 from piwf.clock import ManualClock
 from piwf.errors import ClaimLost, NotFound, Rejected
 
-from .helpers import LEASE, claim, claims, new_run, statuses
+from .helpers import LEASE, RUNNER, claim, claims, new_run, statuses
 
 
 async def test_new_run_is_queued(store: Any, clock: ManualClock) -> None:
@@ -135,6 +135,20 @@ async def test_cancel_of_a_claimed_run_needs_its_token(store: Any, clock: Manual
     assert await store.queue.cancel_run("r1", clock.now_ms(), token=got.token)
     assert await statuses(store) == ("cancelled", "cancelled")
     assert await claim(store, clock) is None
+
+
+async def test_cancel_of_a_claimed_run_by_its_runner_needs_no_token_and_fences_the_claim(
+        store: Any, clock: ManualClock) -> None:
+    """The runner that holds the live claim may cancel without naming its token (a host
+    whose claim committed before it took the run up); another runner may not."""
+    await new_run(store, clock)
+    got = await claim(store, clock)
+    assert not await store.queue.cancel_run("r1", clock.now_ms(), runner_id=RUNNER + "-other")
+    assert await statuses(store) == ("running", "starting")
+    assert await store.queue.cancel_run("r1", clock.now_ms(), runner_id=RUNNER)
+    assert await statuses(store) == ("cancelled", "cancelled")
+    with pytest.raises(ClaimLost):
+        await store.queue.fenced_revision("r1", got.token, clock.now_ms())
 
 
 async def test_cancel_of_a_run_whose_claim_expired_needs_no_token_and_fences_the_old_one(

@@ -131,8 +131,12 @@ async def serve(lane: Lane[Any, Any], *, also: Sequence[Callable[[], Awaitable[N
             room = lane.room()
             for active in await lane.claim(room) if room > 0 else []:
                 lane.claimed()
-                state.active[lane.key(active.claim)] = active
+                key = lane.key(active.claim)
+                state.active[key] = active
+                if (early := state.early_stops.pop(key, None)) is not None:
+                    active.stop(early)  # stopped while its claim was committed and not yet here
                 nursery.start_soon(supervise, lane, active)
+            state.early_stops.clear()  # any left were for no claim of this round's
             with trio.move_on_after(await lane.next_wait()):
                 await state.wake_event.wait()
 

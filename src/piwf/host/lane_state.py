@@ -138,6 +138,18 @@ class LaneState(Generic[C, E]):
     wake_event: trio.Event = field(default_factory=trio.Event)
     # also called by wake(): tells the other hosts sharing the store (HostState sets it)
     announce: Callable[[], None] | None = None
+    # Stops of work whose claim committed while the dispatcher had not yet taken it up (its
+    # claim round still awaiting the store): applied as it does, at the end of that round.
+    early_stops: dict[str, StopReason] = field(default_factory=dict)
+
+    def stop(self, key: str, reason: StopReason) -> None:
+        """Stop the active work of ``key``; or, if it is not active here yet, as soon as the
+        claim round in flight takes it up (a stop for work of no claim is forgotten then)."""
+        active = self.active.get(key)
+        if active is not None:
+            active.stop(reason)
+        else:
+            self.early_stops[key] = reason
 
     def wake(self) -> None:
         """Wake this lane's dispatcher, and the other hosts' (work may be theirs to take)."""

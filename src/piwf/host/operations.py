@@ -214,17 +214,14 @@ async def _run_start(host: HostState, tx: UnitOfWork, request: StartRun, prepare
 async def _run_cancel(host: HostState, tx: UnitOfWork, request: CancelRun, prepared: None,
                       after: After) -> HostResponse:
     run_id, expected = request.runId, request.expectedRevision  # its compare-and-set is in the store's write
-    active = host.active.get(run_id)
-    now = host.now()
-    # Its worker's claim, or none (no live claim holds it: queued, parked, or a claim that
-    # expired); a live claim of no worker here cannot be, one host serving the directory.
-    token = None if active is None else active.claim.token
-    cancelled = token is not None and await tx.queue.cancel_run(run_id, now, token=token, expected_revision=expected)
-    if not (cancelled or await tx.queue.cancel_run(run_id, now, expected_revision=expected)):
+    # No live claim holds it (queued, parked, a claim that expired), or this host's does:
+    # its worker's, or one whose commit the dispatcher has not taken up yet (its claim round
+    # awaits the store). A live claim of another host's is not this host's to end.
+    if not await tx.queue.cancel_run(run_id, host.now(), runner_id=host.host_id, expected_revision=expected):
         run = await tx.runs.run_summary(run_id)
         raise Rejected(f"run {run_id} cannot be cancelled: it is {run.status} ({run.queueStatus})")
-    if active is not None:
-        after.append(lambda: active.stop(StopReason.CANCELLED))
+    # Its worker stopped, or, not active here yet, as soon as the dispatcher takes it up.
+    after.append(lambda: host.runs.stop(run_id, StopReason.CANCELLED))
     return HostResponse(request.requestId, Outcome.ACCEPTED, revision=await tx.runs.revision(run_id),
                         receipt=CancelReceipt(runId=run_id, status="cancelled"))
 

@@ -183,8 +183,10 @@ class QueueAggregate:
         return await self.call(_queue.fail_run, run_id, token, error, now)
 
     async def cancel_run(
-            self, run_id: str, now: int, *, token: str | None = None, expected_revision: int | None = None) -> bool:
-        return await self.call(_queue.cancel_run, run_id, now, token=token, expected_revision=expected_revision)
+            self, run_id: str, now: int, *, token: str | None = None, runner_id: str | None = None,
+            expected_revision: int | None = None) -> bool:
+        return await self.call(_queue.cancel_run, run_id, now, token=token, runner_id=runner_id,
+                               expected_revision=expected_revision)
 
 
 class SupervisionAggregate:
