@@ -54,6 +54,21 @@ def test_the_host_depends_on_the_store_interface_only() -> None:
         assert not re.search(r"\bDatabase\b|\bhost\.db\b|\.db\.", source), f"host/{path.name} holds the database"
 
 
+# What reads a database server's own clock (PostgreSQL's and SQLite's time functions).
+SERVER_CLOCK = re.compile(r"\bnow\s*\(\s*\)|current_timestamp|current_date|current_time|clock_timestamp|"
+                          r"statement_timestamp|transaction_timestamp|localtimestamp|localtime|timeofday|"
+                          r"julianday|strftime\s*\(\s*'%s|unixepoch|'now'", re.IGNORECASE)
+
+
+def test_no_store_statement_reads_the_database_servers_clock() -> None:
+    """One clock: every expiry (host leases, claims, delivery and presentation leases,
+    deadlines) is judged by the ``now`` its caller passes in, never by the server's time
+    beside it (docs/operations.md, "One clock")."""
+    for path in sorted((ROOT / "src" / "piwf" / "store").rglob("*.py")):
+        found = [m.group(0) for m in SERVER_CLOCK.finditer(path.read_text())]
+        assert not found, f"{path.relative_to(ROOT)} reads the server's clock ({found[0]!r}): take the caller's now"
+
+
 @pytest.mark.parametrize("backend_name", ["sqlite", "postgres"])
 def test_every_store_interface_method_is_implemented_by_each_backend_as_declared(backend_name: str) -> None:
     """The shared aggregates (piwf.store.sql.aggregates, ``<Name>Aggregate``) and each

@@ -293,3 +293,22 @@ async def test_a_crash_back_off_is_kept_with_the_run_and_claims_skip_it_until_it
     assert (second.crashes, second.not_before) == (2, clock.now_ms() + 2000)
     await store.runs.resume_run("r1", clock.now_ms())  # an operator's resume lifts it
     assert await claim(store, clock) is not None
+
+
+async def test_expiry_is_judged_by_the_callers_clock_never_the_servers(open_store: Any, clock: ManualClock) -> None:
+    """The suite's clock is in 2023 and this one in 2100: were the database server's own
+    clock (today) judging any expiry, every claim and lease made in 2023 would be expired at
+    once and one made in 2100 never, and these would fail (docs/operations.md, "One clock")."""
+    for now in (clock, ManualClock(4_102_444_800_000)):  # 2023-11-14, 2100-01-01
+        store = await open_store(now, database=f"clock{now.now_ms()}")
+        await new_run(store, now)
+        got = await claim(store, now)
+        lease = await store.hosts.acquire_lease(host_id="h1", pid=1, identity="i", lease_ms=LEASE, now=now.now_ms())
+        now.advance(LEASE - 1)
+        assert await claim(store, now, epoch=2) is None  # still live by the caller's clock
+        assert await store.hosts.renew_lease(lease, LEASE, now.now_ms() - 1) is not None
+        now.advance(LEASE)
+        taken = await claim(store, now, epoch=2)  # expired by the caller's clock: taken over
+        assert got is not None and taken is not None and taken.generation == got.generation + 1
+        again = await store.hosts.acquire_lease(host_id="h2", pid=2, identity="j", lease_ms=LEASE, now=now.now_ms())
+        assert again.epoch > lease.epoch  # the renewed lease expired by the caller's clock too
