@@ -19,7 +19,7 @@ from piwf.errors import SchemaError, StorageUnavailable, StoreError
 from piwf.store.api import open_store
 from piwf.store.postgres.db import translate
 from piwf.store.postgres.schema import LAYOUT_VERSION
-from piwf.store.postgres.url import parse, redact
+from piwf.store.postgres.url import Limits, parse, redact
 
 from piwf.paths import StatePaths
 
@@ -90,6 +90,74 @@ def test_urls_lose_their_passwords_and_piwf_parameters() -> None:
         parse("postgresql:///piwf?schema=Bad-Name")
     with pytest.raises(StoreError, match="starts with postgresql://"):
         parse("mysql://ann:s3cret@x/db")
+
+
+def test_urls_carry_the_pool_size_and_time_limits_and_refuse_bad_values_in_one_line() -> None:
+    default = parse("postgresql:///piwf")
+    assert (default.pool_size, default.connect_timeout_s) == (8, 10)
+    assert default.limits == Limits(statement_ms=30_000, lock_ms=5_000, idle_in_transaction_ms=60_000)
+    given = parse("postgresql://ann:s3cret@/piwf?host=/run/pg&pool_size=3&connect_timeout=4&statement_timeout=12s"
+                  "&lock_timeout=250&idle_in_transaction_session_timeout=2min&schema=a")
+    assert (given.pool_size, given.connect_timeout_s) == (3, 4)
+    assert given.limits == Limits(statement_ms=12_000, lock_ms=250, idle_in_transaction_ms=120_000)
+    # libpq gets its own connect_timeout, none of piwf's parameters (it would refuse them)
+    assert given.conninfo == "postgresql://ann:s3cret@/piwf?host=/run/pg&connect_timeout=4"
+    for query, said in (("pool_size=1", "pool_size '1' in the store URL is not a whole number from 2 to 1000"),
+                        ("pool_size=many", "pool_size 'many'"), ("connect_timeout=0", "connect_timeout '0'"),
+                        ("lock_timeout=soon", "lock_timeout 'soon' in the store URL is not a time limit"),
+                        ("statement_timeout=0", "statement_timeout '0'"),
+                        ("idle_in_transaction_session_timeout=1d", "idle_in_transaction_session_timeout '1d'"),
+                        ("statement_timeout=999999h", "statement_timeout '999999h'")):
+        with pytest.raises(StoreError) as caught:
+            parse(f"postgresql://ann:s3cret@/piwf?{query}")
+        assert said in str(caught.value) and "s3cret" not in str(caught.value), caught.value
+        assert "\n" not in str(caught.value)
+
+
+async def test_each_pool_and_time_limit_setting_of_the_url_reaches_the_server(postgres: Any, tmp_path: Path) -> None:
+    def show(store: Any) -> dict[str, str]:
+        db = store.connection()
+        try:
+            settings = {name: db.scalar(f"SHOW {name}") for name in
+                        ("statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout")}
+            return {**settings, "connect_timeout": db.conn.info.get_parameters().get("connect_timeout", "")}
+        finally:
+            store.give_back(db)
+
+    default = open_store(tmp_path, url=pg_store_url(postgres, fresh("limits")), directory="d")
+    try:
+        assert show(default) == {"statement_timeout": "30s", "lock_timeout": "5s",
+                                 "idle_in_transaction_session_timeout": "1min", "connect_timeout": "10"}
+        assert default.pool.max_size == 8
+    finally:
+        await default.close()
+    url = (pg_store_url(postgres, fresh("limits")) + "&pool_size=2&connect_timeout=1&statement_timeout=12s"
+           "&lock_timeout=250&idle_in_transaction_session_timeout=2min")
+    store = open_store(tmp_path, url=url, directory="d")
+    try:
+        assert show(store) == {"statement_timeout": "12s", "lock_timeout": "250ms",
+                               "idle_in_transaction_session_timeout": "2min", "connect_timeout": "1"}
+        held = [store.connection(), store.connection()]  # the pool's two: two sessions on the server
+        with admin(postgres) as conn:
+            pids = {db.conn.info.backend_pid for db in held}
+            live = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = ANY(%s)", (list(pids),)).fetchone()
+        assert len(pids) == 2 and live == (2,)
+        with pytest.raises(StorageUnavailable, match="no connection to the PostgreSQL store"):
+            store.connection()  # a third waits connect_timeout (1 s) for one, and is refused
+        for db in held:
+            store.give_back(db)
+    finally:
+        await store.close()
+
+
+async def test_serve_refuses_a_bad_setting_in_the_store_url_in_one_line_without_its_password(
+    paths: StatePaths, tmp_path: Path,
+) -> None:
+    url = f"postgresql://piwf:hunter2@/postgres?host={tmp_path}&lock_timeout=soon"
+    refused = await piwf(paths, "serve", "--store", url, check=False)
+    said = refused.stderr.decode()
+    assert refused.returncode == 1 and "lock_timeout 'soon' in the store URL is not a time limit" in said, said
+    assert "hunter2" not in said and said.strip().count("\n") == 0, said
 
 
 def test_placeholders_become_psycopgs_outside_literals() -> None:

@@ -13,7 +13,6 @@ the other, so it joins the open transaction as on SQLite.
 from __future__ import annotations
 
 import contextvars
-from dataclasses import dataclass
 import os
 import secrets
 from collections.abc import Callable
@@ -28,7 +27,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from piwf.errors import StorageUnavailable, StoreError
 from piwf.store.postgres import hosts, layout
 from piwf.store.postgres.db import PgDatabase, translate_error
-from piwf.store.postgres.url import StoreUrl, parse
+from piwf.store.postgres.url import Limits, StoreUrl, parse
 from piwf.store.postgres.wakeups import Wakeups, channel_for
 from piwf.store.sql.aggregates import Aggregates
 
@@ -42,13 +41,6 @@ if TYPE_CHECKING:
 _T = TypeVar("_T")
 _P = ParamSpec("_P")
 
-# No host holds a lock or a connection forever: a statement, a wait for a lock and an idle
-# open transaction are each cut off (the call fails with StorageUnavailable, retried).
-STATEMENT_TIMEOUT_MS = 30_000
-LOCK_TIMEOUT_MS = 5_000  # as SQLite's busy timeout
-IDLE_IN_TRANSACTION_MS = 60_000
-POOL_SIZE = 8
-CONNECT_TIMEOUT_S = 10.0
 # synchronous_commit per --durability: 'full' waits for the WAL flush of every commit;
 # 'normal' answers before it (a server crash may lose the last commits, never corrupts).
 SYNCHRONOUS_COMMIT = {"full": "on", "normal": "off"}
@@ -91,7 +83,7 @@ class PgStore(Aggregates):
         await self.wakeups.serve(wake, task_status=task_status)
 
     def _connect_autocommit(self) -> psycopg.Connection[Any]:
-        conn = psycopg.connect(self.url.conninfo, autocommit=True, connect_timeout=int(CONNECT_TIMEOUT_S))
+        conn = psycopg.connect(self.url.conninfo, autocommit=True, connect_timeout=self.url.connect_timeout_s)
         conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.url.schema)))
         return conn
 
@@ -224,16 +216,7 @@ class _UnitOfWork:
         return False
 
 
-@dataclass(frozen=True)
-class Limits:
-    """The time limits every connection sets (ms): so that no host holds a lock forever."""
-
-    statement_ms: int = STATEMENT_TIMEOUT_MS
-    lock_ms: int = LOCK_TIMEOUT_MS
-    idle_in_transaction_ms: int = IDLE_IN_TRANSACTION_MS
-
-
-def _configure(schema: str, durability: str, limits: Limits = Limits()) -> Callable[[psycopg.Connection[Any]], None]:
+def _configure(schema: str, durability: str, limits: Limits) -> Callable[[psycopg.Connection[Any]], None]:
     settings = sql.SQL(
         "SET search_path TO {schema}; SET statement_timeout = {statement}; SET lock_timeout = {lock}; "
         "SET idle_in_transaction_session_timeout = {idle}; SET synchronous_commit = {sync}").format(
@@ -254,8 +237,8 @@ def read_status(root: Path, url: str, now: int) -> tuple[LeaseRecord, dict[str, 
 
     parsed = parse(url)
     try:
-        with psycopg.connect(parsed.conninfo, connect_timeout=int(CONNECT_TIMEOUT_S)) as conn:
-            _configure(parsed.schema, "full")(conn)
+        with psycopg.connect(parsed.conninfo, connect_timeout=parsed.connect_timeout_s) as conn:
+            _configure(parsed.schema, "full", parsed.limits)(conn)
             db = PgDatabase(conn, parsed.redacted, parsed.schema)
             layout.check(db, parsed.schema)
             try:
@@ -290,34 +273,36 @@ def directory_id(root: Path) -> str:
 
 
 def open_store(paths: Any, *, durability: str = "full", url: str, directory: str | None = None,
-               pool_size: int = POOL_SIZE, listen: bool = True, limits: Limits = Limits()) -> PgStore:
+               pool_size: int | None = None, listen: bool = True, limits: Limits | None = None) -> PgStore:
     """Open the PostgreSQL store at ``url`` for the host of state directory ``paths``
     (``directory``: its lease row's id, else kept in the state directory). Creates the
     schema's tables when it has none, migrates an older layout, and refuses a schema that is
     not piwf's or is of a newer layout, untouched (SchemaError); StorageUnavailable when the
-    server cannot be reached. ``listen=False``: poll-only mode (no LISTEN: for a pooler in
-    transaction mode; wake-ups are still sent)."""
+    server cannot be reached. ``pool_size`` and ``limits``: the URL's (``pool_size=``,
+    ``statement_timeout=``...: url.py) unless given. ``listen=False``: poll-only mode (no
+    LISTEN: for a pooler in transaction mode; wake-ups are still sent)."""
     if durability not in SYNCHRONOUS_COMMIT:
         raise StoreError(f"durability must be 'full' or 'normal', not {durability!r}")
     parsed = parse(url)
     if directory is None:
         directory = directory_id(Path(getattr(paths, "root", paths)))
-    configure = _configure(parsed.schema, durability, limits)
+    configure = _configure(parsed.schema, durability, limits or parsed.limits)
+    timeout = parsed.connect_timeout_s
     try:  # one connection first: a server that cannot be reached is said at once, with libpq's reason
-        with psycopg.connect(parsed.conninfo, connect_timeout=int(CONNECT_TIMEOUT_S)) as conn:
+        with psycopg.connect(parsed.conninfo, connect_timeout=timeout) as conn:
             configure(conn)
             layout.prepare(PgDatabase(conn, parsed.redacted, parsed.schema), parsed.schema)
     except psycopg.Error as exc:
         raise _connect_error(exc, parsed.redacted) from exc
     pool: ConnectionPool[Any] = ConnectionPool(
-        parsed.conninfo, min_size=1, max_size=pool_size, open=False, timeout=CONNECT_TIMEOUT_S,
-        configure=configure, kwargs={"connect_timeout": int(CONNECT_TIMEOUT_S)}, name="piwf")
+        parsed.conninfo, min_size=1, max_size=pool_size or parsed.pool_size, open=False, timeout=timeout,
+        configure=configure, kwargs={"connect_timeout": timeout}, name="piwf")
     try:
-        pool.open(wait=True, timeout=CONNECT_TIMEOUT_S)
+        pool.open(wait=True, timeout=timeout)
     except PoolTimeout as exc:
         pool.close()
         raise StorageUnavailable(f"cannot connect to the PostgreSQL store {parsed.redacted} "
-                                 f"within {CONNECT_TIMEOUT_S:g} s; is the server running?") from exc
+                                 f"within {timeout} s; is the server running?") from exc
     return PgStore(pool, parsed, directory, listen=listen)
 
 
