@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
 
 import pytest
+
+from .conftest import pg_store_url
 
 
 def chaos(*args: str) -> dict:
@@ -47,6 +50,15 @@ def check(summary: dict) -> None:
 
 def test_a_small_chaos_run_loses_nothing_and_repeats_no_effect() -> None:
     summary = chaos("--runs", "10", "--kills", "5", "--hostile-every", "2", "--loop-every", "3", "--resources", "6")
+    check(summary)
+    assert sorted(summary["hostile_runs"]) == ["exit0", "exit3", "oversized", "parricide"]
+    assert summary["takeover_ms"]["count"] >= 1
+
+
+def test_a_small_chaos_run_on_postgresql_loses_nothing_and_repeats_no_effect(postgres: Any) -> None:
+    """The same run with the hosts keeping their store in PostgreSQL (a fresh schema)."""
+    summary = chaos("--runs", "10", "--kills", "5", "--hostile-every", "2", "--loop-every", "3", "--resources", "6",
+                    "--store", pg_store_url(postgres))
     check(summary)
     assert sorted(summary["hostile_runs"]) == ["exit0", "exit3", "oversized", "parricide"]
     assert summary["takeover_ms"]["count"] >= 1

@@ -495,7 +495,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--loop-every", type=int, default=4, metavar="K",
                         help="one run in K waits for a decision and an ask, answered by a simulated person "
                              "(default 4; 0: none)")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for runs to settle")
+    parser.add_argument("--timeout", type=float, default=None,
+                        help="seconds to wait, after the last kill, for every run to settle (default: 300, or 3 per "
+                             "run when that is more: the hostile runs' crash loops take the fork server down again "
+                             "and again, and each time starting workers waits for it)")
     parser.add_argument("--standby", action="store_true",
                         help="keep a `piwf serve --standby` waiting: it replaces each killed host")
     parser.add_argument("--power-cuts", type=int, default=0, metavar="N",
@@ -516,6 +519,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                      "commits (docs/guarantees.md), which this harness would count as lost")
     if args.seed is None:
         args.seed = random.randrange(2**32)
+    if args.timeout is None:
+        args.timeout = max(300.0, 3.0 * args.runs)
     return args
 
 
