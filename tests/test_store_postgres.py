@@ -5,7 +5,9 @@ on both backends."""
 from __future__ import annotations
 
 import json
+import os
 import signal
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ import secrets
 
 import psycopg
 import pytest
+import trio
 
 from piwf.errors import SchemaError, StorageUnavailable, StoreError
 from piwf.store.api import open_store
@@ -180,10 +183,17 @@ async def test_a_password_never_reaches_a_log_status_record_or_error(
     assert await host.wait() == 0
     stopped = json.loads((await piwf(paths, "status", "--json")).stdout)  # found from what the host recorded
     assert stopped["state"] == "stopped" and stopped["store"] == redact(url) and stopped["completedRuns"] == 1
+    # A state directory no host has used, and PIWF_STORE naming the store (with its password)
+    other = await trio.run_process([sys.executable, "-m", "piwf", "status", "--json", "--state-dir",
+                                    str(tmp_path / "other")], capture_stdout=True, capture_stderr=True,
+                                   env={**os.environ, "PIWF_STORE": url}, check=False)
+    elsewhere = json.loads(other.stdout)
+    assert (elsewhere["state"], elsewhere["store"], elsewhere["completedRuns"]) == ("stopped", redact(url), 1)
     refused = await piwf(paths, "serve", "--store", url.replace("port=", "port=1"), check=False)
     assert refused.returncode != 0 and b"cannot connect to the PostgreSQL store" in refused.stderr
     seen = [(tmp_path / "host.log").read_bytes(), json.dumps(running).encode(), json.dumps(stopped).encode(),
-            refused.stdout + refused.stderr] + [p.read_bytes() for p in paths.root.rglob("*") if p.is_file()]
+            refused.stdout + refused.stderr, other.stdout + other.stderr] + [
+        p.read_bytes() for p in paths.root.rglob("*") if p.is_file()]
     assert seen and not [text for text in seen if secret.encode() in text]
 
 
