@@ -311,9 +311,11 @@ class Chaos:
         applier = threading.Thread(target=self.controllers.apply_all, name="applier", daemon=True)
         applier.start()
         cuts = set(self.rng.sample(range(self.args.kills), self.args.power_cuts)) if self.args.power_cuts else set()
+        started = 0
         for kill in range(self.args.kills):
             time.sleep(self.rng.uniform(0.05, 0.5))
             self.ensure_host()
+            started = self.wait_for_a_start(submitter, started)
             if kill in cuts:
                 self.power_cut()
             elif self.rng.random() < 0.5 or not self.kill_worker():
@@ -327,6 +329,17 @@ class Chaos:
         self.ensure_host()
         self.restart_clean()
         return self.settle_and_summarize()
+
+    def wait_for_a_start(self, submitter: threading.Thread, before: int) -> int:
+        """Until a run.start more than ``before`` was answered (or the submitter is done):
+        a host killed before any request got through tests nothing, and on a loaded machine
+        a new host's first run.start (it loads the workflow) can take longer than the pause
+        between kills, every time. Returns how many are answered now."""
+        deadline = time.monotonic() + 120
+        while submitter.is_alive() and len(self.tally.accepted) <= before and time.monotonic() < deadline:
+            self.ensure_host()
+            time.sleep(0.01)
+        return len(self.tally.accepted)
 
     def restart_clean(self) -> None:
         """The last host runs without faults: the end state must be reachable by itself."""
