@@ -1,5 +1,5 @@
-"""A throwaway PostgreSQL server for the tests: ``initdb`` in a temporary folder, a Unix
-socket in it and no TCP port, stopped at the end.
+"""A throwaway PostgreSQL server for the tests: ``initdb`` in a temporary folder (in
+/dev/shm where there is one), a Unix socket in it and no TCP port, stopped at the end.
 
 ``initdb`` and ``postgres`` refuse to run as root, so as root (CI, this machine) they run as
 ``nobody`` (``setpriv``), in a folder that user owns. Without PostgreSQL's programs
@@ -21,6 +21,7 @@ import contextlib
 HOW_TO_RUN = ("PostgreSQL tests need PostgreSQL's server programs (pg_config --bindir): "
               "apt-get install postgresql, or set PIWF_TEST_STORE to a postgresql:// URL")
 USER = "nobody"
+SHM = "/dev/shm"
 
 
 def find_bindir() -> Path | None:
@@ -45,7 +46,9 @@ class Server:
     def __init__(self, bindir: Path, *, fsync: bool = False) -> None:
         self.bindir = bindir
         self.fsync = fsync
-        self.root = Path(tempfile.mkdtemp(prefix="piwf-pg-"))
+        # In memory where there is /dev/shm: the suite makes hundreds of schemas (tens of
+        # thousands of files), and creating and removing them on a disk costs minutes.
+        self.root = Path(tempfile.mkdtemp(prefix="piwf-pg-", dir=SHM if os.path.isdir(SHM) else None))
         self.data = self.root / "data"
         self.socket_dir = self.root
         self.log = self.root / "server.log"

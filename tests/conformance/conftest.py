@@ -9,7 +9,7 @@ when the conformance suite ran as a whole; ``WHOLE`` says whether it did.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ OpenStore = Callable[..., Awaitable[Any]]
 
 
 @pytest.fixture(params=sorted(BACKENDS))
-def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     """Each backend in turn; a test marked ``lease(shape)`` only where the host lease has that shape."""
     if request.param == "postgresql":
         chosen = BACKENDS[request.param](tmp_path, request.getfixturevalue("postgres"))
@@ -38,7 +38,8 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     marker = request.node.get_closest_marker("lease")
     if marker is not None and marker.args[0] != chosen.lease:
         pytest.skip(f"the {chosen.name} backend's host lease is of the {chosen.lease!r} shape")
-    return chosen
+    yield chosen
+    chosen.release()  # after open_store's teardown (it depends on this): its stores are closed
 
 
 @pytest.fixture
