@@ -132,7 +132,8 @@ async def test_a_host_stops_when_another_migrates_the_store_past_its_layout(
     with admin(postgres) as conn:  # a newer piwf's host migrated the shared store
         conn.execute(f"UPDATE {schema}.piwf_layout SET version = version + 1")
     await wait_for(state.stop_requested.is_set, timeout=10)  # at its next renewal, within 100 ms
-    assert "the store was migrated to layout 2 by a newer piwf; this one knows 1 and stops" in caplog.text
+    assert (f"the store was migrated to layout {LAYOUT_VERSION + 1} by a newer piwf; this one knows {LAYOUT_VERSION} "
+            "and stops") in caplog.text
 
 
 async def test_ended_runs_are_counted_from_shards_that_follow_every_change_hand_edits_too(
