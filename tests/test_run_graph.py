@@ -1,6 +1,6 @@
 """``run.graph``: the graph a run recorded of its workflow, each node's state and the path
-taken, with real hosts on both stores; and the pure parts (the graph a workflow makes, the
-states read from attempts) alone."""
+taken (and ``run.steps``, its attempts with outputs), with real hosts on both stores; and
+the pure parts (the graph a workflow makes, the states read from attempts) alone."""
 
 from __future__ import annotations
 
@@ -88,6 +88,9 @@ async def test_a_waiting_run_shows_its_waiting_node_the_accepted_ones_and_a_revi
     await answer(paths, revisited["approve"]["requestId"], "yes")
     assert (await at_rest(paths, run_id))["status"] == "completed"
     done = await graph(paths, run_id)
+    outputs = (await call(paths, "run.steps", run_id=run_id))["steps"]
+    assert [s["output"] for s in outputs if s["node"] == "prepare"] == [{"ready": True}, {"ready": True}]
+    assert outputs[-1]["output"]["stdout"] == "shipped\n"
     assert states(done) == {"approve": "accepted", "prepare": "accepted", "ship": "accepted"}
     assert path(done)[-2:] == [("approve", "accepted", "yes"), ("ship", "accepted", "next")]
 
@@ -102,6 +105,9 @@ async def test_a_failed_node_shows_failed_and_the_cli_prints_the_graph(
     assert shown["nodes"] == [{"id": "explode", "kind": "compute", "title": "explode", "exits": ["next"],
                                "state": "failed", "visits": 1, "lastExit": None, "requestId": None}]
     assert path(shown) == [("explode", "failed", None)]
+    steps = await call(paths, "run.steps", run_id=run_id)
+    assert steps["next"] is None and [(s["node"], s["status"]) for s in steps["steps"]] == [("explode", "failed")]
+    assert steps["steps"][0]["error"]["message"] == "the fuse was lit" and steps["steps"][0]["output"] is None
     printed = await piwf(paths, "run", "graph", run_id)
     assert "explode" in printed.stdout.decode() and "failed" in printed.stdout.decode()
     as_json = json.loads((await piwf(paths, "run", "graph", run_id, "--json")).stdout)

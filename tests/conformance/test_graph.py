@@ -80,3 +80,36 @@ async def test_a_run_without_a_recorded_graph_answers_it_unknown(store: Any, clo
                                                                         ("y", "unknown", [], "running")]
     with pytest.raises(NotFound):
         await store.runs.run_graph("nope")
+
+
+async def test_a_runs_attempts_come_with_their_outputs_a_page_at_a_time(store: Any, clock: ManualClock) -> None:
+    from piwf.protocol import STEPS_PAGE_OUTPUT_BYTES
+
+    await store.runs.create_run(run_id="r1", workflow="w", project_path="/p", source=b"src", digest="d1", input={},
+                                origin_session_id=None, now=clock.now_ms())
+    got = await claim(store, clock)
+    big = "x" * (STEPS_PAGE_OUTPUT_BYTES // 2)  # stored as a blob; two fill a page's budget
+    for seq in range(3):
+        attempt, _ = await store.runs.start_attempt("r1", got.token, seq=seq, node=f"n{seq}",
+                                                    generation=got.generation, now=clock.now_ms())
+        await store.runs.accept_attempt("r1", got.token, attempt_id=attempt, output={"seq": seq, "big": big},
+                                        exit_name="next", now=clock.now_ms())
+    failing, _ = await store.runs.start_attempt("r1", got.token, seq=3, node="n3", generation=got.generation,
+                                                now=clock.now_ms())
+    await store.runs.fail_attempt("r1", got.token, attempt_id=failing, error={"type": "ValueError", "message": "no"},
+                                  now=clock.now_ms())
+    first = await store.runs.run_steps("r1")
+    assert [s.output["seq"] for s in first.steps] == [0] and first.next == 1  # two outputs would pass the budget
+    assert (first.steps[0].node, first.steps[0].status, first.steps[0].exit) == ("n0", "accepted", "next")
+    pages, offset = [first], first.next
+    while offset is not None:
+        pages.append(page := await store.runs.run_steps("r1", offset))
+        offset = page.next
+    steps = [step for page in pages for step in page.steps]
+    assert [(s.seq, s.status) for s in steps] == [(0, "accepted"), (1, "accepted"), (2, "accepted"), (3, "failed")]
+    assert steps[3].output is None and steps[3].error == {"type": "ValueError", "message": "no"}
+    assert steps[3].attemptId == failing
+    limited = await store.runs.run_steps("r1", 3, limit=1)
+    assert ([s.seq for s in limited.steps], limited.next) == ([3], None)
+    with pytest.raises(NotFound):
+        await store.runs.run_steps("nope")

@@ -28,10 +28,10 @@ import trio
 from piwf import faults, processes
 from piwf.errors import PiwfError, Rejected
 from piwf.protocol import (
-    AnswerDecision, CancelReceipt, CancelRun, GetHostStatus, GetRun, GetRunEvents, GetRunGraph, HoldReceipt, HostStatus,
-    InteractionsPage, ListInteractions, ListRuns, PauseRun, Request, ResolveEffect, ResolveReceipt,
-    ResumeRun, RunDetail, RunEventsPage, RunGraph, RunSummary, StartReceipt, StartRun, StopHost, StopReceipt,
-    SubmitInteraction, UpdateInteraction, WaitReceipt, WaitRun,
+    AnswerDecision, CancelReceipt, CancelRun, GetHostStatus, GetRun, GetRunEvents, GetRunGraph, GetRunSteps,
+    HoldReceipt, HostStatus, InteractionsPage, ListInteractions, ListRuns, PauseRun, Request, ResolveEffect,
+    ResolveReceipt, ResumeRun, RunDetail, RunEventsPage, RunGraph, RunStepsPage, RunSummary, StartReceipt, StartRun,
+    StopHost, StopReceipt, SubmitInteraction, UpdateInteraction, WaitReceipt, WaitRun,
 )
 from piwf.status import AT_REST, QueueStatus, RunStatus, StopReason
 from piwf.store.api import UnitOfWork
@@ -144,6 +144,10 @@ async def _run_events(host: HostState, request: GetRunEvents) -> RunEventsPage:
 
 async def _run_graph(host: HostState, request: GetRunGraph) -> RunGraph:
     return await host.store.runs.run_graph(request.runId)
+
+
+async def _run_steps(host: HostState, request: GetRunSteps) -> RunStepsPage:
+    return await host.store.runs.run_steps(request.runId, request.payload.offset, request.payload.limit)
 
 
 async def _run_wait(host: HostState, request: WaitRun) -> WaitReceipt:
@@ -326,6 +330,7 @@ READS: Reads = {
     ListRuns: _run_list,
     GetRunEvents: _run_events,
     GetRunGraph: _run_graph,
+    GetRunSteps: _run_steps,
     WaitRun: _run_wait,
     ListInteractions: _interaction_list,
     **delivery.READS,

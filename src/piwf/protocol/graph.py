@@ -1,4 +1,5 @@
-"""The host protocol's run graph: ``run.graph``, and the workflow graph a run records.
+"""The host protocol's run graph: ``run.graph``, and the workflow graph a run records;
+and ``run.steps``, a run's node attempts with their outputs, a page at a time.
 
 A run records the graph of the workflow it executes (``WorkflowGraph``, made by
 ``piwf.engine.graph`` in the throwaway process that loads the workflow, never in the host)
@@ -13,15 +14,16 @@ its union); import it from there.
 from __future__ import annotations
 
 import enum
-from typing import Annotated
+from typing import Annotated, Any
 
 from msgspec import Meta, Struct
 
-from piwf.protocol.host import RunRequest
+from piwf.protocol.host import NoPayload, RunRequest, Step
 from piwf.status import RunStatus
 
 __all__ = [
-    "GRAPH_REQUESTS", "GetRunGraph", "GraphEdge", "GraphNode", "NodeDefinition", "NodeState", "PathStep", "RunGraph",
+    "GRAPH_REQUESTS", "STEPS_PAGE", "STEPS_PAGE_OUTPUT_BYTES", "GetRunGraph", "GetRunSteps", "GraphEdge", "GraphNode",
+    "NodeDefinition", "NodeState", "PathStep", "RunGraph", "RunStepsPage", "RunStepsPayload", "StepDetail",
     "WorkflowGraph",
 ]
 
@@ -108,4 +110,35 @@ class GetRunGraph(RunRequest, tag="run.graph"):
     receipt_type = RunGraph
 
 
-GRAPH_REQUESTS = (GetRunGraph,)
+STEPS_PAGE = 100
+STEPS_PAGE_OUTPUT_BYTES = 4 * 1024 * 1024  # the outputs of one page, as stored JSON; a larger one comes alone
+
+
+class RunStepsPayload(NoPayload, frozen=True):
+    offset: Annotated[int, Meta(ge=0, description="attempts already seen: `next` of the last page")] = 0
+    limit: Annotated[int, Meta(ge=1, le=1000, description="at most this many attempts")] = STEPS_PAGE
+
+
+class StepDetail(Step):
+    attemptId: str
+    output: Annotated[Any, Meta(description="an accepted attempt's output (null otherwise)")]
+    error: Annotated[dict[str, Any] | None, Meta(description="a failed attempt's error: `type`, `message`, `node`, "
+                                                             "`traceback`, `where`")]
+
+
+class RunStepsPage(Struct):
+    """Node attempts in order (`run.status` `steps`), with their outputs and errors."""
+
+    steps: list[StepDetail]
+    next: Annotated[int | None, Meta(description="more remain: send it as `offset`; null at the last attempt")]
+
+
+class GetRunSteps(RunRequest, tag="run.steps"):
+    """A page of the run's node attempts with their outputs and errors, in order."""
+
+    payload: RunStepsPayload = RunStepsPayload()
+    is_read = True
+    receipt_type = RunStepsPage
+
+
+GRAPH_REQUESTS = (GetRunGraph, GetRunSteps)

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from piwf.protocol import EVENTS_PAGE
+from piwf.protocol import EVENTS_PAGE, STEPS_PAGE
 from piwf.store.api.rules import RETENTION_MS
 
 if TYPE_CHECKING:
-    from piwf.protocol import RunDetail, RunEventsPage, RunGraph, RunSummary
+    from piwf.protocol import RunDetail, RunEventsPage, RunGraph, RunStepsPage, RunSummary
     from piwf.protocol.worker import WorkerMessage, WorkerResponse
     from piwf.status import WorkerStatus
     from piwf.store.api.types import (
@@ -161,6 +161,11 @@ class RunsStore(Protocol):
         """The graph of the workflow the run executes as recorded for it (unknown for a run made before layout
         14), each node's state in the run, and its path, from one snapshot; its cost follows the run's size,
         not the runs stored. Raises NotFound."""
+
+    async def run_steps(self, run_id: str, offset: int = 0, limit: int = STEPS_PAGE) -> RunStepsPage:
+        """The run's attempts from ``offset`` on, in order, with outputs and errors: at most ``limit``, whose
+        outputs add up to at most STEPS_PAGE_OUTPUT_BYTES (always at least one); ``next`` when more remain.
+        Raises NotFound."""
 
     async def run_summary(self, run_id: str) -> RunSummary:
         """The status fields of one run, without its input, output or steps. Raises NotFound."""

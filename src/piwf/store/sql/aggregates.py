@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from piwf.protocol import EVENTS_PAGE
+from piwf.protocol import EVENTS_PAGE, STEPS_PAGE
 from piwf.store.api.retention import BLOB_SWEEP, PRUNE_BATCH
 from piwf.store.api.rules import RETENTION_MS
 from piwf.store.sql import commands as _commands
@@ -35,8 +35,8 @@ if TYPE_CHECKING:
     from piwf.store import api
     from piwf.protocol import (
         AnswerReceipt, ChangeSettingsReceipt, DeliverReceipt, FollowUpReceipt, InteractionRequest, Notification,
-        NotificationClaim, ResolveTurnReceipt, RunDetail, RunEventsPage, RunGraph, RunSettings, RunSummary,
-        SubmitReceipt, Turn, TurnClaim, UpdateAction, UpdateReceipt, WatchPage,
+        NotificationClaim, ResolveTurnReceipt, RunDetail, RunEventsPage, RunGraph, RunSettings, RunStepsPage,
+        RunSummary, SubmitReceipt, Turn, TurnClaim, UpdateAction, UpdateReceipt, WatchPage,
     )
     from piwf.protocol.worker import InteractionOpenPayload, PendingSubmission, WorkerMessage, WorkerResponse
     from piwf.status import NotificationKind, TurnResolution, WorkerStatus
@@ -141,6 +141,9 @@ class RunsAggregate:
 
     async def run_graph(self, run_id: str) -> RunGraph:
         return await self.call(_graph.run_graph, run_id)
+
+    async def run_steps(self, run_id: str, offset: int = 0, limit: int = STEPS_PAGE) -> RunStepsPage:
+        return await self.call(_graph.run_steps, run_id, offset, limit)
 
     async def run_summary(self, run_id: str) -> RunSummary:
         return await self.call(_runs.run_summary, run_id)

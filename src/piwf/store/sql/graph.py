@@ -1,5 +1,5 @@
 """``run.graph``: the workflow graph a run recorded (``runs.graph_hash``, layout 14), each
-node's state in the run, and the path it took.
+node's state in the run, and the path it took; ``run.steps``: its attempts with outputs.
 
 Read from one snapshot by primary key and per-run indexes (the run's row, its attempts,
 its open requests): the cost follows the run's own size, never the runs stored.
@@ -12,10 +12,15 @@ from typing import Any
 import msgspec
 
 from piwf.errors import NotFound, StoreError
-from piwf.protocol import GraphNode, NodeState, PathStep, RunGraph, WorkflowGraph
+from piwf.protocol import (
+    STEPS_PAGE, STEPS_PAGE_OUTPUT_BYTES, GraphNode, NodeState, PathStep, RunGraph, RunStepsPage, StepDetail,
+    WorkflowGraph,
+)
 from piwf.status import AttemptStatus, RunStatus
 from piwf.store.sql.database import Database
 from piwf.store.sql.interactions import OPEN
+from piwf.store.sql.timefmt import iso
+from piwf.wire import decode_json
 
 UNKNOWN = ("no definition is recorded for this run: it started before piwf recorded workflow graphs, so only "
            "the nodes it went through are shown")
@@ -85,3 +90,31 @@ def graph_answer(run_id: str, workflow: str, status: RunStatus, digest: str, gra
 
 def _ended(state: Any, status: RunStatus) -> str:
     return AttemptStatus.INTERRUPTED if state in LIVE_ATTEMPT and status in ENDED_RUN else str(state)
+
+
+def run_steps(db: Database, run_id: str, offset: int = 0, limit: int = STEPS_PAGE,
+              budget: int = STEPS_PAGE_OUTPUT_BYTES) -> RunStepsPage:
+    """Attempts ``offset`` on, in the run's order (seq, then start), at most ``limit`` whose
+    stored outputs add up to at most ``budget`` bytes (always at least one). Attempts are
+    only ever added after the last, so an offset names the same place on every page."""
+    with db.read():
+        if db.one("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)) is None:
+            raise NotFound(f"run {run_id} not found")
+        rows = db.execute(
+            """SELECT seq, node_id, status, generation, exit_name, started_at, finished_at, settings_change,
+                 attempt_id, output_json, output_hash, error_json,
+                 COALESCE(length(output_json), (SELECT length(content) FROM blobs WHERE hash = output_hash), 0)
+               FROM node_attempts WHERE run_id = ? ORDER BY seq, started_at, attempt_id LIMIT ? OFFSET ?""",
+            (run_id, limit + 1, offset)).fetchall()
+        steps: list[StepDetail] = []
+        used = 0
+        for (seq, node, status, generation, exit_name, started, finished, change, attempt_id, inline, digest,
+             error, size) in rows[:limit]:
+            if steps and used + size > budget:
+                break
+            used += size
+            steps.append(StepDetail(seq, node, status, generation, exit_name, iso(started), iso(finished),
+                                    change, attemptId=attempt_id, output=db.get_json(inline, digest),
+                                    error=None if error is None else decode_json(error.encode())))
+    more = len(steps) < len(rows)
+    return RunStepsPage(steps=steps, next=offset + len(steps) if more else None)
