@@ -30,17 +30,21 @@ ENDED_RUN = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.TIMED_OUT, RunStat
 _graph_decoder = msgspec.json.Decoder(WorkflowGraph)
 
 
+# What run.graph reads, each through the run's primary key or a per-run index (checked by
+# tests/test_run_graph.py with SQLite's query plans).
+RUN_ROW = "SELECT workflow, status, definition_digest, graph_hash FROM runs WHERE run_id = ?"
+ATTEMPTS = "SELECT seq, started_at, attempt_id, node_id, status, exit_name FROM node_attempts WHERE run_id = ?"
+OPEN_REQUESTS = f"SELECT attempt_id, request_id FROM interaction_requests WHERE run_id = ? AND {OPEN}"
+
+
 def run_graph(db: Database, run_id: str) -> RunGraph:
     with db.read():
-        row = db.one("SELECT workflow, status, definition_digest, graph_hash FROM runs WHERE run_id = ?", (run_id,))
+        row = db.one(RUN_ROW, (run_id,))
         if row is None:
             raise NotFound(f"run {run_id} not found")
         workflow, status, digest, graph_hash = row
-        attempts = sorted(db.execute(
-            "SELECT seq, started_at, attempt_id, node_id, status, exit_name FROM node_attempts WHERE run_id = ?",
-            (run_id,)), key=lambda a: (a[0], a[1]))
-        requests = dict(db.execute(
-            f"SELECT attempt_id, request_id FROM interaction_requests WHERE run_id = ? AND {OPEN}", (run_id,)))
+        attempts = sorted(db.execute(ATTEMPTS, (run_id,)), key=lambda a: (a[0], a[1]))
+        requests = dict(db.execute(OPEN_REQUESTS, (run_id,)))
         graph = None if graph_hash is None else _decode(db.get_blob(graph_hash), run_id)
     return graph_answer(run_id, workflow, RunStatus(status), digest, graph,
                         [(a[0], a[2], a[3], a[4], a[5]) for a in attempts], requests)
@@ -92,6 +96,12 @@ def _ended(state: Any, status: RunStatus) -> str:
     return AttemptStatus.INTERRUPTED if state in LIVE_ATTEMPT and status in ENDED_RUN else str(state)
 
 
+STEPS = """SELECT seq, node_id, status, generation, exit_name, started_at, finished_at, settings_change,
+  attempt_id, output_json, output_hash, error_json,
+  COALESCE(length(output_json), (SELECT length(content) FROM blobs WHERE hash = output_hash), 0)
+FROM node_attempts WHERE run_id = ? ORDER BY seq, started_at, attempt_id LIMIT ? OFFSET ?"""
+
+
 def run_steps(db: Database, run_id: str, offset: int = 0, limit: int = STEPS_PAGE,
               budget: int = STEPS_PAGE_OUTPUT_BYTES) -> RunStepsPage:
     """Attempts ``offset`` on, in the run's order (seq, then start), at most ``limit`` whose
@@ -100,12 +110,7 @@ def run_steps(db: Database, run_id: str, offset: int = 0, limit: int = STEPS_PAG
     with db.read():
         if db.one("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)) is None:
             raise NotFound(f"run {run_id} not found")
-        rows = db.execute(
-            """SELECT seq, node_id, status, generation, exit_name, started_at, finished_at, settings_change,
-                 attempt_id, output_json, output_hash, error_json,
-                 COALESCE(length(output_json), (SELECT length(content) FROM blobs WHERE hash = output_hash), 0)
-               FROM node_attempts WHERE run_id = ? ORDER BY seq, started_at, attempt_id LIMIT ? OFFSET ?""",
-            (run_id, limit + 1, offset)).fetchall()
+        rows = db.execute(STEPS, (run_id, limit + 1, offset)).fetchall()
         steps: list[StepDetail] = []
         used = 0
         for (seq, node, status, generation, exit_name, started, finished, change, attempt_id, inline, digest,
