@@ -113,3 +113,16 @@ async def test_a_runs_attempts_come_with_their_outputs_a_page_at_a_time(store: A
     assert ([s.seq for s in limited.steps], limited.next) == ([3], None)
     with pytest.raises(NotFound):
         await store.runs.run_steps("nope")
+
+
+async def test_a_retried_run_records_the_graph_of_the_workflow_it_adopts(store: Any, clock: ManualClock) -> None:
+    from .test_retry import failed
+
+    await failed(store, clock)  # made without a graph: unknown, with the nodes it went through
+    before = await store.runs.run_graph("r1")
+    assert before.known is False and [(n.id, n.state) for n in before.nodes] == [("a", "accepted"), ("b", "failed")]
+    await store.runs.retry_run("r1", clock.now_ms(), actor="alice",
+                               definition=Definition("d2", b"fixed", "a", graph_bytes("Fixed?")))
+    after = await store.runs.run_graph("r1")
+    assert (after.known, after.definitionDigest, after.nodes[1].title) == (True, "d2", "Fixed?")
+    assert [(n.id, n.state) for n in after.nodes] == [("a", "accepted"), ("b", "failed"), ("c", "not_reached")]
