@@ -28,6 +28,30 @@ class Graph:
     start: str | None
 
 
+STATE_WORDS = {"not_reached": "not reached"}
+
+
+def from_run_graph(recorded: dict[str, Any]) -> Graph:
+    """The graph ``run.graph`` answers: the workflow's nodes and edges as recorded for the
+    run, each node in its latest attempt's state; an edge is taken when the path left its
+    node through its exit for its target."""
+    path = recorded.get("path", [])
+    taken = {(a["node"], a.get("exit"), b["node"]) for a, b in itertools.pairwise(path)}
+    nodes = [{"id": n["id"], "kind": n.get("kind") or "", "state": STATE_WORDS.get(n["state"], n["state"]),
+              "title": n.get("title")} for n in recorded.get("nodes", [])]
+    known = {n["id"] for n in nodes}
+    for step in path:  # a node the path visited that the record lacks (an old run): still drawn
+        if step["node"] not in known:
+            known.add(step["node"])
+            nodes.append({"id": step["node"], "kind": "", "state": step["status"], "title": None})
+    edges = [{"from": e["node"], "to": e["to"], "exit": None if e["exit"] == "next" else e["exit"],
+              "taken": (e["node"], e["exit"], e["to"]) in taken} for e in recorded.get("edges", [])]
+    if not edges:  # no definition recorded: the path taken, step after step
+        edges = [{"from": a, "to": b, "exit": None, "taken": True}
+                 for a, b in sorted({(a["node"], b["node"]) for a, b in itertools.pairwise(path)})]
+    return Graph(nodes, edges, recorded.get("startAt") or (path[0]["node"] if path else None))
+
+
 def from_steps(run: dict[str, Any]) -> Graph:
     """The path the run took, from its steps alone (a host that records no definition):
     each node it reached, in order, with its latest attempt's state."""
@@ -111,7 +135,8 @@ def _node(node: dict[str, Any], x: float, y: float) -> str:
     state = str(node.get("state") or "not reached")
     css = "node state-" + state.replace(" ", "-").replace("_", "-")
     kind = escape(node.get("kind") or "")
-    title = escape(f"{node['id']}: {state}" + (f" ({node.get('kind')})" if node.get("kind") else ""))
+    title = escape(f"{node['id']}: {state}" + (f" ({node.get('kind')})" if node.get("kind") else "")
+                   + (f"\n{node['title']}" if node.get("title") else ""))
     return (f'<g class="{escape(css)}" data-node="{escape(node["id"])}" data-state="{escape(state)}">'
             f"<title>{title}</title>"
             f'<rect x="{x:.0f}" y="{y:.0f}" width="{BOX_W}" height="{BOX_H}" rx="6"/>'

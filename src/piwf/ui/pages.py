@@ -78,9 +78,10 @@ async def _optional(call: Callable[..., Awaitable[Any]], operation: str, **kwarg
 
 
 async def run_graph(call: Callable[..., Awaitable[Any]], run: dict[str, Any]) -> graph.Graph:
-    """The graph the run executes, as recorded for it; a host that records none gives
-    the path taken, from the run's steps."""
-    return graph.from_steps(run)
+    """The graph the run executes, as recorded for it (``run.graph``); a host without that
+    operation gives the path taken, from the run's steps."""
+    recorded = await _optional(call, "run.graph", run_id=run["runId"])
+    return graph.from_steps(run) if recorded is None else graph.from_run_graph(recorded)
 
 
 @host_errors
