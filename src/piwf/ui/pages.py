@@ -31,6 +31,9 @@ Handler = Callable[[Request], Awaitable[Response]]
 def host_errors(handler: Handler) -> Handler:
     """A page the host could not answer for: the host's reason, with its status."""
     async def guarded(request: Request) -> Response:
+        # the feed's version before the page reads the host: any change the page may have
+        # missed is newer, and its event stream starts from here (static/ui.js)
+        request.state.feed_version = request.app.state.console.feed.version
         try:
             return await handler(request)
         except (HostUnavailable, HostTimeout) as exc:
@@ -134,13 +137,16 @@ async def confirm_page(request: Request) -> Response:
 
 
 async def events(request: Request) -> Response:
-    """Server-sent events: one ``data:`` line per change the feed saw after the stream
-    began (the runs it touched, or null: anything may have changed), a comment line as a
+    """Server-sent events: one ``data:`` line per change the feed saw after version
+    ``since`` (the page's: what it was read at) or, without it, after the stream began —
+    the runs it touched, or null: anything may have changed — and a comment line as a
     ping in between."""
     feed = request.app.state.console.feed
+    since = request.query_params.get("since", "")
+    start = int(since) if since.isdigit() and int(since) <= feed.version else feed.version
 
     async def stream() -> AsyncIterator[str]:
-        seen = feed.version
+        seen = start
         yield "retry: 1000\n\n"
         while True:
             change = None

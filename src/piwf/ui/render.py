@@ -33,6 +33,8 @@ def page(request: Request, template: str, *, status: int = 200, **context: Any) 
     field, who it answers as, whether the host answers) and the notice to show, if any."""
     console = request.app.state.console
     notice = console.notices.pop(request.query_params.get("notice", ""), None)
+    version = getattr(request.state, "feed_version", console.feed.version)
     html = _env.get_template(template).render(
-        request=request, console=console, csrf=console.csrf, notice=notice, host_up=console.feed.host_up, **context)
+        request=request, console=console, csrf=console.csrf, notice=notice, host_up=console.feed.host_up,
+        version=version, **context)
     return HTMLResponse(html, status_code=status)

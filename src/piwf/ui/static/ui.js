@@ -28,9 +28,10 @@
     var kept = {};
     main.querySelectorAll("input[name], textarea[name], select[name]").forEach(function (el) {
       if (el.type === "hidden") return;
+      // what was typed stays (a refused value too, shown again beside the reason)
       var changed = el.type === "checkbox" ? el.checked !== el.defaultChecked
         : el.tagName === "SELECT" ? !el.options[el.selectedIndex] || !el.options[el.selectedIndex].defaultSelected
-        : el.value !== el.defaultValue;
+        : el.value !== "";
       if (changed) kept[keyOf(el)] = el.type === "checkbox" ? el.checked : el.value;
     });
     return kept;
@@ -64,6 +65,7 @@
     var notice = main.querySelector(".notice");
     main.innerHTML = fresh.innerHTML;
     main.setAttribute("data-watch", fresh.getAttribute("data-watch") || "");
+    main.setAttribute("data-version", fresh.getAttribute("data-version") || "");
     if (notice && !main.querySelector(".notice")) main.insertBefore(notice, main.firstChild);
     restore(kept, focused);
     var banner = doc.getElementById("host-lost");
@@ -85,7 +87,9 @@
       });
   }
 
-  var stream = new EventSource("/events");
+  // From the version the page was read at: a change between the page's read and the
+  // stream's start is told at once.
+  var stream = new EventSource("/events?since=" + encodeURIComponent(main.getAttribute("data-version") || ""));
   var dropped = false;
   stream.onopen = function () {
     live.setAttribute("data-state", "on");
