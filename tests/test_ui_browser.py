@@ -220,11 +220,11 @@ def test_a_change_sent_from_another_origin_is_refused(stack: Stack, browser: Any
     run_id = stack.start_run("deploy")
     stack.open_request(run_id)
     browser.get(f"{stack.base}/runs/{run_id}")
-    csrf = browser.find_element(By.NAME, "csrf").get_attribute("value")  # even with the right field
+    csrf = until(browser, lambda d: attribute(d, 'input[name="csrf"]', "value"))  # even with the right field
     _Attacker.page = (f'<form id="f" method="post" action="{stack.base}/runs/{run_id}/pause">'
                       f'<input type="hidden" name="csrf" value="{csrf}"></form>'
                       '<script>document.getElementById("f").submit()</script>').encode()
-    server = http.server.HTTPServer(("127.0.0.1", 0), _Attacker)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Attacker)  # chromium keeps idle sockets open
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
