@@ -4,8 +4,10 @@ an answer is recorded as, first answer wins, and the origin session's read-only 
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import signal
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -174,3 +176,33 @@ def test_the_token_is_in_a_file_of_the_users_alone_and_on_no_command_line(stack:
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
     assert stack.console is not None
     assert stack.token.encode() not in Path(f"/proc/{stack.console.pid}/cmdline").read_bytes()
+
+
+def _changes(lines: Any) -> Iterator[dict[str, Any]]:
+    for line in lines:
+        if line.startswith("data: "):
+            yield json.loads(line[len("data: "):])
+
+
+def test_the_event_stream_outlives_a_host_restart(tmp_path: Path) -> None:
+    """One watch for the console, told to every tab: the host going away and coming back
+    is said on the stream, and what changes after is told as before (as piwf watch does)."""
+    s = Stack(tmp_path)
+    try:
+        s.start_host()
+        s.start_console()
+        with browser(s) as client, client.stream("GET", "/events", timeout=60) as stream:
+            assert stream.headers["content-type"].startswith("text/event-stream")
+            changes = _changes(stream.iter_lines())
+            assert s.host is not None
+            s.host.send_signal(signal.SIGTERM)
+            s.host.wait(30)
+            assert next(changes) == {"version": 1, "runs": None, "host": False}
+            page = client.get("/")
+            assert page.status_code == 503 and "does not answer" in page.text
+            s.start_host()
+            assert next(changes) == {"version": 2, "runs": None, "host": True}
+            run_id = s.start_run("count")
+            assert run_id in next(change for change in changes if change["runs"])["runs"]
+    finally:
+        s.stop()
