@@ -13,9 +13,9 @@ import trio.testing
 pytest.importorskip("piwf.ui.console")  # the ui extra (part of the test extra)
 
 from piwf.paths import StatePaths
-from piwf.ui import forms, graph  # noqa: E402 - after the skip above
-from piwf.ui.feed import Feed  # noqa: E402
-from piwf.ui.guard import Guard  # noqa: E402
+from piwf.ui import forms, graph
+from piwf.ui.feed import Feed
+from piwf.ui.guard import Guard
 
 
 class Order(msgspec.Struct):
