@@ -197,6 +197,8 @@ async def test_a_child_run_ending_queues_its_resource_and_shows_in_status(host: 
     got = await wait_for(child_running)
     run = got["status"]["workflowRun"]
     assert run["requestKey"] == "main" and run["state"] == "running" and run["attempt"] == 1
+    assert got["children"] == [{"requestKey": "main", "workflow": "gated", "runId": run["runId"], "state": "running",
+                                "attempt": 1}]
     await wait_for(lambda: (project / "wait.log").exists())
     (project / "gate").touch()
 

@@ -286,8 +286,39 @@ def test_a_layout_12_database_gains_the_retention_indexes_as_a_fresh_one_has_the
     conn.execute("INSERT INTO run_queue (run_id, status, created_at, updated_at) VALUES ('r', 'done', 1, 1)")
     conn.close()
     db = Database.open(path)
-    assert db.scalar("PRAGMA user_version") == SCHEMA_VERSION == 13
+    assert db.scalar("PRAGMA user_version") == SCHEMA_VERSION >= 13
     assert schema(db) == expected
     assert db.one("SELECT status, finished_at FROM runs WHERE run_id = 'r'") == ("completed", 1)
+    assert db.scalar("PRAGMA integrity_check") == "ok"
+    db.close()
+
+
+def test_a_layout_13_database_gains_run_graphs_and_its_runs_answer_theirs_unknown(tmp_path: Path) -> None:
+    """Layout 14 records the graph of a run's workflow (runs.graph_hash and its index, a
+    blob user for retention); a run made before answers ``run.graph`` as unknown, with the
+    nodes its path went through, and the schema ends as a fresh one's."""
+    from piwf.store.sql import graph
+
+    def schema(db: Database) -> set[tuple[str, str]]:
+        return set(db.execute("SELECT name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"))
+
+    fresh = Database.open(tmp_path / "fresh.db")
+    expected = schema(fresh)
+    fresh.close()
+    assert "runs_graph_blob" in {name for name, _ in expected}
+    path = tmp_path / "v13.db"
+    conn = frozen_layout(path, 13)
+    conn.execute("INSERT INTO runs (run_id, workflow, project_path, definition_hash, definition_digest, status, "
+                 "created_at, updated_at) VALUES ('r', 'w', '/p', 'h', 'd', 'running', 1, 1)")
+    conn.execute("INSERT INTO run_queue (run_id, status, created_at, updated_at) VALUES ('r', 'running', 1, 1)")
+    conn.execute("INSERT INTO node_attempts (attempt_id, run_id, seq, node_id, generation, status, exit_name, "
+                 "started_at) VALUES ('a1', 'r', 0, 'first', 1, 'accepted', 'next', 1)")
+    conn.close()
+    db = Database.open(path)
+    assert db.scalar("PRAGMA user_version") == SCHEMA_VERSION >= 14
+    assert schema(db) == expected
+    shown = graph.run_graph(db, "r")
+    assert (shown.known, shown.edges, [(n.id, n.kind, n.state) for n in shown.nodes]) == (
+        False, [], [("first", "unknown", "accepted")])
     assert db.scalar("PRAGMA integrity_check") == "ok"
     db.close()

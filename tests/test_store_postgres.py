@@ -48,6 +48,42 @@ async def test_a_fresh_schema_is_created_at_the_current_layout_and_opened_again(
             ("piwf", LAYOUT_VERSION)]
 
 
+def _layout(conn: psycopg.Connection[Any], schema: str) -> tuple[list[Any], list[Any]]:
+    """A schema's columns and indexes, to compare a migrated one with a fresh one."""
+    columns = conn.execute("SELECT table_name, column_name, data_type, collation_name, ordinal_position FROM "
+                           "information_schema.columns WHERE table_schema = %s ORDER BY 1, 5", (schema,)).fetchall()
+    indexes = conn.execute("SELECT tablename, indexname, replace(indexdef, %s, '') FROM pg_indexes "
+                           "WHERE schemaname = %s ORDER BY 1, 2", (schema + ".", schema)).fetchall()
+    return columns, indexes
+
+
+async def test_a_layout_1_schema_is_migrated_to_record_run_graphs_and_its_runs_answer_theirs_unknown(
+    postgres: Any, tmp_path: Path,
+) -> None:
+    from piwf.store.postgres.schema import GRAPH_SQL, SCHEMA_SQL
+
+    old, new = fresh("layout_1"), fresh("layout_now")
+    store = open_store(tmp_path / "new", url=pg_store_url(postgres, new))
+    await store.close()
+    with admin(postgres) as conn:  # layout 1, as piwf made it before run graphs, with a run
+        conn.execute(f"CREATE SCHEMA {old}")
+        conn.execute(f"SET search_path TO {old}")
+        conn.execute(SCHEMA_SQL.replace(GRAPH_SQL, ""))
+        conn.execute("INSERT INTO piwf_layout (id, application, version) VALUES (1, 'piwf', 1)")
+        conn.execute("INSERT INTO runs (run_id, workflow, project_path, definition_hash, definition_digest, status, "
+                     "created_at, updated_at) VALUES ('r', 'w', '/p', 'h', 'd', 'queued', 1, 1)")
+        conn.execute("INSERT INTO run_queue (run_id, status, created_at, updated_at) VALUES ('r', 'queued', 1, 1)")
+    store = open_store(tmp_path / "old", url=pg_store_url(postgres, old))
+    try:
+        shown = await store.runs.run_graph("r")
+        assert (shown.known, shown.nodes, shown.edges) == (False, [], [])
+    finally:
+        await store.close()
+    with admin(postgres) as conn:
+        assert conn.execute(f"SELECT version FROM {old}.piwf_layout").fetchall() == [(LAYOUT_VERSION,)]
+        assert _layout(conn, old) == _layout(conn, new)
+
+
 async def test_a_schema_holding_other_tables_is_refused_untouched(postgres: Any, tmp_path: Path) -> None:
     schema = fresh("foreign_app")
     with admin(postgres) as conn:
@@ -132,7 +168,8 @@ async def test_a_host_stops_when_another_migrates_the_store_past_its_layout(
     with admin(postgres) as conn:  # a newer piwf's host migrated the shared store
         conn.execute(f"UPDATE {schema}.piwf_layout SET version = version + 1")
     await wait_for(state.stop_requested.is_set, timeout=10)  # at its next renewal, within 100 ms
-    assert "the store was migrated to layout 2 by a newer piwf; this one knows 1 and stops" in caplog.text
+    assert (f"the store was migrated to layout {LAYOUT_VERSION + 1} by a newer piwf; this one knows {LAYOUT_VERSION} "
+            "and stops") in caplog.text
 
 
 async def test_ended_runs_are_counted_from_shards_that_follow_every_change_hand_edits_too(

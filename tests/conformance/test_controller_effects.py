@@ -164,3 +164,5 @@ async def test_a_child_run_is_recorded_once_per_request_key_and_followed(store: 
     assert (found["state"], found["output"]) == ("succeeded", {"built": True})
     got = await detail(store, clock)
     assert got.status["workflowRun"]["state"] == "succeeded" and got.availableAt is not None
+    assert [(c.requestKey, c.workflow, c.runId, c.state, c.attempt) for c in got.children] == [
+        ("build", "w", "child", "succeeded", 1)]  # controller.get lists its child runs

@@ -90,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing.set_defaults(handler="run:cmd_run_list")
     for name, handler, text in (
         ("show", "run:cmd_run_show", "one run in detail"),
+        ("graph", "run:cmd_run_graph", "a run's workflow graph: each node's state and exits, and the path taken"),
         ("cancel", "run:cmd_run_control", "cancel a run (its worker's processes are killed)"),
         ("pause", "run:cmd_run_control", "park a run at its next node boundary"),
         ("resume", "run:cmd_run_control", "let a paused or held run continue"),

@@ -152,6 +152,30 @@ def cmd_run_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run_graph(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        graph = _ok(client.call("run.graph", run_id=args.run_id))
+    _print(args, graph, format_graph)
+    return 0
+
+
+def format_graph(graph: dict[str, Any]) -> str:
+    """Each node on a line (state, kind, title, where its exits lead), then the path."""
+    lines = [f"{graph['runId']}  {graph['workflow']}  {graph['status']}  ({graph['definitionDigest']})"]
+    lines.append(f"start: {graph['startAt']}" if graph["known"] else str(graph["reason"]))
+    leads = {(e["node"], e["exit"]): e["to"] for e in graph["edges"]}
+    width = max((len(shown(n["id"])) for n in graph["nodes"]), default=0)
+    for node in graph["nodes"]:
+        state = node["state"].replace("_", " ") + (f" ({node['requestId']})" if node["requestId"] else "")
+        exits = ", ".join(f"{shown(x)} -> {shown(leads[(node['id'], x)])}" if (node["id"], x) in leads
+                          else f"{shown(x)} -> end" for x in node["exits"])
+        title = f'  "{shown(node["title"], 60)}"' if node["title"] else ""
+        lines.append(f"  {shown(node['id']):{width}}  {node['kind']:8}  {state:12}{title}  [{exits}]")
+    steps = [f"{shown(s['node'])}({shown(s['exit']) if s['exit'] else s['status']})" for s in graph["path"]]
+    lines.append("path: " + (" -> ".join(steps) if steps else "(not started)"))
+    return "\n".join(lines)
+
+
 def cmd_run_events(args: argparse.Namespace) -> int:
     with _client(args) as client:
         events = all_events(client, args.run_id)

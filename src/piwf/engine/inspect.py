@@ -1,5 +1,6 @@
 """``python -m piwf.engine.inspect PROJECT NAME``: load and validate a workflow in a
-throwaway process, printing ``{"name", "digest", "startAt", "nodes", "settings"}`` or
+throwaway process, printing ``{"name", "digest", "startAt", "nodes", "settings", "graph"}`` (``graph``: the
+``WorkflowGraph`` a run records, ``piwf.engine.graph``) or
 ``{"error"}`` as JSON.
 
 ``python -m piwf.engine.inspect --settings PROJECT NAME`` reads ``{"current", "patch",
@@ -26,9 +27,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from piwf.errors import PiwfError
 from piwf.wire import canonical_json
 from piwf.engine import settings as run_settings
+from piwf.engine.graph import workflow_graph
 from piwf.engine.loader import load_workflow
 
 PARALLEL = 8  # workflows loaded at once by inspect_all
@@ -42,7 +46,8 @@ def inspect_workflow(project: str, name: str) -> dict[str, Any]:
     declared = None if workflow.settings is None else {
         "defaults": run_settings.defaults(workflow.settings), "mutable": list(workflow.mutable)}
     return {"name": workflow.name, "digest": workflow.digest(), "startAt": workflow.start_at,
-            "nodes": sorted(workflow.nodes), "settings": declared}
+            "nodes": sorted(workflow.nodes), "settings": declared,
+            "graph": msgspec.to_builtins(workflow_graph(workflow))}
 
 
 def resolve_settings(project: str, name: str, request: dict[str, Any]) -> dict[str, Any]:

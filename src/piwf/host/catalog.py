@@ -11,8 +11,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from piwf.engine.loader import workflow_path
 from piwf.errors import PiwfError, Rejected, StorageUnavailable
+from piwf.protocol import WorkflowGraph
+from piwf.store.api.types import Definition
 from piwf.wire import canonical_json, sha256_hex
 from piwf.host.isolated import Isolation, StatKey
 
@@ -27,6 +31,11 @@ class WorkflowInfo:
     source: bytes
     start_at: str
     settings: dict[str, Any] | None = None  # {"defaults", "mutable"} when the workflow declares settings
+    graph: bytes | None = None  # the WorkflowGraph a run records (canonical JSON), made where the file was loaded
+
+    def definition(self) -> Definition:
+        """What a run adopts of it (``runs.resume_run``, ``retry_run``)."""
+        return Definition(self.digest, self.source, self.start_at, self.graph)
 
 
 Seen = tuple[StatKey, WorkflowInfo]
@@ -35,8 +44,8 @@ Seen = tuple[StatKey, WorkflowInfo]
 class Catalog:
     def __init__(self) -> None:
         self.isolation = Isolation()  # bounds the file reads and throwaway processes below
-        # (path, source hash) -> (digest, start node, settings declaration)
-        self._cache: dict[tuple[str, str], tuple[str, str, Any]] = {}
+        # (path, source hash) -> (digest, start node, settings declaration, graph)
+        self._cache: dict[tuple[str, str], tuple[str, str, Any, bytes]] = {}
         self._seen: dict[str, Seen] = {}  # path -> (stat key, info)
         self._settings: OrderedDict[tuple[str, str, bytes], tuple[str, Any]] = OrderedDict()
 
@@ -49,8 +58,8 @@ class Catalog:
         key = (path, sha256_hex(source))
         if key not in self._cache:
             self._cache[key] = await self._digest(project, name)
-        digest, start_at, settings = self._cache[key]
-        info = WorkflowInfo(name, digest, source, start_at, settings)
+        digest, start_at, settings, graph = self._cache[key]
+        info = WorkflowInfo(name, digest, source, start_at, settings, graph)
         self._seen[path] = (stat_key, info)
         return info
 
@@ -70,9 +79,13 @@ class Catalog:
             raise Rejected(f"no workflow {name!r} in {project}: {path} {(exc.strerror or str(exc)).lower()}") from exc
         return (stat_key, str(path)), seen, source
 
-    async def _digest(self, project: str, name: str) -> tuple[str, str, Any]:
+    async def _digest(self, project: str, name: str) -> tuple[str, str, Any, bytes]:
         result = await self._inspect(project, name)
-        return result["digest"], result["startAt"], result.get("settings")
+        try:  # made by the process that loaded user code: checked before a run records it
+            graph = msgspec.convert(result.get("graph"), WorkflowGraph)
+        except msgspec.ValidationError as exc:
+            raise Rejected(f"workflow {name!r} could not be inspected: its graph is malformed ({exc})") from None
+        return result["digest"], result["startAt"], result.get("settings"), canonical_json(msgspec.to_builtins(graph))
 
     async def resolve_settings(self, project: str, name: str, *, current: Any, patch: Any,
                                mutable_only: bool, check: Check | None = None) -> tuple[str, Any]:

@@ -28,10 +28,10 @@ import trio
 from piwf import faults, processes
 from piwf.errors import PiwfError, Rejected
 from piwf.protocol import (
-    AnswerDecision, CancelReceipt, CancelRun, GetHostStatus, GetRun, GetRunEvents, HoldReceipt, HostStatus,
-    InteractionsPage, ListInteractions, ListRuns, PauseRun, Request, ResolveEffect, ResolveReceipt,
-    ResumeRun, RunDetail, RunEventsPage, RunSummary, StartReceipt, StartRun, StopHost, StopReceipt,
-    SubmitInteraction, UpdateInteraction, WaitReceipt, WaitRun,
+    AnswerDecision, CancelReceipt, CancelRun, GetHostStatus, GetRun, GetRunEvents, GetRunGraph, GetRunSteps,
+    HoldReceipt, HostStatus, InteractionsPage, ListInteractions, ListRuns, PauseRun, Request, ResolveEffect,
+    ResolveReceipt, ResumeRun, RunDetail, RunEventsPage, RunGraph, RunStepsPage, RunSummary, StartReceipt, StartRun,
+    StopHost, StopReceipt, SubmitInteraction, UpdateInteraction, WaitReceipt, WaitRun,
 )
 from piwf.status import AT_REST, QueueStatus, RunStatus, StopReason
 from piwf.store.api import UnitOfWork
@@ -142,6 +142,14 @@ async def _run_events(host: HostState, request: GetRunEvents) -> RunEventsPage:
     return await host.store.runs.run_events(request.runId, request.payload.after, request.payload.limit)
 
 
+async def _run_graph(host: HostState, request: GetRunGraph) -> RunGraph:
+    return await host.store.runs.run_graph(request.runId)
+
+
+async def _run_steps(host: HostState, request: GetRunSteps) -> RunStepsPage:
+    return await host.store.runs.run_steps(request.runId, request.payload.offset, request.payload.limit)
+
+
 async def _run_wait(host: HostState, request: WaitRun) -> WaitReceipt:
     """Block until the run ends, waits, or is held (paused, parked with a reason), and
     this host has recorded how its worker ended: the receipt never shows a run at rest
@@ -202,7 +210,7 @@ async def _run_start(host: HostState, tx: UnitOfWork, request: StartRun, prepare
     await tx.runs.create_run(
         run_id=run_id, workflow=info.name, project_path=payload.projectPath, source=info.source,
         digest=info.digest, input=payload.input, origin_session_id=payload.originSessionId,
-        now=now, start_node=info.start_at,
+        now=now, start_node=info.start_at, graph=info.graph,
         settings=settings_operations.new_scope(info, initial, patch=payload.settings, actor_id=request.clientId),
     )
     after.append(host.wake)
@@ -249,7 +257,7 @@ async def _prepare_resume(host: HostState, request: ResumeRun) -> WorkflowInfo |
 async def _run_resume(host: HostState, tx: UnitOfWork, request: ResumeRun, info: WorkflowInfo | None,
                       after: After) -> HostResponse:
     run_id = request.runId
-    definition = None if info is None else (info.digest, info.source, info.start_at)
+    definition = None if info is None else info.definition()
     receipt = HoldReceipt(**await tx.runs.resume_run(run_id, host.now(), definition=definition,
                                                      expected_revision=request.expectedRevision))
     if info is not None:  # the workflow as it is now may declare settings the run did not have
@@ -321,6 +329,8 @@ READS: Reads = {
     GetRun: _run_status,
     ListRuns: _run_list,
     GetRunEvents: _run_events,
+    GetRunGraph: _run_graph,
+    GetRunSteps: _run_steps,
     WaitRun: _run_wait,
     ListInteractions: _interaction_list,
     **delivery.READS,

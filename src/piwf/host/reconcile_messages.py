@@ -162,6 +162,7 @@ async def _workflow_ensure(host: HostState, tx: UnitOfWork, active: ActiveReconc
         await tx.runs.create_run(run_id=run_id, workflow=info.name, project_path=active.claim.project,
                                  source=info.source, digest=info.digest, input=p.input,
                                  origin_session_id=p.originSessionId, now=now, start_node=info.start_at,
+                                 graph=info.graph,
                                  settings=settings_operations.new_scope(info, None, actor_id=active.claim.uid))
         child = await tx.controller_effects.record_child(active.claim.uid, p.requestKey, info.name, p.input, run_id,
                                                          now)

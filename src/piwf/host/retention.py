@@ -129,7 +129,7 @@ async def _run_retry(host: HostState, tx: UnitOfWork, request: RetryRun, info: W
     now = host.now()
     done = await tx.runs.retry_run(request.runId, now, actor=request.clientId,
                                    expected_revision=request.expectedRevision,
-                                   definition=None if info is None else (info.digest, info.source, info.start_at))
+                                   definition=None if info is None else info.definition())
     if info is not None:  # the workflow as it is now may declare settings the run did not have
         await settings_operations.start_scope(tx, request.runId, info, None, actor_id=request.clientId, now=now)
     after.append(host.wake)

@@ -1,7 +1,7 @@
 """The host protocol as types: every operation's request, payload and receipt.
 
 ``piwf.protocol`` gathers the host protocol (``host``, ``controllers``, ``delivery``,
-``settings``, ``output``, and the union of requests in ``requests``); the worker's protocol is
+``settings``, ``output``, ``graph``, and the union of requests in ``requests``); the worker's protocol is
 ``piwf.protocol.worker``, a reconcile worker's ``piwf.protocol.reconcile`` (with the
 steering messages of ``steering`` and the resource types of ``resources``); ``doc``
 generates docs/protocol.md's reference from all of them.
@@ -9,6 +9,7 @@ generates docs/protocol.md's reference from all of them.
 
 from piwf.protocol.controllers import *  # noqa: F403
 from piwf.protocol.delivery import *  # noqa: F403
+from piwf.protocol.graph import *  # noqa: F403
 from piwf.protocol.host import *  # noqa: F403
 from piwf.protocol.maintenance import *  # noqa: F403
 from piwf.protocol.output import *  # noqa: F403

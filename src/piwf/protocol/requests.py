@@ -22,6 +22,7 @@ from piwf.protocol.host import (
     ResolveEffect, ResumeRun, StartRun, StopHost, SubmitInteraction, UpdateInteraction, WaitRun,
 )
 from piwf.protocol.maintenance import PruneRuns, RetryRun
+from piwf.protocol.graph import GetRunGraph, GetRunSteps
 from piwf.protocol.output import GetRunOutput
 from piwf.protocol.settings import ChangeSettings, GetSettings
 from piwf.wire import HOST_REQUEST, HostRequest, check_id, check_nesting, decode_json, readable_request_id
@@ -34,7 +35,7 @@ AnyRequest = (GetHostStatus | StopHost | StartRun | ListRuns | GetRun | GetRunEv
               | ClaimNotification | DeliverNotification | ClaimTurn | ResolveTurn | QueueFollowUp
               | RemoveFollowUp | ListDelivery | WatchRuns
               | ChangeSettings | GetSettings
-              | GetRunOutput | RetryRun | PruneRuns)
+              | GetRunOutput | RetryRun | PruneRuns | GetRunGraph | GetRunSteps)
 REQUEST_TYPES: tuple[type[Request], ...] = AnyRequest.__args__
 OPERATIONS: dict[str, type[Request]] = {str(kind.__struct_config__.tag): kind for kind in REQUEST_TYPES}
 

@@ -91,6 +91,16 @@ class ResourceSummary(Struct):
     hold: Annotated[str | None, Meta(description="`permanent` (until the spec changes) or `effect` (ambiguous)")]
 
 
+class ResourceChild(Struct):
+    """A run a reconcile of the resource started (`ctx.workflows.ensure`)."""
+
+    requestKey: Annotated[str, Meta(description="the key the reconcile asked with")]
+    workflow: str
+    runId: str
+    state: Annotated[str, Meta(description="as the controller sees it: `running`, `waiting`, `succeeded`, `failed`")]
+    attempt: Annotated[int, Meta(description="runs started for the key (a failed one is started again)")]
+
+
 class ResourceDetail(ResourceSummary):
     spec: Any
     status: Annotated[dict[str, Any], Meta(description="`observedGeneration`, `conditions`, `controllerStatus`, "
@@ -101,6 +111,7 @@ class ResourceDetail(ResourceSummary):
     createdAt: str
     updatedAt: str
     events: Annotated[list[ResourceEvent], Meta(description="the most recent events, oldest first")]
+    children: Annotated[list[ResourceChild], Meta(description="its child runs (the newest 100), oldest first")] = []
 
 
 class ResolveResourceEffectReceipt(Struct):

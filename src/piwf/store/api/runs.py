@@ -8,15 +8,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from piwf.protocol import EVENTS_PAGE
+from piwf.protocol import EVENTS_PAGE, STEPS_PAGE
 from piwf.store.api.rules import RETENTION_MS
 
 if TYPE_CHECKING:
-    from piwf.protocol import RunDetail, RunEventsPage, RunSummary
+    from piwf.protocol import RunDetail, RunEventsPage, RunGraph, RunStepsPage, RunSummary
     from piwf.protocol.worker import WorkerMessage, WorkerResponse
     from piwf.status import WorkerStatus
     from piwf.store.api.types import (
-        Claim, CommandKey, Delay, HostClaim, LeaseRecord, NewScope, RunFilter, WorkerEnded,
+        Claim, CommandKey, Definition, Delay, HostClaim, LeaseRecord, NewScope, RunFilter, WorkerEnded,
     )
     from piwf.wire import HostResponse
 
@@ -80,8 +80,9 @@ class RunsStore(Protocol):
     async def create_run(
             self, *, run_id: str, workflow: str, project_path: str, source: bytes, digest: str, input: Any,
             origin_session_id: str | None, now: int, start_node: str | None = None,
-            settings: NewScope | None = None) -> dict[str, Any]:
-        """A new run, queued, with its settings scope (``settings``, for a workflow that declares settings): the
+            settings: NewScope | None = None, graph: bytes | None = None) -> dict[str, Any]:
+        """A new run, queued, with its settings scope (``settings``, for a workflow that declares settings) and
+        its workflow's graph (``graph``, canonical JSON of a ``WorkflowGraph``, which ``run_graph`` serves): the
         one way a run is made, by ``run.start`` and by a controller's ``ctx.workflows.ensure`` alike. Raises
         Rejected."""
 
@@ -99,10 +100,10 @@ class RunsStore(Protocol):
         """
 
     async def resume_run(
-            self, run_id: str, now: int, *, definition: tuple[str, bytes, str | None] | None = None,
+            self, run_id: str, now: int, *, definition: Definition | None = None,
             expected_revision: int | None = None) -> dict[str, Any]:
         """Release a held run, its crash count and crash back-off cleared. ``definition`` (digest, source, start
-        node) replaces the run's workflow definition: resuming a run held because its workflow changed adopts
+        node, graph) replaces the run's workflow definition: resuming a run held because its workflow changed adopts
         the new one — only while it is still held so (``hold = 'source'``; Conflict if it was resumed
         meanwhile). ``expected_revision`` as for ``pause_run``; every condition is checked by the write itself.
         Raises NotFound, Conflict, Rejected.
@@ -110,7 +111,7 @@ class RunsStore(Protocol):
 
     async def retry_run(
             self, run_id: str, now: int, *, actor: str, expected_revision: int | None = None,
-            definition: tuple[str, bytes, str | None] | None = None) -> dict[str, Any]:
+            definition: Definition | None = None) -> dict[str, Any]:
         """A failed or timed-out run queued again as the same run (engine and queue ``queued``, a new generation,
         no error): its accepted steps, applied effects and closed requests stay; its rejected effects are pending
         again; a controller following it sees it running; its trace says ``actor`` retried it; ``definition``
@@ -155,6 +156,16 @@ class RunsStore(Protocol):
 
     async def get_run(self, run_id: str, now: int = 0) -> RunDetail:
         """One run with its steps, workers and effects, read from one snapshot. Raises NotFound."""
+
+    async def run_graph(self, run_id: str) -> RunGraph:
+        """The graph of the workflow the run executes as recorded for it (unknown for a run made before layout
+        14), each node's state in the run, and its path, from one snapshot; its cost follows the run's size,
+        not the runs stored. Raises NotFound."""
+
+    async def run_steps(self, run_id: str, offset: int = 0, limit: int = STEPS_PAGE) -> RunStepsPage:
+        """The run's attempts from ``offset`` on, in order, with outputs and errors: at most ``limit``, whose
+        outputs add up to at most STEPS_PAGE_OUTPUT_BYTES (always at least one); ``next`` when more remain.
+        Raises NotFound."""
 
     async def run_summary(self, run_id: str) -> RunSummary:
         """The status fields of one run, without its input, output or steps. Raises NotFound."""

@@ -44,6 +44,17 @@ class RunFilter:
     after: str | None = None  # the rows after this run in the listing's order (the cursor: the last run shown)
 
 
+class Definition(NamedTuple):
+    """A workflow as a run adopts it (``RunsStore.resume_run``, ``retry_run``): its digest,
+    source and start node, and its graph (canonical JSON of ``piwf.protocol.WorkflowGraph``,
+    which ``run.graph`` serves; None: not recorded)."""
+
+    digest: str
+    source: bytes
+    start_node: str | None
+    graph: bytes | None = None
+
+
 @dataclass(frozen=True)
 class NewScope:
     """A new run's settings scope, made with the run (``RunsStore.create_run``): its

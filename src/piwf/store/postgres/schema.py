@@ -30,9 +30,17 @@ from piwf.store.postgres.schema_people import CONTROLLERS_SQL, PEOPLE_SQL, PEOPL
 from piwf.store.sql.database import one_of
 
 APPLICATION = "piwf"
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2
+
+# Layout 2 (SQLite's 14): the graph of the workflow a run executes, a blob recorded when the
+# run starts or adopts a changed workflow; NULL for a run made before (``run.graph``: unknown).
+GRAPH_SQL = """
+ALTER TABLE runs ADD COLUMN graph_hash TEXT COLLATE "C";
+CREATE INDEX runs_graph_blob ON runs(graph_hash) WHERE graph_hash IS NOT NULL;
+"""
+
 # MIGRATIONS[v] takes layout v to v + 1 (in the transaction that holds the layout lock).
-MIGRATIONS: dict[int, str] = {}
+MIGRATIONS: dict[int, str] = {1: GRAPH_SQL}
 
 RUNS_SQL = f"""
 CREATE TABLE blobs (
@@ -278,7 +286,7 @@ def _bytewise(sql: str) -> str:
     return re.sub(r"(\n  \w+ TEXT)\b", r'\1 COLLATE "C"', sql)
 
 
-SCHEMA_SQL = EVENT_ID_SQL + _bytewise(RUNS_SQL + PEOPLE_SQL + CONTROLLERS_SQL) + LAYOUT_SQL
+SCHEMA_SQL = EVENT_ID_SQL + _bytewise(RUNS_SQL + PEOPLE_SQL + CONTROLLERS_SQL) + GRAPH_SQL + LAYOUT_SQL
 
 # Tables every layout has; a schema missing one is incomplete, not old.
 REQUIRED_TABLES = ("piwf_layout", "blobs", "hosts", "host_commands", "runs", "run_queue", "node_attempts",

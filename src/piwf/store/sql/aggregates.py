@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from piwf.protocol import EVENTS_PAGE
+from piwf.protocol import EVENTS_PAGE, STEPS_PAGE
 from piwf.store.api.retention import BLOB_SWEEP, PRUNE_BATCH
 from piwf.store.api.rules import RETENTION_MS
 from piwf.store.sql import commands as _commands
 from piwf.store.sql import runs as _runs
+from piwf.store.sql import graph as _graph
 from piwf.store.sql import retry as _retry
 from piwf.store.sql import retention as _retention
 from piwf.store.sql import base as _base
@@ -34,13 +35,13 @@ if TYPE_CHECKING:
     from piwf.store import api
     from piwf.protocol import (
         AnswerReceipt, ChangeSettingsReceipt, DeliverReceipt, FollowUpReceipt, InteractionRequest, Notification,
-        NotificationClaim, ResolveTurnReceipt, RunDetail, RunEventsPage, RunSettings, RunSummary, SubmitReceipt, Turn,
-        TurnClaim, UpdateAction, UpdateReceipt, WatchPage,
+        NotificationClaim, ResolveTurnReceipt, RunDetail, RunEventsPage, RunGraph, RunSettings, RunStepsPage,
+        RunSummary, SubmitReceipt, Turn, TurnClaim, UpdateAction, UpdateReceipt, WatchPage,
     )
     from piwf.protocol.worker import InteractionOpenPayload, PendingSubmission, WorkerMessage, WorkerResponse
     from piwf.status import NotificationKind, TurnResolution, WorkerStatus
     from piwf.store.api.types import (
-        Actor, Claim, CommandKey, Delay, NewScope, Pruned, WorkerEnded,
+        Actor, Claim, CommandKey, Definition, Delay, NewScope, Pruned, WorkerEnded,
     )
     from piwf.store.api.types import RunFilter
     from piwf.wire import HostResponse
@@ -78,10 +79,11 @@ class RunsAggregate:
     async def create_run(
             self, *, run_id: str, workflow: str, project_path: str, source: bytes, digest: str, input: Any,
             origin_session_id: str | None, now: int, start_node: str | None = None,
-            settings: NewScope | None = None) -> dict[str, Any]:
+            settings: NewScope | None = None, graph: bytes | None = None) -> dict[str, Any]:
         return await self.call(
             _runs.create_run, run_id=run_id, workflow=workflow, project_path=project_path, source=source, digest=digest,
-            input=input, origin_session_id=origin_session_id, now=now, start_node=start_node, settings=settings)
+            input=input, origin_session_id=origin_session_id, now=now, start_node=start_node, settings=settings,
+            graph=graph)
 
     async def revision(self, run_id: str) -> int:
         return await self.call(_runs.revision, run_id)
@@ -93,14 +95,14 @@ class RunsAggregate:
         return await self.call(_runs.pause_run, run_id, now, expected_revision=expected_revision)
 
     async def resume_run(
-            self, run_id: str, now: int, *, definition: tuple[str, bytes, str | None] | None = None,
+            self, run_id: str, now: int, *, definition: Definition | None = None,
             expected_revision: int | None = None) -> dict[str, Any]:
         return await self.call(
             _runs.resume_run, run_id, now, definition=definition, expected_revision=expected_revision)
 
     async def retry_run(
             self, run_id: str, now: int, *, actor: str, expected_revision: int | None = None,
-            definition: tuple[str, bytes, str | None] | None = None) -> dict[str, Any]:
+            definition: Definition | None = None) -> dict[str, Any]:
         return await self.call(_retry.retry_run, run_id, now, actor=actor, expected_revision=expected_revision,
                                definition=definition)
 
@@ -136,6 +138,12 @@ class RunsAggregate:
 
     async def get_run(self, run_id: str, now: int = 0) -> RunDetail:
         return await self.call(_runs.get_run, run_id, now)
+
+    async def run_graph(self, run_id: str) -> RunGraph:
+        return await self.call(_graph.run_graph, run_id)
+
+    async def run_steps(self, run_id: str, offset: int = 0, limit: int = STEPS_PAGE) -> RunStepsPage:
+        return await self.call(_graph.run_steps, run_id, offset, limit)
 
     async def run_summary(self, run_id: str) -> RunSummary:
         return await self.call(_runs.run_summary, run_id)

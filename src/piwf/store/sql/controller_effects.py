@@ -20,6 +20,7 @@ from typing import Any
 from piwf.errors import Conflict, NotFound, Rejected
 from piwf.wire import canonical_json, sha256_hex
 from piwf.store.sql import ledger
+from piwf.store.sql.controller_children import CHILD_STATE
 from piwf.store.sql.controller_queue import hold_for_effect, release_effect_hold, set_workflow_run
 from piwf.store.sql.controllers import add_resource_event, enqueue
 from piwf.store.sql.database import Database, atomic
@@ -101,8 +102,6 @@ def resolve(db: Database, uid: str, key: str, *, applied: bool, result: Any, now
 # --- child workflow runs --------------------------------------------------------------------
 
 # A child run's state, from its queue status (seed: ensureControllerWorkflow).
-CHILD_STATE = """CASE q.status WHEN 'done' THEN 'succeeded' WHEN 'failed' THEN 'failed'
-  WHEN 'cancelled' THEN 'failed' ELSE CASE r.status WHEN 'waiting' THEN 'waiting' ELSE 'running' END END"""
 
 
 def input_hash(value: Any) -> str:

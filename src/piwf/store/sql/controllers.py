@@ -27,6 +27,7 @@ from piwf.protocol.resources import (
 from piwf.errors import Conflict, NotFound, Rejected
 from piwf.wire import canonical_json, decode_json, sha256_hex
 from piwf.store.api.rules import check_json_size, check_key
+from piwf.store.sql.controller_children import children
 from piwf.store.sql.database import Database, atomic
 from piwf.store.sql.locks import lock_resource_key
 from piwf.store.sql.timefmt import iso
@@ -248,4 +249,5 @@ def _detail(db: Database, row: tuple[Any, ...], now: int) -> ResourceDetail:
     token, expires = row[16], row[17]
     fields["reconciling"] = token is not None and expires is not None and expires > now
     fields["events"] = events(db, fields["uid"])
+    fields["children"] = children(db, fields["uid"])
     return msgspec.convert(fields, ResourceDetail)

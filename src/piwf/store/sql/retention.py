@@ -64,11 +64,12 @@ BLOB_REFERENCES = (
     ("runs", "definition_hash"), ("runs", "input_hash"), ("runs", "output_hash"),
     ("node_attempts", "output_hash"), ("effects", "result_hash"), ("host_commands", "receipt_hash"),
     ("controller_resources", "spec_hash"), ("controller_resources", "status_hash"),
-    ("controller_effects", "result_hash"),
+    ("controller_effects", "result_hash"), ("runs", "graph_hash"),
 )
 # The blobs of a run's own rows (those it may have been the last to use).
 _RUN_BLOBS = (
     "SELECT DISTINCT definition_hash FROM runs WHERE run_id IN ({ids})",
+    "SELECT DISTINCT graph_hash FROM runs WHERE run_id IN ({ids}) AND graph_hash IS NOT NULL",
     "SELECT input_hash FROM runs WHERE run_id IN ({ids}) AND input_hash IS NOT NULL",
     "SELECT output_hash FROM runs WHERE run_id IN ({ids}) AND output_hash IS NOT NULL",
     "SELECT output_hash FROM node_attempts WHERE run_id IN ({ids}) AND output_hash IS NOT NULL",

@@ -22,6 +22,8 @@ from piwf.store.sql.controller_queue import set_workflow_run
 from piwf.store.sql.controllers import add_resource_event, enqueue
 from piwf.store.sql.database import Database
 from piwf.store.sql.queue import AT_REVISION, refuse_revision
+from piwf.store.sql.runs import adopt_definition
+from piwf.store.api.types import Definition
 
 # The guard and the queue row's change in one write: only a failed row whose run failed or
 # timed out, at the revision the request expected, goes back to the queue.
@@ -34,9 +36,9 @@ _REQUEUE = f"""UPDATE run_queue SET status = 'queued', runner_id = NULL, claim_t
 
 
 def retry_run(db: Database, run_id: str, now: int, *, actor: str, expected_revision: int | None = None,
-              definition: tuple[str, bytes, str | None] | None = None) -> dict[str, Any]:
+              definition: Definition | None = None) -> dict[str, Any]:
     """Queue a failed or timed-out run again (see the module); ``definition`` (digest, source,
-    start node): the workflow as it is now, which the run adopts (the fix is often in it).
+    start node, graph): the workflow as it is now, which the run adopts (the fix is often in it).
     Raises NotFound, Conflict (another revision), Rejected (any other status; its session has
     another active run)."""
     with db.write():
@@ -62,9 +64,7 @@ def retry_run(db: Database, run_id: str, now: int, *, actor: str, expected_revis
                                   output_hash = NULL, error_json = NULL, finished_at = NULL, updated_at = ?,
                                   revision = revision + 1 WHERE run_id = ? RETURNING revision""", (now, run_id))
         if definition is not None:
-            digest, source, start_node = definition
-            db.execute("UPDATE runs SET definition_digest = ?, definition_hash = ?, start_node = ? WHERE run_id = ?",
-                       (digest, db.put_blob(source, now), start_node, run_id))
+            adopt_definition(db, run_id, definition, now)
         reopened = [key for (key,) in db.execute(
             """UPDATE effects SET status = 'pending', error_json = NULL, settled_at = NULL, updated_at = ?
                WHERE run_id = ? AND status = 'rejected' RETURNING effect_key""", (now, run_id))]

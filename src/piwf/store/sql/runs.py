@@ -18,7 +18,7 @@ from piwf.store.sql.interactions import count_open, list_requests
 from piwf.store.sql.listing import count_held
 from piwf.store.sql.base import add_event, require_claim, revision_of, summary_fields
 from piwf.store.sql.queue import AT_REVISION, refuse_revision
-from piwf.store.api.types import NewScope
+from piwf.store.api.types import Definition, NewScope
 from piwf.store.sql.database import lifecycle_contradicts
 from piwf.store.sql.database import one_of
 from piwf.store.sql.settings import ensure_scope
@@ -29,9 +29,10 @@ from piwf.store.sql.workers import worker_summaries
 def create_run(
     db: Database, *, run_id: str, workflow: str, project_path: str, source: bytes, digest: str,
     input: Any, origin_session_id: str | None, now: int, start_node: str | None = None,
-    settings: NewScope | None = None,
+    settings: NewScope | None = None, graph: bytes | None = None,
 ) -> dict[str, Any]:
-    """A new run, queued, and its settings scope (``settings``): every run is made here.
+    """A new run, queued, its settings scope (``settings``) and its workflow's graph
+    (``graph``: canonical JSON, a blob; ``run.graph`` reads it): every run is made here.
 
     Several writers (PostgreSQL): the session's lock (``lock_key("session", ...)``, the one a
     claim of a parked run of the session takes) is held from the read of the session's
@@ -54,15 +55,16 @@ def create_run(
             if active is not None:
                 raise Rejected(f"session {origin_session_id} already has an active run {active}")
         definition_hash = db.put_blob(source, now)
+        graph_hash = None if graph is None else db.put_blob(graph, now)
         inline, input_hash = db.put_json(input, now)
         try:
             db.execute(
                 """INSERT INTO runs (run_id, workflow, project_path, definition_hash,
                      definition_digest, start_node, input_json, input_hash, status, origin_session_id,
-                     created_at, updated_at)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'queued', ?, ?, ?)""",
+                     created_at, updated_at, graph_hash)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'queued', ?, ?, ?, ?)""",
                 (run_id, workflow, project_path, definition_hash, digest, start_node, inline, input_hash,
-                 origin_session_id, now, now),
+                 origin_session_id, now, now, graph_hash),
             )
             db.execute(
                 """INSERT INTO run_queue (run_id, status, origin_session_id, created_at, updated_at)
@@ -155,9 +157,9 @@ def hold_of(db: Database, run_id: str) -> str | None:
     return result
 
 
-def resume_run(db: Database, run_id: str, now: int, *, definition: tuple[str, bytes, str | None] | None = None,
+def resume_run(db: Database, run_id: str, now: int, *, definition: Definition | None = None,
                expected_revision: int | None = None) -> dict[str, Any]:
-    """Release a held run. ``definition`` (digest, source, start node) replaces the run's
+    """Release a held run. ``definition`` (digest, source, start node, graph) replaces the run's
     workflow definition: resuming a run held because its workflow changed adopts the new
     one, only while it is held so (Conflict otherwise). ``expected_revision`` is a
     compare-and-set on the run's revision. Both are checked by the write."""
@@ -175,13 +177,21 @@ def resume_run(db: Database, run_id: str, now: int, *, definition: tuple[str, by
             raise Conflict(f"run {run_id} is no longer held because its workflow changed "
                            "(resumed meanwhile); look at it again")
         if definition is not None:
-            digest, source, start_node = definition
-            db.execute("UPDATE runs SET definition_digest = ?, definition_hash = ?, start_node = ? WHERE run_id = ?",
-                       (digest, db.put_blob(source, now), start_node, run_id))
+            adopt_definition(db, run_id, definition, now)
         # a waiting run stays held for its answer
         db.execute("UPDATE run_queue SET hold = NULL, crash_count = 0, not_before = NULL, updated_at = ? "
                    "WHERE run_id = ? AND hold IS DISTINCT FROM 'waiting'", (now, run_id))
         return _set_paused(db, run_id, False, queue_status, now)
+
+
+def adopt_definition(db: Database, run_id: str, definition: Definition | tuple[str, bytes, str | None],
+                     now: int) -> None:
+    """The run goes on with ``definition``: its digest, source, start node and graph (a
+    definition without a graph leaves the run's graph unknown rather than the old one's)."""
+    digest, source, start_node, graph = Definition(*definition)
+    db.execute("UPDATE runs SET definition_digest = ?, definition_hash = ?, start_node = ?, graph_hash = ? "
+               "WHERE run_id = ?", (digest, db.put_blob(source, now), start_node,
+                                    None if graph is None else db.put_blob(graph, now), run_id))
 
 
 def is_paused(db: Database, run_id: str) -> bool:

@@ -8,7 +8,7 @@ from piwf.store.sqlite.schema_features import (
 )
 
 APPLICATION_ID = 0x70697766  # "piwf"
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 
 
 # The columns named worker_epoch (run_workers, run_processes, worker_messages and the run_processes_live index)
@@ -244,6 +244,15 @@ CREATE INDEX controller_workflows_run ON controller_workflows(run_id);
 CREATE INDEX host_commands_run ON host_commands(run_id) WHERE run_id IS NOT NULL;
 """
 
+# Layout 14: the graph of the workflow a run executes (protocol WorkflowGraph, canonical
+# JSON in ``blobs``), recorded when the run starts or adopts a changed workflow; NULL for a
+# run made before layout 14 (``run.graph`` answers it as unknown). Its blob is a user for
+# retention, found through the partial index. A fresh database adds it the same way.
+GRAPH_SQL = """
+ALTER TABLE runs ADD COLUMN graph_hash TEXT;
+CREATE INDEX runs_graph_blob ON runs(graph_hash) WHERE graph_hash IS NOT NULL;
+"""
+
 COUNTED_TRIGGERS = [f"{table}_counted_{event}" for table in ("runs", "run_queue")
                     for event in ("insert", "status", "moved", "delete")] + ["runs_counted_paused"]
 
@@ -359,7 +368,7 @@ CREATE TABLE worker_messages (
   PRIMARY KEY (worker_epoch, message_id)
 );
 """ + EFFECTS_AND_PROCESSES_SQL + RUN_COUNTS_SQL + INTERACTIONS_SQL + CONTROLLERS_SQL + DELIVERY_SQL + SETTINGS_SQL \
-    + NOT_BEFORE_SQL + EFFECT_IDENTITY_SQL + LISTING_SQL + RETENTION_SQL
+    + NOT_BEFORE_SQL + EFFECT_IDENTITY_SQL + LISTING_SQL + RETENTION_SQL + GRAPH_SQL
 
 
 
@@ -416,4 +425,6 @@ DROP TABLE run_workers_v2;
     # 13: retention: the indexes that find ended runs, a child run's controller and logged commands, and a
     # blob's users.
     12: RETENTION_SQL,
+    # 14: the run's workflow graph (runs.graph_hash).
+    13: GRAPH_SQL,
 }
