@@ -130,6 +130,9 @@ def test_a_run_pages_graph_shows_the_waiting_node(stack: Stack, browser: Any) ->
     browser.get(f"{stack.base}/runs/{run_id}")
     until(browser, lambda d: attribute(d, 'svg.graph g[data-node="approve"]', "data-state") == "waiting")
     assert attribute(browser, 'svg.graph g[data-node="build"]', "data-state") == "accepted"
+    assert attribute(browser, 'svg.graph g[data-node="deploy"]', "data-state") == "not reached"  # the definition's
+    assert len(browser.find_elements(By.CSS_SELECTOR, "svg.graph path.edge.taken")) == 1  # build → approve
+    assert len(browser.find_elements(By.CSS_SELECTOR, "svg.graph path.edge")) == 3
     screenshot(browser, "ui-run.png")
 
 

@@ -138,6 +138,10 @@ def test_an_answer_is_recorded_as_the_console_and_the_first_answer_wins(stack: S
     assert resolved["resolution"]["answeredBy"] == "ann"  # piwf ui --as ann
     lost = stack.call("interaction.list", payload={"runId": second, "open": False})["requests"][0]
     assert lost["resolution"]["choice"] == "no"
+    wait_until(lambda: stack.run(first)["status"] == "completed", what="the run going on")
+    with browser(stack) as client:
+        html = client.get(f"/runs/{first}").text  # each step with its output (run.steps)
+    assert "&#34;build&#34;: 42" in html and "&#34;answeredBy&#34;: &#34;ann&#34;" in html
 
 
 def test_a_sessions_request_is_read_only_unless_the_console_is_the_sessions(stack: Stack, tmp_path: Path) -> None:

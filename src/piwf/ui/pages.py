@@ -25,6 +25,7 @@ from piwf.ui.render import page
 PING_S = 15  # an event stream says something this often, so a tab gone away is noticed
 RUNS_SHOWN = 100
 EVENTS_SHOWN = 200
+STEPS_SHOWN = 300
 Handler = Callable[[Request], Awaitable[Response]]
 
 
@@ -80,11 +81,27 @@ async def _optional(call: Callable[..., Awaitable[Any]], operation: str, **kwarg
         return None
 
 
-async def run_graph(call: Callable[..., Awaitable[Any]], run: dict[str, Any]) -> graph.Graph:
-    """The graph the run executes, as recorded for it (``run.graph``); a host without that
-    operation gives the path taken, from the run's steps."""
+async def run_graph(call: Callable[..., Awaitable[Any]], run: dict[str, Any]) -> tuple[graph.Graph, str]:
+    """The graph the run executes, as recorded for it (``run.graph``), and what to say
+    about it; a host without that operation gives the path taken, from the run's steps."""
     recorded = await _optional(call, "run.graph", run_id=run["runId"])
-    return graph.from_steps(run) if recorded is None else graph.from_run_graph(recorded)
+    if recorded is None:
+        return graph.from_steps(run), "the host records no graph: the path the run took, from its steps"
+    return graph.from_run_graph(recorded), "" if recorded.get("known", True) else str(recorded.get("reason") or "")
+
+
+async def run_steps(call: Callable[..., Awaitable[Any]], run: dict[str, Any]) -> list[dict[str, Any]]:
+    """The run's steps with their outputs and errors (``run.steps``, the first pages), or
+    ``run.status``'s steps without them on a host that lacks the operation."""
+    steps: list[dict[str, Any]] = []
+    offset: int | None = 0
+    while offset is not None and len(steps) < STEPS_SHOWN:
+        page = await _optional(call, "run.steps", run_id=run["runId"], payload={"offset": offset, "limit": 100})
+        if page is None:
+            return list(run["steps"])
+        steps += page["steps"]
+        offset = page["next"]
+    return steps
 
 
 @host_errors
@@ -95,11 +112,11 @@ async def run_page(request: Request) -> Response:
     events = await call("run.events", run_id=run_id, payload={"limit": 1000})
     settings = await _optional(call, "workflow.settings", run_id=run_id)
     closed = await call("interaction.list", payload={"runId": run_id, "open": False, "limit": 100})
-    drawn = await run_graph(call, run)
-    return page(request, "run.html", run=run, events=events["events"][-EVENTS_SHOWN:],
+    drawn, graph_note = await run_graph(call, run)
+    return page(request, "run.html", run=run, steps=await run_steps(call, run), events=events["events"][-EVENTS_SHOWN:],
                 more_events=events["nextAfter"] is not None or len(events["events"]) > EVENTS_SHOWN,
-                settings=settings, requests=closed["requests"], svg=graph.svg(drawn), watch=run_id,
-                forms=forms, actions=words.actions(run))
+                settings=settings, requests=closed["requests"], svg=graph.svg(drawn), graph_note=graph_note,
+                watch=run_id, forms=forms, actions=words.actions(run))
 
 
 @host_errors
