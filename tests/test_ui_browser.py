@@ -139,6 +139,7 @@ def test_a_run_pages_graph_shows_the_waiting_node(stack: Stack, browser: Any) ->
 def test_a_decision_answered_by_a_click_lets_the_run_go_on(stack: Stack, browser: Any) -> None:
     run_id = stack.start_run("deploy")
     request = stack.open_request(run_id)
+    stack.open_request(stack.start_run("count"))  # an ask beside it, for the inbox's screenshot
     browser.get(stack.base + "/inbox")
     section = f"#req-{request['requestId']}"
     until(browser, lambda d: text_of(d, f"{section} .title"))
