@@ -9,6 +9,8 @@ import os
 import re
 import signal
 import stat
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -210,3 +212,17 @@ def test_the_event_stream_outlives_a_host_restart(tmp_path: Path) -> None:
             assert run_id in next(change for change in changes if change["runs"])["runs"]
     finally:
         s.stop()
+
+
+def test_bad_start_arguments_are_one_line_and_start_nothing(stack: Stack, tmp_path: Path) -> None:
+    port = stack.base.rsplit(":", 1)[1]  # the stack's console holds it
+    not_a_socket = tmp_path / "file"
+    not_a_socket.write_text("")
+    for args, said in ((["--port", port], f"cannot listen on 127.0.0.1:{port}: Address already in use"),
+                       (["--socket", str(not_a_socket)], "the path exists and is not a socket"),
+                       (["--as", "a\tb"], "--as must be printable text")):
+        done = subprocess.run([sys.executable, "-m", "piwf", "ui", "--state-dir", str(stack.paths.root), *args],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2, done
+        assert done.stdout == "" and done.stderr.count("\n") == 1 and said in done.stderr, done.stderr
+    assert len(list((stack.paths.root / "ui").glob("console-*.json"))) == 1  # the stack's own, alone

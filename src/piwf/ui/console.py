@@ -13,6 +13,8 @@ import json
 import logging
 import os
 import secrets
+import socket
+import stat
 import sys
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -24,7 +26,7 @@ from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 from starlette.applications import Starlette
 
-from piwf.errors import StateDirError, UsageError
+from piwf.errors import PiwfError, StateDirError, UsageError
 from piwf.paths import StatePaths, check_private_dir
 from piwf.ui.feed import Feed
 from piwf.ui.guard import Guard, new_token
@@ -123,18 +125,53 @@ def _write_private(path: Path, data: dict[str, Any]) -> None:
     os.replace(temp, path)
 
 
-def _listen(config: UiConfig) -> tuple[HypercornConfig, str]:
+def _listen(config: UiConfig) -> HypercornConfig:
+    """Hypercorn's settings with the socket it serves, bound here, so a port in use or a
+    socket path taken is one clear line before anything starts (hypercorn owns it then)."""
     hc = HypercornConfig()
     hc.accesslog = None
     hc.errorlog = logging.getLogger("piwf.ui.server")
     hc.graceful_timeout = 2.0
     hc.keep_alive_timeout = 30.0
-    if config.socket is not None:
-        hc.bind = [f"unix:{config.socket}"]
-        hc.umask = 0o177  # the socket: the user's alone
-        return hc, "socket"
-    hc.bind = [f"127.0.0.1:{config.port}"]
-    return hc, ""
+    sock = _unix_socket(config.socket) if config.socket is not None else _tcp_socket(config.port)
+    hc.bind = [f"fd://{sock.detach()}"]
+    return hc
+
+
+def _tcp_socket(port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))  # never another interface
+    except OSError as exc:
+        sock.close()
+        raise UsageError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror} (choose another --port)") from None
+    return sock
+
+
+def _unix_socket(path: Path) -> socket.socket:
+    if path.exists() or path.is_symlink():
+        if not stat.S_ISSOCK(os.lstat(path).st_mode):
+            raise UsageError(f"--socket {path}: the path exists and is not a socket")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            path.unlink()  # left by a console that is gone
+        else:
+            raise UsageError(f"--socket {path}: another process listens on it")
+        finally:
+            probe.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)  # the socket: the user's alone (0600) from the moment it exists
+    try:
+        sock.bind(str(path))
+    except OSError as exc:
+        sock.close()
+        raise UsageError(f"--socket {path}: cannot listen there: {exc.strerror}") from None
+    finally:
+        os.umask(old)
+    return sock
 
 
 async def serve_console(config: UiConfig, *,
@@ -151,7 +188,8 @@ async def serve_console(config: UiConfig, *,
     token = new_token()
     link = HostLink(config.paths, client_id)
     feed = Feed(config.paths, f"{client_id}:watch-{os.getpid()}")
-    hc, kind = _listen(config)
+    hc = _listen(config)
+    kind = "socket" if config.socket is not None else ""
     async with trio.open_nursery() as nursery:
         await nursery.start(feed.serve)
         guard_holder: list[Guard] = []
@@ -176,6 +214,8 @@ async def serve_console(config: UiConfig, *,
             await trio.sleep_forever()
         finally:
             record.unlink(missing_ok=True)
+            if config.socket is not None:
+                config.socket.unlink(missing_ok=True)
             with trio.CancelScope(shield=True):
                 await link.aclose()
 
@@ -221,5 +261,18 @@ def run(config: UiConfig) -> int:
                     nursery.cancel_scope.cancel()
                     break
 
-    trio.run(main)
+    try:
+        trio.run(main)
+    except BaseExceptionGroup as group:  # a refusal at start (port in use, ...) is one line, as for any command
+        raise _first_refusal(group) or group from None
     return 0
+
+
+def _first_refusal(error: BaseException) -> PiwfError | None:
+    if isinstance(error, PiwfError):
+        return error
+    if isinstance(error, BaseExceptionGroup):
+        for inner in error.exceptions:
+            if (found := _first_refusal(inner)) is not None:
+                return found
+    return None
