@@ -123,11 +123,36 @@ def build_parser() -> argparse.ArgumentParser:
     _add_service(commands, common)
     _add_controller(commands, common)
     _add_watch(commands, common)
+    _add_ui(commands, common)
     completion = commands.add_parser("completion", parents=[common],
                                      help="print a completion script for bash, zsh or fish")
     completion.add_argument("shell", choices=SHELLS, metavar="SHELL", help="bash, zsh or fish")
     completion.set_defaults(handler="completion:cmd_completion")
     return parser
+
+
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        port = -1
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port (1 to 65535)")
+    return port
+
+
+def _add_ui(commands: Any, common: argparse.ArgumentParser) -> None:
+    """``piwf ui``: the web console (docs/ui.md), on 127.0.0.1 or a Unix socket."""
+    ui = commands.add_parser("ui", parents=[common], help="the web console: runs, their graphs, the inbox, "
+                             "controllers (needs pip install 'piwf[ui]')")
+    where = ui.add_mutually_exclusive_group()
+    where.add_argument("--port", type=_port, metavar="N", help="listen on 127.0.0.1:N (default: a free port)")
+    where.add_argument("--socket", metavar="PATH", help="listen on this Unix socket instead")
+    ui.add_argument("--as", dest="answer_as", metavar="NAME",
+                    help="the name answers are recorded under (default ui:<your user name>)")
+    ui.add_argument("--session", metavar="ID", help="also answer requests of runs this origin session started "
+                    "(without it they are shown read-only)")
+    ui.set_defaults(handler="ui:cmd_ui")
 
 
 def _add_serve(commands: Any, common: argparse.ArgumentParser) -> None:
