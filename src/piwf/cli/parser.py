@@ -370,11 +370,19 @@ def _add_followup(commands: Any, common: argparse.ArgumentParser) -> None:
     add.add_argument("--request-key", metavar="KEY", help="the same key again is the same follow-up "
                      "(a safe retry; default: a new key each time)")
     add.set_defaults(handler="follow:cmd_followup_add")
-    remove = group.add_parser("remove", parents=[common], help="take back a follow-up not yet delivered")
-    remove.add_argument("run_id", metavar="RUN_ID", help="the run it was queued for")
+    remove = group.add_parser("remove", parents=[common], help="take back a follow-up not yet delivered",
+                              usage="%(prog)s [-h] [RUN_ID] FOLLOWUP_ID")
+    remove.add_argument("run_id", metavar="RUN_ID", help="the run it was queued for (may be left out)")
     remove.add_argument("followup_id", metavar="FOLLOWUP_ID", nargs="?",
-                        help="as `followup add` printed it (with the whole command)")
+                        help="as `followup add` or `followup list` printed it")
     remove.set_defaults(handler="follow:cmd_followup_remove")
+    listing = group.add_parser("list", parents=[common], help="the follow-ups still queued, in the order they "
+                               "are delivered")
+    listing.add_argument("--session", metavar="ID", help="only those for this session")
+    listing.add_argument("--run", metavar="RUN_ID", help="only this run's")
+    listing.add_argument("--limit", type=_inbox_limit, default=100, metavar="N",
+                         help="show at most N (default 100, at most 999); a last line says when there are more")
+    listing.set_defaults(handler="follow:cmd_followup_list")
 
 
 def _add_service(commands: Any, common: argparse.ArgumentParser) -> None:
