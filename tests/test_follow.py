@@ -174,10 +174,7 @@ async def test_followup_add_and_remove_from_the_command_line(host: Any, paths: S
     first = (await piwf(paths, "followup", "add", run_id, "Then open a pull request")).stdout.decode()
     fup = first.split(":")[0]
     assert first == (f"{fup}: follow-up 1 of run {run_id}, queued; "  # numbered 1: the empty one was not sent
-                     f"take it back with: piwf followup remove {run_id} {fup}\n") and fup.startswith("fup-")
-    alone = await piwf(paths, "followup", "remove", fup, check=False)  # before: argparse's "required" line
-    assert (alone.returncode, alone.stderr) == (2, f"piwf: give the run and the follow-up: piwf followup remove "
-                                                   f"RUN_ID {fup} (piwf followup add printed this command)\n".encode())
+                     f"take it back with: piwf followup remove {fup}\n") and fup.startswith("fup-")
     gone = json.loads((await piwf(paths, "followup", "add", run_id, "Never mind", "--json")).stdout)
     retry = await piwf(paths, "followup", "add", run_id, "Tell the team", "--request-key", "k")
     again = await piwf(paths, "followup", "add", run_id, "Tell the team", "--request-key", "k")
@@ -192,6 +189,33 @@ async def test_followup_add_and_remove_from_the_command_line(host: Any, paths: S
     turns = (await call(paths, "delivery.list", payload={"sessionId": "agent-9"}))["turns"]
     assert [(t["cause"], [f["prompt"] for f in t["followUps"]]) for t in turns] == [
         ("completed", ["Then open a pull request", "Tell the team"])]
+
+
+async def test_followup_list_shows_what_is_queued_in_order_and_remove_takes_the_id_alone(
+        host: Any, paths: StatePaths, project: Path) -> None:
+    write_workflow(project, "ends", ends_source("approve"))
+    run_id = await start(paths, project, "ends", originSessionId="agent-9")
+    other = await start(paths, project, "ends", originSessionId="agent-2")
+    ids = [(await piwf(paths, "followup", "add", run, text)).stdout.decode().split(":")[0]
+           for run, text in ((run_id, "Then open a pull request"), (other, "Elsewhere"), (run_id, "Tell\x1b[2J"))]
+    listed = await piwf(paths, "followup", "list", "--session", "agent-9")  # before: no such command (exit 2)
+    assert listed.stdout.decode() == (f"{ids[0]}  {run_id} #1 for agent-9: Then open a pull request\n"
+                                      f"{ids[2]}  {run_id} #2 for agent-9: Tell\\x1b[2J\n")  # escaped
+    page = json.loads((await piwf(paths, "followup", "list", "--json")).stdout)
+    assert [f["followUpId"] for f in page["followUps"]] == [ids[0], ids[2], ids[1]] and not page["more"]
+    assert (await piwf(paths, "followup", "list", "--run", other, "--limit", "1")).stdout.decode().startswith(ids[1])
+    first = await piwf(paths, "followup", "list", "--limit", "1")
+    assert first.stdout.decode().splitlines()[1] == "... and more: --limit 2 shows more"
+    alone = await piwf(paths, "followup", "remove", ids[0])  # before: "give the run and the follow-up", exit 2
+    assert alone.stdout.decode() == f"{ids[0]}: removed\n"
+    wrong = await piwf(paths, "followup", "remove", other, ids[2], check=False)  # not that run's: nothing changes
+    assert wrong.returncode != 0 and wrong.stderr.decode() == f"piwf: notFound: follow-up {ids[2]} of run {other} " \
+                                                              "not found\n"
+    unknown = await piwf(paths, "followup", "remove", "fup-0000000000000000", check=False)
+    assert unknown.returncode != 0 and "follow-up fup-0000000000000000 not found" in unknown.stderr.decode()
+    page = json.loads((await piwf(paths, "followup", "list", "--session", "agent-9", "--json")).stdout)
+    assert [(f["followUpId"], f["order"]) for f in page["followUps"]] == [(ids[2], 2)]
+    assert (await piwf(paths, "followup", "list", "--session", "nobody")).stdout == b"no follow-ups queued\n"
 
 
 CRASHES_AT_THE_GATE = """

@@ -136,23 +136,18 @@ async def _gone(paths: StatePaths, run_id: str) -> bool:
 
 async def test_a_long_prune_goes_in_batches_and_the_host_serves_between_them(
         paths: StatePaths, nursery: trio.Nursery) -> None:
-    """1,500 ended runs: while `run.prune` deletes them, another client's requests are
-    answered, and what they show is part-way: the host served between batches."""
-    paths.ensure()
-    db = Database.open(paths.db)
-    with db.write():
-        for n in range(1500):
-            runs.create_run(db, run_id=f"r{n:04}", workflow="w", project_path="/p", source=b"src", digest="d",
-                            input={"n": n}, origin_session_id=None, now=1000 + n)
-            queue.cancel_run(db, f"r{n:04}", 1000 + n)
-    db.close()
+    """1,500 ended runs: while `run.prune` deletes 1,000 of them (a request's most), another
+    client's requests are answered, and what they show is part-way: the host served
+    between batches."""
+    _ended_runs(paths, 1500)
     await nursery.start(Host(config(paths)).serve)
     seen: list[int] = []
     pruned: list[Any] = []
 
     async def prune_them() -> None:
         async with AsyncClient(paths, client_id="pruner") as client:
-            response = await client.call("run.prune", request_id="prune-1", payload={"olderThanMs": 1000})
+            response = await client.call("run.prune", request_id="prune-1",
+                                         payload={"olderThanMs": 1000, "budgetMs": 600_000})
         pruned.append(response.receipt)
 
     async with trio.open_nursery() as inner:
@@ -160,12 +155,86 @@ async def test_a_long_prune_goes_in_batches_and_the_host_serves_between_them(
         async with AsyncClient(paths) as client:
             while not pruned:
                 seen.append((await client.call("host.status")).receipt["cancelledRuns"])
-    assert pruned[0]["runs"] == 1500 and pruned[0]["runIds"][:2] == ["r0000", "r0001"]
-    assert any(0 < n < 1500 for n in seen), seen  # answered mid-prune, between two batches
-    assert (await call(paths, "host.status"))["cancelledRuns"] == 0
+    assert (pruned[0]["runs"], pruned[0]["more"], pruned[0]["runIds"][:2]) == (1000, True, ["r0000", "r0001"])
+    assert any(500 < n < 1500 for n in seen), seen  # answered mid-prune, between two batches
+    assert (await call(paths, "host.status"))["cancelledRuns"] == 500
     async with AsyncClient(paths, client_id="pruner") as client:  # the same request again: its answer, once
-        again = await client.call("run.prune", request_id="prune-1", payload={"olderThanMs": 1000})
+        again = await client.call("run.prune", request_id="prune-1",
+                                  payload={"olderThanMs": 1000, "budgetMs": 600_000})
     assert (again.outcome, again.receipt) == ("adopted", pruned[0])
+
+
+def _ended_runs(paths: StatePaths, count: int, *, unused_blobs: int = 0) -> None:
+    """``count`` cancelled runs (ended at 1000 + n ms), and ``unused_blobs`` values nothing
+    names, written straight into a new state database."""
+    paths.ensure()
+    db = Database.open(paths.db)
+    with db.write():
+        for n in range(count):
+            runs.create_run(db, run_id=f"r{n:04}", workflow="w", project_path="/p", source=b"src", digest="d",
+                            input={"n": n}, origin_session_id=None, now=1000 + n)
+            queue.cancel_run(db, f"r{n:04}", 1000 + n)
+        for n in range(unused_blobs):
+            db.put_blob(f"unused {n}".encode(), 1000)
+    db.close()
+
+
+async def test_a_prune_request_answers_within_its_budget_saying_more_remains(
+        paths: StatePaths, nursery: trio.Nursery) -> None:
+    """One batch past the budget (0: one batch), or 1,000 runs at most; then `more`, and the
+    same request again goes on — the runs first, then the sweep from where it stopped."""
+    _ended_runs(paths, 1250, unused_blobs=700)
+    await nursery.start(Host(config(paths)).serve)
+    async with AsyncClient(paths, client_id="pruner") as client:
+        async def prune(**payload: Any) -> dict[str, Any]:
+            response = await client.call("run.prune", payload={"olderThanMs": 1000, **payload})
+            assert response.outcome == "accepted", response
+            receipt: dict[str, Any] = response.receipt
+            return receipt
+
+        first = await prune(budgetMs=0)
+        assert (first["runs"], first["more"], first["runIds"][0]) == (100, True, "r0000")
+        second = await prune(budgetMs=600_000)
+        assert (second["runs"], second["more"], second["runIds"][0]) == (1000, True, "r0100")
+        assert (await prune(budgetMs=0))["runs"] == 100
+        third = await prune(budgetMs=0)  # the last 50 runs, then one batch of the sweep (500 blobs)
+        assert (third["runs"], third["more"]) == (50, True) and third["sweepAfter"] is not None
+        last = await prune(budgetMs=0, sweepAfter=third["sweepAfter"])
+        assert (last["runs"], last["more"], last["sweepAfter"]) == (0, False, None)
+        blobs = first["blobs"] + second["blobs"] + third["blobs"] + last["blobs"]
+    conn = read_only(paths)
+    assert dangling_or_unused(conn) == (0, 0) and conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 0
+    conn.close()
+    assert blobs >= 700  # the unused values, and the runs' own
+
+
+async def test_piwf_prune_with_more_than_one_request_allows_goes_on_until_all_are_deleted(
+        paths: StatePaths, nursery: trio.Nursery) -> None:
+    """`piwf prune` sends one bounded request after another: it says how many it deleted in
+    all and exits 0 (it timed out, exit 10, while the host went on deleting); its requests
+    are ID, ID.2, ...: the same command again is answered from the log."""
+    _ended_runs(paths, 2500)
+    await nursery.start(Host(config(paths)).serve)
+    done = await piwf(paths, "prune", "--older-than", "1s", "--request-id", "p", "--timeout", "5")
+    assert done.stdout.decode().startswith("deleted 2500 runs that ended before "), done
+    assert "  r0000\n" in done.stdout.decode() and "... and 2480 more" in done.stdout.decode()
+    conn = read_only(paths)
+    logged = [row for (row,) in conn.execute(
+        "SELECT request_id FROM host_commands WHERE operation = 'run.prune' ORDER BY request_id")]
+    conn.close()
+    assert logged == ["p", "p.2", "p.3"], logged  # 1,000 runs a request at most
+    assert (await call(paths, "host.status"))["cancelledRuns"] == 0
+    again = json.loads((await piwf(paths, "prune", "--older-than", "1s", "--request-id", "p", "--timeout", "5",
+                                   "--json")).stdout)
+    assert (again["runs"], again["more"], again["runIds"][0]) == (2500, False, "r0000")
+
+
+def test_the_cli_asks_for_the_protocols_own_budget_at_most() -> None:
+    from piwf.cli import maintenance
+    from piwf.host import retention as host
+    from piwf.protocol import DEFAULT_BUDGET_MS
+
+    assert maintenance.BUDGET_MS == DEFAULT_BUDGET_MS and maintenance.SAMPLE == host.SAMPLE
 
 
 # One child run of `quick`; the controller status counts the passes and names the child.

@@ -8,9 +8,11 @@ checked with ``systemd-analyze verify``, plists by a ``plistlib`` round trip.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import plistlib
+import shlex
 import shutil
 import subprocess
 import sys
@@ -161,3 +163,123 @@ def test_systemd_quoting_keeps_arguments_whole() -> None:
     quoted = service._systemd_quote("/home/a b/100%$x")
     assert quoted == '"/home/a b/100%%$$x"'
     assert service._systemd_quote("/plain/path") == "/plain/path"
+
+
+# Every serve option a service carries, each at a value other than its default.
+GIVEN = {"--max-workers": "3", "--durability": "normal", "--store": "postgresql://piwf@db.example/piwf?schema=s1",
+         "--poll-only": None, "--worker-startup-timeout": "20", "--drain-timeout": "40.5", "--kill-grace": "3",
+         "--request-timeout": "11", "--reply-timeout": "12", "--presentation-lease": "13", "--socket-check": "2",
+         "--delivery-lease": "14", "--max-controller-workers": "5", "--node-time-limit": "600",
+         "--worker-start": "spawn", "--log-level": "debug", "--retain": "30d"}
+
+
+def serve_args(flags: dict[str, str | None]) -> list[str]:
+    return [arg for flag, value in flags.items() for arg in ([flag] if value is None else [flag, value])]
+
+
+def exec_start(planned: dict[str, Any], platform: str) -> list[str]:
+    """The argv the service manager starts, as it reads the unit (plist)."""
+    [content] = [f["content"] for f in planned["files"] if f["path"].endswith((".service", ".plist"))]
+    if platform == "macos":
+        return list(plistlib.loads(content.encode())["ProgramArguments"])
+    [line] = [line for line in content.splitlines() if line.startswith("ExecStart=")]
+    return [arg.replace("%%", "%").replace("$$", "$") for arg in shlex.split(line.removeprefix("ExecStart="))]
+
+
+def test_install_takes_every_serve_option_but_the_log_format_and_standby() -> None:
+    """A new serve option that changes behaviour is one a service carries (or is named here)."""
+    from piwf.cli.parser import build_parser
+
+    def options(*argv: str) -> set[str]:
+        parser = build_parser()
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        for word in argv:
+            parser = sub.choices[word]
+            sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), sub)
+        return {flag for action in parser._actions for flag in action.option_strings if flag.startswith("--")}
+
+    common = options("completion")
+    serve = options("serve") - common
+    install = options("service", "install") - common - {"--dry-run", "--name", "--platform"}
+    assert serve - install == {"--log-format", "--standby"}
+    assert install == set(GIVEN) and install <= serve
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+async def test_install_carries_the_serve_options_given_into_the_unit(paths: StatePaths, home: Path,
+                                                                     platform: str) -> None:
+    from piwf.cli.parser import build_parser
+
+    planned = await report(paths, "install", "--dry-run", "--platform", platform, *serve_args(GIVEN))
+    _, *argv = exec_start(planned, platform)
+    assert argv[:5] == ["serve", "--state-dir", str(paths.root), "--log-format", "json"]
+    assert argv[5:] == serve_args(GIVEN) == planned["serveOptions"]
+    served = build_parser().parse_args(argv)  # what serve makes of them: the values given
+    expected = build_parser().parse_args(["serve", "--state-dir", str(paths.root), "--log-format", "json",
+                                          *serve_args(GIVEN)])
+    assert vars(served) == vars(expected) and served.retain == 30 * 86_400_000 and served.poll_only
+    content = next(f["content"] for f in planned["files"] if f["path"].endswith((".service", ".plist")))
+    stop = 55 + service.STOP_MARGIN_S - 15  # the drain timeout given (40.5 s, up) and the margin
+    assert (f"TimeoutStopSec={stop + 1}\n" in content if platform == "linux"
+            else plistlib.loads(content.encode())["ExitTimeOut"] == stop + 1)
+    await report(paths, "install", "--platform", platform, *serve_args(GIVEN))
+    status = await report(paths, "status", "--platform", platform)  # current: with the options it carries
+    assert all(f["installed"] and f["current"] for f in status["files"]), status
+    plain = await report(paths, "install", "--dry-run", "--platform", platform)  # exactly the options given
+    assert exec_start(plain, platform)[6:] == [] and any(f["changed"] for f in plain["files"])
+
+
+async def test_a_unit_with_options_is_one_systemd_analyze_verify_accepts(paths: StatePaths, home: Path,
+                                                                         tmp_path: Path) -> None:
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is not installed (Debian: apt-get install systemd)")
+    odd = "postgresql://piwf@db/piwf?options=-c%20search_path%3Ds%241"  # % and $: escaped for systemd
+    planned = await report(paths, "install", "--dry-run", "--platform", "linux",
+                           *serve_args({**GIVEN, "--store": odd}))
+    units = tmp_path / "units"
+    units.mkdir()
+    for f in planned["files"]:
+        (units / Path(f["path"]).name).write_text(f["content"])
+    runtime = tmp_path / "runtime"
+    runtime.mkdir(mode=0o700)
+    verified = subprocess.run(["systemd-analyze", "--user", "verify", str(units / unit(paths, "service")),
+                               str(units / unit(paths, "socket"))], capture_output=True, text=True, check=False,
+                              env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)})
+    assert verified.returncode == 0 and not (verified.stdout + verified.stderr).strip(), verified.stderr
+    assert exec_start(planned, "linux")[6:] == serve_args({**GIVEN, "--store": odd})
+
+
+async def test_the_host_the_unit_starts_keeps_the_options(paths: StatePaths, home: Path, project: Path,
+                                                         host_process: Any) -> None:
+    """The unit's own command line, started as systemd would: the host has 3 workers and
+    deletes an ended run a second after it ended (--retain 1s)."""
+    from .conftest import wait_for, write_workflow
+    from .test_interactions import start, wait_run
+    from .test_lifecycle import call
+    from .test_retention import QUICK, _gone
+
+    planned = await report(paths, "install", "--dry-run", "--platform", "linux", "--retain", "1s",
+                           "--max-workers", "3")
+    argv = exec_start(planned, "linux")
+    assert argv[1:4] == ["serve", "--state-dir", str(paths.root)]
+    await host_process(*argv[4:]).start()
+    assert (await call(paths, "host.status"))["maxWorkers"] == 3
+    write_workflow(project, "quick", QUICK)
+    done = await start(paths, project, "quick")
+    assert (await wait_run(paths, done))["status"] == "completed"
+    await wait_for(lambda: _gone(paths, done))
+
+
+async def test_a_store_url_with_a_password_is_refused_and_piwf_store_is_carried(
+        paths: StatePaths, home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for url in ("postgresql://piwf:secret@db/piwf", "postgresql://piwf@db/piwf?password=secret"):
+        done = await service_cli(paths, "install", "--platform", "linux", "--store", url)
+        assert done.returncode == 2 and done.stdout == b""
+        [line] = done.stderr.decode().splitlines()
+        assert "has a password" in line and "~/.pgpass" in line and "secret" not in line, line
+    assert files_under(home) == {}
+    monkeypatch.setenv("PIWF_STORE", "postgresql://piwf@db/piwf")  # serve reads it; a service would not have it
+    planned = await report(paths, "install", "--dry-run", "--platform", "linux")
+    assert exec_start(planned, "linux")[-2:] == ["--store", "postgresql://piwf@db/piwf"]
+    bad = await service_cli(paths, "install", "--platform", "linux", "--retain", "5x")
+    assert bad.returncode == 2 and "is not a length of time" in bad.stderr.decode() and files_under(home) == {}

@@ -322,3 +322,42 @@ async def test_a_change_names_its_scope_by_the_id_the_run_shows(host: Any, paths
     read = await call(paths, "workflow.settings", run_id=first, payload={"scopeId": shown["scopeId"]})
     assert (read["changeNumber"], read["settings"]["budget"]) == (1, 4)
     assert (await call(paths, "workflow.settings", run_id=second))["changeNumber"] == 0
+
+
+async def test_two_changes_at_once_without_an_expected_number_are_both_applied(
+        host: Any, paths: StatePaths, project: Path) -> None:
+    """Change A's patch is checked; before A is written, change B commits. A, sent without
+    an expected change number, is checked again on B's settings and applied after it (it
+    was refused as a conflict: the user had asked for no compare-and-set). With an expected
+    number the same race is a conflict, and nothing of it is written."""
+    write_workflow(project, "tuned", TUNED)
+    run_id = await start(paths, project, "tuned")
+    await open_request(paths, run_id)
+    real = host.catalog.resolve_settings
+    racing: list[dict[str, Any]] = []
+    raced: list[Any] = []
+
+    async def checked_then_raced(*args: Any, **kwargs: Any) -> Any:
+        answer = await real(*args, **kwargs)
+        if racing:  # this check is done: the racing change commits before its write
+            raced.append(await change(paths, run_id, racing.pop()))
+        return answer
+
+    host.catalog.resolve_settings = checked_then_raced
+    racing.append({"limits": {"max": 3}})
+    first = await change(paths, run_id, {"budget": 5})
+    assert raced[0].outcome == "accepted" and raced[0].receipt["changeNumber"] == 1
+    assert first.outcome == "accepted", first.error
+    assert first.receipt["changeNumber"] == 2
+    assert first.receipt["settings"] == {"budget": 5, "model": "small", "limits": {"max": 3}}
+    racing.append({"limits": {"max": 4}})
+    again = await change(paths, run_id, {"budget": 6})  # the race again: both applied
+    assert (again.outcome, again.receipt["changeNumber"], raced[1].receipt["changeNumber"]) == ("accepted", 4, 3)
+    racing.append({"limits": {"max": 5}})
+    async with AsyncClient(paths, client_id="steering-test") as client:
+        refused = await client.call("workflow.changeSettings", run_id=run_id,
+                                    payload={"patch": {"budget": 7}, "expectedChangeNumber": 4})
+    assert refused.outcome == "conflict" and "not 4" in (refused.error or ""), refused
+    shown = await call(paths, "workflow.settings", run_id=run_id)
+    assert (shown["changeNumber"], shown["settings"]) == (5, {"budget": 6, "model": "small", "limits": {"max": 5}})
+    assert [c["actor"] for c in shown["changes"]] == ["start"] + ["client"] * 5

@@ -90,8 +90,12 @@ class DeliveryCalls:
         return self.call("followup.queue", run_id=run_id, payload={"requestKey": request_key, "prompt": prompt},
                          **ids)
 
-    def remove_followup(self, run_id: str, followup_id: str, **ids: Any) -> Any:
+    def remove_followup(self, run_id: str | None, followup_id: str, **ids: Any) -> Any:
+        """``run_id`` may be None: the follow-up is found by its own id."""
         return self.call("followup.remove", run_id=run_id, payload={"followUpId": followup_id}, **ids)
+
+    def list_followups(self, *, session_id: str | None = None, run_id: str | None = None, limit: int = 100) -> Any:
+        return self.call("followup.list", payload=_drop_none(sessionId=session_id, runId=run_id, limit=limit))
 
     def list_delivery(self, *, session_id: str | None = None, run_id: str | None = None, limit: int = 100) -> Any:
         return self.call("delivery.list", payload=_drop_none(sessionId=session_id, runId=run_id, limit=limit))

@@ -154,6 +154,13 @@ class Conflict(PiwfError):
     outcome = "conflict"
 
 
+class Stale(Conflict):
+    """What a write was prepared from (outside its transaction: a settings patch checked in a
+    throwaway process) changed before it committed, and the request did not ask for that
+    state: the host prepares it again from the state as it is now, a few times, before it
+    answers this conflict."""
+
+
 # --- workflows -------------------------------------------------------------------------
 
 

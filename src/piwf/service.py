@@ -17,7 +17,9 @@ stops them and removes their files before it writes and starts its own.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import math
 import os
 import plistlib
 import re
@@ -100,21 +102,61 @@ def piwf_command() -> list[str]:
     return [sys.executable, "-m", "piwf"]
 
 
-def serve_argv(paths: StatePaths) -> list[str]:
-    return [*piwf_command(), "serve", "--state-dir", str(paths.root), "--log-format", "json"]
+@dataclass(frozen=True)
+class Serve:
+    """How the service runs ``piwf serve``: the options given to install, as given (each
+    checked as ``serve`` checks it), after the ones every service has. The manager's stop
+    timeout outlasts the drain timeout they set."""
+
+    options: tuple[str, ...] = ()
+
+    @property
+    def stop_timeout_s(self) -> int:
+        drain: float = DRAIN_TIMEOUT_S
+        for at in range(len(self.options) - 1):
+            if self.options[at] == "--drain-timeout":
+                with contextlib.suppress(ValueError):
+                    drain = float(self.options[at + 1])
+        return math.ceil(drain) + STOP_MARGIN_S
 
 
-def make_plan(platform: str, paths: StatePaths, *, name: str | None = None, forced: bool = False) -> Plan:
+FIXED_OPTIONS = ("--log-format", "json")  # every service's, before the options given to install
+
+
+def serve_argv(paths: StatePaths, serve: Serve = Serve()) -> list[str]:
+    return [*piwf_command(), "serve", "--state-dir", str(paths.root), *FIXED_OPTIONS, *serve.options]
+
+
+def installed_options(path: Path, content: str) -> tuple[str, ...]:
+    """The options a service file piwf wrote runs ``piwf serve`` with (those given to install)."""
+    if path.suffix == ".plist":
+        args = _plist(content).get("ProgramArguments")
+        argv = [str(arg) for arg in args] if isinstance(args, list) else []
+    else:
+        line = next((line for line in content.splitlines() if line.startswith("ExecStart=")), "ExecStart=")
+        try:
+            argv = [arg.replace("%%", "%").replace("$$", "$") for arg in shlex.split(line[len("ExecStart="):])]
+        except ValueError:
+            argv = []
+    for at in range(len(argv) - 1):
+        if tuple(argv[at:at + 2]) == FIXED_OPTIONS:
+            return tuple(argv[at + 2:])
+    return ()
+
+
+def make_plan(platform: str, paths: StatePaths, *, name: str | None = None, forced: bool = False,
+              serve: Serve = Serve()) -> Plan:
     """``forced``: the platform was chosen by hand (for testing): never run its commands.
-    ``name``: ``--name``; by default the name this directory's units have, or a new one."""
+    ``name``: ``--name``; by default the name this directory's units have, or a new one.
+    ``serve``: the options the service runs ``piwf serve`` with."""
     if name is not None and not NAME.fullmatch(name):
         raise UsageError(f"--name {name!r}: letters, digits, '-' and '_', at most 64, not starting with '-' or '_'")
     mine = installed(platform, paths)
     base = _base(platform, name, mine, paths)
     retired = sorted(path for other, files in mine.items() if other != base for path in files)
     if platform == "linux":
-        return _systemd_plan(paths, base, _systemd_missing(forced), retired, [b for b in mine if b != base])
-    return _launchd_plan(paths, base, _launchd_missing(forced), retired, [b for b in mine if b != base])
+        return _systemd_plan(paths, base, _systemd_missing(forced), retired, [b for b in mine if b != base], serve)
+    return _launchd_plan(paths, base, _launchd_missing(forced), retired, [b for b in mine if b != base], serve)
 
 
 def _base(platform: str, name: str | None, mine: dict[str, list[Path]], paths: StatePaths) -> str:
@@ -187,12 +229,12 @@ def systemd_dir() -> Path:
 
 
 def _systemd_plan(paths: StatePaths, name: str, missing: str | None, retired: list[Path],
-                  others: list[str]) -> Plan:
+                  others: list[str], serve: Serve) -> Plan:
     directory = systemd_dir()
     systemctl = ["systemctl", "--user"]
     units = (f"{name}.socket", f"{name}.service")
     return Plan("linux", name, {directory / units[0]: socket_unit(paths),
-                                directory / units[1]: service_unit(paths, units[0])},
+                                directory / units[1]: service_unit(paths, units[0], serve)},
                 install=[Command([*systemctl, "daemon-reload"]), Command([*systemctl, "enable", "--now", *units])],
                 stop=[Command([*systemctl, "disable", "--now", *reversed(units)])],
                 after_removal=[Command([*systemctl, "daemon-reload"])], manager=missing, retired=retired,
@@ -217,8 +259,8 @@ WantedBy=sockets.target
 """
 
 
-def service_unit(paths: StatePaths, socket: str = "piwf.socket") -> str:
-    exec_start = " ".join(_systemd_quote(arg) for arg in serve_argv(paths))
+def service_unit(paths: StatePaths, socket: str = "piwf.socket", serve: Serve = Serve()) -> str:
+    exec_start = " ".join(_systemd_quote(arg) for arg in serve_argv(paths, serve))
     return f"""{MARKER}
 {STATE_LINE}{paths.root}
 [Unit]
@@ -232,7 +274,7 @@ NotifyAccess=main
 ExecStart={exec_start}
 WatchdogSec={WATCHDOG_S}
 TimeoutStartSec={START_TIMEOUT_S}
-TimeoutStopSec={DRAIN_TIMEOUT_S + STOP_MARGIN_S}
+TimeoutStopSec={serve.stop_timeout_s}
 KillMode=mixed
 Restart=on-failure
 RestartSec=1
@@ -273,10 +315,10 @@ def launch_agents() -> Path:
 
 
 def _launchd_plan(paths: StatePaths, label: str, missing: str | None, retired: list[Path],
-                  others: list[str]) -> Plan:
+                  others: list[str], serve: Serve) -> Plan:
     path = launch_agents() / f"{label}.plist"
     domain = f"gui/{os.getuid()}"
-    return Plan("macos", label, {path: launchd_plist(paths, label)},
+    return Plan("macos", label, {path: launchd_plist(paths, label, serve)},
                 install=[Command(["launchctl", "bootout", f"{domain}/{label}"], may_fail=True),
                          Command(["launchctl", "bootstrap", domain, str(path)])],
                 stop=[Command(["launchctl", "bootout", f"{domain}/{label}"], may_fail=True)], manager=missing,
@@ -284,15 +326,15 @@ def _launchd_plan(paths: StatePaths, label: str, missing: str | None, retired: l
                 retire=[Command(["launchctl", "bootout", f"{domain}/{other}"], may_fail=True) for other in others])
 
 
-def launchd_plist(paths: StatePaths, label: str = LABEL) -> str:
+def launchd_plist(paths: StatePaths, label: str = LABEL, serve: Serve = Serve()) -> str:
     name = "piwf" if label == LABEL else f"piwf-{label.removeprefix(LABEL + '.')}"
     log = str(Path.home() / "Library" / "Logs" / f"{name}.log")
     agent = {
         "Label": label,
-        "ProgramArguments": serve_argv(paths),
+        "ProgramArguments": serve_argv(paths, serve),
         "RunAtLoad": True,
         "KeepAlive": {"SuccessfulExit": False},  # as Restart=on-failure: `piwf stop` stays stopped
-        "ExitTimeOut": DRAIN_TIMEOUT_S + STOP_MARGIN_S,
+        "ExitTimeOut": serve.stop_timeout_s,
         "StandardOutPath": log,
         "StandardErrorPath": log,
     }

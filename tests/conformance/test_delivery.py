@@ -328,3 +328,50 @@ async def test_turns_keep_the_order_they_became_eligible_in_whatever_the_writers
     assert [t.runId for t in turns] == ["r2", "r1"]
     first = await ahead.delivery.claim_turn(session_id="s1", client_id="c", lease_ms=30_000, now=clock.now_ms())
     assert first.turn.runId == "r2"
+
+
+async def test_the_queued_follow_ups_are_listed_in_the_order_their_session_gets_them(
+        store: Any, clock: ManualClock) -> None:
+    """A run's in their order, the runs by their first one queued; a session's, a run's or
+    all; removed by their own id (a run given must be theirs)."""
+    from .helpers import new_run
+
+    done, _ = await running(store, clock, "r2")  # ended, its turn not yet resolved: it still takes follow-ups
+    await store.queue.complete_run("r2", done, None, clock.now_ms())
+    await running(store, clock, "r1")  # the session's active run
+    await new_run(store, clock, "r3", session="s2")
+
+    async def queue(run_id: str, key: str) -> str:
+        clock.advance(1)
+        receipt = await store.delivery.queue_followup(run_id=run_id, request_key=key, prompt=f"say {key}",
+                                                      now=clock.now_ms())
+        return str(receipt.followUpId)
+
+    async def listed(session: str | None = None, run_id: str | None = None, limit: int = 100) -> Any:
+        return await store.delivery.list_followups(session_id=session, run_id=run_id, limit=limit,
+                                                   now=clock.now_ms())
+
+    b1, a1, b2, c1 = [await queue(run, key) for run, key in (("r2", "b1"), ("r1", "a1"), ("r2", "b2"),
+                                                             ("r3", "c1"))]
+    page = await listed("s1")
+    assert [(f.followUpId, f.runId, f.order, f.sessionId, f.prompt) for f in page.followUps] == [
+        (b1, "r2", 1, "s1", "say b1"), (b2, "r2", 2, "s1", "say b2"), (a1, "r1", 1, "s1", "say a1")]
+    assert not page.more and not any(f.handedOut for f in page.followUps)
+    assert [f.followUpId for f in (await listed(run_id="r1")).followUps] == [a1]
+    assert [f.followUpId for f in (await listed("s2")).followUps] == [c1]
+    first = await listed(limit=2)
+    assert ([f.followUpId for f in first.followUps], first.more) == ([b1, b2], True)
+    with pytest.raises(NotFound, match="run nope"):
+        await listed(run_id="nope")
+    with pytest.raises(NotFound, match=f"follow-up {b2} of run r1"):  # not r1's
+        await store.delivery.remove_followup(run_id="r1", followup_id=b2, now=clock.now_ms())
+    with pytest.raises(NotFound, match="follow-up fup-nope not found"):
+        await store.delivery.remove_followup(run_id=None, followup_id="fup-nope", now=clock.now_ms())
+    removed = await store.delivery.remove_followup(run_id=None, followup_id=b1, now=clock.now_ms())
+    assert (removed.followUpId, removed.runId, removed.state) == (b1, "r2", "removed")
+    assert [f.followUpId for f in (await listed("s1")).followUps] == [a1, b2]  # r2's first is now b2, after a1
+    got = await claim_turn(store, clock, "c1")  # r2's turn, with what r2 has queued
+    assert (got.turn.runId, [f.followUpId for f in got.turn.followUps]) == ("r2", [b2])
+    assert [(f.followUpId, f.handedOut) for f in (await listed("s1")).followUps] == [(a1, False), (b2, True)]
+    await resolve(store, clock, got, "c1")
+    assert [f.followUpId for f in (await listed("s1")).followUps] == [a1]  # delivered: no longer queued

@@ -19,7 +19,7 @@ from typing import Any
 
 from piwf.cli import runview
 from piwf.cli.common import WAIT_S, _client, _ok, _print
-from piwf.cli.text import terminal_text
+from piwf.cli.text import shown, terminal_text
 from piwf.client import Client
 from piwf.errors import HostReplied, HostUnavailable, UsageError
 from piwf.status import ENDED
@@ -191,7 +191,7 @@ def _show(args: argparse.Namespace, items: list[dict[str, Any]], line: Callable[
 
 def cmd_followup_add(args: argparse.Namespace) -> int:
     """Queue TEXT for the run's session; the receipt line ends with the command that takes
-    it back (a follow-up is found through its run)."""
+    it back."""
     if not args.text.strip():
         raise UsageError("TEXT must not be empty")
     key = args.request_key or f"cli-{secrets.token_hex(8)}"
@@ -200,19 +200,36 @@ def cmd_followup_add(args: argparse.Namespace) -> int:
                                   payload={"requestKey": key, "prompt": args.text}))
     _print(args, receipt, lambda r: f"{r['followUpId']}: follow-up {r['order']} of run {r['runId']}, {r['state']}"
            + (" (already queued under this key)" if r["adopted"] else "")
-           + (f"; take it back with: piwf followup remove {r['runId']} {r['followUpId']}"
+           + (f"; take it back with: piwf followup remove {r['followUpId']}"
               if r["state"] == "queued" else ""))
     return 0
 
 
 def cmd_followup_remove(args: argparse.Namespace) -> int:
-    if args.followup_id is None:  # one id: the protocol finds a follow-up through its run
-        given = args.run_id
-        run, fup = ("RUN_ID", given) if given.startswith("fup-") else (given, "FOLLOWUP_ID")
-        raise UsageError(f"give the run and the follow-up: piwf followup remove {run} {fup} "
-                         "(piwf followup add printed this command)")
+    """``remove FOLLOWUP_ID`` (found by its own id) or ``remove RUN_ID FOLLOWUP_ID`` (which
+    must be that run's)."""
+    run_id, followup_id = (None, args.run_id) if args.followup_id is None else (args.run_id, args.followup_id)
     with _client(args) as client:
-        receipt = _ok(client.call("followup.remove", run_id=args.run_id,
-                                  payload={"followUpId": args.followup_id}))
+        receipt = _ok(client.call("followup.remove", run_id=run_id, payload={"followUpId": followup_id}))
     _print(args, receipt, lambda r: f"{r['followUpId']}: {r['state']}")
     return 0
+
+
+def cmd_followup_list(args: argparse.Namespace) -> int:
+    payload = {"limit": args.limit, **({"sessionId": args.session} if args.session else {}),
+               **({"runId": args.run} if args.run else {})}
+    with _client(args) as client:
+        page = _ok(client.call("followup.list", payload=payload))
+    _print(args, page, _format_followups)
+    return 0
+
+
+def _format_followups(page: dict[str, Any]) -> str:
+    if not page["followUps"]:
+        return "no follow-ups queued"
+    lines = [f"{f['followUpId']}  {f['runId']} #{f['order']} for {f['sessionId']}"
+             + (" (handed out with its run's turn)" if f["handedOut"] else "") + f": {shown(f['prompt'], 200)}"
+             for f in page["followUps"]]
+    if page["more"]:
+        lines.append(f"... and more: --limit {min(999, 2 * len(page['followUps']))} shows more")
+    return "\n".join(lines)

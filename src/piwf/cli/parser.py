@@ -157,12 +157,40 @@ def _add_ui(commands: Any, common: argparse.ArgumentParser) -> None:
 
 def _add_serve(commands: Any, common: argparse.ArgumentParser) -> None:
     serve = commands.add_parser("serve", parents=[common], help="run the host in the foreground")
-    serve.add_argument("--max-workers", type=_positive, default=4, metavar="N", help="concurrent runs (default 4)")
-    serve.add_argument("--durability", choices=("full", "normal"), default="full",
-                       help="SQLite's synchronous setting, PostgreSQL's synchronous_commit on/off (default full)")
-    _add_store(serve)
-    serve.add_argument("--poll-only", action="store_true", help="with --store: no LISTEN/NOTIFY wake-ups from other "
-                       "hosts, only polls (for a connection pooler in transaction mode)")
+    _add_host_options(serve, service=False)
+    serve.add_argument("--log-format", choices=("auto", "text", "json"), default="auto",
+                       help="text, JSON lines (ts, level, msg, epoch, runId), or auto: text on a terminal, "
+                            "JSON lines otherwise (default)")
+    serve.add_argument("--standby", action="store_true",
+                       help="start, load everything, and wait: take over at once when the live host stops or dies")
+    serve.set_defaults(handler="host:cmd_serve")
+
+
+def _add_host_options(parser: argparse.ArgumentParser, *, service: bool) -> None:
+    """``serve``'s options that change how the host behaves: every one but ``--log-format``
+    (a service logs JSON lines) and ``--standby`` (a service is the live host, restarted by
+    its manager). ``service``: for ``service install``, which carries those given into the
+    unit as given (checked as ``serve`` checks them; absent ones stay the host's default);
+    their flags are ``args.serve_flags``."""
+    flags: list[str] = []
+    group = parser.add_argument_group("how the service runs piwf serve (as serve takes them)") if service else parser
+
+    def add(flag: str, **kwargs: Any) -> None:
+        if service:
+            kwargs["default"] = argparse.SUPPRESS
+            if "type" in kwargs:
+                kwargs["type"] = _as_given(kwargs["type"])
+        group.add_argument(flag, **kwargs)
+        flags.append(flag)
+
+    add("--max-workers", type=_positive, default=4, metavar="N", help="concurrent runs (default 4)")
+    add("--durability", choices=("full", "normal"), default="full",
+        help="SQLite's synchronous setting, PostgreSQL's synchronous_commit on/off (default full)")
+    add("--store", metavar="URL", help="a postgresql:// URL (libpq's form, ?schema=NAME) to keep the state in "
+        "instead of the state directory's SQLite (default: $PIWF_STORE" + (
+            "; a password is refused: put it in ~/.pgpass)" if service else ")"))
+    add("--poll-only", action="store_true", help="with --store: no LISTEN/NOTIFY wake-ups from other "
+        "hosts, only polls (for a connection pooler in transaction mode)")
     for flag, default, text in (
         ("--worker-startup-timeout", 15.0, "a worker has to report ready"),
         ("--drain-timeout", 15.0, "a stop may take to stop workers and park their runs"),
@@ -171,27 +199,31 @@ def _add_serve(commands: Any, common: argparse.ArgumentParser) -> None:
         ("--reply-timeout", 10.0, "a client has to take a reply before it is disconnected"),
         ("--presentation-lease", 10.0, "a client presenting a decision or ask holds it"),
         ("--socket-check", 1.0, "between looks at the socket's path (a deleted socket is bound again)"),
+        ("--delivery-lease", 10.0, "a client delivering a notification or turn holds it"),
     ):
-        _add_seconds(serve, flag, default, text)
-    serve.add_argument("--max-controller-workers", type=_positive, default=4, metavar="N",
-                       help="concurrent reconciles (default 4)")
-    _add_seconds(serve, "--delivery-lease", 10.0, "a client delivering a notification or turn holds it")
-    serve.add_argument("--node-time-limit", type=_seconds, default=None, metavar="S",
-                       help="stop any node's worker after S seconds in one attempt, whatever the node's own "
-                            "time_limit (default: none; at most 3600)")
-    serve.add_argument("--worker-start", choices=("fork", "spawn"), default="fork",
-                       help="fork workers from a preloaded template process (default; Linux) "
-                            "or spawn a new interpreter for each")
-    serve.add_argument("--log-format", choices=("auto", "text", "json"), default="auto",
-                       help="text, JSON lines (ts, level, msg, epoch, runId), or auto: text on a terminal, "
-                            "JSON lines otherwise (default)")
-    serve.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info",
-                       help="the least severe records logged (default info)")
-    serve.add_argument("--retain", type=_duration_ms, metavar="DUR",
-                       help="delete runs this long after they ended (30d, 12h, 90m, 45s; default: keep them)")
-    serve.add_argument("--standby", action="store_true",
-                       help="start, load everything, and wait: take over at once when the live host stops or dies")
-    serve.set_defaults(handler="host:cmd_serve")
+        add(flag, type=_seconds, default=default, metavar="S", help=f"seconds {text} (default {default:g})")
+    add("--max-controller-workers", type=_positive, default=4, metavar="N", help="concurrent reconciles (default 4)")
+    add("--node-time-limit", type=_seconds, default=None, metavar="S",
+        help="stop any node's worker after S seconds in one attempt, whatever the node's own time_limit "
+             "(default: none; at most 3600)")
+    add("--worker-start", choices=("fork", "spawn"), default="fork",
+        help="fork workers from a preloaded template process (default; Linux) or spawn a new interpreter for each")
+    add("--log-level", choices=("debug", "info", "warning", "error"), default="info",
+        help="the least severe records logged (default info)")
+    add("--retain", type=_duration_ms, metavar="DUR",
+        help="delete runs this long after they ended (30d, 12h, 90m, 45s; default: keep them)")
+    if service:
+        parser.set_defaults(serve_flags=tuple(flags))
+
+
+def _as_given(check: Any) -> Any:
+    """An argument type that checks the text as ``check`` does and keeps the text."""
+    def given(text: str) -> str:
+        check(text)
+        return text
+
+    given.__name__ = getattr(check, "__name__", "value")
+    return given
 
 
 def _add_wait_timeout(parser: argparse.ArgumentParser) -> None:
@@ -364,11 +396,19 @@ def _add_followup(commands: Any, common: argparse.ArgumentParser) -> None:
     add.add_argument("--request-key", metavar="KEY", help="the same key again is the same follow-up "
                      "(a safe retry; default: a new key each time)")
     add.set_defaults(handler="follow:cmd_followup_add")
-    remove = group.add_parser("remove", parents=[common], help="take back a follow-up not yet delivered")
-    remove.add_argument("run_id", metavar="RUN_ID", help="the run it was queued for")
+    remove = group.add_parser("remove", parents=[common], help="take back a follow-up not yet delivered",
+                              usage="%(prog)s [-h] [RUN_ID] FOLLOWUP_ID")
+    remove.add_argument("run_id", metavar="RUN_ID", help="the run it was queued for (may be left out)")
     remove.add_argument("followup_id", metavar="FOLLOWUP_ID", nargs="?",
-                        help="as `followup add` printed it (with the whole command)")
+                        help="as `followup add` or `followup list` printed it")
     remove.set_defaults(handler="follow:cmd_followup_remove")
+    listing = group.add_parser("list", parents=[common], help="the follow-ups still queued, in the order they "
+                               "are delivered")
+    listing.add_argument("--session", metavar="ID", help="only those for this session")
+    listing.add_argument("--run", metavar="RUN_ID", help="only this run's")
+    listing.add_argument("--limit", type=_inbox_limit, default=100, metavar="N",
+                         help="show at most N (default 100, at most 999); a last line says when there are more")
+    listing.set_defaults(handler="follow:cmd_followup_list")
 
 
 def _add_service(commands: Any, common: argparse.ArgumentParser) -> None:
@@ -386,6 +426,8 @@ def _add_service(commands: Any, common: argparse.ArgumentParser) -> None:
         sub.add_argument("--name", metavar="NAME", help="the units' name, piwf-NAME (default: the name this "
                          "state directory's units have, else one made from the directory)")
         sub.add_argument("--platform", choices=PLATFORMS, help=argparse.SUPPRESS)  # for tests: files only
+        if name == "install":
+            _add_host_options(sub, service=True)
         sub.set_defaults(handler=handler)
 
 

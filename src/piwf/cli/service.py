@@ -3,19 +3,67 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
 from piwf import service
+from piwf.errors import UsageError
 from piwf.paths import StatePaths
 
 
 def _plan(args: argparse.Namespace) -> tuple[service.Plan, StatePaths]:
+    """The plan for this state directory: ``install`` with the serve options it was given;
+    ``status`` and ``uninstall`` with those the installed unit carries (so it is current)."""
     platform = service.platform_name(args.platform)
     paths = StatePaths.resolve(args.state_dir)
     plan = service.make_plan(platform, paths, name=args.name, forced=args.platform is not None)
+    serve = _serve(args) if hasattr(args, "serve_flags") else _installed(plan)
+    if serve != service.Serve():
+        plan = service.make_plan(platform, paths, name=args.name, forced=args.platform is not None, serve=serve)
     service.check_target(plan, paths)
     return plan, paths
+
+
+def _serve(args: argparse.Namespace) -> service.Serve:
+    """``install``'s serve options, as given and in serve's order; ``$PIWF_STORE`` as
+    ``--store`` when that is not given (``serve`` would read it; a service has no such
+    variable). A store URL with a password is refused: the unit is a plain file."""
+    given = vars(args)
+    if "store" not in given and os.environ.get("PIWF_STORE"):
+        given = {**given, "store": os.environ["PIWF_STORE"]}
+    options: list[str] = []
+    for flag in args.serve_flags:
+        value = given.get(flag.removeprefix("--").replace("-", "_"))
+        if value is None or value is False:
+            continue
+        options += [flag] if value is True else [flag, value]
+    if "store" in given:
+        _refuse_password(given["store"])
+    return service.Serve(tuple(options))
+
+
+def _refuse_password(url: str) -> None:
+    from urllib.parse import parse_qs, urlsplit
+
+    try:
+        parts = urlsplit(url)
+        password = parts.password is not None or "password" in parse_qs(parts.query)
+    except ValueError:
+        password = False  # serve says what is wrong with it
+    if password:
+        raise UsageError("--store (or $PIWF_STORE): the URL has a password, which the service file would show "
+                         "to anyone who can read it; leave it out and put it in ~/.pgpass (libpq's password "
+                         "file, mode 0600)")
+
+
+def _installed(plan: service.Plan) -> service.Serve:
+    """The serve options of this directory's installed service file, if any."""
+    for path in plan.files:
+        existing = service.read_existing(path)
+        if existing is not None and service.is_ours(path, existing) and path.suffix != ".socket":
+            return service.Serve(service.installed_options(path, existing))
+    return service.Serve()
 
 
 def cmd_install(args: argparse.Namespace) -> int:
@@ -34,7 +82,7 @@ def cmd_install(args: argparse.Namespace) -> int:
     report = {"platform": plan.platform, "name": plan.name, "dryRun": args.dry_run, "files": files,
               "tookOver": [str(path) for path in plan.retired],
               "commands": [command.argv for command in commands], "commandsRun": run,
-              "manager": plan.manager}
+              "manager": plan.manager, "serveOptions": list(_serve(args).options)}
     _print(args, report, _format_install)
     return 0
 

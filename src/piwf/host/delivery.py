@@ -15,8 +15,8 @@ from collections.abc import Awaitable, Callable
 import trio
 
 from piwf.protocol import (
-    ClaimNotification, ClaimTurn, DeliverNotification, DeliveryPage, ListDelivery, QueueFollowUp,
-    RemoveFollowUp, Request, ResolveTurn, WatchPage, WatchRuns,
+    ClaimNotification, ClaimTurn, DeliverNotification, DeliveryPage, FollowUpPage, ListDelivery, ListFollowUps,
+    QueueFollowUp, RemoveFollowUp, Request, ResolveTurn, WatchPage, WatchRuns,
 )
 from piwf.store.api import UnitOfWork
 from piwf.wire import HostResponse, Outcome, check_id
@@ -91,6 +91,14 @@ async def _followup_remove(host: HostState, tx: UnitOfWork, request: RemoveFollo
         run_id=request.runId, followup_id=request.payload.followUpId, now=host.now()))
 
 
+async def _followup_list(host: HostState, request: ListFollowUps) -> FollowUpPage:
+    payload = request.payload
+    if payload.sessionId is not None:
+        check_id(payload.sessionId, "payload.sessionId")
+    return await host.store.delivery.list_followups(session_id=payload.sessionId, run_id=payload.runId,
+                                                    limit=payload.limit, now=host.now())
+
+
 async def _delivery_list(host: HostState, request: ListDelivery) -> DeliveryPage:
     payload, now = request.payload, host.now()
     if payload.sessionId is not None:
@@ -122,7 +130,7 @@ async def _moved_past(host: HostState, run_id: str | None, after: int) -> bool:
     return await host.store.updates.last_event(run_id) > after
 
 
-READS: Reads = {ListDelivery: _delivery_list, WatchRuns: _run_watch}
+READS: Reads = {ListDelivery: _delivery_list, ListFollowUps: _followup_list, WatchRuns: _run_watch}
 WRITES: Writes = {
     ClaimNotification: (None, _notification_claim),
     DeliverNotification: (None, _notification_deliver),

@@ -26,7 +26,7 @@ import psutil
 import trio
 
 from piwf import faults, processes
-from piwf.errors import PiwfError, Rejected
+from piwf.errors import PiwfError, Rejected, Stale
 from piwf.protocol import (
     AnswerDecision, CancelReceipt, CancelRun, GetHostStatus, GetRun, GetRunEvents, GetRunGraph, GetRunSteps,
     HoldReceipt, HostStatus, InteractionsPage, ListInteractions, ListRuns, PauseRun, Request, ResolveEffect,
@@ -64,12 +64,31 @@ async def handle_request(host: HostState, request: Request) -> tuple[HostRespons
         return HostResponse(request.requestId, Outcome.REJECTED, error=f"internal error: {exc}"), []
 
 
+PREPARES = 3  # a write whose prepared state went stale (errors.Stale) is prepared this many times at most
+
+
 async def _write(host: HostState, request: Request) -> tuple[HostResponse, After]:
     fingerprint = request_fingerprint(request)
     stored = await host.store.commands.lookup(request, fingerprint)
     if stored is not None:
         await host.durable()  # the first answer may still be waiting for its fsync
         return stored, []
+    for attempt in range(1, PREPARES + 1):
+        try:
+            response, after = await _prepare_and_commit(host, request, fingerprint)
+            break
+        except Stale:  # what it was prepared from moved before the write: prepare it again from what is now
+            if WRITES[type(request)][0] is None or attempt == PREPARES:
+                raise
+    await host.durable()
+    faults.point("host.command.committed")
+    if response.outcome != Outcome.ACCEPTED:
+        after = []
+    host.changed()
+    return response, after
+
+
+async def _prepare_and_commit(host: HostState, request: Request, fingerprint: bytes) -> tuple[HostResponse, After]:
     prepare, apply = WRITES[type(request)]
     prepared = await prepare(host, request) if prepare else None
     after: After = []
@@ -79,11 +98,6 @@ async def _write(host: HostState, request: Request) -> tuple[HostResponse, After
         if response is None:
             response = await apply(host, tx, request, prepared, after)
             await tx.commands.record(request, fingerprint, response, host.epoch, now)
-    await host.durable()
-    faults.point("host.command.committed")
-    if response.outcome != Outcome.ACCEPTED:
-        after = []
-    host.changed()
     return response, after
 
 

@@ -6,6 +6,8 @@ checkpoint between them, so a host with 100,000 runs to delete keeps serving whi
 ``run.prune`` does its batches in its ``prepare`` step (outside the command log's unit of
 work, which then records the totals): a retried request is answered from the log; one
 carried out twice (a crash between the batches and the record) only deletes what is due.
+It answers after its ``budgetMs`` (or 1,000 runs) with ``more`` when more remains, so no
+request outlasts its client's timeout: ``piwf prune`` asks again until nothing remains.
 """
 
 from __future__ import annotations
@@ -13,12 +15,13 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from typing import NamedTuple
 
 import trio
 import trio_util
 
 from piwf.errors import PiwfError
-from piwf.protocol import PruneReceipt, PruneRuns, RetryReceipt, RetryRun
+from piwf.protocol import PRUNE_REQUEST_RUNS, PruneReceipt, PruneRuns, RetryReceipt, RetryRun
 from piwf.status import UNSUCCESSFUL, RunStatus
 from piwf.store.api import UnitOfWork
 from piwf.wire import HostResponse, Outcome
@@ -36,9 +39,22 @@ def retention_interval_s(retain_ms: int) -> float:
     return min(60.0, max(0.05, retain_ms / 10_000))
 
 
-async def prune(host: HostState, older_than_ms: int) -> tuple[int, int, list[str]]:
+class Pruning(NamedTuple):
+    """What a prune did: runs and blobs deleted, the first run ids, and whether more remains
+    (the budget passed first; ``sweep_after``: where the sweep of blobs goes on)."""
+
+    runs: int
+    blobs: int
+    sample: list[str]
+    more: bool = False
+    sweep_after: str | None = None
+
+
+async def prune(host: HostState, older_than_ms: int, *, until: float = math.inf,
+                most: int | None = None) -> Pruning:
     """Delete every run that ended ``older_than_ms`` ago or more, in batches, letting the
-    host serve between them: (runs, blobs, the first run ids)."""
+    host serve between them; stop after the batch that ends past ``until`` (trio time) or
+    reaches ``most`` runs, with ``more`` if more remains."""
     ended_before = host.now() - older_than_ms
     runs = blobs = 0
     sample: list[str] = []
@@ -50,19 +66,23 @@ async def prune(host: HostState, older_than_ms: int) -> tuple[int, int, list[str
         if batch.runs:
             host.changed()
         if not (batch.more and batch.runs):
-            return runs, blobs, sample
+            return Pruning(runs, blobs, sample)
+        if trio.current_time() >= until or (most is not None and runs >= most):
+            return Pruning(runs, blobs, sample, more=True)
         await trio.sleep(0)  # a checkpoint: requests and workers are served between batches
 
 
-async def sweep(host: HostState) -> int:
+async def sweep(host: HostState, *, after: str = "", until: float = math.inf) -> tuple[int, str | None]:
     """Every blob nothing uses any more, past the grace period, in batches with a checkpoint
-    between them: those no prune of a run found (a replaced definition, a pruned receipt)."""
-    deleted, after = 0, ""
+    between them: those no prune of a run found (a replaced definition, a pruned receipt).
+    Stops after the batch that ends past ``until``: (deleted, the hash to go on after, or
+    None once all were looked at)."""
+    deleted = 0
     while True:
         gone, next_after = await host.store.retention.sweep_blobs(after=after, now=host.now())
         deleted += gone
-        if next_after is None:
-            return deleted
+        if next_after is None or trio.current_time() >= until:
+            return deleted, next_after
         after = next_after
         await trio.sleep(0)
 
@@ -78,10 +98,10 @@ async def serve_retention(host: HostState, *, task_status: trio.TaskStatus[None]
     async with contextlib.aclosing(trio_util.periodic(retention_interval_s(retain_ms))) as ticks:
         async for _ in ticks:
             try:
-                runs, blobs, _ = await prune(host, retain_ms)
+                runs, blobs, _, _, _ = await prune(host, retain_ms)
                 if trio.current_time() - swept_at >= SWEEP_INTERVAL_S:
                     swept_at = trio.current_time()
-                    blobs += await sweep(host)
+                    blobs += (await sweep(host))[0]
             except PiwfError as exc:
                 log.warning("could not delete ended runs past the retention: %s", exc)
                 continue
@@ -104,9 +124,14 @@ async def _prepare_prune(host: HostState, request: PruneRuns) -> PruneReceipt:
     if payload.dryRun:
         count, ids = await host.store.retention.prunable_runs(ended_before=ended_before, sample=SAMPLE)
         return PruneReceipt(dryRun=True, endedBefore=at, runs=count, blobs=0, runIds=ids)
-    runs, blobs, ids = await prune(host, payload.olderThanMs)
-    blobs += await sweep(host)
-    return PruneReceipt(dryRun=False, endedBefore=at, runs=runs, blobs=blobs, runIds=ids)
+    until = trio.current_time() + payload.budgetMs / 1000
+    done = await prune(host, payload.olderThanMs, until=until, most=PRUNE_REQUEST_RUNS)
+    blobs, sweep_after = done.blobs, payload.sweepAfter
+    if not done.more:  # the runs first, then the blobs nothing uses, from where the last request stopped
+        swept, sweep_after = await sweep(host, after=sweep_after or "", until=until)
+        blobs += swept
+    return PruneReceipt(dryRun=False, endedBefore=at, runs=done.runs, blobs=blobs, runIds=done.sample,
+                        more=done.more or sweep_after is not None, sweepAfter=sweep_after)
 
 
 async def _run_prune(host: HostState, tx: UnitOfWork, request: PruneRuns, receipt: PruneReceipt,

@@ -18,8 +18,9 @@ from piwf.status import FollowUpState, NotificationKind, TurnCause, TurnResoluti
 
 __all__ = [
     "CONTENT_LIMIT", "DELIVERY_REQUESTS", "ClaimNotification", "ClaimPayload", "ClaimTurn", "DeliverNotification",
-    "DeliverPayload", "DeliverReceipt", "DeliveryPage", "FollowUp", "FollowUpReceipt", "ListDelivery",
-    "ListDeliveryPayload", "Notification", "NotificationClaim", "QueueFollowUp", "QueueFollowUpPayload",
+    "DeliverPayload", "DeliverReceipt", "DeliveryPage", "FollowUp", "FollowUpPage", "FollowUpReceipt",
+    "ListDelivery", "ListDeliveryPayload", "ListFollowUps", "ListFollowUpsPayload", "Notification",
+    "NotificationClaim", "QueueFollowUp", "QueueFollowUpPayload", "QueuedFollowUp",
     "RemoveFollowUp", "RemoveFollowUpPayload", "ResolveTurn", "ResolveTurnPayload", "ResolveTurnReceipt", "Turn",
     "TurnClaim", "TurnFacts", "WatchEvent", "WatchPage", "WatchPayload", "WatchRuns", "WatchedRun",
 ]
@@ -55,6 +56,13 @@ class QueueFollowUpPayload(NoPayload, frozen=True):
 
 class RemoveFollowUpPayload(NoPayload, frozen=True):
     followUpId: Annotated[str, Meta(min_length=1)]
+
+
+class ListFollowUpsPayload(NoPayload, frozen=True):
+    sessionId: Annotated[str | None, Meta(description="only those for this session (its runs')")] = None
+    runId: Annotated[str | None, Meta(description="only this run's")] = None
+    limit: Annotated[int, Meta(ge=1, le=1000, description="at most this many, in the order they are delivered")] = (
+        100)
 
 
 class ListDeliveryPayload(NoPayload, frozen=True):
@@ -157,6 +165,19 @@ class ResolveTurnReceipt(Struct):
     followUpsDelivered: int
 
 
+class QueuedFollowUp(FollowUp):
+    sessionId: Annotated[str, Meta(description="the session it is delivered to: its run's origin session")]
+    createdAt: str
+    handedOut: Annotated[bool, Meta(description="the run's turn is claimed with it: it is delivered when that "
+                                                "turn is resolved, unless the claim expires first")]
+
+
+class FollowUpPage(Struct):
+    followUps: Annotated[list[QueuedFollowUp], Meta(description="queued, in the order the session gets them: a "
+                                                                "run's in their order, the runs by their first")]
+    more: Annotated[bool, Meta(description="more are queued than `limit`")]
+
+
 class FollowUpReceipt(Struct):
     followUpId: str
     runId: str
@@ -233,11 +254,19 @@ class QueueFollowUp(RunRequest, tag="followup.queue"):
     receipt_type = FollowUpReceipt
 
 
-class RemoveFollowUp(RunRequest, tag="followup.remove"):
-    """Take back a queued follow-up."""
+class RemoveFollowUp(Request, tag="followup.remove"):
+    """Take back a queued follow-up, found by its id (``runId``, when given, must be its run's)."""
 
     payload: RemoveFollowUpPayload
     receipt_type = FollowUpReceipt
+
+
+class ListFollowUps(Request, tag="followup.list"):
+    """The follow-ups still queued (a session's, a run's, or all), in the order they are delivered."""
+
+    payload: ListFollowUpsPayload = ListFollowUpsPayload()
+    is_read = True
+    receipt_type = FollowUpPage
 
 
 class ListDelivery(Request, tag="delivery.list"):
@@ -258,4 +287,4 @@ class WatchRuns(Request, tag="run.watch"):
 
 
 DELIVERY_REQUESTS = (ClaimNotification, DeliverNotification, ClaimTurn, ResolveTurn, QueueFollowUp, RemoveFollowUp,
-                     ListDelivery, WatchRuns)
+                     ListFollowUps, ListDelivery, WatchRuns)

@@ -14,16 +14,26 @@ from msgspec import Meta, Struct
 from piwf.protocol.host import NoPayload, Request, RunRequest
 
 __all__ = [
-    "MAINTENANCE_REQUESTS", "PruneReceipt", "PruneRuns", "PruneRunsPayload", "RetryReceipt", "RetryRun",
+    "DEFAULT_BUDGET_MS", "MAINTENANCE_REQUESTS", "PRUNE_REQUEST_RUNS", "PruneReceipt", "PruneRuns",
+    "PruneRunsPayload", "RetryReceipt", "RetryRun",
 ]
 
 MAX_RETENTION_MS = 100 * 365 * 24 * 3600 * 1000
+DEFAULT_BUDGET_MS = 5_000  # one run.prune answers after about this long, saying whether more remains
+MAX_BUDGET_MS = 600_000
+PRUNE_REQUEST_RUNS = 1000  # and after this many runs at most, whatever the budget
 
 
 class PruneRunsPayload(NoPayload, frozen=True):
     olderThanMs: Annotated[int, Meta(ge=1, le=MAX_RETENTION_MS,
                                      description="delete runs that ended at least this long ago (ms)")]
     dryRun: Annotated[bool, Meta(description="count what would be deleted; delete nothing")] = False
+    budgetMs: Annotated[int, Meta(ge=0, le=MAX_BUDGET_MS,
+                                  description="answer after the batch that ends past this long (ms), with "
+                                              "`more` if more remains (0: after one batch)")] = DEFAULT_BUDGET_MS
+    sweepAfter: Annotated[str, Meta(max_length=200), Meta(description="go on with the sweep of stored values after "
+                                                                      "this one: a previous receipt's "
+                                                                      "`sweepAfter`")] | None = None
 
 
 class RetryReceipt(Struct):
@@ -42,6 +52,10 @@ class PruneReceipt(Struct):
     runs: Annotated[int, Meta(description="runs deleted (with `dryRun`: that would be deleted now)")]
     blobs: Annotated[int, Meta(description="stored values no remaining run uses, deleted (0 with `dryRun`)")]
     runIds: Annotated[list[str], Meta(description="the oldest of those runs, at most 20")]
+    more: Annotated[bool, Meta(description="more remains to delete: send the request again (with a new "
+                                           "`requestId`, and `sweepAfter`) to go on")] = False
+    sweepAfter: Annotated[str | None, Meta(description="where the sweep of stored values stopped (with `more`)")] = (
+        None)
 
 
 class RetryRun(RunRequest, tag="run.retry"):
@@ -53,7 +67,8 @@ class RetryRun(RunRequest, tag="run.retry"):
 
 class PruneRuns(Request, tag="run.prune"):
     """Delete runs that ended long enough ago, in batches (never a run that has not ended, nor
-    a controller's child run while its resource exists)."""
+    a controller's child run while its resource exists); answered after ``budgetMs`` or 1,000
+    runs, with ``more`` when more remains."""
 
     payload: PruneRunsPayload
     receipt_type = PruneReceipt

@@ -14,8 +14,8 @@ from piwf.protocol.controllers import (
     ApplyResource, DeleteResource, GetResource, ListResources, ReconcileResource, ResolveResourceEffect,
 )
 from piwf.protocol.delivery import (
-    ClaimNotification, ClaimTurn, DeliverNotification, ListDelivery, QueueFollowUp, RemoveFollowUp, ResolveTurn,
-    WatchRuns,
+    ClaimNotification, ClaimTurn, DeliverNotification, ListDelivery, ListFollowUps, QueueFollowUp, RemoveFollowUp,
+    ResolveTurn, WatchRuns,
 )
 from piwf.protocol.host import (
     AnswerDecision, CancelRun, GetHostStatus, GetRun, GetRunEvents, ListInteractions, ListRuns, PauseRun, Request,
@@ -33,7 +33,7 @@ AnyRequest = (GetHostStatus | StopHost | StartRun | ListRuns | GetRun | GetRunEv
               | ApplyResource | GetResource | ListResources | DeleteResource | ReconcileResource
               | ResolveResourceEffect
               | ClaimNotification | DeliverNotification | ClaimTurn | ResolveTurn | QueueFollowUp
-              | RemoveFollowUp | ListDelivery | WatchRuns
+              | RemoveFollowUp | ListFollowUps | ListDelivery | WatchRuns
               | ChangeSettings | GetSettings
               | GetRunOutput | RetryRun | PruneRuns | GetRunGraph | GetRunSteps)
 REQUEST_TYPES: tuple[type[Request], ...] = AnyRequest.__args__

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from piwf.protocol import (
-        AnswerReceipt, ChangeSettingsReceipt, DeliverReceipt, FollowUpReceipt, InteractionRequest, Notification,
-        NotificationClaim, ResolveTurnReceipt, RunSettings, SubmitReceipt, Turn, TurnClaim, UpdateAction,
+        AnswerReceipt, ChangeSettingsReceipt, DeliverReceipt, FollowUpPage, FollowUpReceipt, InteractionRequest,
+        Notification, NotificationClaim, ResolveTurnReceipt, RunSettings, SubmitReceipt, Turn, TurnClaim, UpdateAction,
         UpdateReceipt, WatchPage,
     )
     from piwf.protocol.worker import InteractionOpenPayload, PendingSubmission
@@ -147,8 +147,15 @@ class DeliveryStore(Protocol):
         Rejected.
         """
 
-    async def remove_followup(self, *, run_id: str, followup_id: str, now: int) -> FollowUpReceipt:
-        """Raises NotFound, Rejected."""
+    async def remove_followup(self, *, run_id: str | None, followup_id: str, now: int) -> FollowUpReceipt:
+        """Take back a queued follow-up, found by its id (``run_id``, when given, must be its run's: else
+        NotFound). Raises NotFound, Rejected (already delivered)."""
+
+    async def list_followups(self, *, session_id: str | None, run_id: str | None, limit: int,
+                             now: int) -> FollowUpPage:
+        """The follow-ups still queued (the session's runs', the run's, or all), in the order their session
+        gets them: a run's by position, the runs by their first one queued; ``more`` past ``limit``. Raises
+        NotFound (an unknown run)."""
 
     async def prune(self, now: int, retention_ms: int) -> int:
         """Forget what was delivered (notifications), resolved (turns) or delivered or removed (follow-ups)

@@ -34,9 +34,9 @@ from piwf.store.sql import listing
 if TYPE_CHECKING:
     from piwf.store import api
     from piwf.protocol import (
-        AnswerReceipt, ChangeSettingsReceipt, DeliverReceipt, FollowUpReceipt, InteractionRequest, Notification,
-        NotificationClaim, ResolveTurnReceipt, RunDetail, RunEventsPage, RunGraph, RunSettings, RunStepsPage,
-        RunSummary, SubmitReceipt, Turn, TurnClaim, UpdateAction, UpdateReceipt, WatchPage,
+        AnswerReceipt, ChangeSettingsReceipt, DeliverReceipt, FollowUpPage, FollowUpReceipt, InteractionRequest,
+        Notification, NotificationClaim, ResolveTurnReceipt, RunDetail, RunEventsPage, RunGraph, RunSettings,
+        RunStepsPage, RunSummary, SubmitReceipt, Turn, TurnClaim, UpdateAction, UpdateReceipt, WatchPage,
     )
     from piwf.protocol.worker import InteractionOpenPayload, PendingSubmission, WorkerMessage, WorkerResponse
     from piwf.status import NotificationKind, TurnResolution, WorkerStatus
@@ -394,8 +394,12 @@ class DeliveryAggregate:
     async def queue_followup(self, *, run_id: str, request_key: str, prompt: str, now: int) -> FollowUpReceipt:
         return await self.call(_delivery.queue_followup, run_id=run_id, request_key=request_key, prompt=prompt, now=now)
 
-    async def remove_followup(self, *, run_id: str, followup_id: str, now: int) -> FollowUpReceipt:
+    async def remove_followup(self, *, run_id: str | None, followup_id: str, now: int) -> FollowUpReceipt:
         return await self.call(_delivery.remove_followup, run_id=run_id, followup_id=followup_id, now=now)
+
+    async def list_followups(self, *, session_id: str | None, run_id: str | None, limit: int,
+                             now: int) -> FollowUpPage:
+        return await self.call(_delivery.list_followups, session_id=session_id, run_id=run_id, limit=limit, now=now)
 
     async def prune(self, now: int, retention_ms: int) -> int:
         return await self.call(_delivery.prune, now, retention_ms)

@@ -32,8 +32,8 @@ import msgspec
 
 from piwf.errors import Conflict, NotFound, Rejected
 from piwf.protocol import (
-    CONTENT_LIMIT, DeliverReceipt, FollowUp, FollowUpReceipt, Notification, NotificationClaim, ResolveTurnReceipt,
-    Turn, TurnClaim, TurnFacts,
+    CONTENT_LIMIT, DeliverReceipt, FollowUp, FollowUpPage, FollowUpReceipt, Notification, NotificationClaim,
+    QueuedFollowUp, ResolveTurnReceipt, Turn, TurnClaim, TurnFacts,
 )
 from piwf.status import ENDED, FollowUpState, Hold, NotificationKind, RunStatus, TurnCause, TurnResolution
 from piwf.wire import canonical_json, decode_json
@@ -425,8 +425,13 @@ def _turns_over(db: Database, run_id: str, session: str) -> bool:
     return ended and open_turn is None
 
 
-def remove_followup(db: Database, *, run_id: str, followup_id: str, now: int) -> FollowUpReceipt:
+def remove_followup(db: Database, *, run_id: str | None, followup_id: str, now: int) -> FollowUpReceipt:
+    """Take back a queued follow-up, found by its id; ``run_id``, when given, must be its run."""
     with db.write():
+        if run_id is None:  # a follow-up never moves to another run: read outside the run's lock
+            run_id = db.scalar("SELECT run_id FROM followups WHERE followup_id = ?", (followup_id,))
+            if run_id is None:
+                raise NotFound(f"follow-up {followup_id} not found")
         lock_run(db, run_id)
         row = db.one("SELECT request_key, position, state FROM followups WHERE followup_id = ? AND run_id = ?",
                      (followup_id, run_id))
@@ -445,6 +450,35 @@ def remove_followup(db: Database, *, run_id: str, followup_id: str, now: int) ->
             add_event(db, run_id, "followup.removed", {"followUpId": followup_id}, now)
         return FollowUpReceipt(followUpId=followup_id, runId=run_id, order=position, state=FollowUpState.REMOVED,
                                adopted=state == FollowUpState.REMOVED)
+
+
+_QUEUED = """SELECT f.followup_id, f.run_id, f.request_key, f.prompt, f.position, r.origin_session_id,
+  f.created_at, EXISTS (SELECT 1 FROM turns t WHERE t.run_id = f.run_id AND t.resolved_at IS NULL
+    AND t.claim_token IS NOT NULL AND t.claim_expires_at > ? AND t.followups_through >= f.position)
+FROM followups f JOIN runs r ON r.run_id = f.run_id
+WHERE f.state = 'queued' {where}
+ORDER BY (SELECT MIN(g.created_at) FROM followups g WHERE g.run_id = f.run_id AND g.state = 'queued'), f.run_id,
+  f.position
+LIMIT ?"""
+
+
+def list_followups(db: Database, *, session_id: str | None, run_id: str | None, limit: int,
+                   now: int) -> FollowUpPage:
+    """The follow-ups still queued (of the session's runs, of the run, or all) in the order
+    their session gets them: a run's by position, the runs by their first one queued."""
+    where, params = "", list[Any]([now])
+    if session_id is not None:
+        where, params = "AND r.origin_session_id = ?", [*params, session_id]
+    if run_id is not None:
+        where, params = f"{where} AND f.run_id = ?", [*params, run_id]
+    with db.read():
+        if run_id is not None and db.one("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)) is None:
+            raise NotFound(f"run {run_id} not found")
+        rows = db.execute(_QUEUED.format(where=where), (*params, limit + 1)).fetchall()
+    return FollowUpPage(followUps=[
+        QueuedFollowUp(followUpId=f, runId=r, requestKey=k, prompt=p, order=o, state=FollowUpState.QUEUED,
+                       sessionId=session, createdAt=iso(created) or "", handedOut=bool(handed))
+        for f, r, k, p, o, session, created, handed in rows[:limit]], more=len(rows) > limit)
 
 
 def _followups(db: Database, run_id: str, through: int) -> list[FollowUp]:

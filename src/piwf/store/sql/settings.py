@@ -13,7 +13,7 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
-from piwf.errors import Conflict, NotFound, Rejected
+from piwf.errors import Conflict, NotFound, Rejected, Stale
 from piwf.protocol import SETTINGS_LIMIT, ChangeSettingsReceipt, RunSettings, SettingsChange
 from piwf.status import ENDED
 from piwf.wire import canonical_json, decode_json
@@ -123,9 +123,9 @@ def change_settings(db: Database, run_id: str, *, scope_id: str, base: int, expe
         found, current, _ = find_scope(db, run_id, scope_id)
         if expected is not None and expected != current:
             raise Conflict(f"the settings of run {run_id} are at change {current}, not {expected}")
-        if base != current:
-            raise Conflict(f"the settings of run {run_id} changed while the patch was checked "
-                           f"(now at change {current}); try again")
+        if base != current:  # without `expected`, the host checks the patch again on these settings
+            raise Stale(f"the settings of run {run_id} changed while the patch was checked "
+                        f"(now at change {current}); try again")
         stored = _json(settings, "the settings")
         number = current + 1
         # The compare-and-set on the change number and "the run has not ended" are in the write
@@ -152,7 +152,7 @@ def _refuse_change(db: Database, run_id: str) -> None:
     status = db.scalar("SELECT status FROM run_queue WHERE run_id = ?", (run_id,))
     if status in ENDED:
         raise Rejected(f"run {run_id} has ended ({status}): its settings can no longer change")
-    raise Conflict(f"the settings of run {run_id} changed while the patch was checked; try again")
+    raise Stale(f"the settings of run {run_id} changed while the patch was checked; try again")
 
 
 def attempt_settings(db: Database, run_id: str, attempt_id: str) -> tuple[int | None, Any]:
