@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass
 from pathlib import Path
 
 from piwf.errors import StateDirError
@@ -20,9 +19,23 @@ def default_state_dir() -> Path:
     return Path.home() / ".local" / "state" / "piwf"
 
 
-@dataclass(frozen=True)
 class StatePaths:
-    root: Path
+    """A state directory's files (a plain class, not a dataclass: the CLI's one-shot
+    commands import this module, and ``dataclasses`` would bring ``inspect`` with it)."""
+
+    __slots__ = ("root",)
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, StatePaths) and other.root == self.root
+
+    def __hash__(self) -> int:
+        return hash(self.root)
+
+    def __repr__(self) -> str:
+        return f"StatePaths(root={self.root!r})"
 
     @classmethod
     def resolve(cls, state_dir: str | os.PathLike[str] | None) -> StatePaths:
