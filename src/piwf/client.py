@@ -236,16 +236,16 @@ class Client(InteractionCalls, DeliveryCalls):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self.timeout)
         try:
-            sock.connect(str(self.paths.socket))
+            sock.connect(self.paths.socket_name)
         except TimeoutError as exc:  # the listen backlog is full: nobody is accepting
             sock.close()
             raise self._timed_out("accept the connection") from exc
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             sock.close()
-            raise HostUnavailable(f"no piwf host is serving {self.paths.root} (start one with `piwf serve`)") from exc
+            raise HostUnavailable(f"no piwf host is serving {self.paths.name} (start one with `piwf serve`)") from exc
         except OSError as exc:
             sock.close()
-            raise HostUnavailable(f"cannot reach the piwf host at {self.paths.socket}: {exc}") from exc
+            raise HostUnavailable(f"cannot reach the piwf host at {self.paths.socket_name}: {exc}") from exc
         self._sock = sock
 
     def _closed_by_host(self) -> bool:
@@ -332,7 +332,7 @@ class Client(InteractionCalls, DeliveryCalls):
         return self.send_fields(request_fields(operation, client_id=self.client_id, **kwargs))
 
     def _timed_out(self, what: str) -> HostTimeout:
-        return HostTimeout(f"the piwf host serving {self.paths.root} did not {what} within {self.timeout:g} s "
+        return HostTimeout(f"the piwf host serving {self.paths.name} did not {what} within {self.timeout:g} s "
                            "(frozen or overloaded? `piwf status` says)")
 
 

@@ -92,7 +92,7 @@ def _standbys(paths: StatePaths) -> list[dict[str, object]]:
     """The `piwf serve --standby` processes waiting for this state directory's lock."""
     from piwf.host.lock import read_standbys
 
-    return read_standbys(paths) if paths.host_dir.is_dir() else []
+    return read_standbys(paths)
 
 
 def offline_status(paths: StatePaths, waited_s: float | None = None, store: str | None = None) -> dict[str, Any]:

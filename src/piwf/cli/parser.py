@@ -14,7 +14,6 @@ import argparse
 from piwf import __version__
 from piwf.cli.common import DEFAULT_TIMEOUT_S, _duration_ms, _seconds
 from piwf.errors import UsageError
-from piwf.status import RunStatus
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: one-shot commands start without it
 if TYPE_CHECKING:
@@ -168,19 +167,7 @@ def _add_commands(commands: Any, common: argparse.ArgumentParser, group: Any) ->
     wait.add_argument("run_id", metavar="RUN_ID")
     _add_wait_timeout(wait)
     wait.set_defaults(handler="run:cmd_run_wait")
-    listing = run.add_parser("list", parents=[common], help="recent runs")
-    listing.add_argument("--limit", type=_run_list_limit, default=50, metavar="N", help="1 to 1000 (default 50)")
-    listing.add_argument("--status", choices=RUN_STATUSES, metavar="STATUS",
-                         help=f"only runs with this engine status: {', '.join(RUN_STATUSES)}")
-    listing.add_argument("--workflow", metavar="NAME", help="only this workflow's runs")
-    listing.add_argument("--session", metavar="ID", help="only runs this origin session started")
-    listing.add_argument("--since", type=_since, metavar="WHEN", help="only runs created since WHEN: a duration "
-                         "ago (30m, 2h, 7d) or a date or time (2026-12-01, 2026-12-01T09:30, local unless it "
-                         "gives Z or an offset)")
-    listing.add_argument("--held", action="store_true", help="only runs held for a person (crashes, an "
-                         "ambiguous effect, a changed workflow)")
-    listing.add_argument("--after", metavar="RUN_ID", help="the next page: runs after this one (the last one shown)")
-    listing.set_defaults(handler="run:cmd_run_list")
+    _add_run_list(run, common)
     for name, handler, text in (
         ("show", "run:cmd_run_show", "one run in detail"),
         ("cancel", "run:cmd_run_control", "cancel a run (its worker's processes are killed)"),
@@ -260,6 +247,28 @@ def _add_serve(commands: Any, common: argparse.ArgumentParser) -> None:
     serve.set_defaults(handler="host:cmd_serve")
 
 
+def _add_run_list(run: Any, common: argparse.ArgumentParser) -> None:
+    """``run list``: recent runs, filtered."""
+    listing = run.add_parser("list", parents=[common], help="recent runs")
+    if listing is SKIPPED:
+        return  # its --status choices are the status words (piwf.status): loaded for this command alone
+    from piwf.status import RunStatus
+
+    statuses = tuple(status.value for status in RunStatus)
+    listing.add_argument("--limit", type=_run_list_limit, default=50, metavar="N", help="1 to 1000 (default 50)")
+    listing.add_argument("--status", choices=statuses, metavar="STATUS",
+                         help=f"only runs with this engine status: {', '.join(statuses)}")
+    listing.add_argument("--workflow", metavar="NAME", help="only this workflow's runs")
+    listing.add_argument("--session", metavar="ID", help="only runs this origin session started")
+    listing.add_argument("--since", type=_since, metavar="WHEN", help="only runs created since WHEN: a duration "
+                         "ago (30m, 2h, 7d) or a date or time (2026-12-01, 2026-12-01T09:30, local unless it "
+                         "gives Z or an offset)")
+    listing.add_argument("--held", action="store_true", help="only runs held for a person (crashes, an "
+                         "ambiguous effect, a changed workflow)")
+    listing.add_argument("--after", metavar="RUN_ID", help="the next page: runs after this one (the last one shown)")
+    listing.set_defaults(handler="run:cmd_run_list")
+
+
 def _add_wait_timeout(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wait-timeout", type=_duration_ms, metavar="DUR",
                         help="stop waiting after DUR (90s, 10m, 2h): exit 26, the run goes on (default: no limit)")
@@ -299,8 +308,6 @@ def _add_common(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
                         f"each workflow's import) has to answer (default: $PIWF_TIMEOUT or {DEFAULT_TIMEOUT_S:g})",
                         **extra)
 
-
-RUN_STATUSES = tuple(status.value for status in RunStatus)
 
 
 def _since(text: str) -> int:

@@ -6,7 +6,6 @@ import argparse
 import json
 import shlex
 import time
-from pathlib import Path
 
 from piwf.cli import runview
 from piwf.cli.common import (DEFAULT_TIMEOUT_S, LOAD_LIMIT_S, _client, _json_arg, _ok, _paths, _print, _timeout,
@@ -23,6 +22,8 @@ STATUS_PROBE_S = 2.0  # after a start timed out: does the host answer at once (l
 
 
 def cmd_run_start(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     run_input = _json_arg(args.input, "--input")
     payload: dict[str, Any] = {"workflow": args.name, "projectPath": str(Path(args.project).absolute()),
                                "input": run_input}
@@ -73,6 +74,8 @@ def _start_timed_out(args: argparse.Namespace, exc: HostTimeout, request_id: str
 def _retry_command(args: argparse.Namespace, request_id: str) -> str:
     """This ``run start`` again, word for word, with its request id (and without its
     ``--timeout``: the retry waits for the host's own answer)."""
+    from pathlib import Path
+
     words = ["piwf", "run", "start", args.name, "--project", str(Path(args.project).absolute())]
     for flag, value in (("--input", None if args.input == "{}" else args.input), ("--session", args.session),
                         ("--run-id", args.run_id), ("--settings", args.settings),
