@@ -160,14 +160,24 @@ async def test_a_wait_outlasts_a_host_restart(host_process: Callable[..., HostPr
     async def piped() -> None:  # `piwf run wait RUN && deploy` in a script: nothing on stderr
         results["piped"] = await piwf(paths, "run", "wait", run_id, check=False)
 
+    starting = await trio.lowlevel.open_process(  # `run start --wait`: its run id first, then the wait
+        [sys.executable, "-m", "piwf", "run", "start", "gated_shell", "--project", str(project), "--wait",
+         "--state-dir", str(paths.root)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert starting.stdout is not None and starting.stderr is not None
+    started = b""
+
     async def started_and_waiting() -> None:
-        results["start"] = await piwf(paths, "run", "start", "gated_shell", "--project", str(project), "--wait",
-                                      check=False)
+        assert starting.stdout is not None and starting.stderr is not None
+        out, err = await _read_all(starting.stdout), await _read_all(starting.stderr)
+        results["start"] = subprocess.CompletedProcess(starting.args, await starting.wait(), started + out, err)
 
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(read_the_terminal)
             nursery.start_soon(piped)
+            with trio.fail_after(60):  # the run was started and answered: not a request the stop cuts short
+                while not started.endswith(b"\n"):
+                    started += await starting.stdout.receive_some(1)
             nursery.start_soon(started_and_waiting)
             await wait_for(lambda: _clients(paths, at_least=4))  # three waits, and this status call
             host.signal(signal.SIGTERM)  # `systemctl restart`: the host drains and exits ...

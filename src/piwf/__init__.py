@@ -7,10 +7,10 @@ engine.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
-
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the CLI imports this package)
 if TYPE_CHECKING:
+    from typing import Any
+
     from piwf.controllers import Controller, Result
     from piwf.engine.definition import Choice, Route, TextInput, Workflow, ask, compute, decision, shell
     from piwf.engine.executor import Context, EffectRejected
@@ -33,6 +33,8 @@ def __getattr__(name: str) -> Any:
     module = _MODULE_OF.get(name)
     if module is None:
         raise AttributeError(f"module 'piwf' has no attribute {name!r}")
+    import importlib
+
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

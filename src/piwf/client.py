@@ -2,34 +2,66 @@
 
 A client retries nothing by itself; to retry safely, send the same ``requestId`` (or the
 same ``idempotencyKey``) again and the host answers from its command log.
+
+Both speak the wire format of ``piwf.wire`` (``HostRequest`` out, ``HostResponse`` back)
+through the standard library's ``json``: a one-shot command (``piwf status``, ``piwf run
+show``) would otherwise spend more time loading msgspec than talking to the host. A
+request is built as ``HostRequest`` would encode it (``request_fields``; a test compares
+the two), and an answer is read into a ``Reply``, checked as ``HostResponse`` is.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import socket
-import uuid
-from collections.abc import Callable
-from typing import Any
 
-import msgspec
+from piwf.errors import HostTimeout, HostUnavailable, ProtocolError, RequestTooLarge
+from piwf.framing import HOST_REQUEST, HOST_RESPONSE, MAX_LINE, LineBuffer, Outcome, check_nesting
 
-from piwf.errors import HostTimeout, HostUnavailable, RequestTooLarge
-from piwf.paths import StatePaths
-from piwf.wire import HOST_REQUEST, MAX_LINE, HostRequest, HostResponse, LineBuffer, decode_with, encode_line
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (or msgspec): see above
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from piwf.paths import StatePaths
+    from piwf.wire import HostRequest
+
+
+def new_id() -> str:
+    """A fresh request id: 32 hex digits (as ``uuid4().hex``, without loading ``uuid``)."""
+    return os.urandom(16).hex()
+
+
+def request_fields(
+    operation: str, *, client_id: str, run_id: str | None = None, payload: dict[str, Any] | None = None,
+    expected_revision: int | None = None, request_id: str | None = None, idempotency_key: str | None = None,
+) -> dict[str, Any]:
+    """A request's fields as ``HostRequest`` encodes them (``omit_defaults``: a field at
+    its default is left out)."""
+    request_id = request_id or new_id()
+    fields: dict[str, Any] = {"schema": HOST_REQUEST, "requestId": request_id, "clientId": client_id,
+                              "idempotencyKey": idempotency_key or request_id, "operation": operation}
+    if run_id is not None:
+        fields["runId"] = run_id
+    if expected_revision is not None:
+        fields["expectedRevision"] = expected_revision
+    if payload:
+        fields["payload"] = payload
+    return fields
 
 
 def make_request(
     operation: str, *, client_id: str, run_id: str | None = None, payload: dict[str, Any] | None = None,
     expected_revision: int | None = None, request_id: str | None = None, idempotency_key: str | None = None,
 ) -> HostRequest:
-    request_id = request_id or uuid.uuid4().hex
-    return HostRequest(
-        schema=HOST_REQUEST, requestId=request_id, clientId=client_id,
-        idempotencyKey=idempotency_key or request_id, operation=operation, runId=run_id,
-        expectedRevision=expected_revision, payload=payload or {},
-    )
+    """The request as a ``HostRequest`` Struct."""
+    from piwf.wire import HostRequest
+
+    return HostRequest(**request_fields(operation, client_id=client_id, run_id=run_id, payload=payload,
+                                        expected_revision=expected_revision, request_id=request_id,
+                                        idempotency_key=idempotency_key))
 
 
 def _drop_none(**fields: Any) -> dict[str, Any]:
@@ -108,27 +140,87 @@ class DeliveryCalls:
                                                                         limit=limit, runsAfter=runs_after))
 
 
-_response_decoder = msgspec.json.Decoder(HostResponse)
+class Reply:
+    """A host's answer: ``piwf.wire.HostResponse``'s fields, read with ``json`` and checked
+    as msgspec checks that Struct (``requestId`` and ``outcome`` required, each field of its
+    type; fields it does not know are ignored)."""
+
+    __slots__ = ("error", "outcome", "receipt", "requestId", "revision", "schema")
+
+    def __init__(self, requestId: str, outcome: Outcome, schema: str = HOST_RESPONSE,
+                 revision: int | None = None, receipt: Any = None, error: str | None = None) -> None:
+        self.requestId, self.outcome, self.schema = requestId, outcome, schema
+        self.revision, self.receipt, self.error = revision, receipt, error
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Reply) and all(getattr(self, f) == getattr(other, f) for f in self.__slots__)
+
+    def __repr__(self) -> str:
+        return "Reply(" + ", ".join(f"{f}={getattr(self, f)!r}" for f in self.__slots__) + ")"
+
+    @classmethod
+    def read(cls, value: object) -> Reply:
+        """``value`` (decoded JSON) as a Reply; a ProtocolError saying what is wrong otherwise."""
+        if not isinstance(value, dict):
+            raise ProtocolError(f"unreadable host response: expected an object, got {_json_type(value)}")
+        for name, kind, required, nullable in _REPLY_FIELDS:
+            if name not in value:
+                if required:
+                    raise ProtocolError(f"unreadable host response: object missing required field {name!r}")
+                continue
+            field = value[name]
+            if not ((field is None and nullable) or (isinstance(field, kind) and not isinstance(field, bool))):
+                raise ProtocolError(f"unreadable host response: expected {_JSON_TYPES[kind]}, got "
+                                    f"{_json_type(field)} - at $.{name}")
+        try:
+            outcome = Outcome(value["outcome"])
+        except ValueError:
+            raise ProtocolError(f"unreadable host response: invalid outcome {value['outcome']!r} - at "
+                                "$.outcome") from None
+        return cls(value["requestId"], outcome, value.get("schema", HOST_RESPONSE), value.get("revision"),
+                   value.get("receipt"), value.get("error"))
 
 
-def _line(request: HostRequest) -> bytes:
+# HostResponse's fields and their types (name, type, required, may be null); receipt is any JSON.
+_REPLY_FIELDS = (("requestId", str, True, False), ("outcome", str, True, False), ("schema", str, False, False),
+                 ("revision", int, False, True), ("error", str, False, True))
+_JSON_TYPES = {str: "str", int: "int", float: "float", bool: "bool", dict: "object", list: "array",
+               type(None): "null"}
+
+
+def _json_type(value: object) -> str:
+    return _JSON_TYPES.get(type(value), type(value).__name__)
+
+
+def _line(fields: dict[str, Any]) -> bytes:
     """The request as one line; refused here when the host would refuse it for its size
     (a retry could never succeed)."""
-    line = encode_line(request)
+    line = json.dumps(fields, ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode() + b"\n"
     if len(line) > MAX_LINE:
-        raise RequestTooLarge(f"the {request.operation} request is {len(line)} bytes; a request line is at most "
+        raise RequestTooLarge(f"the {fields['operation']} request is {len(line)} bytes; a request line is at most "
                               f"{MAX_LINE} bytes (1 MiB): nothing was sent")
     return line
 
 
-def _decode(line: bytes) -> HostResponse:
-    return decode_with(_response_decoder, line, "host response")
+def _struct_fields(request: HostRequest) -> dict[str, Any]:
+    import msgspec
+
+    return msgspec.to_builtins(request)  # type: ignore[no-any-return]  # a Struct's fields, defaults left out
+
+
+def _decode(line: bytes) -> Reply:
+    check_nesting(line)
+    try:
+        value = json.loads(line)
+    except ValueError as exc:  # not JSON, or not UTF-8
+        raise ProtocolError(f"unreadable host response: {exc}") from exc
+    return Reply.read(value)
 
 
 class Client(InteractionCalls, DeliveryCalls):
     def __init__(self, paths: StatePaths, *, client_id: str | None = None, timeout: float | None = 30.0) -> None:
         self.paths = paths
-        self.client_id = client_id or f"cli-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.client_id = client_id or f"cli-{os.getpid()}-{new_id()[:6]}"
         self.timeout = timeout
         self._sock: socket.socket | None = None
         self._buffer = LineBuffer(MAX_LINE * 16)
@@ -148,16 +240,16 @@ class Client(InteractionCalls, DeliveryCalls):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(self.timeout)
         try:
-            sock.connect(str(self.paths.socket))
+            sock.connect(self.paths.socket_name)
         except TimeoutError as exc:  # the listen backlog is full: nobody is accepting
             sock.close()
             raise self._timed_out("accept the connection") from exc
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             sock.close()
-            raise HostUnavailable(f"no piwf host is serving {self.paths.root} (start one with `piwf serve`)") from exc
+            raise HostUnavailable(f"no piwf host is serving {self.paths.name} (start one with `piwf serve`)") from exc
         except OSError as exc:
             sock.close()
-            raise HostUnavailable(f"cannot reach the piwf host at {self.paths.socket}: {exc}") from exc
+            raise HostUnavailable(f"cannot reach the piwf host at {self.paths.socket_name}: {exc}") from exc
         self._sock = sock
 
     def _closed_by_host(self) -> bool:
@@ -226,8 +318,12 @@ class Client(InteractionCalls, DeliveryCalls):
             self._lines.extend(self._buffer.feed(chunk))
         return self._lines.pop(0)
 
-    def send(self, request: HostRequest) -> HostResponse:
-        line = _line(request)
+    def send(self, request: HostRequest) -> Reply:
+        return self.send_fields(_struct_fields(request))
+
+    def send_fields(self, fields: dict[str, Any]) -> Reply:
+        """Send a request given as its fields (``request_fields``) and read the answer."""
+        line = _line(fields)
         reused = self._sock is not None
         response = _decode(self.send_line(line))
         if reused and response.requestId == "" and response.outcome == "unavailable":
@@ -236,11 +332,11 @@ class Client(InteractionCalls, DeliveryCalls):
             response = _decode(self.send_line(line))
         return response
 
-    def call(self, operation: str, **kwargs: Any) -> HostResponse:
-        return self.send(make_request(operation, client_id=self.client_id, **kwargs))
+    def call(self, operation: str, **kwargs: Any) -> Reply:
+        return self.send_fields(request_fields(operation, client_id=self.client_id, **kwargs))
 
     def _timed_out(self, what: str) -> HostTimeout:
-        return HostTimeout(f"the piwf host serving {self.paths.root} did not {what} within {self.timeout:g} s "
+        return HostTimeout(f"the piwf host serving {self.paths.name} did not {what} within {self.timeout:g} s "
                            "(frozen or overloaded? `piwf status` says)")
 
 
@@ -249,7 +345,7 @@ class AsyncClient(InteractionCalls, DeliveryCalls):
 
     def __init__(self, paths: StatePaths, *, client_id: str | None = None) -> None:
         self.paths = paths
-        self.client_id = client_id or f"async-{uuid.uuid4().hex[:8]}"
+        self.client_id = client_id or f"async-{new_id()[:8]}"
         self._stream: Any = None
         self._buffer = LineBuffer(MAX_LINE * 16)
         self._lines: list[bytes] = []
@@ -296,8 +392,11 @@ class AsyncClient(InteractionCalls, DeliveryCalls):
             self._lines.extend(self._buffer.feed(chunk))
         return self._lines.pop(0)
 
-    async def send(self, request: HostRequest) -> HostResponse:
-        return _decode(await self.send_line(_line(request)))
+    async def send(self, request: HostRequest) -> Reply:
+        return await self.send_fields(_struct_fields(request))
 
-    async def call(self, operation: str, **kwargs: Any) -> HostResponse:
-        return await self.send(make_request(operation, client_id=self.client_id, **kwargs))
+    async def send_fields(self, fields: dict[str, Any]) -> Reply:
+        return _decode(await self.send_line(_line(fields)))
+
+    async def call(self, operation: str, **kwargs: Any) -> Reply:
+        return await self.send_fields(request_fields(operation, client_id=self.client_id, **kwargs))

@@ -7,7 +7,10 @@ carry the wire outcome they map to (``rejected``, ``notFound``, ``conflict``, ..
 from __future__ import annotations
 
 from enum import IntEnum
-from typing import Any
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: this module is on the CLI's path
+if TYPE_CHECKING:
+    from typing import Any
 
 
 class ExitCode(IntEnum):

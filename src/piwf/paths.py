@@ -4,30 +4,70 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass
-from pathlib import Path
 
 from piwf.errors import StateDirError
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: the CLI's one-shot path
+if TYPE_CHECKING:
+    from pathlib import Path
 
 MAX_SOCKET_PATH = 108  # sizeof(sockaddr_un.sun_path) on Linux
 
 
-def default_state_dir() -> Path:
+def default_state_dir() -> str:
     if env := os.environ.get("PIWF_STATE_DIR"):
-        return Path(env)
+        return env
     if xdg := os.environ.get("XDG_STATE_HOME"):
-        return Path(xdg) / "piwf"
-    return Path.home() / ".local" / "state" / "piwf"
+        return os.path.join(xdg, "piwf")
+    return os.path.join(os.path.expanduser("~"), ".local", "state", "piwf")
 
 
-@dataclass(frozen=True)
+def absolute(path: str) -> str:
+    """``str(Path(path).absolute())`` without loading pathlib: joined to the working
+    directory, with empty and ``.`` parts dropped (``..`` kept, as pathlib keeps it)."""
+    if not path.startswith("/"):
+        path = os.path.join(os.getcwd(), path)
+    head = "//" if path.startswith("//") and not path.startswith("///") else "/"  # POSIX keeps exactly two
+    return head + "/".join(part for part in path.split("/") if part not in ("", "."))
+
+
 class StatePaths:
-    root: Path
+    """A state directory's files. ``root`` and the file properties are ``Path``s; ``name``
+    and ``socket_name`` are the same as text, for the CLI's one-shot commands, which load
+    neither pathlib nor ``dataclasses`` (a plain class for that reason)."""
+
+    __slots__ = ("_path", "name")
+
+    def __init__(self, name: str) -> None:
+        self.name = name  # the root, absolute
+        self._path: Path | None = None
 
     @classmethod
     def resolve(cls, state_dir: str | os.PathLike[str] | None) -> StatePaths:
-        root = Path(state_dir) if state_dir else default_state_dir()
-        return cls(root.expanduser().absolute())
+        root = os.fspath(state_dir) if state_dir else default_state_dir()
+        return cls(absolute(os.path.expanduser(root)))
+
+    @property
+    def root(self) -> Path:
+        if self._path is None:
+            import pathlib
+
+            self._path = pathlib.Path(self.name)
+        return self._path
+
+    @property
+    def socket_name(self) -> str:
+        """``socket`` as text."""
+        return os.path.join(self.name, "host", "host.sock")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, StatePaths) and other.name == self.name
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    def __repr__(self) -> str:
+        return f"StatePaths({self.name!r})"
 
     @property
     def db(self) -> Path:

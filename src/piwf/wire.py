@@ -1,44 +1,29 @@
 """Messages and NDJSON framing shared by host, worker and client: the bottom layer.
 
-It imports nothing of piwf but the error hierarchy (``piwf.errors``, which imports
-nothing at all). Reading a request line into its operation's Struct is the protocol's
-(``piwf.protocol.read_request``).
+The framing itself (line limits, ``LineBuffer``, ``check_nesting``, ``Outcome``) is
+``piwf.framing``, standard library only, re-exported here; this module adds the msgspec
+Structs and codecs. It imports nothing of piwf but ``piwf.framing`` and the error
+hierarchy (``piwf.errors``, which imports nothing at all). Reading a request line into
+its operation's Struct is the protocol's (``piwf.protocol.read_request``).
 """
 
 from __future__ import annotations
 
-import enum
 import hashlib
-import re
 from typing import Any, TypeVar
 
 import msgspec
 
 from piwf.errors import ProtocolError
+from piwf.framing import (  # re-exported: the framing is part of the wire format
+    HOST_REQUEST, HOST_RESPONSE, MAX_ID_BYTES, MAX_LINE, MAX_NESTING, OUTCOMES, LineBuffer, Outcome, check_nesting,
+)
 
 T = TypeVar("T")
 
-MAX_LINE = 1024 * 1024
-MAX_ID_BYTES = 256
-
-HOST_REQUEST = "piwf.host-request.v1"
-HOST_RESPONSE = "piwf.host-response.v1"
-
-
-
-class Outcome(enum.StrEnum):
-    """How the host answered a request (docs/protocol.md, "Outcomes")."""
-
-    ACCEPTED = "accepted"
-    ADOPTED = "adopted"
-    REJECTED = "rejected"
-    CONFLICT = "conflict"
-    NOT_FOUND = "notFound"
-    CLAIM_LOST = "claimLost"
-    UNAVAILABLE = "unavailable"
-
-
-OUTCOMES = tuple(outcome.value for outcome in Outcome)
+__all__ = ["HOST_REQUEST", "HOST_RESPONSE", "MAX_ID_BYTES", "MAX_LINE", "MAX_NESTING", "OUTCOMES", "HostRequest",
+           "HostResponse", "LineBuffer", "Outcome", "canonical_json", "check_id", "check_nesting", "decode_as",
+           "decode_json", "decode_with", "encode_line", "readable_request_id", "request_fingerprint", "sha256_hex"]
 
 _encoder = msgspec.json.Encoder(order="sorted")
 _json_decoder = msgspec.json.Decoder()
@@ -80,27 +65,6 @@ def sha256_hex(data: bytes) -> str:
 
 def encode_line(message: Any) -> bytes:
     return _encoder.encode(message) + b"\n"
-
-
-MAX_NESTING = 100  # JSON deeper than this is refused wherever a frame is decoded
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
-_BRACKETS = bytes.maketrans(b"", b"")
-_NOT_BRACKETS = bytes(set(range(256)) - set(b"[]{}"))
-
-
-def check_nesting(data: bytes, limit: int = MAX_NESTING) -> None:
-    """Refuse JSON nested deeper than ``limit`` before any decoder recurses into it.
-
-    A frame with fewer opening brackets than the limit cannot be too deep, which is nearly
-    every frame, and costs two ``count`` calls; others are measured with strings removed.
-    """
-    if data.count(b"[") + data.count(b"{") <= limit:
-        return
-    depth = 0
-    for bracket in _STRING.sub(b"", data).translate(_BRACKETS, _NOT_BRACKETS):
-        depth += 1 if bracket in b"[{" else -1
-        if depth > limit:
-            raise ProtocolError(f"JSON nested deeper than {limit} levels")
 
 
 def decode_json(line: bytes) -> Any:
@@ -151,32 +115,3 @@ def decode_with(decoder: msgspec.json.Decoder[T], line: bytes, what: str) -> T:
         return decoder.decode(line)
     except msgspec.DecodeError as exc:
         raise ProtocolError(f"unreadable {what}: {exc}") from exc
-
-
-class LineBuffer:
-    """Splits a byte stream into lines, refusing any line longer than ``limit``.
-
-    The limit is enforced while reading: a peer streaming bytes without a newline is cut
-    off once it passes the limit, not after it has filled memory.
-    """
-
-    def __init__(self, limit: int = MAX_LINE) -> None:
-        self.limit = limit
-        self._buffer = bytearray()
-
-    def feed(self, data: bytes) -> list[bytes]:
-        self._buffer += data
-        lines: list[bytes] = []
-        while (end := self._buffer.find(b"\n")) >= 0:
-            line = bytes(self._buffer[:end])
-            del self._buffer[: end + 1]
-            if len(line) > self.limit:
-                raise ProtocolError(f"line exceeds the {self.limit}-byte limit")
-            lines.append(line)
-        if len(self._buffer) > self.limit:
-            raise ProtocolError(f"line exceeds the {self.limit}-byte limit")
-        return lines
-
-    @property
-    def pending(self) -> int:
-        return len(self._buffer)

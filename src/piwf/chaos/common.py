@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from piwf.wire import HostRequest, HostResponse
+from piwf.client import Reply
+from piwf.wire import HostRequest
 
 
 @dataclass
@@ -45,6 +46,6 @@ class Harness(Protocol):
         """Send until answered; the receipt, or RuntimeError when refused."""
         ...
 
-    def request(self, request: HostRequest, deadline_s: float = 120.0) -> HostResponse:
+    def request(self, request: HostRequest, deadline_s: float = 120.0) -> Reply:
         """Send until answered, retrying the same request across host deaths."""
         ...

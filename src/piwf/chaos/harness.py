@@ -45,12 +45,12 @@ from piwf.chaos import ledger, people
 from piwf.chaos.common import Tally
 from piwf.chaos.controllers import ControllerChaos, bad as controllers_bad
 from piwf.chaos.people import Person
-from piwf.client import Client, make_request
+from piwf.client import Client, Reply, make_request
 from piwf.errors import HostUnavailable
 from piwf.faults import POINTS
 from piwf.paths import StatePaths
 from piwf.store.sqlite import Database
-from piwf.wire import HostRequest, HostResponse
+from piwf.wire import HostRequest
 
 WORKFLOW = """
     import os
@@ -249,7 +249,7 @@ class Chaos:
 
     # --- clients ---
 
-    def request(self, request: HostRequest, deadline_s: float = 120.0) -> HostResponse:
+    def request(self, request: HostRequest, deadline_s: float = 120.0) -> Reply:
         """Send until answered, retrying the same request across host deaths."""
         deadline = time.monotonic() + deadline_s
         while True:

@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     as_json = "--json" in argv  # until the arguments are parsed: a usage error has no args
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(argv).parse_args(argv)
         as_json = args.json
         _check_text(args)
         return run_handler(args) or 0

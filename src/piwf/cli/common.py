@@ -8,15 +8,16 @@ import contextlib
 import json
 import os
 import sys
-import threading
-from collections.abc import Iterator
-from typing import Any
 
 from piwf.cli.text import terminal_text
-from piwf.client import Client
+from piwf.client import Client, Reply
 from piwf.errors import HostReplied, ProtocolError, UsageError
 from piwf.paths import StatePaths
-from piwf.wire import HostResponse, decode_json
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: one-shot commands start without it
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from typing import Any
 
 DEFAULT_TIMEOUT_S = 30.0  # how long the host has to answer one request (--timeout, $PIWF_TIMEOUT)
 WAIT_S = 600  # one run.wait request's own limit (the host's maximum)
@@ -58,6 +59,8 @@ def _duration_ms(text: str) -> int:
 def _json_arg(text: str, option: str) -> Any:
     """A JSON option value, read as the host reads frames (nesting bounded). A bare word
     (``three``) is refused with what to type instead: a JSON string has its quotes."""
+    from piwf.wire import decode_json
+
     try:
         return decode_json(text.encode())
     except ProtocolError as exc:
@@ -88,6 +91,8 @@ def slow_notice(text: str, after_s: float = NOTICE_AFTER_S) -> Iterator[None]:
     if not sys.stderr.isatty():
         yield
         return
+    import threading
+
     timer = threading.Timer(after_s, lambda: print(f"piwf: {text}", file=sys.stderr, flush=True))
     timer.daemon = True
     timer.start()
@@ -124,7 +129,7 @@ def _timeout(args: argparse.Namespace, default: float = DEFAULT_TIMEOUT_S) -> fl
         raise UsageError(f"PIWF_TIMEOUT: {exc}") from None
 
 
-def _ok(response: HostResponse) -> Any:
+def _ok(response: Reply) -> Any:
     if response.outcome not in ("accepted", "adopted"):
         raise HostReplied(response.outcome, response.error)
     return response.receipt

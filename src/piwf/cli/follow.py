@@ -20,10 +20,9 @@ from typing import Any
 from piwf.cli import runview
 from piwf.cli.common import WAIT_S, _client, _ok, _print
 from piwf.cli.text import shown, terminal_text
-from piwf.client import Client
+from piwf.client import Client, Reply
 from piwf.errors import HostReplied, HostUnavailable, UsageError
 from piwf.status import ENDED
-from piwf.wire import HostResponse
 
 POLL_MS = 30_000
 
@@ -79,7 +78,7 @@ def _watch(client: Client, run_id: str, after: int, timeout_ms: int) -> dict[str
     return _again(client, lambda: client.watch(after=after, run_id=run_id, timeout_ms=timeout_ms, limit=1000))
 
 
-def _again(client: Client, request: Callable[[], HostResponse]) -> dict[str, Any]:
+def _again(client: Client, request: Callable[[], Reply]) -> dict[str, Any]:
     """The request's receipt; a lost host (stopped, restarting) is waited for, saying so on
     stderr, and the request is sent again."""
     from piwf.cli.deliver import lost_host, until_host_is_back

@@ -5,14 +5,16 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
-from typing import Any
 
 from piwf.cli.common import _paths, _print, _timeout, _client, _ok
 from piwf.cli.text import shown
 from piwf.errors import ExitCode, HostTimeout, HostUnavailable, InternalError, PiwfError, StateDirError
 from piwf.host.lock import read_record
 from piwf.paths import StatePaths
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: one-shot commands start without it
+if TYPE_CHECKING:
+    from typing import Any
 
 
 
@@ -90,7 +92,7 @@ def _standbys(paths: StatePaths) -> list[dict[str, object]]:
     """The `piwf serve --standby` processes waiting for this state directory's lock."""
     from piwf.host.lock import read_standbys
 
-    return read_standbys(paths) if paths.host_dir.is_dir() else []
+    return read_standbys(paths)
 
 
 def offline_status(paths: StatePaths, waited_s: float | None = None, store: str | None = None) -> dict[str, Any]:
@@ -282,6 +284,8 @@ def cmd_workflows_list(args: argparse.Namespace) -> int:
     """Each workflow is loaded in a child process of its own, with a time limit."""
     from piwf.engine.inspect import inspect_all
     from piwf.engine.loader import WORKFLOW_DIR, workflow_names
+
+    from pathlib import Path
 
     project = Path(args.project).absolute()
     names = workflow_names(project)

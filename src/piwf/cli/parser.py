@@ -2,18 +2,22 @@
 
 A handler is named ``"module:function"`` (a module of ``piwf.cli``) and imported only when
 its command runs, so building the parser imports no command's module: ``piwf status``
-does not pay for trio, the host or the engine.
+does not pay for trio, the host or the engine. Given the arguments, ``build_parser``
+builds only the command they name (argparse spends about 1 ms on each subcommand's
+parser, most of it looking for translations): the others are ``SKIPPED``.
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import Any, NoReturn
 
 from piwf import __version__
 from piwf.cli.common import DEFAULT_TIMEOUT_S, _duration_ms, _seconds
 from piwf.errors import UsageError
-from piwf.status import RunStatus
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: one-shot commands start without it
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
 
 SHELLS = ("bash", "zsh", "fish")  # piwf.cli.completion.SHELLS, without importing it
 PLATFORMS = ("linux", "macos")  # piwf.service.PLATFORMS, without importing it (a test checks)
@@ -36,13 +40,103 @@ class Parser(argparse.ArgumentParser):
         return parsed
 
 
-def build_parser() -> argparse.ArgumentParser:
+class Skipped:
+    """A command's parser that is not built, the arguments naming another command: every
+    call that would add to it does nothing."""
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def set_defaults(self, **kwargs: Any) -> None:
+        pass
+
+    def add_mutually_exclusive_group(self, **kwargs: Any) -> Skipped:
+        return self
+
+    def add_subparsers(self, **kwargs: Any) -> Skipped:
+        return self
+
+    def add_parser(self, name: str, **kwargs: Any) -> Skipped:
+        return self
+
+
+SKIPPED = Skipped()
+
+
+class Only:
+    """A subparsers action that builds the subcommand ``name`` alone (every one when
+    ``name`` is None); ``found`` says whether ``name`` was among them."""
+
+    def __init__(self, action: Any, name: str | None) -> None:
+        self.action, self.name, self.found = action, name, False
+
+    def add_parser(self, name: str, **kwargs: Any) -> Any:
+        if self.name is not None and name != self.name:
+            return SKIPPED
+        self.found = True
+        return self.action.add_parser(name, **kwargs)
+
+
+# The options every parser takes: the ones with a value, and the flag.
+_VALUED = ("--state-dir", "--timeout")
+_FLAGS = ("--json",)
+
+
+def _words(argv: list[str]) -> list[str | None]:
+    """The command and subcommand words ``argv`` names, skipping the options every parser
+    takes; None from the first word that is not plainly one (``--help``, ``--version``, an
+    abbreviated or unknown option): that parser is built whole."""
+    words: list[str | None] = []
+    i = 0
+    while i < len(argv) and len(words) < 2:
+        word = argv[i]
+        if word in _VALUED:
+            i += 2
+        elif word in _FLAGS or word.startswith(tuple(f"{option}=" for option in _VALUED)):
+            i += 1
+        elif word.startswith("-"):
+            break
+        else:
+            words.append(word)
+            i += 1
+    return words + [None] * (2 - len(words))
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The command line's parser: every command, or (given ``argv``) only the command and
+    subcommand ``argv`` names, which parses ``argv`` exactly as the whole parser does."""
+    if argv is not None:
+        command, sub = _words(argv)
+        if command is not None:
+            parser, reached = _build(command, sub)
+            if all(only.found for only in reached):
+                return parser
+    return _build(None, None)[0]
+
+
+def _build(command: str | None, sub: str | None) -> tuple[argparse.ArgumentParser, list[Only]]:
     parser = Parser(prog="piwf", description="A durable workflow host for one machine.")
     parser.add_argument("--version", action="version", version=f"piwf {__version__}")
     _add_common(parser, defaults=True)
     common = Parser(add_help=False)
     _add_common(common, defaults=False)  # on subcommands too, without overriding the top level
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = Only(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"), command)
+    reached = [commands]
+
+    def group(name: str, text: str) -> Any:
+        """The subcommands of command ``name``, built as ``sub`` says when it is the one named."""
+        found = commands.add_parser(name, parents=[common], help=text).add_subparsers(
+            dest="sub", required=True, metavar="SUBCOMMAND")
+        if found is SKIPPED:
+            return found
+        reached.append(Only(found, sub))
+        return reached[-1]
+
+    _add_commands(commands, common, group)
+    return parser, reached
+
+
+def _add_commands(commands: Any, common: argparse.ArgumentParser, group: Any) -> None:
 
     _add_serve(commands, common)
     status = commands.add_parser("status", parents=[common], help="host state and counts")
@@ -51,14 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("stop", parents=[common], help="ask the host to drain and exit").set_defaults(
         handler="host:cmd_stop")
 
-    workflows = commands.add_parser("workflows", parents=[common], help="workflow files").add_subparsers(
-        dest="sub", required=True, metavar="SUBCOMMAND")
+    workflows = group("workflows", "workflow files")
     wf_list = workflows.add_parser("list", parents=[common], help="list and validate a project's workflows")
     wf_list.add_argument("--project", default=".", metavar="DIR")
     wf_list.set_defaults(handler="host:cmd_workflows_list")
 
-    run = commands.add_parser("run", parents=[common], help="start and manage runs").add_subparsers(
-        dest="sub", required=True, metavar="SUBCOMMAND")
+    run = group("run", "start and manage runs")
     start = run.add_parser("start", parents=[common], help="start a run of workflow NAME")
     start.add_argument("name", metavar="NAME")
     start.add_argument("--input", default="{}", metavar="JSON", help="run input as JSON (default {})")
@@ -75,19 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     wait.add_argument("run_id", metavar="RUN_ID")
     _add_wait_timeout(wait)
     wait.set_defaults(handler="run:cmd_run_wait")
-    listing = run.add_parser("list", parents=[common], help="recent runs")
-    listing.add_argument("--limit", type=_run_list_limit, default=50, metavar="N", help="1 to 1000 (default 50)")
-    listing.add_argument("--status", choices=RUN_STATUSES, metavar="STATUS",
-                         help=f"only runs with this engine status: {', '.join(RUN_STATUSES)}")
-    listing.add_argument("--workflow", metavar="NAME", help="only this workflow's runs")
-    listing.add_argument("--session", metavar="ID", help="only runs this origin session started")
-    listing.add_argument("--since", type=_since, metavar="WHEN", help="only runs created since WHEN: a duration "
-                         "ago (30m, 2h, 7d) or a date or time (2026-12-01, 2026-12-01T09:30, local unless it "
-                         "gives Z or an offset)")
-    listing.add_argument("--held", action="store_true", help="only runs held for a person (crashes, an "
-                         "ambiguous effect, a changed workflow)")
-    listing.add_argument("--after", metavar="RUN_ID", help="the next page: runs after this one (the last one shown)")
-    listing.set_defaults(handler="run:cmd_run_list")
+    _add_run_list(run, common)
     for name, handler, text in (
         ("show", "run:cmd_run_show", "one run in detail"),
         ("graph", "run:cmd_run_graph", "a run's workflow graph: each node's state and exits, and the path taken"),
@@ -119,16 +199,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_settings(run, common)
     _add_retention(run, commands, common)
     _add_interact(commands, common)
-    _add_followup(commands, common)
-    _add_service(commands, common)
-    _add_controller(commands, common)
+    _add_followup(group, common)
+    _add_service(group, common)
+    _add_controller(group, common)
     _add_watch(commands, common)
     _add_ui(commands, common)
     completion = commands.add_parser("completion", parents=[common],
                                      help="print a completion script for bash, zsh or fish")
     completion.add_argument("shell", choices=SHELLS, metavar="SHELL", help="bash, zsh or fish")
     completion.set_defaults(handler="completion:cmd_completion")
-    return parser
 
 
 def _port(text: str) -> int:
@@ -226,6 +305,28 @@ def _as_given(check: Any) -> Any:
     return given
 
 
+def _add_run_list(run: Any, common: argparse.ArgumentParser) -> None:
+    """``run list``: recent runs, filtered."""
+    listing = run.add_parser("list", parents=[common], help="recent runs")
+    if listing is SKIPPED:
+        return  # its --status choices are the status words (piwf.status): loaded for this command alone
+    from piwf.status import RunStatus
+
+    statuses = tuple(status.value for status in RunStatus)
+    listing.add_argument("--limit", type=_run_list_limit, default=50, metavar="N", help="1 to 1000 (default 50)")
+    listing.add_argument("--status", choices=statuses, metavar="STATUS",
+                         help=f"only runs with this engine status: {', '.join(statuses)}")
+    listing.add_argument("--workflow", metavar="NAME", help="only this workflow's runs")
+    listing.add_argument("--session", metavar="ID", help="only runs this origin session started")
+    listing.add_argument("--since", type=_since, metavar="WHEN", help="only runs created since WHEN: a duration "
+                         "ago (30m, 2h, 7d) or a date or time (2026-12-01, 2026-12-01T09:30, local unless it "
+                         "gives Z or an offset)")
+    listing.add_argument("--held", action="store_true", help="only runs held for a person (crashes, an "
+                         "ambiguous effect, a changed workflow)")
+    listing.add_argument("--after", metavar="RUN_ID", help="the next page: runs after this one (the last one shown)")
+    listing.set_defaults(handler="run:cmd_run_list")
+
+
 def _add_wait_timeout(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wait-timeout", type=_duration_ms, metavar="DUR",
                         help="stop waiting after DUR (90s, 10m, 2h): exit 26, the run goes on (default: no limit)")
@@ -265,8 +366,6 @@ def _add_common(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
                         f"each workflow's import) has to answer (default: $PIWF_TIMEOUT or {DEFAULT_TIMEOUT_S:g})",
                         **extra)
 
-
-RUN_STATUSES = tuple(status.value for status in RunStatus)
 
 
 def _since(text: str) -> int:
@@ -314,9 +413,8 @@ def _whole(text: str, *, noun: str, least: int, too_small: str) -> int:
     return value
 
 
-def _add_controller(commands: Any, common: argparse.ArgumentParser) -> None:
-    group = commands.add_parser("controller", parents=[common], help="controller resources").add_subparsers(
-        dest="sub", required=True, metavar="SUBCOMMAND")
+def _add_controller(subcommands: Any, common: argparse.ArgumentParser) -> None:
+    group = subcommands("controller", "controller resources")
     apply = _keyed(group, common, "apply", "create a resource or change its spec", "controller:cmd_apply")
     apply.add_argument("--spec", required=True, metavar="JSON",
                        help="the resource's spec as JSON; @FILE reads it from FILE, - from standard input")
@@ -386,10 +484,8 @@ def _add_interact(commands: Any, common: argparse.ArgumentParser) -> None:
     answer.set_defaults(handler="interact:cmd_answer")
 
 
-def _add_followup(commands: Any, common: argparse.ArgumentParser) -> None:
-    group = commands.add_parser("followup", parents=[common], help="prompts for a run's origin session, "
-                                "delivered with the run's next turn").add_subparsers(
-        dest="sub", required=True, metavar="SUBCOMMAND")
+def _add_followup(subcommands: Any, common: argparse.ArgumentParser) -> None:
+    group = subcommands("followup", "prompts for a run's origin session, delivered with the run's next turn")
     add = group.add_parser("add", parents=[common], help="queue a follow-up for the run's session")
     add.add_argument("run_id", metavar="RUN_ID")
     add.add_argument("text", metavar="TEXT", help="what to tell the session with the run's turn")
@@ -411,10 +507,8 @@ def _add_followup(commands: Any, common: argparse.ArgumentParser) -> None:
     listing.set_defaults(handler="follow:cmd_followup_list")
 
 
-def _add_service(commands: Any, common: argparse.ArgumentParser) -> None:
-    group = commands.add_parser("service", parents=[common], help="run the host as a background service "
-                                "(systemd user unit, launchd agent)").add_subparsers(
-        dest="sub", required=True, metavar="SUBCOMMAND")
+def _add_service(subcommands: Any, common: argparse.ArgumentParser) -> None:
+    group = subcommands("service", "run the host as a background service (systemd user unit, launchd agent)")
     for name, handler, text in (
         ("install", "service:cmd_install", "write the service files and start the service"),
         ("uninstall", "service:cmd_uninstall", "stop the service and remove the files install wrote"),

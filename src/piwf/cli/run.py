@@ -6,22 +6,24 @@ import argparse
 import json
 import shlex
 import time
-import uuid
-from pathlib import Path
-from typing import Any
 
-from piwf.cli import interact as cli_interact
-from piwf.cli import runview, waiting
+from piwf.cli import runview
 from piwf.cli.common import (DEFAULT_TIMEOUT_S, LOAD_LIMIT_S, _client, _json_arg, _ok, _paths, _print, _timeout,
                              client_id, slow_notice)
 from piwf.cli.text import shown
-from piwf.client import Client
+from piwf.client import Client, new_id
 from piwf.errors import HostTimeout, PiwfError, UsageError
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: one-shot commands start without it
+if TYPE_CHECKING:
+    from typing import Any
 
 STATUS_PROBE_S = 2.0  # after a start timed out: does the host answer at once (loading) or not (frozen)?
 
 
 def cmd_run_start(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
     run_input = _json_arg(args.input, "--input")
     payload: dict[str, Any] = {"workflow": args.name, "projectPath": str(Path(args.project).absolute()),
                                "input": run_input}
@@ -35,7 +37,7 @@ def cmd_run_start(args: argparse.Namespace) -> int:
     # the host's own answer (its reason), a --timeout or $PIWF_TIMEOUT bounds the wait.
     # The request id is chosen here, so that a start whose answer did not come in time can be
     # retried with it: the host adopts the retry (the same run), it starts no second run.
-    request_id = args.command_id or uuid.uuid4().hex
+    request_id = args.command_id or new_id()
     with _client(args, default_timeout=LOAD_LIMIT_S + DEFAULT_TIMEOUT_S) as client:
         try:
             with slow_notice(f"waiting for the host to load workflow {args.name} (its import may take up to "
@@ -47,6 +49,8 @@ def cmd_run_start(args: argparse.Namespace) -> int:
         if not args.wait:
             _print(args, {"runId": run_id}, lambda r: run_id)
             return 0
+        from piwf.cli import waiting
+
         return waiting.attend(args, client, run_id, format_run, announce=True)
 
 
@@ -70,6 +74,8 @@ def _start_timed_out(args: argparse.Namespace, exc: HostTimeout, request_id: str
 def _retry_command(args: argparse.Namespace, request_id: str) -> str:
     """This ``run start`` again, word for word, with its request id (and without its
     ``--timeout``: the retry waits for the host's own answer)."""
+    from pathlib import Path
+
     words = ["piwf", "run", "start", args.name, "--project", str(Path(args.project).absolute())]
     for flag, value in (("--input", None if args.input == "{}" else args.input), ("--session", args.session),
                         ("--run-id", args.run_id), ("--settings", args.settings),
@@ -88,6 +94,8 @@ def _retry_command(args: argparse.Namespace, request_id: str) -> str:
 
 def cmd_run_wait(args: argparse.Namespace) -> int:
     """``piwf run wait RUN``: attach to a run and wait for it as ``run start --wait`` does."""
+    from piwf.cli import waiting
+
     with _client(args) as client:
         return waiting.attend(args, client, args.run_id, format_run)
 
@@ -269,6 +277,8 @@ def format_run(r: dict[str, Any]) -> str:
     for effect in r.get("effects", []):
         lines.append(f"  effect {shown(effect['key'])}: {effect['status']} (node {effect['node']})")
     for request in r.get("waitingFor", []):
+        from piwf.cli import interact as cli_interact
+
         lines.append("waiting for:\n" + cli_interact.format_request(request))
     if r.get("output") is not None:
         lines.append("output:   " + shown(json.dumps(r["output"]), 2000))

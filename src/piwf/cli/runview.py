@@ -9,11 +9,13 @@ and ``piwf watch``; it imports nothing heavy (no rich, no trio).
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
-from typing import Any
 
 from piwf.cli.text import shown
 from piwf.errors import ExitCode
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: one-shot commands start without it
+if TYPE_CHECKING:
+    from typing import Any
 
 HELD_FOR_A_PERSON = ("crashed", "effect", "source")  # holds only someone can release (not a pause, not a wait)
 WHY_HELD = {"crashed": "its worker crashed too many times in a row", "effect": "an effect's outcome is unknown",
@@ -54,12 +56,23 @@ def release(run: dict[str, Any]) -> str:
     return f"piwf run resume {run_id}"
 
 
-@dataclass(frozen=True)
 class Ending:
-    """How a wait for a run ended: the exit code, and one line saying why (empty on success)."""
+    """How a wait for a run ended: the exit code, and one line saying why (empty on success).
+    A plain class: ``run show`` imports this module, and ``dataclasses`` would load ``inspect``."""
 
-    code: ExitCode
-    reason: str
+    __slots__ = ("code", "reason")
+
+    def __init__(self, code: ExitCode, reason: str) -> None:
+        self.code, self.reason = code, reason
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Ending) and (other.code, other.reason) == (self.code, self.reason)
+
+    def __hash__(self) -> int:
+        return hash((self.code, self.reason))
+
+    def __repr__(self) -> str:
+        return f"Ending(code={self.code!r}, reason={self.reason!r})"
 
     def as_json(self) -> dict[str, Any]:
         outcome = "completed" if self.code == ExitCode.OK else self.code.outcome

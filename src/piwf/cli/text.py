@@ -12,7 +12,10 @@ control characters itself.
 from __future__ import annotations
 
 import re
-from typing import Any
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: this module is on the CLI's path
+if TYPE_CHECKING:
+    from typing import Any
 
 SHOWN = 200  # characters of a value or an error shown in a listing (--json has it all)
 

@@ -119,8 +119,10 @@ def through_restarts(client: Client, deadline: Deadline, body: Callable[[], T], 
     host serves the same state directory when it is back, and a wait asks afresh. The host
     may stay away until the wait's own limit passes, or ``HOST_AWAY_S`` without one: then
     HostUnavailable (exit 9). ``say``: one line on stderr when it is lost, one when back.
-    No host at all to begin with is not waited for: HostUnavailable at once."""
-    client.connect()
+    No host at all to begin with is not waited for: HostUnavailable at once; a client
+    answered a moment ago (``run start --wait``) waits through a restart that came since."""
+    if client._sock is None:
+        client.connect()
     while True:
         try:
             return body()

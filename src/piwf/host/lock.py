@@ -96,19 +96,31 @@ def standing_by(paths: StatePaths, record: dict[str, object]) -> Iterator[None]:
 
 
 def read_standbys(paths: StatePaths) -> list[dict[str, object]]:
-    """The standbys waiting for the lock (their process still running), oldest pid first."""
-    from piwf.processes import alive
-
+    """The standbys waiting for the lock (their process still running), oldest pid first;
+    none when there is no host directory. (``os`` and not pathlib: ``piwf status`` calls
+    this, and loads no pathlib when a host answers.)"""
+    host_dir = os.path.join(paths.name, "host")
+    try:
+        names = sorted(name for name in os.listdir(host_dir)
+                       if name.startswith(STANDBY_PREFIX) and name.endswith(".json"))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
     found = []
-    for path in sorted(paths.host_dir.glob(f"{STANDBY_PREFIX}*.json")):
+    for name in names:
         try:
-            record = json.loads(path.read_text())
+            with open(os.path.join(host_dir, name), encoding="utf-8") as handle:
+                record = json.load(handle)
         except (OSError, ValueError):
             continue
-        if isinstance(record, dict) and isinstance(record.get("pid"), int) and alive(
-                record["pid"], str(record.get("identity"))):
+        if isinstance(record, dict) and isinstance(record.get("pid"), int) and _alive(record):
             found.append(record)
     return sorted(found, key=lambda r: int(str(r["pid"])))
+
+
+def _alive(record: dict[str, object]) -> bool:
+    from piwf.processes import alive
+
+    return alive(int(str(record["pid"])), str(record.get("identity")))
 
 
 def is_held(paths: StatePaths) -> bool:
