@@ -69,9 +69,11 @@ def trace(cursor, sql, bindings):
     return True
 
 opened = sqlite_db.Database.__init__
+connections = []
 def traced(self, conn, path):
     opened(self, conn, path)
     conn.exec_trace = trace
+    connections.append(conn)
 sqlite_db.Database.__init__ = traced
 
 real_run = trio.run
@@ -82,6 +84,15 @@ trio.run = instrumented
 
 def snapshot(signum, frame):
     with open(sys.argv[3], "a") as out:
+        for key in ("hits", "misses", "too_big", "no_cache", "evictions"):
+            counts["statement cache " + key] = 0
+        for conn in connections:
+            try:
+                stats = conn.cache_stats()
+            except Exception:  # closed
+                continue
+            for key in ("hits", "misses", "too_big", "no_cache", "evictions"):
+                counts["statement cache " + key] += stats[key]
         out.write(json.dumps({"counts": counts, "statements": statements}) + "\\n")
 import signal
 signal.signal(signal.SIGUSR1, snapshot)
@@ -117,7 +128,8 @@ def shape(n: int, durability: str) -> None:
             host.wait(timeout=60)
     print(f"shape of one one-node run ({durability}, {n} runs started by one client, then waited for; "
           "the client's run.start and run.wait included)")
-    for key in ("tasks", "cancel scopes", "reschedules"):
+    for key in ("tasks", "cancel scopes", "reschedules", "statement cache misses", "statement cache too_big",
+                "statement cache evictions"):
         print(f"  {key:<28}{(after['counts'].get(key, 0) - before['counts'].get(key, 0)) / n:8.1f}")
     per_run = {sql: (count - before["statements"].get(sql, 0)) / n for sql, count in after["statements"].items()}
     total = sum(per_run.values())

@@ -55,11 +55,15 @@ def claim_next_run(
 
 
 CANDIDATES = 8  # candidates tried by one claim before it gives up for this round
+EXCLUDED_STEP = 16
 
 
 def _candidate(db: Database, now: int, exclude: frozenset[str]) -> tuple[Any, str, str | None] | None:
     """The oldest claimable run not in ``exclude``: (created_at, run id, session)."""
-    excluded = {f"x{i}": run_id for i, run_id in enumerate(sorted(exclude))}
+    # Padded to a multiple of EXCLUDED_STEP (with '', never a run id): the statements' texts
+    # come in a few lengths, not one per count, and stay in the prepared-statement cache.
+    padded = [*sorted(exclude), *[""] * (-len(exclude) % EXCLUDED_STEP)]
+    excluded = {f"x{i}": run_id for i, run_id in enumerate(padded)}
     not_in = f"AND q.run_id NOT IN ({', '.join(':' + k for k in excluded)})" if excluded else ""
     params = {"now": now, **excluded}
     # First a ready run with a submission waiting to be validated (seed: a person waits on
