@@ -165,7 +165,7 @@ def _why(active: ActiveReconcile, stopped_by: StopReason | None) -> str:
             f"{tail}")
 
 
-CHILDREN_SYNC_S = 0.05  # the changes of runs within this long share one check of the child runs
+CHILDREN_SYNC_S = 0.25  # the changes of runs within this long share one check of the child runs
 
 
 async def _watch_children(host: HostState) -> None:
