@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
 from piwf.client import AsyncClient
+from piwf.errors import StorageUnavailable
+from piwf.host import isolated
 from piwf.host.isolated import ISOLATED_AT_ONCE, SOURCE_LIMIT
 from piwf.host.state import HostState
 from piwf.paths import StatePaths
@@ -240,3 +244,38 @@ async def test_beyond_the_waiting_bound_a_check_is_refused_unavailable_before_sp
     (project / "gate").touch()
     await wait_for(lambda: results)
     assert results[0]["name"] == "slow"
+
+
+async def test_a_read_that_hangs_holds_the_reader_thread_alone_and_later_reads_get_their_own_bytes(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """The host's own reader thread (a cheaper hop than trio's threads): a read whose file
+    system hangs is given up at its time limit and keeps that thread, while the next reads
+    go to trio's threads; once the hung read returns, the thread serves again, and the
+    answer of the abandoned read is never taken for a later one's."""
+    hang, ok = tmp_path / "hang.py", tmp_path / "ok.py"
+    hang.write_bytes(b"hung")
+    ok.write_bytes(b"fine")
+    release = threading.Event()
+    real = isolated._read_bounded
+
+    def hanging(path: Path, limit: int, known: Any) -> Any:
+        if path == hang:
+            release.wait()  # what a hung NFS mount does to a thread
+        return real(path, limit, known)
+
+    monkeypatch.setattr(isolated, "_read_bounded", hanging)
+    isolation = isolated.Isolation()
+    monkeypatch.setattr(isolated, "READ_TIMEOUT_S", 0.2)
+    with trio.fail_after(10), pytest.raises(StorageUnavailable, match=r"took over 0\.2 s"):
+        await isolation.read_user_file(hang)
+    monkeypatch.setattr(isolated, "READ_TIMEOUT_S", 30.0)
+    assert isolation._reader is not None and isolation._reader.busy  # held by the hung read
+    with trio.fail_after(10):
+        assert (await isolation.read_user_file(ok))[1] == b"fine"  # through one of trio's threads
+    release.set()
+    with trio.fail_after(10):
+        while isolation._reader.busy:  # freed once the hung read returns
+            await trio.sleep(0.01)
+        for _ in range(3):
+            assert (await isolation.read_user_file(ok))[1] == b"fine"  # its own answer, not the hung one's
+            assert not isolation._reader.busy

@@ -8,6 +8,8 @@ import pytest
 
 from piwf.clock import ManualClock
 from piwf.errors import ClaimLost, NotFound, Rejected
+from piwf.store.api import RunLaunch
+from piwf.store.api.rules import input_hash
 
 from .helpers import LEASE, RUNNER, claim, claims, new_run, statuses
 
@@ -24,6 +26,17 @@ async def test_claim_starts_the_run_and_bumps_generation(store: Any, clock: Manu
     assert first is not None and first.generation == 1 and first.expires_at == clock.now_ms() + LEASE
     assert await statuses(store) == ("running", "starting")
     assert await claim(store, clock) is None  # a live claim is not claimable
+
+
+async def test_a_claim_carries_what_its_worker_is_launched_with(store: Any, clock: ManualClock) -> None:
+    """The launch (workflow, project, digest, input hash) is read in the claim's own
+    transaction: the host launches the worker without reading the run again."""
+    await new_run(store, clock, "r1", input={"n": 7, "s": "x"})
+    await new_run(store, clock, "r2", input=[1, 2])
+    got = await claims(store, clock, room=2)
+    assert [(c.run_id, c.launch) for c, _ in got] == [
+        ("r1", RunLaunch("w", "/p", "d1", input_hash({"n": 7, "s": "x"}))),
+        ("r2", RunLaunch("w", "/p", "d1", input_hash([1, 2])))]
 
 
 async def test_expired_claim_is_claimable_again_with_a_new_generation_and_the_old_token_is_fenced_off(

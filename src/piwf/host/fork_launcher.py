@@ -108,7 +108,7 @@ class ForkLauncher:
         them now), starts waiting on it fail, and its process is reaped."""
         self._up.value = False
         for worker in self._workers.values():
-            worker.reporter_gone.set()
+            worker.template_gone()
         self._workers.clear()
         for event, slot in self._pending.values():
             slot.append(LauncherUnavailable(reason))
@@ -191,8 +191,9 @@ class ForkLauncher:
         event.set()
 
     async def start(self, launch: Launch) -> WorkerHandle:
-        with trio.move_on_after(TEMPLATE_READY_S):
-            await self._up.wait_value(True)
+        if not self._up.value:  # a template is being started: wait for it (no scope when one is up)
+            with trio.move_on_after(TEMPLATE_READY_S):
+                await self._up.wait_value(True)
         if not self._up.value:
             raise LauncherUnavailable("the fork server is not running (it is being restarted)")
         output_r, output_w = os.pipe2(os.O_CLOEXEC)

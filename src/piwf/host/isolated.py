@@ -6,7 +6,9 @@ the host).
 opened without blocking (a FIFO cannot hold a thread), refused with what it is (a FIFO, a
 device, a directory, too large) before a byte is read, and read in a worker thread under
 a time limit (a hung file system costs one abandoned thread, never the event loop or the
-drain).
+drain). The thread is the host's own reader (``_ReaderThread``) when it is idle, else one of
+trio's: a hop to a thread kept for this and woken through a pipe costs a fraction of a
+``trio.to_thread`` hop, and ``run.start`` reads its workflow file (or its stat) every time.
 
 ``Isolation.run`` starts ``python -m MODULE ARGS`` in a throwaway process: at most
 ``ISOLATED_AT_ONCE`` at a time per host, at most ``ISOLATED_WAITING`` more waiting for a
@@ -24,11 +26,14 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
+import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import outcome
 import trio
 
 from piwf.errors import PiwfError, Rejected, StorageUnavailable
@@ -36,7 +41,7 @@ from piwf.wire import decode_json
 
 SOURCE_LIMIT = 4 * 1024 * 1024  # a workflow or controller file
 READ_TIMEOUT_S = 5.0  # reading one such file, on a file system that may hang
-FILE_READERS = 4  # threads reading user files at once, per host
+FILE_READERS = 4  # trio threads reading user files at once, per host (beside its own reader thread)
 INSPECT_TIMEOUT_S = 30
 ISOLATED_AT_ONCE = 4  # throwaway processes at once, per host
 ISOLATED_WAITING = 64  # requests waiting for one; more are refused (unavailable) before spawning
@@ -91,6 +96,66 @@ def _read_bounded(path: Path, limit: int, known: StatKey | None) -> tuple[StatKe
         os.close(fd)
 
 
+class _ReaderThread:
+    """A thread kept for reading user files, asked through one pipe and answering through
+    another, which the loop waits on like any descriptor (as the group commit's syncer,
+    store/sqlite/group.py). One read at a time: ``busy`` while one is in it, and while one
+    whose caller gave up (a hung file system) is still in it; reads that find it busy go to
+    trio's threads. The thread ends when the Isolation that owns it is collected."""
+
+    def __init__(self) -> None:
+        self._ask_r, self._ask_w = os.pipe2(os.O_CLOEXEC)
+        self._done_r, self._done_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self._lock = threading.Lock()
+        self._job: Callable[[], Any] | None = None
+        self._result: outcome.Outcome[Any] | None = None
+        self._finished = False  # the job in it has returned and said so on the pipe
+        self._abandoned = False  # its caller gave up: the thread frees itself when the job returns
+        self.busy = False
+        threading.Thread(target=self._run, name="piwf-files", daemon=True).start()
+
+    def close(self) -> None:
+        os.close(self._ask_w)  # the thread sees the end after the job it may be in, and closes the rest
+
+    async def call(self, job: Callable[[], Any]) -> Any:
+        assert not self.busy
+        self.busy, self._job, self._finished = True, job, False
+        os.write(self._ask_w, b"r")
+        try:
+            while True:
+                await trio.lowlevel.wait_readable(self._done_r)
+                try:
+                    os.read(self._done_r, 1)
+                    break
+                except BlockingIOError:
+                    continue
+        except BaseException:  # cancelled (the read's time limit): leave the job to finish on its own
+            with self._lock:
+                if self._finished:  # it just did: its word is on the pipe
+                    os.read(self._done_r, 1)
+                    self.busy = False
+                else:
+                    self._abandoned = True
+            raise
+        result, self._result, self.busy = self._result, None, False
+        assert result is not None
+        return result.unwrap()
+
+    def _run(self) -> None:
+        while os.read(self._ask_r, 1):
+            job = self._job
+            assert job is not None
+            self._result = outcome.capture(job)
+            with self._lock:
+                self._finished = True
+                if self._abandoned:
+                    self._abandoned, self._result, self.busy = False, None, False
+                else:
+                    os.write(self._done_w, b"d")
+        for fd in (self._ask_r, self._done_r, self._done_w):
+            os.close(fd)
+
+
 @dataclass
 class Isolation:
     """One host's bounds on reading user files and on throwaway processes."""
@@ -99,6 +164,7 @@ class Isolation:
     waiting_max: int = ISOLATED_WAITING
     _readers: trio.CapacityLimiter | None = None
     _slots: trio.CapacityLimiter | None = None
+    _reader: _ReaderThread | None = None
     waiting: int = 0
     running: int = 0
     started: int = 0  # throwaway processes started, over the host's life
@@ -113,7 +179,12 @@ class Isolation:
                              limit: int = SOURCE_LIMIT) -> tuple[StatKey, bytes | None]:
         """``_read_bounded`` in a thread, within READ_TIMEOUT_S (then ``unavailable``)."""
         readers, _ = self._limiters()
+        if self._reader is None:
+            self._reader = reader = _ReaderThread()
+            weakref.finalize(self, reader.close)
         with trio.move_on_after(READ_TIMEOUT_S):
+            if not self._reader.busy:
+                return await self._reader.call(lambda: _read_bounded(path, limit, known))  # type: ignore[no-any-return]
             return await trio.to_thread.run_sync(_read_bounded, path, limit, known, limiter=readers,
                                                  abandon_on_cancel=True)
         raise StorageUnavailable(f"reading {path} took over {READ_TIMEOUT_S:g} s (a hung file system?); "

@@ -139,6 +139,11 @@ async def serve(lane: Lane[Any, Any], *, also: Sequence[Callable[[], Awaitable[N
             state.early_stops.clear()  # any left were for no claim of this round's
             with trio.move_on_after(await lane.next_wait()):
                 await state.wake_event.wait()
+                # Woken for new work while full (a run.start on a busy host): the end that frees
+                # room wakes it again. The backstop deadline above still holds.
+                while lane.room() <= 0 and not state.unrecorded:
+                    state.wake_event = trio.Event()
+                    await state.wake_event.wait()
 
 
 async def renew_claims(lane: Lane[Any, Any]) -> None:

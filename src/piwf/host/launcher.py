@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import trio
-import trio_util
 
 from piwf import processes
 
@@ -137,10 +136,16 @@ class ForkedWorker:
     abandoned: bool = False  # nobody will reap it through this handle: its exit report reaps it
     exited: trio.Event = field(default_factory=trio.Event)
     reporter_gone: trio.Event = field(default_factory=trio.Event)  # the template died
+    settled: trio.Event = field(default_factory=trio.Event)  # either of the two: one event to wait on, not two
 
     def report(self, returncode: int) -> None:
         self.returncode = returncode
         self.exited.set()
+        self.settled.set()
+
+    def template_gone(self) -> None:
+        self.reporter_gone.set()
+        self.settled.set()
 
     def signal_group(self, sig: int) -> bool:
         if self.released:
@@ -160,12 +165,14 @@ class ForkedWorker:
         return sent
 
     async def wait_exited(self) -> None:
+        """Through the pidfd, not the template's report: a template stopped by a node (it
+        is the worker's parent) must not keep a worker's exit from being seen."""
         if self.exited.is_set():
             return
         if self.pidfd is not None:
             await trio.lowlevel.wait_readable(self.pidfd)
         else:
-            await trio_util.wait_any(self.exited.wait, self.reporter_gone.wait)
+            await self.settled.wait()
 
     async def reap(self) -> int | None:
         """The exit status as the template reported it; None when the template died first
@@ -173,7 +180,7 @@ class ForkedWorker:
         if self.released:
             return self.returncode
         try:
-            await trio_util.wait_any(self.exited.wait, self.reporter_gone.wait)
+            await self.settled.wait()
             if self.exited.is_set() and not self.reporter_gone.is_set():
                 await self.release(self.pid)
             elif self.pidfd is not None:

@@ -169,6 +169,10 @@ async def _run_wait(host: HostState, request: WaitRun) -> WaitReceipt:
     this host has recorded how its worker ended: the receipt never shows a run at rest
     beside a worker still `running`."""
     run_id = request.runId
+    if run_id not in host.active:  # a run at rest already (a client waiting after the fact): one read
+        run = await host.store.runs.get_run(run_id, host.now())
+        if _settled(host, run):
+            return WaitReceipt(**msgspec.structs.asdict(run), atRest=True)
     with WATCH_ENDS_EARLY.get() or trio.CancelScope(), trio.move_on_after(request.payload.timeoutMs / 1000):
         # asked again on every change, and when a run leaves host.active
         await until_changed(host, lambda: _summary_settled(host, run_id))
@@ -177,6 +181,8 @@ async def _run_wait(host: HostState, request: WaitRun) -> WaitReceipt:
 
 
 async def _summary_settled(host: HostState, run_id: str) -> bool:
+    if run_id in host.active:  # not at rest while this host supervises it: no read
+        return False
     return _settled(host, await host.store.runs.run_summary(run_id))
 
 

@@ -165,10 +165,17 @@ def _why(active: ActiveReconcile, stopped_by: StopReason | None) -> str:
             f"{tail}")
 
 
+CHILDREN_SYNC_S = 0.25  # the changes of runs within this long share one check of the child runs
+
+
 async def _watch_children(host: HostState) -> None:
     """Child runs started by ``ctx.workflows.ensure``: each change of any run is a chance
-    that one left `running`; the check is one indexed query."""
+    that one left `running`; the check is one indexed query, made within
+    ``CHILDREN_SYNC_S`` of a change (the changes of that window share it: a busy host
+    changes runs several times per run, and most hosts have no child run at all), and
+    every ``poll_s`` as a backstop. A change during a check is seen by the next one."""
     while True:
+        seen = host.run_changed.count
         try:
             moved = await host.store.controller_effects.sync_children(host.now())
         except PiwfError as exc:
@@ -177,7 +184,8 @@ async def _watch_children(host: HostState) -> None:
         if moved:
             host.controllers.wake()
         with trio.move_on_after(host.config.poll_s):
-            await host.run_changed.wait()
+            await host.run_changed.wait(after=seen)
+            await trio.sleep(CHILDREN_SYNC_S)
 
 
 __all__ = ["Conclusion", "ReconcileLane", "serve_controllers"]

@@ -15,7 +15,7 @@ import trio
 from piwf import faults
 from piwf.errors import PiwfError
 from piwf.status import CRASHES, STOPPED_AS, StopReason, WorkerStatus
-from piwf.store.api import Claim, Delay, SupervisionStore, WorkerEnded
+from piwf.store.api import Claim, Delay, RunLaunch, SupervisionStore, WorkerEnded
 from piwf.store.api.rules import input_hash
 from piwf.protocol.worker import LaunchEnvelope, WorkerMessage, WorkerResponse, parse_worker_message
 from piwf.host import lane, time_limits
@@ -76,10 +76,14 @@ class RunLane(lane.Lane[Claim, WorkerEnd]):
 
     async def envelope(self, active: ActiveRun) -> tuple[msgspec.Struct, str]:
         run_id = active.claim.run_id
-        workflow, project, digest, run_input, _ = await self.host.store.runs.run_source(run_id)
+        launch = active.claim.launch
+        if launch is None:  # a claim not from claim_runs: read what its worker is launched with
+            workflow, project, digest, run_input, _ = await self.host.store.runs.run_source(run_id)
+            launch = RunLaunch(workflow, project, digest, input_hash(run_input))
+        project = launch.project_path
         envelope = LaunchEnvelope(
             runId=run_id, generation=active.claim.generation, workerEpoch=active.worker_id, projectPath=project,
-            workflow=workflow, definitionDigest=digest, inputHash=input_hash(run_input),
+            workflow=launch.workflow, definitionDigest=launch.definition_digest, inputHash=launch.input_hash,
         )
         log.info("run %s: claimed (generation %d)", run_id, active.claim.generation)
         return envelope, project

@@ -188,6 +188,7 @@ async def _process_register(host: HostState, tx: UnitOfWork,
     that leads its own process group, not registered to another worker. Its identity is
     the host's own reading of it, not the worker's word."""
     payload = message.payload
+    active.registered = True  # from now on its end reads the groups registered (this one, if it commits)
     identity = _own_group_leader(active, payload.pid)
     if identity != payload.identity:
         raise Rejected(f"process {payload.pid} is not the one the worker named (its start identity differs)")

@@ -67,8 +67,8 @@ class Diagnostics:
 
 
 class Outputs:
-    """The output of the workers this process runs, and of the last ``KEPT`` that ended, by
-    worker id: what ``run.output`` reads (a follower reads a worker's last lines after it
+    """The output of the workers this process runs, and of at least the last ``KEPT`` that
+    ended, by worker id: what ``run.output`` reads (a follower reads a worker's last lines after it
     has exited). Worker ids are random, so the hosts of one process (tests) share it."""
 
     KEPT = 64
@@ -80,9 +80,10 @@ class Outputs:
     def add(self, worker_id: str, run_id: str | None, diagnostics: Diagnostics) -> None:
         self._by_worker[worker_id] = (run_id, diagnostics)
         self.added.set()
-        ended = [w for w, (_, d) in self._by_worker.items() if d.closed]
-        for worker in ended[:max(0, len(ended) - self.KEPT)]:
-            del self._by_worker[worker]
+        if len(self._by_worker) > 2 * self.KEPT:  # now and then, not a scan per worker
+            ended = [w for w, (_, d) in self._by_worker.items() if d.closed]
+            for worker in ended[:max(0, len(ended) - self.KEPT)]:
+                del self._by_worker[worker]
 
     def get(self, worker_id: str, run_id: str) -> Diagnostics | None:
         """The output of worker ``worker_id`` of run ``run_id`` (None: not kept, or another run's)."""
@@ -196,8 +197,9 @@ async def _supervise_process(host: HostState, active: Active[Any], proc: WorkerH
             end = end.noted("the fork server that started the worker died first; its exit status is unknown")
         active.process_end = end
         try:
-            with cleanup_scope(host, REAP_S):
-                await _reap_groups_of(host, active.worker_id)
+            if active.registered:  # only a worker's own register message records a group of it
+                with cleanup_scope(host, REAP_S):
+                    await _reap_groups_of(host, active.worker_id)
         finally:
             with cleanup_scope(host, 1):
                 for stream in (send, receive, proc.stdout):

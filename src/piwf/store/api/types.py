@@ -68,6 +68,16 @@ class NewScope:
 
 
 @dataclass(frozen=True)
+class RunLaunch:
+    """What a worker of a claimed run is launched with, read in the claim's transaction."""
+
+    workflow: str
+    project_path: str
+    definition_digest: str
+    input_hash: str  # ``rules.input_hash`` of the run's input
+
+
+@dataclass(frozen=True)
 class Claim:
     """A run's claim: the token every fenced write names, and the run's generation."""
 
@@ -75,6 +85,7 @@ class Claim:
     token: str
     generation: int
     expires_at: int
+    launch: RunLaunch | None = None  # set by ``claim_runs`` (the host's claims): no read per launch
 
     @property
     def label(self) -> str:  # what the host's logs call the claimed run

@@ -6,6 +6,7 @@ projection (``lifecycle_contradictions``) always holds.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from piwf.errors import ClaimLost, Conflict, NotFound
@@ -55,13 +56,17 @@ def claim_next_run(
 
 
 CANDIDATES = 8  # candidates tried by one claim before it gives up for this round
+EXCLUDED_STEP = 16
 
 
 def _candidate(db: Database, now: int, exclude: frozenset[str]) -> tuple[Any, str, str | None] | None:
     """The oldest claimable run not in ``exclude``: (created_at, run id, session)."""
-    excluded = {f"x{i}": run_id for i, run_id in enumerate(sorted(exclude))}
-    not_in = f"AND q.run_id NOT IN ({', '.join(':' + k for k in excluded)})" if excluded else ""
+    # Padded to a multiple of EXCLUDED_STEP (with '', never a run id): the statements' texts
+    # come in a few lengths, not one per count, and stay in the prepared-statement cache.
+    padded = [*sorted(exclude), *[""] * (-len(exclude) % EXCLUDED_STEP)]
+    excluded = {f"x{i}": run_id for i, run_id in enumerate(padded)}
     params = {"now": now, **excluded}
+    not_in = _not_in(len(padded))
     # First a ready run with a submission waiting to be validated (seed: a person waits on
     # it; few, found through the validating submissions' own index).
     validating = db.one(f"""SELECT q.created_at, q.run_id, q.origin_session_id FROM interaction_submissions s
@@ -82,6 +87,11 @@ def _candidate(db: Database, now: int, exclude: frozenset[str]) -> tuple[Any, st
                          f"WHERE {EXPIRED} AND {SESSION_FREE} {not_in}{lock}", params).fetchall()
     found: tuple[Any, str, str | None] | None = min([*expired, *([ready] if ready else [])], default=None)
     return found
+
+
+@functools.cache
+def _not_in(count: int) -> str:
+    return f"AND q.run_id NOT IN ({', '.join(f':x{i}' for i in range(count))})" if count else ""
 
 
 def claim_run(

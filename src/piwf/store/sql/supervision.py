@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 
 from piwf.status import CRASHES, Hold, WorkerStatus
-from piwf.store.sql import interactions, queue, workers
+from piwf.store.api.rules import input_hash
+from piwf.store.sql import interactions, queue, runs, workers
 from piwf.store.sql.database import Database
-from piwf.store.api.types import Claim, Delay, WorkerEnded
+from piwf.store.api.types import Claim, Delay, RunLaunch, WorkerEnded
 
 
 def claim_runs(db: Database, *, room: int, exclude: frozenset[str], runner_id: str, lease_ms: int, now: int,
                epoch: int) -> list[tuple[Claim, str]]:
     """Claim up to ``room`` runs, oldest first, none in ``exclude``, each with a fresh
-    token and a worker record (its worker id): one transaction, one commit."""
+    token, a worker record (its worker id) and what its worker is launched with
+    (``Claim.launch``): one transaction, one commit."""
     taken: list[tuple[Claim, str]] = []
     skip = set(exclude)
     with db.write():
@@ -25,7 +28,9 @@ def claim_runs(db: Database, *, room: int, exclude: frozenset[str], runner_id: s
             worker_id = secrets.token_hex(8)
             workers.record_start(db, worker_id=worker_id, run_id=claim.run_id, generation=claim.generation,
                                  host_epoch=epoch, now=now)
-            taken.append((claim, worker_id))
+            workflow, project, digest, run_input, _ = runs.run_source(db, claim.run_id)
+            launch = RunLaunch(workflow, project, digest, input_hash(run_input))
+            taken.append((dataclasses.replace(claim, launch=launch), worker_id))
             skip.add(claim.run_id)
     return taken
 

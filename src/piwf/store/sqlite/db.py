@@ -24,9 +24,12 @@ log = logging.getLogger("piwf.store")
 _T = TypeVar("_T")
 _P = ParamSpec("_P")
 BUSY_TIMEOUT_MS = 5000
-# Prepared statements kept per connection: more than piwf has distinct statements, so none
-# is compiled twice (apsw keeps 16 by default).
-STATEMENT_CACHE = 256
+# Prepared statements kept per connection (apsw keeps 16 by default). apsw puts a statement
+# back in the next slot of a ring when it is done, evicting what was there, so an entry
+# lasts this many executions, not this many distinct statements: at 256 (about three runs'
+# statements) the less frequent ones were compiled again, 2-3 per run
+# (bench/profile_host.py counts); at 1024, 0.4.
+STATEMENT_CACHE = 1024
 RESET_HINT = "Move the state directory aside to start fresh, or use the piwf that created it."
 DAMAGE_HINT = ("Restore it from a backup, or move the state directory aside to start fresh "
                "(sqlite3's .recover may save what is readable); nothing was written to it.")

@@ -22,7 +22,6 @@ import sys
 import threading
 
 import trio
-import trio_util
 
 from piwf import faults
 from piwf.errors import StorageUnavailable
@@ -37,7 +36,8 @@ class GroupCommit:
         self.enabled = db.durability == "full"
         if self.enabled:
             db.defer_sync()
-        self._synced = trio_util.AsyncValue(db.written())
+        self._synced = db.written()  # every commit up to this mark is durable
+        self._fsynced = trio.Event()  # set after each fsync (then replaced): waiters look at the mark again
         self._wanted = trio.Event()
         self.failure: StorageUnavailable | None = None
         self.fsyncs = 0  # statistics: how many groups were synced
@@ -50,9 +50,9 @@ class GroupCommit:
         if not self.enabled:
             return
         target = self.db.written()
-        if self._synced.value < target:
+        while self._synced < target:  # (an Event, not an AsyncValue and its predicates: 4 waits a run)
             self._wanted.set()
-            await self._synced.wait_value(lambda synced: synced >= target)
+            await self._fsynced.wait()
         if self.failure is not None:
             raise self.failure
 
@@ -74,13 +74,19 @@ class GroupCommit:
                     self._fail(error)
                 faults.point("host.group.synced")
                 self.fsyncs += 1
-                self._synced.value = target
+                self._synced = target
+                self._wake()
 
     def _fail(self, error: OSError) -> None:
         self.failure = StorageUnavailable(f"fsync of {self.db.path}-wal failed ({error.strerror}); what was "
                                           "committed since the last fsync may be lost: restart the host")
-        self._synced.value = FAILED
+        self._synced = FAILED
+        self._wake()
         raise self.failure from error
+
+    def _wake(self) -> None:
+        fsynced, self._fsynced = self._fsynced, trio.Event()
+        fsynced.set()
 
 
 class _SyncThread:
