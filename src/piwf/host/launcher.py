@@ -192,5 +192,19 @@ class ForkedWorker:
         self.pidfd = None
 
 
+async def stop_worker(proc: WorkerHandle, grace_s: float, exited: bool) -> int | None:
+    """SIGTERM the group, wait out the grace, SIGKILL the group; then reap. The group is
+    signalled only while its leader is unreaped, so its id cannot name another group."""
+    try:
+        if not exited:
+            proc.signal_group(signal.SIGTERM)
+            with trio.move_on_after(grace_s):
+                await proc.wait_exited()
+    finally:  # even when the cleanup's deadline ends the grace early
+        # Whatever the worker left in its group (its children, their children) dies with it.
+        proc.signal_group(signal.SIGKILL)
+    return await proc.reap()
+
+
 def fork_available() -> bool:
     return sys.platform == "linux" and hasattr(os, "fork") and hasattr(os, "pidfd_open")

@@ -19,6 +19,7 @@ from piwf.host.catalog import Catalog
 from piwf.host.controller_state import ControllerState
 from piwf.host.lane_state import Active, Conclusion, End, LaneState, NodeClock, ProcessEnd
 from piwf.host.launcher import Launcher, SpawnLauncher
+from piwf.host.warm import WarmPool
 
 log = logging.getLogger("piwf.host")
 
@@ -104,6 +105,7 @@ class HostState:
     catalog: Catalog = field(default_factory=Catalog)
     launcher: Launcher = field(default_factory=SpawnLauncher)
     runs: LaneState[Claim, WorkerEnd] = field(default_factory=LaneState)  # the run lane: active runs, ...
+    warm: WarmPool = field(default_factory=WarmPool)  # idle warm workers (reuse_worker), kept by the run lane
     connections: int = 0
     drain_deadline: float = math.inf  # set when a drain starts: every cleanup ends by then
     run_changed: Changes = field(default_factory=lambda: Changes())
