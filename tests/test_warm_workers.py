@@ -32,7 +32,7 @@ WARM = """
         RUNS.append(ctx.run_id)
         what = (ctx.input or {}).get("do")
         seen = {"pid": os.getpid(), "runs": len(RUNS), "leak": os.environ.get("WARM_LEAK"), "cwd": os.getcwd(),
-                "threads": threading.active_count()}
+                "threads": threading.active_count(), "nice": os.nice(0)}
         if what == "leak":  # change the environment and cwd, leave a registered group running
             os.environ["WARM_LEAK"] = "leaked"
             os.chdir("/")
@@ -205,6 +205,23 @@ async def test_the_host_stopping_stops_its_idle_warm_workers(paths: StatePaths, 
         host.stop_requested.set()
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+@pytest.mark.parametrize("nice", [10, 0, 19])
+async def test_a_run_worker_executes_its_nodes_nicer_than_the_host_by_worker_nice(
+        paths: StatePaths, project: Path, nursery: trio.Nursery, nice: int) -> None:
+    warm_project(project)
+    write_workflow(project, "fresh", WARM.replace("REUSE", "False").replace('name="warm"', 'name="fresh"'))
+    overrides = {} if nice == 10 else {"worker_nice": nice}  # 10 is the default
+    host = await nursery.start(Host(config(paths, **overrides)).serve)
+    async with AsyncClient(paths) as client:
+        fresh = (await run_once(client, project, workflow="fresh"))["output"]
+        warm = [(await run_once(client, project))["output"] for _ in range(2)]
+    host.stop_requested.set()
+    own = os.nice(0)
+    assert fresh["nice"] == min(19, own + nice)
+    assert [w["nice"] for w in warm] == [min(19, own + nice)] * 2  # lowered once, not once per run
+    assert warm[0]["pid"] == warm[1]["pid"]
 
 
 def test_reuse_worker_is_checked_where_the_workflow_is_declared() -> None:

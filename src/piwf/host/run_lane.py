@@ -89,6 +89,7 @@ class RunLane(lane.Lane[Claim, WorkerEnd]):
         envelope = LaunchEnvelope(
             runId=run_id, generation=active.claim.generation, workerEpoch=active.worker_id, projectPath=project,
             workflow=workflow, definitionDigest=digest, inputHash=input_hash(run_input),
+            nice=self.host.config.worker_nice,
         )
         log.info("run %s: claimed (generation %d)", run_id, active.claim.generation)
         active.warm = WarmTicket(project, workflow, digest)

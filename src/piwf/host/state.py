@@ -49,6 +49,7 @@ class HostConfig:
     socket_check_s: float = 1.0  # between looks at the socket's path: a deleted socket is bound again
     worker_env: dict[str, str] = field(default_factory=dict)
     worker_start: str = "fork"  # or "spawn"
+    worker_nice: int = 10  # a run's worker executes its nodes this much nicer than the host (piwf serve --worker-nice)
     listen_fd: int | None = None  # a listening socket passed by the service manager (LISTEN_FDS)
     notify_socket: str | None = None  # sd_notify's $NOTIFY_SOCKET: a path, or @name (abstract)
     watchdog_s: float | None = None  # the service's watchdog period ($WATCHDOG_USEC), pinged twice per period

@@ -329,6 +329,7 @@ class LaunchEnvelope(msgspec.Struct, forbid_unknown_fields=True):
     inputHash: str
     schema: str = WORKER_LAUNCH_SCHEMA
     protocolVersion: int = WORKER_PROTOCOL_VERSION
+    nice: Annotated[int, msgspec.Meta(ge=0, le=19)] = 0  # added to the worker's nice value once it is ready
 
 
 class LaunchRefused(ValueError):

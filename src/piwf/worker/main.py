@@ -7,6 +7,7 @@ Launched by the host with ``$PIWF_WORKER_LAUNCH`` (base64url JSON envelope) and
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -63,6 +64,7 @@ def run(envelope: LaunchEnvelope, channel: Channel, workflow: Workflow | None, l
     ready = channel.request(Ready, loaded, ReadyResult)
     if ready.stop is not None or workflow is None:
         return
+    _yield_to_the_host(envelope.nice)
     steps = _accepted_steps(channel, ready)
     journal = HostJournal(channel, ready.attempt)
     try:
@@ -78,6 +80,19 @@ def run(envelope: LaunchEnvelope, channel: Channel, workflow: Workflow | None, l
         return
     if not journal.finished:  # every step was accepted before this worker: complete now
         channel.request(RunComplete, RunCompletePayload(output=output))
+
+
+_niced = [False]
+
+
+def _yield_to_the_host(nice: int) -> None:
+    """Run the workflow's nodes below the host's priority (``piwf serve --worker-nice``):
+    on cores its runs keep busy, the host, the fork server and workers starting up go
+    first. Loading happened at the host's priority; a warm worker lowers it once."""
+    if nice and not _niced[0]:
+        _niced[0] = True
+        with contextlib.suppress(OSError):
+            os.nice(nice)
 
 
 def _accepted_steps(channel: Channel, ready: ReadyResult) -> list[Step]:
