@@ -236,3 +236,25 @@ def test_reuse_worker_is_checked_where_the_workflow_is_declared() -> None:
                          ({"worker_memory_mb": 64}, "applies to reused workers only")]:
         with pytest.raises(DefinitionError, match=message):
             Workflow("w", "n", node, **bad)
+
+
+async def test_a_reusing_worker_whose_run_is_held_for_its_source_ends_as_a_fresh_one_does(
+        paths: StatePaths, project: Path, nursery: trio.Nursery) -> None:
+    """The run was started with another digest than the file's now: held (source), and its
+    worker exits by itself instead of offering itself for runs of a digest it did not load."""
+    warm_project(project)
+    host = await nursery.start(Host(config(paths, max_workers=1)).serve)
+    async with AsyncClient(paths) as client:
+        blocker = await client.call("run.start", payload={"workflow": "warm", "projectPath": str(project),
+                                                          "input": {"do": "hang"}})
+        await wait_for(lambda: (project / "hanging").exists())
+        held = await client.call("run.start", payload={"workflow": "warm", "projectPath": str(project)})
+        path = project / ".piwf" / "workflows" / "warm.py"
+        path.write_text(path.read_text().replace('RUNS.append(ctx.run_id)', 'RUNS.append(ctx.run_id); RUNS.sort()'))
+        await client.call("run.cancel", run_id=blocker.receipt["runId"])
+        run = await wait_for(lambda: _settled_any(client, held.receipt["runId"]))
+    host.stop_requested.set()
+    assert run["hold"] == "source"
+    assert [w["status"] for w in run["workers"]] == ["exited"]
+    assert "kept warm" not in (run["workers"][0]["diagnostic"] or "")
+    assert len(host.warm) == 0

@@ -51,19 +51,20 @@ def serve(envelope: LaunchEnvelope, channel: Channel) -> None:
     runs = 0
     next_envelope: LaunchEnvelope | None = envelope
     while next_envelope is not None:
-        run(next_envelope, channel, workflow, loaded)
+        executed = run(next_envelope, channel, workflow, loaded)
         runs += 1
-        if reuse is None or baseline is None:
+        if reuse is None or baseline is None or not executed:
             return
         next_envelope = warm.next_run(channel, baseline, reuse, runs)
 
 
-def run(envelope: LaunchEnvelope, channel: Channel, workflow: Workflow | None, loaded: ReadyPayload) -> None:
+def run(envelope: LaunchEnvelope, channel: Channel, workflow: Workflow | None, loaded: ReadyPayload) -> bool:
     """Say ready once the workflow is loaded: the host's startup timeout covers the import
-    of user code, and the host (which knows the run's digest) decides whether it may run."""
+    of user code, and the host (which knows the run's digest) decides whether it may run.
+    False when it did not (the run is held): such a worker is not reused."""
     ready = channel.request(Ready, loaded, ReadyResult)
     if ready.stop is not None or workflow is None:
-        return
+        return False
     _yield_to_the_host(envelope.nice)
     steps = _accepted_steps(channel, ready)
     journal = HostJournal(channel, ready.attempt)
@@ -71,15 +72,16 @@ def run(envelope: LaunchEnvelope, channel: Channel, workflow: Workflow | None, l
         output = execute(workflow, run_id=envelope.runId, project_path=envelope.projectPath,
                          input=ready.input, accepted=steps, journal=journal)
     except Stop:
-        return
+        return True
     except NodeFailed as exc:
         channel.request(RunFail, RunFailPayload(error=exc.error))
-        return
+        return True
     except DefinitionError as exc:
         channel.request(RunFail, RunFailPayload(error=describe_error(exc, "graph")))
-        return
+        return True
     if not journal.finished:  # every step was accepted before this worker: complete now
         channel.request(RunComplete, RunCompletePayload(output=output))
+    return True
 
 
 _niced = [False]
