@@ -79,7 +79,7 @@ def test_a_chaos_run_with_a_standby_loses_nothing_and_repeats_no_effect() -> Non
 def test_a_chaos_run_with_warm_workers_loses_nothing_and_repeats_no_effect() -> None:
     """Every workflow declares reuse_worker=True: runs share worker processes while hosts and
     workers are killed, hostile runs crash theirs; the guarantees stay those of fresh workers."""
-    summary = chaos("--runs", "12", "--kills", "4", "--hostile-every", "3", "--loop-every", "3", "--resources", "0",
+    summary = chaos("--runs", "12", "--kills", "4", "--hostile-every", "4", "--loop-every", "3", "--resources", "0",
                     "--warm-workers")
     check(summary)
     assert summary["warm_reuses"] >= 1, summary["seed"]  # runs were handed to warm workers
