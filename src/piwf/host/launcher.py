@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -52,6 +53,7 @@ class WorkerHandle(Protocol):
     def stdout(self) -> trio.abc.ReceiveStream | None: ...
 
     def signal_group(self, sig: int) -> bool: ...
+    def has_exited(self) -> bool: ...  # without waiting: the leader has exited (reaped or not)
     async def wait_exited(self) -> None: ...  # one waiting task at a time
     async def reap(self) -> int | None: ...
 
@@ -65,6 +67,13 @@ def _pidfd(pid: int) -> int | None:
         return os.pidfd_open(pid)
     except (OSError, AttributeError):
         return None
+
+
+def _readable(fd: int) -> bool:
+    """A pidfd polls readable once its process has exited."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def _close_fd(fd: int | None) -> None:
@@ -94,6 +103,9 @@ class SpawnedWorker:
 
     def signal_group(self, sig: int) -> bool:
         return not self.reaped and processes.signal_group(self.pid, sig)
+
+    def has_exited(self) -> bool:
+        return self.reaped or (self.pidfd is not None and _readable(self.pidfd))
 
     async def wait_exited(self) -> None:
         if self.pidfd is None or self.reaped:
@@ -158,6 +170,9 @@ class ForkedWorker:
         if sig == signal.SIGKILL and self.identity is not None:
             sent = processes.kill_recorded_group(self.pid, self.identity) or sent
         return sent
+
+    def has_exited(self) -> bool:
+        return self.exited.is_set() or self.released or (self.pidfd is not None and _readable(self.pidfd))
 
     async def wait_exited(self) -> None:
         if self.exited.is_set():

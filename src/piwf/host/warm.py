@@ -36,6 +36,7 @@ from piwf.wire import LineBuffer, encode_line
 from piwf.host.launcher import WorkerHandle, stop_worker
 
 IDLE_S = 60.0  # an idle warm worker waits this long for another run, then is stopped
+SWEEP_S = 1.0  # how often the idle workers are looked at
 REAP_S = 5.0
 
 WarmKey = tuple[str, str, str]  # project, workflow, digest
@@ -50,7 +51,8 @@ class WarmTicket:
     workflow: str
     digest: str  # the run's stored digest: a warm worker must have loaded exactly this
     reusable: bool = False  # the worker's ready said its workflow reuses workers, and loaded the run's digest
-    idle: trio.Event = field(default_factory=trio.Event)  # it said worker.idle after its part ended
+    idle: bool = False  # it said worker.idle after its part ended
+    waiting: trio.CancelScope | None = None  # the supervisor's wait for the worker's exit: idle ends it too
     runs: int = 0  # how many runs its process has executed (from worker.idle)
     reused: bool = False  # this run was handed to a warm worker
 
@@ -70,7 +72,7 @@ class WarmWorker:
     receive: trio.lowlevel.FdStream
     key: WarmKey
     runs: int
-    watch: trio.CancelScope = field(default_factory=trio.CancelScope)
+    since: float = field(default_factory=trio.current_time)  # idle since (trio time)
 
 
 async def hear_idle(ticket: WarmTicket | None, worker_id: str, receive: trio.lowlevel.FdStream,
@@ -92,8 +94,9 @@ async def hear_idle(ticket: WarmTicket | None, worker_id: str, receive: trio.low
             return False
         if idle.workerEpoch != worker_id or len(lines) > 1:
             return False
-        ticket.runs = idle.runs
-        ticket.idle.set()
+        ticket.runs, ticket.idle = idle.runs, True
+        if ticket.waiting is not None:
+            ticket.waiting.cancel()
         return True
     return False
 
@@ -111,7 +114,10 @@ def drain_output(stream: trio.abc.ReceiveStream | None) -> bytes:
 
 
 class WarmPool:
-    """The host's idle warm workers, oldest first, at most ``room()`` of them."""
+    """The host's idle warm workers, oldest first, at most ``room()`` of them. One task
+    looks at them every ``SWEEP_S``: the ones that ended on their own or have waited
+    ``IDLE_S`` are stopped (a run never waits for this: a worker that died meanwhile is
+    refused at its hand-over, and the run starts a fresh one)."""
 
     def __init__(self) -> None:
         self._idle: OrderedDict[WarmWorker, None] = OrderedDict()
@@ -129,7 +135,9 @@ class WarmPool:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                await trio.sleep_forever()
+                while True:
+                    await trio.sleep(SWEEP_S)
+                    self._sweep(trio.current_time())
         finally:
             self._nursery = None
             idle, self._idle = list(self._idle), OrderedDict()
@@ -138,12 +146,20 @@ class WarmPool:
                     for worker in idle:
                         stopping.start_soon(self._stop, worker)
 
+    def _sweep(self, now: float) -> None:
+        for worker in [w for w in self._idle if w.proc.has_exited() or now - w.since >= IDLE_S]:
+            self._drop(worker)
+
+    def _drop(self, worker: WarmWorker) -> None:
+        del self._idle[worker]
+        assert self._nursery is not None
+        self._nursery.start_soon(self._stop, worker)
+
     def take(self, key: WarmKey) -> WarmWorker | None:
-        """The oldest idle worker for ``key``, out of the pool (its watch ends at once)."""
+        """The oldest idle worker for ``key``, out of the pool."""
         for worker in self._idle:
             if worker.key == key:
                 del self._idle[worker]
-                worker.watch.cancel()
                 return worker
         return None
 
@@ -152,12 +168,8 @@ class WarmPool:
         if self._nursery is None or self.room() <= 0:
             return False
         while len(self._idle) >= self.room():  # full: the oldest goes
-            oldest = next(iter(self._idle))
-            del self._idle[oldest]
-            oldest.watch.cancel()
-            self._nursery.start_soon(self._stop, oldest)
+            self._drop(next(iter(self._idle)))
         self._idle[worker] = None
-        self._nursery.start_soon(self._watch, worker)
         return True
 
     async def hand_over(self, worker: WarmWorker, envelope: Any) -> bool:
@@ -165,20 +177,13 @@ class WarmPool:
         and the run starts a fresh worker)."""
         assert isinstance(envelope, LaunchEnvelope)
         try:
+            if worker.proc.has_exited():
+                raise trio.BrokenResourceError("the warm worker has exited")
             await worker.send.send_all(encode_line(NextRun(launch=envelope)))
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             await self._stop(worker)
             return False
         return True
-
-    async def _watch(self, worker: WarmWorker) -> None:
-        with worker.watch:  # cancelled when a run takes it
-            with trio.move_on_after(IDLE_S):
-                await worker.proc.wait_exited()  # it ended on its own while idle
-            self._idle.pop(worker, None)
-        if worker.watch.cancelled_caught:
-            return
-        await self._stop(worker)
 
     async def _stop(self, worker: WarmWorker) -> None:
         with trio.CancelScope(shield=True,

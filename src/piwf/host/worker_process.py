@@ -186,11 +186,11 @@ async def _supervise_process(host: HostState, active: Active[Any], proc: WorkerH
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_read_output, proc.stdout, diagnostics)
             nursery.start_soon(pump, receive, send)
-            if ticket is None:
+            with trio.CancelScope() as waiting:  # a warm worker's worker.idle ends it too
+                if ticket is not None:
+                    ticket.waiting = waiting
                 await proc.wait_exited()
-            else:  # a warm worker's part may end with worker.idle instead of its exit
-                await trio_util.wait_any(proc.wait_exited, ticket.idle.wait)
-            exited = not ticket or not ticket.idle.is_set()
+            exited = ticket is None or not ticket.idle
             nursery.cancel_scope.cancel()
         kept = not exited and active.stop_reason is None
     finally:  # cancelled, failed or done: the worker's whole group goes, and is reaped
