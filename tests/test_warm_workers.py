@@ -119,6 +119,15 @@ async def test_a_warm_worker_is_replaced_after_its_number_of_runs(warm_host: Any
     assert pids[0] == pids[1] != pids[2] == pids[3] != pids[4]
 
 
+async def test_a_warm_worker_past_its_memory_ceiling_is_replaced(warm_host: Any, paths: StatePaths,
+                                                                  project: Path) -> None:
+    warm_project(project, reuse="True, worker_memory_mb=1")  # any Python process is resident over 1 MB
+    async with AsyncClient(paths) as client:
+        outputs = [(await run_once(client, project))["output"] for _ in range(3)]
+    assert [o["runs"] for o in outputs] == [1, 1, 1]
+    assert len({o["pid"] for o in outputs}) == 3
+
+
 async def test_what_a_run_registered_and_changed_is_gone_before_the_next_run(warm_host: Any, paths: StatePaths,
                                                                            project: Path) -> None:
     warm_project(project)
