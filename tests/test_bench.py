@@ -40,3 +40,20 @@ def test_quick_json_prints_every_figure_as_one_document() -> None:
     assert set(results["targets"]) == {"store_vs_limit", "e2e_vs_dbos", "e2e_runs_per_s", "claim_to_ready_p50_ms",
                                        "status_p50_us", "cli_status_ms", "e2e_full_vs_normal", "host_cpu_ms_per_run",
                                        "rtt_vs_echo", "takeover_standby_ms"}
+
+
+def test_the_warm_worker_bench_prints_its_figures_against_their_goals() -> None:
+    done = subprocess.run([sys.executable, str(BENCH.parent / "measure_warm.py"), "--quick", "--json"],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout)
+    e2e = results["end_to_end"]
+    assert e2e["fresh"]["per_s"] > 0 and e2e["warm"]["per_s"] > 0
+    assert e2e["fresh"]["processes"] == e2e["fresh"]["n"]  # a process per run ...
+    assert e2e["warm"]["processes"] < e2e["warm"]["n"] / 4  # ... against a few, each serving many runs
+    assert ("vs_huey" in e2e["warm"]) == (importlib.util.find_spec("huey") is not None)
+    for section in ("saturated", "saturated_nice0", "idle"):
+        for kind in ("fresh", "warm"):
+            assert results["claim_to_ready"][section][kind]["claim_to_ready_p50_ms"] >= 0, (section, kind)
+    assert results["claim_to_ready"]["saturated"]["spinners"] == 8
+    assert set(results["goals"]) == {"warm_runs_per_s", "fresh_ready_saturated_ms", "warm_ready_saturated_ms"}

@@ -88,6 +88,15 @@ def test_a_chaos_run_with_a_standby_loses_nothing_and_repeats_no_effect() -> Non
     assert summary["standby_takeovers"] >= 1
 
 
+def test_a_chaos_run_with_warm_workers_loses_nothing_and_repeats_no_effect() -> None:
+    """Every workflow declares reuse_worker=True: runs share worker processes while hosts and
+    workers are killed, hostile runs crash theirs; the guarantees stay those of fresh workers."""
+    summary = chaos("--runs", "12", "--kills", "4", "--hostile-every", "4", "--loop-every", "3", "--resources", "0",
+                    "--warm-workers")
+    check(summary)
+    assert summary["warm_reuses"] >= 1, summary["seed"]  # runs were handed to warm workers
+
+
 @pytest.mark.soak
 def test_the_documented_chaos_run() -> None:
     summary = chaos("--runs", "50", "--kills", "20")

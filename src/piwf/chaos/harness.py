@@ -297,9 +297,10 @@ class Chaos:
 
     def run(self) -> dict[str, Any]:
         self.project.joinpath(".piwf", "workflows").mkdir(parents=True)
-        self.project.joinpath(".piwf", "workflows", "chaos.py").write_text(textwrap.dedent(WORKFLOW))
-        self.project.joinpath(".piwf", "workflows", "hostile.py").write_text(textwrap.dedent(HOSTILE))
-        self.project.joinpath(".piwf", "workflows", "loop.py").write_text(textwrap.dedent(people.LOOP))
+        for name, source in (("chaos", WORKFLOW), ("hostile", HOSTILE), ("loop", people.LOOP)):
+            if self.args.warm_workers:  # every workflow's runs share warm worker processes
+                source = source.replace("workflow = Workflow(", "workflow = Workflow(reuse_worker=True, ")
+            self.project.joinpath(".piwf", "workflows", f"{name}.py").write_text(textwrap.dedent(source))
         self.controllers.install()
         self.start_host()
         self.tally.takeover_ms.clear()  # the first start is not a takeover
@@ -360,6 +361,7 @@ class Chaos:
         summary.update(self.controllers.settle(deadline))
         self.stop_host()
         summary["integrity_check"] = self.integrity()
+        summary["warm_reuses"] = self.warm_reuses()
         return summary
 
     def wait_run(self, run_id: str, deadline: float) -> dict[str, Any]:
@@ -471,6 +473,18 @@ class Chaos:
         finally:
             db.close()
 
+    def warm_reuses(self) -> int:
+        """Worker records that named a process an earlier record of the same host named too:
+        runs handed to a warm worker (--warm-workers). Only the SQLite store is read."""
+        if self.args.store:
+            return 0
+        db = Database.open_readonly(self.paths.db)
+        try:
+            return int(db.scalar("SELECT count(*) - count(DISTINCT host_epoch || ':' || pid) FROM run_workers "
+                                 "WHERE pid IS NOT NULL"))
+        finally:
+            db.close()
+
     def cleanup(self) -> None:
         self.stop_standby()
         if self.host is not None and self.host.poll() is None:
@@ -517,6 +531,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--power-cuts", type=int, default=0, metavar="N",
                         help="N of the host kills are power cuts: writes not yet synced are lost (default 0; "
                              "needs --durability full)")
+    parser.add_argument("--warm-workers", action="store_true",
+                        help="every workflow declares reuse_worker=True: runs share warm worker processes")
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (path on stderr)")
     parser.add_argument("--store", metavar="URL", default=None,
                         help="run the hosts on this PostgreSQL store (piwf serve --store; use a fresh ?schema=)")

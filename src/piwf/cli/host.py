@@ -34,7 +34,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         durability=args.durability, store_url=args.store or os.environ.get("PIWF_STORE") or None,
                         store_listen=not args.poll_only,
                         worker_startup_s=args.worker_startup_timeout,
-                        kill_grace_s=args.kill_grace, worker_start=args.worker_start,
+                        kill_grace_s=args.kill_grace, worker_start=args.worker_start, worker_nice=args.worker_nice,
                         drain_timeout_s=args.drain_timeout, request_timeout_s=args.request_timeout,
                         reply_timeout_s=args.reply_timeout, standby=args.standby,
                         max_controller_workers=args.max_controller_workers,

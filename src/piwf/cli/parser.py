@@ -287,6 +287,9 @@ def _add_host_options(parser: argparse.ArgumentParser, *, service: bool) -> None
              "(default: none; at most 3600)")
     add("--worker-start", choices=("fork", "spawn"), default="fork",
         help="fork workers from a preloaded template process (default; Linux) or spawn a new interpreter for each")
+    add("--worker-nice", type=_nice, default=10, metavar="N",
+        help="run workers execute their nodes N nicer than the host (0-19, default 10): on cores "
+             "busy with runs, the host and starting workers go first")
     add("--log-level", choices=("debug", "info", "warning", "error"), default="info",
         help="the least severe records logged (default info)")
     add("--retain", type=_duration_ms, metavar="DUR",
@@ -396,6 +399,13 @@ def _run_list_limit(text: str) -> int:
 
 def _positive(text: str) -> int:
     return _whole(text, noun="a whole number", least=1, too_small="must be at least 1")
+
+
+def _nice(text: str) -> int:
+    value = _whole(text, noun="a nice increment", least=0, too_small="must be between 0 and 19")
+    if value > 19:
+        raise argparse.ArgumentTypeError("must be between 0 and 19")
+    return value
 
 
 def _change_number(text: str) -> int:

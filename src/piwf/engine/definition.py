@@ -256,17 +256,25 @@ class Workflow:
 
     ``settings`` is a msgspec Struct type (every field with a default): what ``ctx.settings``
     is; ``mutable`` names the dotted paths of it a run may change while it goes on.
+
+    ``reuse_worker`` opts in to warm workers (docs/concepts.md, "Warm workers"): ``True``
+    lets one worker process execute up to ``WARM_RUNS`` of this workflow's runs one after
+    another, a number at most that many; ``worker_memory_mb`` is the resident size past
+    which such a worker is replaced (default ``WARM_MEMORY_MB``). Neither is part of the
+    digest: they change how runs are hosted, not what they do.
     """
 
     def __init__(self, name: str, start_at: str, nodes: Mapping[str, Node],
                  edges: Iterable[tuple[str, str]] = (), *, settings: Any = None,
-                 mutable: Iterable[str] = ()) -> None:
+                 mutable: Iterable[str] = (), reuse_worker: bool | int = False,
+                 worker_memory_mb: int | None = None) -> None:
         self.name = name
         self.start_at = start_at
         self.nodes = dict(nodes)
         self.edges = [tuple(edge) for edge in edges]
         self.routes = self._validate()
         self.settings, self.mutable = run_settings.check_declaration(name, settings, mutable)
+        self.reuse = _check_reuse(name, reuse_worker, worker_memory_mb)
 
     def _validate(self) -> dict[tuple[str, str], str]:
         if not isinstance(self.name, str) or not self.name.replace("-", "_").isidentifier():
@@ -380,6 +388,34 @@ class Workflow:
     def digest(self) -> str:
         """Changes when the graph or any node's code changes; not for comments or moves."""
         return "sha256:" + hashlib.sha256(canonical_json(self.describe())).hexdigest()
+
+
+WARM_RUNS = 1000  # runs one warm worker executes at most, unless the workflow says fewer (or more)
+WARM_MEMORY_MB = 512  # a warm worker past this resident size is replaced, unless the workflow says otherwise
+
+
+@dataclass(frozen=True)
+class WorkerReuse:
+    """How a workflow's runs may share a worker process: at most ``runs`` runs each, and
+    none after the process has grown past ``memory_mb`` resident."""
+
+    runs: int
+    memory_mb: int
+
+
+def _check_reuse(name: str, reuse: bool | int, memory_mb: int | None) -> WorkerReuse | None:
+    if not isinstance(reuse, (bool, int)) or (not isinstance(reuse, bool) and reuse < 1):
+        raise DefinitionError(f"workflow {name}: reuse_worker must be True, False or a number of runs (1 or more), "
+                              f"not {reuse!r}")
+    if memory_mb is not None and (isinstance(memory_mb, bool) or not isinstance(memory_mb, int) or memory_mb < 1):
+        raise DefinitionError(f"workflow {name}: worker_memory_mb must be a number of megabytes (1 or more), "
+                              f"not {memory_mb!r}")
+    if reuse is False or (reuse == 1 and not isinstance(reuse, bool)):
+        if memory_mb is not None:
+            raise DefinitionError(f"workflow {name}: worker_memory_mb applies to reused workers only "
+                                  "(reuse_worker=True)")
+        return None
+    return WorkerReuse(runs=WARM_RUNS if reuse is True else int(reuse), memory_mb=memory_mb or WARM_MEMORY_MB)
 
 
 def _code_digest(fn: Callable[[Any], Any]) -> str:

@@ -112,6 +112,11 @@ class Lane(ABC, Generic[C, E]):
     def left(self, active: Active[C]) -> None:
         """The work left ``state.active`` (its dispatcher is woken already)."""
 
+    async def went_idle(self, active: Active[C], receive: trio.lowlevel.FdStream, buffer: LineBuffer) -> bool:
+        """After the answer that ended its part: True when the worker said it waits for more
+        work instead of ending (a warm worker, host/warm.py). No other lane keeps workers."""
+        return False
+
 
 # --- the dispatcher and the claim renewer ---------------------------------------------------
 
@@ -248,7 +253,8 @@ async def pump(lane: Lane[C, Any], active: Active[C], receive: trio.lowlevel.FdS
                 return
             lane.answered()
             if active.conclusion is not None:
-                await _let_it_end(lane, active)
+                if not await lane.went_idle(active, receive, buffer):
+                    await _let_it_end(lane, active)
                 return
 
 

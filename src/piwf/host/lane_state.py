@@ -105,6 +105,7 @@ class Active(Generic[C]):
     node_clock: NodeClock | None = None  # the attempt running under a time limit, if any
     timeout_s: float | None = None  # once ready, how long the worker may take (a reconcile's controller timeout)
     spec_generation: int = 0  # a reconcile: the resource generation its worker was shown
+    warm: Any = None  # a run: its WarmTicket (host/warm.py), what a warm worker may serve
 
     @property
     def label(self) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -51,6 +52,7 @@ class WorkerHandle(Protocol):
     def stdout(self) -> trio.abc.ReceiveStream | None: ...
 
     def signal_group(self, sig: int) -> bool: ...
+    def has_exited(self) -> bool: ...  # without waiting: the leader has exited (reaped or not)
     async def wait_exited(self) -> None: ...  # one waiting task at a time
     async def reap(self) -> int | None: ...
 
@@ -64,6 +66,13 @@ def _pidfd(pid: int) -> int | None:
         return os.pidfd_open(pid)
     except (OSError, AttributeError):
         return None
+
+
+def _readable(fd: int) -> bool:
+    """A pidfd polls readable once its process has exited."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def _close_fd(fd: int | None) -> None:
@@ -93,6 +102,9 @@ class SpawnedWorker:
 
     def signal_group(self, sig: int) -> bool:
         return not self.reaped and processes.signal_group(self.pid, sig)
+
+    def has_exited(self) -> bool:
+        return self.reaped or (self.pidfd is not None and _readable(self.pidfd))
 
     async def wait_exited(self) -> None:
         if self.pidfd is None or self.reaped:
@@ -164,6 +176,9 @@ class ForkedWorker:
             sent = processes.kill_recorded_group(self.pid, self.identity) or sent
         return sent
 
+    def has_exited(self) -> bool:
+        return self.exited.is_set() or self.released or (self.pidfd is not None and _readable(self.pidfd))
+
     async def wait_exited(self) -> None:
         """Through the pidfd, not the template's report: a template stopped by a node (it
         is the worker's parent) must not keep a worker's exit from being seen."""
@@ -197,6 +212,20 @@ class ForkedWorker:
         self.abandoned = True
         _close_fd(self.pidfd)
         self.pidfd = None
+
+
+async def stop_worker(proc: WorkerHandle, grace_s: float, exited: bool) -> int | None:
+    """SIGTERM the group, wait out the grace, SIGKILL the group; then reap. The group is
+    signalled only while its leader is unreaped, so its id cannot name another group."""
+    try:
+        if not exited:
+            proc.signal_group(signal.SIGTERM)
+            with trio.move_on_after(grace_s):
+                await proc.wait_exited()
+    finally:  # even when the cleanup's deadline ends the grace early
+        # Whatever the worker left in its group (its children, their children) dies with it.
+        proc.signal_group(signal.SIGKILL)
+    return await proc.reap()
 
 
 def fork_available() -> bool:

@@ -9,6 +9,8 @@ with, else from what the host had told it.
 
 from __future__ import annotations
 
+import functools
+
 import msgspec
 import trio
 
@@ -17,9 +19,11 @@ from piwf.errors import PiwfError
 from piwf.status import CRASHES, STOPPED_AS, StopReason, WorkerStatus
 from piwf.store.api import Claim, Delay, RunLaunch, SupervisionStore, WorkerEnded
 from piwf.store.api.rules import input_hash
-from piwf.protocol.worker import LaunchEnvelope, WorkerMessage, WorkerResponse, parse_worker_message
+from piwf.protocol.worker import LaunchEnvelope, Ready, WorkerMessage, WorkerResponse, parse_worker_message
+from piwf.wire import LineBuffer
 from piwf.host import lane, time_limits
 from piwf.host.lane_state import Backoff
+from piwf.host.warm import WarmTicket, hear_idle
 from piwf.host.state import Active, ActiveRun, Conclusion, HostState, ProcessEnd, WorkerEnd, log
 from piwf.host.worker_messages import handle
 
@@ -27,7 +31,12 @@ MAX_BACKOFF_MS = 60_000
 
 
 async def serve_dispatcher(host: HostState, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    await lane.serve(RunLane(host), task_status=task_status)
+    await lane.serve(RunLane(host), also=[functools.partial(_serve_warm, host)], task_status=task_status)
+
+
+async def _serve_warm(host: HostState) -> None:
+    """The idle warm workers (host/warm.py): at most as many as the host may run at once."""
+    await host.warm.serve(lambda: host.config.max_workers, host.config.kill_grace_s, lambda: host.drain_deadline)
 
 
 class RunLane(lane.Lane[Claim, WorkerEnd]):
@@ -84,8 +93,10 @@ class RunLane(lane.Lane[Claim, WorkerEnd]):
         envelope = LaunchEnvelope(
             runId=run_id, generation=active.claim.generation, workerEpoch=active.worker_id, projectPath=project,
             workflow=launch.workflow, definitionDigest=launch.definition_digest, inputHash=launch.input_hash,
+            nice=self.host.config.worker_nice,
         )
         log.info("run %s: claimed (generation %d)", run_id, active.claim.generation)
+        active.warm = WarmTicket(project, launch.workflow, launch.definition_digest)
         return envelope, project
 
     async def attach(self, active: ActiveRun, pid: int, identity: str) -> None:
@@ -95,7 +106,12 @@ class RunLane(lane.Lane[Claim, WorkerEnd]):
         return parse_worker_message(line)
 
     async def handle(self, active: ActiveRun, message: WorkerMessage) -> WorkerResponse:
+        if isinstance(message, Ready) and active.warm is not None:
+            active.warm.ready(message)  # whether this worker may be kept warm after the run
         return await handle(self.host, active, message)
+
+    async def went_idle(self, active: ActiveRun, receive: trio.lowlevel.FdStream, buffer: LineBuffer) -> bool:
+        return await hear_idle(active.warm, active.worker_id, receive, buffer, self.host.config.kill_grace_s)
 
     def answered(self) -> None:
         faults.point("host.worker.answered")

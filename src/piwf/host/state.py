@@ -19,6 +19,7 @@ from piwf.host.catalog import Catalog
 from piwf.host.controller_state import ControllerState
 from piwf.host.lane_state import Active, Conclusion, End, LaneState, NodeClock, ProcessEnd
 from piwf.host.launcher import Launcher, SpawnLauncher
+from piwf.host.warm import WarmPool
 
 log = logging.getLogger("piwf.host")
 
@@ -48,6 +49,7 @@ class HostConfig:
     socket_check_s: float = 1.0  # between looks at the socket's path: a deleted socket is bound again
     worker_env: dict[str, str] = field(default_factory=dict)
     worker_start: str = "fork"  # or "spawn"
+    worker_nice: int = 10  # a run's worker executes its nodes this much nicer than the host (piwf serve --worker-nice)
     listen_fd: int | None = None  # a listening socket passed by the service manager (LISTEN_FDS)
     notify_socket: str | None = None  # sd_notify's $NOTIFY_SOCKET: a path, or @name (abstract)
     watchdog_s: float | None = None  # the service's watchdog period ($WATCHDOG_USEC), pinged twice per period
@@ -104,6 +106,7 @@ class HostState:
     catalog: Catalog = field(default_factory=Catalog)
     launcher: Launcher = field(default_factory=SpawnLauncher)
     runs: LaneState[Claim, WorkerEnd] = field(default_factory=LaneState)  # the run lane: active runs, ...
+    warm: WarmPool = field(default_factory=WarmPool)  # idle warm workers (reuse_worker), kept by the run lane
     connections: int = 0
     drain_deadline: float = math.inf  # set when a drain starts: every cleanup ends by then
     run_changed: Changes = field(default_factory=lambda: Changes())

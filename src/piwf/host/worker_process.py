@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import os
-import signal
 import weakref
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
@@ -24,7 +23,8 @@ import trio_util
 from piwf import processes
 from piwf.errors import PiwfError
 from piwf.wire import canonical_json
-from piwf.host.launcher import Launch, LauncherUnavailable, WorkerHandle
+from piwf.host.launcher import Launch, LauncherUnavailable, WorkerHandle, stop_worker
+from piwf.host.warm import WarmTicket, WarmWorker, drain_output
 from piwf.host.state import Active, HostState, ProcessEnd, log
 
 DIAGNOSTIC_BYTES = 64 * 1024
@@ -146,9 +146,17 @@ Attach = Callable[[int, str], Awaitable[None]]  # record the started worker's pi
 
 async def run_worker(host: HostState, active: Active[Any], envelope: msgspec.Struct, project: str, *,
                      launch_var: str, pump: Pump, attach: Attach) -> None:
-    """Run the worker to its exit; on cancellation stop it. ``active.process_end`` says
-    how the process ended, whichever way this returns. The worker's lane (host/lane.py)
-    gives its launch variable, its message pump and how its pid is recorded."""
+    """Run the worker to its exit (or, a warm one, until it says idle); on cancellation
+    stop it. ``active.process_end`` says how the process ended, whichever way this
+    returns. The worker's lane (host/lane.py) gives its launch variable, its message pump
+    and how its pid is recorded."""
+    ticket: WarmTicket | None = active.warm
+    warm_worker = host.warm.take(ticket.key) if ticket is not None else None
+    if warm_worker is not None and await host.warm.hand_over(warm_worker, envelope):
+        assert ticket is not None
+        ticket.reused = True
+        await _supervise_process(host, active, warm_worker.proc, warm_worker.send, warm_worker.receive, pump, attach)
+        return
     env = {**_base_env(host),
            launch_var: base64.urlsafe_b64encode(canonical_json(envelope)).decode().rstrip("=")}
     with Pipes() as pipes:
@@ -171,40 +179,79 @@ async def _supervise_process(host: HostState, active: Active[Any], proc: WorkerH
     diagnostics = Diagnostics()
     # run.output reads it while the worker runs, and just after (a run's: a reconcile has no run id)
     OUTPUTS.add(active.worker_id, getattr(active.claim, "run_id", None), diagnostics)
-    exited = False
+    ticket: WarmTicket | None = active.warm
+    exited = kept = False
     try:
         active.pid = proc.pid
         await attach(proc.pid, proc.identity or "")
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_read_output, proc.stdout, diagnostics)
             nursery.start_soon(pump, receive, send)
-            await proc.wait_exited()
-            exited = True
+            with trio.CancelScope() as waiting:  # a warm worker's worker.idle ends it too
+                if ticket is not None:
+                    ticket.waiting = waiting
+                await proc.wait_exited()
+            exited = ticket is None or not ticket.idle
             nursery.cancel_scope.cancel()
+        kept = not exited and active.stop_reason is None
     finally:  # cancelled, failed or done: the worker's whole group goes, and is reaped
-        returncode = None
-        with cleanup_scope(host, host.config.kill_grace_s + REAP_S) as cleanup:
-            returncode = await _stop(proc, host.config.kill_grace_s, exited)
-            if not diagnostics.complete:  # what it printed last, before it was stopped
-                with trio.move_on_after(OUTPUT_TAIL_S):
-                    await _read_output(proc.stdout, diagnostics, pace_s=0)
-        diagnostics.close()
-        end = ProcessEnd(returncode, diagnostics.text())
-        if cleanup.cancelled_caught and returncode is None:
-            log.warning("%s: worker pid %d not reaped before the cleanup deadline", active.label, proc.pid)
-            end = end.noted("the worker was not reaped before the cleanup deadline; its exit status is unknown")
-        elif returncode is None:
-            end = end.noted("the fork server that started the worker died first; its exit status is unknown")
-        active.process_end = end
-        try:
-            if active.registered:  # only a worker's own register message records a group of it
-                with cleanup_scope(host, REAP_S):
-                    await _reap_groups_of(host, active.worker_id)
-        finally:
-            with cleanup_scope(host, 1):
-                for stream in (send, receive, proc.stdout):
-                    if stream is not None:
-                        await stream.aclose()
+        if kept:
+            assert ticket is not None
+            await _keep_warm(host, active, ticket, WarmWorker(proc, send, receive, ticket.key, ticket.runs),
+                             diagnostics)
+        else:
+            await _end_process(host, active, proc, (send, receive, proc.stdout), diagnostics, exited)
+
+
+async def _keep_warm(host: HostState, active: Active[Any], ticket: WarmTicket, worker: WarmWorker,
+                     diagnostics: Diagnostics) -> None:
+    """A warm worker said idle: what the run registered goes, then the process waits in the
+    pool for another run (or is stopped, when the pool cannot keep it)."""
+    if tail := drain_output(worker.proc.stdout):
+        diagnostics.add(tail)
+    diagnostics.complete = True
+    diagnostics.close()
+    note = f"kept warm for another run after {ticket.runs} run(s) (reuse_worker)"
+    active.process_end = ProcessEnd(None, diagnostics.text()).noted(note)
+    if active.registered:  # only a worker's own register message records a group of it
+        with cleanup_scope(host, REAP_S):
+            await _reap_groups_of(host, active.worker_id)
+    if not host.warm.keep(worker):
+        with cleanup_scope(host, host.config.kill_grace_s + REAP_S):
+            await stop_worker(worker.proc, host.config.kill_grace_s, False)
+            for stream in (worker.send, worker.receive, worker.proc.stdout):
+                if stream is not None:
+                    await stream.aclose()
+
+
+async def _end_process(host: HostState, active: Active[Any], proc: WorkerHandle,
+                       streams: tuple[trio.abc.AsyncResource | None, ...], diagnostics: Diagnostics,
+                       exited: bool) -> None:
+    """Stop the worker's group (unless it has exited), reap it, read what it printed last,
+    record how it ended, kill the groups it registered and close its streams."""
+    returncode = None
+    with cleanup_scope(host, host.config.kill_grace_s + REAP_S) as cleanup:
+        returncode = await stop_worker(proc, host.config.kill_grace_s, exited)
+        if not diagnostics.complete:  # what it printed last, before it was stopped
+            with trio.move_on_after(OUTPUT_TAIL_S):
+                await _read_output(proc.stdout, diagnostics, pace_s=0)
+    diagnostics.close()
+    end = ProcessEnd(returncode, diagnostics.text())
+    if cleanup.cancelled_caught and returncode is None:
+        log.warning("%s: worker pid %d not reaped before the cleanup deadline", active.label, proc.pid)
+        end = end.noted("the worker was not reaped before the cleanup deadline; its exit status is unknown")
+    elif returncode is None:
+        end = end.noted("the fork server that started the worker died first; its exit status is unknown")
+    active.process_end = end
+    try:
+        if active.registered:  # only a worker's own register message records a group of it
+            with cleanup_scope(host, REAP_S):
+                await _reap_groups_of(host, active.worker_id)
+    finally:
+        with cleanup_scope(host, 1):
+            for stream in streams:
+                if stream is not None:
+                    await stream.aclose()
 
 
 async def _reap_groups_of(host: HostState, worker_id: str) -> None:
@@ -228,20 +275,6 @@ async def reap_registered(host: HostState, rows: list[tuple[str, int, str]]) -> 
             await host.store.workers.mark_processes_gone(rows, host.now())
         except PiwfError as exc:  # they are dead; the next host retries the bookkeeping
             log.warning("could not record reaped processes: %s", exc)
-
-
-async def _stop(proc: WorkerHandle, grace_s: float, exited: bool) -> int | None:
-    """SIGTERM the group, wait out the grace, SIGKILL the group; then reap. The group is
-    signalled only while its leader is unreaped, so its id cannot name another group."""
-    try:
-        if not exited:
-            proc.signal_group(signal.SIGTERM)
-            with trio.move_on_after(grace_s):
-                await proc.wait_exited()
-    finally:  # even when the cleanup's deadline ends the grace early
-        # Whatever the worker left in its group (its children, their children) dies with it.
-        proc.signal_group(signal.SIGKILL)
-    return await proc.reap()
 
 
 OUTPUT_READ = 65536  # bytes of a worker's stdout/stderr per read

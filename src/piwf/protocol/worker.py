@@ -64,6 +64,7 @@ class ReadyPayload(Payload, frozen=True):
     digest: str | None = None
     loadError: LoadError | None = None
     limits: Annotated[dict[str, NodeLimit], msgspec.Meta(max_length=10_000)] = {}
+    reuse: bool = False  # the workflow opts in to warm workers: once its part ends it may say worker.idle
 
 
 class AttemptStartPayload(Payload, frozen=True):
@@ -328,6 +329,7 @@ class LaunchEnvelope(msgspec.Struct, forbid_unknown_fields=True):
     inputHash: str
     schema: str = WORKER_LAUNCH_SCHEMA
     protocolVersion: int = WORKER_PROTOCOL_VERSION
+    nice: Annotated[int, msgspec.Meta(ge=0, le=19)] = 0  # added to the worker's nice value once it is ready
 
 
 class LaunchRefused(ValueError):
@@ -362,6 +364,38 @@ def decode_launch(raw: str, schema: str, kind: type[E]) -> E:
         return msgspec.json.decode(data, type=kind)
     except msgspec.DecodeError as exc:
         raise LaunchRefused(f"the launch envelope is unreadable: {exc}") from None
+
+
+# --- warm workers (a workflow with reuse_worker; see worker/warm.py) ------------------------
+
+
+class WorkerIdle(msgspec.Struct, tag_field="operation", tag="worker.idle", forbid_unknown_fields=True):
+    """Worker → host, after the answer that ended its part of a run: it has dropped what
+    the run left (registered process groups, environment, working directory) and waits
+    for another run. Not a request: the host answers it with ``NextRun`` or by stopping
+    the worker."""
+
+    workerEpoch: Text  # the run's worker epoch it just served
+    runs: Annotated[int, msgspec.Meta(ge=1)]  # runs this process has executed
+
+
+class NextRun(msgspec.Struct, tag_field="type", tag="run.next", forbid_unknown_fields=True):
+    """Host → an idle warm worker: execute this run next (the envelope a fresh worker would
+    have found in ``$PIWF_WORKER_LAUNCH``)."""
+
+    launch: LaunchEnvelope
+
+
+_idle_decoder = msgspec.json.Decoder(WorkerIdle)
+_next_decoder = msgspec.json.Decoder(NextRun)
+
+
+def parse_worker_idle(line: bytes) -> WorkerIdle:
+    return decode_with(_idle_decoder, line, "worker.idle")
+
+
+def parse_next_run(line: bytes) -> NextRun:
+    return decode_with(_next_decoder, line, "run.next")
 
 
 # --- the fork server's control socket (host ↔ template; see worker/forkserver.py) --------

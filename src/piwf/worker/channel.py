@@ -70,6 +70,23 @@ class Channel:
             self._lines.extend(self._buffer.feed(chunk))
         return self._lines.pop(0)
 
+    def rebind(self, worker_id: str, generation: int) -> None:
+        """A warm worker's next run: its messages carry that run's claim from here on."""
+        with self._turn:
+            self.worker_id, self.generation, self.revision = worker_id, generation, 0
+            self.children.clear()
+
+    def tell(self, message: msgspec.Struct) -> None:
+        """Send one line that is not a request (a warm worker's ``worker.idle``)."""
+        with self._turn:
+            _write_all(self._write_fd, encode_line(message))
+
+    def next_line(self) -> bytes:
+        """The host's next line, whatever it is (a warm worker waiting for its next run);
+        the host's hang-up ends the process, as during a run."""
+        with self._turn:
+            return self._next_answer()
+
     def request(self, kind: type[WorkerMessage], payload: Payload | None = None, result: type[R] | None = None) -> R:
         """Send one message of ``kind`` and wait for its answer; its result converted to
         ``result`` when given. ClaimLost or HostRefused when the host did not accept it.

@@ -7,6 +7,7 @@ Launched by the host with ``$PIWF_WORKER_LAUNCH`` (base64url JSON envelope) and
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -20,6 +21,7 @@ from piwf.protocol.worker import (
     ReadyResult, RunComplete, RunCompletePayload, RunFail, RunFailPayload, StepsPage, StepsRead, StepsReadPayload,
     decode_launch,
 )
+from piwf.worker import warm
 from piwf.worker.channel import Channel
 from piwf.worker.journal import HostJournal
 
@@ -33,32 +35,66 @@ EXIT_REFUSED = 4  # the host refused one of its messages (a full disk, a stale r
 EXIT_LAUNCH = 5  # the launch envelope was not one this worker follows (LaunchRefused)
 
 
+LAUNCH_VAR = "PIWF_WORKER_LAUNCH"
+
+
 def read_envelope() -> LaunchEnvelope:
-    return decode_launch(os.environ["PIWF_WORKER_LAUNCH"], WORKER_LAUNCH_SCHEMA, LaunchEnvelope)
+    return decode_launch(os.environ[LAUNCH_VAR], WORKER_LAUNCH_SCHEMA, LaunchEnvelope)
 
 
-def run(envelope: LaunchEnvelope, channel: Channel) -> None:
-    """Load the workflow, then say ready: the host's startup timeout covers the import of
-    user code, and the host (which knows the run's digest) decides whether it may run."""
+def serve(envelope: LaunchEnvelope, channel: Channel) -> None:
+    """Load the workflow and execute the run; a warm worker (its workflow declared
+    ``reuse_worker``) then executes the next runs the host hands it, one after another."""
     workflow, loaded = _load(envelope)
+    reuse = None if workflow is None else workflow.reuse
+    baseline = warm.Baseline.take(LAUNCH_VAR) if reuse is not None else None
+    runs = 0
+    next_envelope: LaunchEnvelope | None = envelope
+    while next_envelope is not None:
+        executed = run(next_envelope, channel, workflow, loaded)
+        runs += 1
+        if reuse is None or baseline is None or not executed:
+            return
+        next_envelope = warm.next_run(channel, baseline, reuse, runs)
+
+
+def run(envelope: LaunchEnvelope, channel: Channel, workflow: Workflow | None, loaded: ReadyPayload) -> bool:
+    """Say ready once the workflow is loaded: the host's startup timeout covers the import
+    of user code, and the host (which knows the run's digest) decides whether it may run.
+    False when it did not (the run is held): such a worker is not reused."""
     ready = channel.request(Ready, loaded, ReadyResult)
     if ready.stop is not None or workflow is None:
-        return
+        return False
+    _yield_to_the_host(envelope.nice)
     steps = _accepted_steps(channel, ready)
     journal = HostJournal(channel, ready.attempt)
     try:
         output = execute(workflow, run_id=envelope.runId, project_path=envelope.projectPath,
                          input=ready.input, accepted=steps, journal=journal)
     except Stop:
-        return
+        return True
     except NodeFailed as exc:
         channel.request(RunFail, RunFailPayload(error=exc.error))
-        return
+        return True
     except DefinitionError as exc:
         channel.request(RunFail, RunFailPayload(error=describe_error(exc, "graph")))
-        return
+        return True
     if not journal.finished:  # every step was accepted before this worker: complete now
         channel.request(RunComplete, RunCompletePayload(output=output))
+    return True
+
+
+_niced = [False]
+
+
+def _yield_to_the_host(nice: int) -> None:
+    """Run the workflow's nodes below the host's priority (``piwf serve --worker-nice``):
+    on cores its runs keep busy, the host, the fork server and workers starting up go
+    first. Loading happened at the host's priority; a warm worker lowers it once."""
+    if nice and not _niced[0]:
+        _niced[0] = True
+        with contextlib.suppress(OSError):
+            os.nice(nice)
 
 
 def _accepted_steps(channel: Channel, ready: ReadyResult) -> list[Step]:
@@ -78,7 +114,7 @@ def _load(envelope: LaunchEnvelope) -> tuple[Workflow | None, ReadyPayload]:
         return None, ReadyPayload(loadError=str(exc)[:LOAD_ERROR_LIMIT])
     limits = {node: NodeLimit(ms=None if seconds is None else max(1, int(seconds * 1000)), timeoutExit=exit_)
               for node, (seconds, exit_) in workflow.time_limits().items()}
-    return workflow, ReadyPayload(digest=workflow.digest(), limits=limits)
+    return workflow, ReadyPayload(digest=workflow.digest(), limits=limits, reuse=workflow.reuse is not None)
 
 
 def main() -> int:
@@ -96,7 +132,7 @@ def main() -> int:
     read_fd, write_fd = (int(fd) for fd in os.environ["PIWF_WORKER_FDS"].split(","))
     channel = Channel(read_fd, write_fd, worker_id=envelope.workerEpoch, generation=envelope.generation)
     try:
-        run(envelope, channel)
+        serve(envelope, channel)
     except ClaimLost:  # told so by the host: nothing more to do here
         return EXIT_OK
     except PiwfError as exc:

@@ -1,0 +1,204 @@
+"""Warm workers against a fresh process per run, side by side in one run (issue 24).
+
+    python bench/measure_warm.py            # the table (a few minutes)
+    python bench/measure_warm.py --quick    # smaller counts
+    python bench/measure_warm.py --json     # the same figures as one JSON document
+
+- end to end: N one-node runs on a real `piwf serve --max-workers 8 --durability normal`,
+  a fresh process per run (the plain workflow) and warm workers (the same workflow with
+  ``reuse_worker=True``), each against the goal, with Huey (in-process, no step
+  durability, `synchronous=NORMAL`) beside them;
+- claim to ready while 8 workers saturate both cores: 8 runs whose node spins the CPU
+  hold 8 of the host's 10 worker slots; one-node probe runs, fresh and warm in turn, are
+  started one at a time, and each probe's claim (its worker record written) to its
+  ``worker.ready`` is read from the host's worker records (1 ms resolution); the same
+  probes on the idle host beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import measure_host
+from claim_throughput import machine, peer
+from piwf.client import Client
+from piwf.paths import StatePaths
+from piwf.store.sqlite import Database
+
+GOALS = {"warm_runs_per_s": 1000.0, "fresh_ready_saturated_ms": 10.0, "warm_ready_saturated_ms": 1.0}
+COUNTS = {"e2e": (150, 2000), "huey": (2000, 20000), "probes": (6, 60)}  # (quick, full)
+SPINNERS = 8
+
+WORKFLOWS = {
+    "noop_warm": """
+        from piwf import Workflow, compute
+
+        workflow = Workflow(name="noop_warm", start_at="only", nodes={"only": compute(lambda ctx: {})},
+                            reuse_worker=True)
+    """,
+    "spin": """
+        import time
+        from piwf import Workflow, compute
+
+        def spin(ctx):
+            end = time.monotonic() + ctx.input["seconds"]
+            while time.monotonic() < end:
+                pass
+            return {}
+
+        workflow = Workflow(name="spin", start_at="spin", nodes={"spin": compute(spin)})
+    """,
+}
+
+
+def add_workflows(project: Path) -> None:
+    for name, source in WORKFLOWS.items():
+        (project / ".piwf" / "workflows" / f"{name}.py").write_text(textwrap.dedent(source))
+
+
+def end_to_end(workflow: str, n: int) -> dict[str, Any]:
+    """N runs of ``workflow`` submitted at once, then waited for (as measure_host.end_to_end)."""
+    with measure_host.running_host("normal", 8) as (paths, project, host):
+        add_workflows(project)
+        payload = {"workflow": workflow, "projectPath": str(project)}
+        with Client(paths, timeout=120) as client:
+            first = client.call("run.start", payload=payload).receipt["runId"]  # the catalog caches the workflow
+            client.call("run.wait", run_id=first)
+            cpu_before = measure_host._cpu_s(host.pid)
+            ids = [client.call("run.start", payload=payload).receipt["runId"] for _ in range(n)]
+            finished = [client.call("run.wait", run_id=run_id).receipt for run_id in ids]
+            host_cpu_ms = (measure_host._cpu_s(host.pid) - cpu_before) * 1000 / n
+        processes = _worker_processes(paths, set(ids))
+    assert all(run["status"] == "completed" for run in finished)
+    created = [measure_host._iso_ms(run["createdAt"]) for run in finished]
+    ended = [measure_host._iso_ms(run["finishedAt"]) for run in finished]
+    return {"per_s": n / ((max(ended) - min(created)) / 1000), "n": n, "host_cpu_ms_per_run": host_cpu_ms,
+            "processes": processes}
+
+
+def _worker_processes(paths: StatePaths, run_ids: set[str]) -> int:
+    """How many worker processes executed these runs (distinct pids of their records)."""
+    db = Database.open_readonly(paths.db)
+    try:
+        return len({pid for run_id, pid in db.execute("SELECT run_id, pid FROM run_workers") if run_id in run_ids})
+    finally:
+        db.close()
+
+
+def claim_to_ready(probes: int, saturated: bool, worker_nice: int = 10) -> dict[str, Any]:
+    """Probes one at a time, fresh and warm in turn, with 8 spinning workers beside them or
+    not, on a host started with ``--worker-nice`` (10 is the default, 0 the host's priority)."""
+    extra = ("--worker-nice", str(worker_nice))
+    with measure_host.running_host("normal", SPINNERS + 2, extra=extra) as (paths, project, _):
+        add_workflows(project)
+        with Client(paths, timeout=120) as client:
+            spinning = [client.call("run.start", payload={"workflow": "spin", "projectPath": str(project),
+                                                          "input": {"seconds": 600}}).receipt["runId"]
+                        for _ in range(SPINNERS if saturated else 0)]
+            _wait_running(client, spinning)
+            ids: dict[str, list[str]] = {"noop": [], "noop_warm": []}
+            for i in range(probes + 1):
+                for workflow in ids:
+                    run_id = client.call("run.start", payload={"workflow": workflow,
+                                                               "projectPath": str(project)}).receipt["runId"]
+                    client.call("run.wait", run_id=run_id)
+                    if i:  # the first of each warms the catalog (and starts the warm worker)
+                        ids[workflow].append(run_id)
+            for run_id in spinning:
+                client.call("run.cancel", run_id=run_id)
+        figures = {workflow: measure_host._claim_to_ready(paths, set(run_ids)) for workflow, run_ids in ids.items()}
+    return {"fresh": figures["noop"], "warm": figures["noop_warm"], "probes": probes, "spinners": len(spinning),
+            "worker_nice": worker_nice}
+
+
+def _wait_running(client: Client, run_ids: list[str]) -> None:
+    import time
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        runs = [client.call("run.status", run_id=run_id).receipt for run_id in run_ids]
+        if all(any(w["status"] == "running" for w in run["workers"]) for run in runs):
+            return
+        time.sleep(0.05)
+    raise RuntimeError("the spinning runs did not start")
+
+
+def measure(quick: bool) -> dict[str, Any]:
+    pick = 0 if quick else 1
+    n = COUNTS["e2e"][pick]
+    with tempfile.TemporaryDirectory(prefix="piwf-bench-huey-") as tmp:
+        huey = peer("huey", COUNTS["huey"][pick], Path(tmp), "normal")
+    results: dict[str, Any] = {
+        "machine": machine(),
+        "end_to_end": {"fresh": end_to_end("noop", n), "warm": end_to_end("noop_warm", n), "huey": huey},
+        "claim_to_ready": {"saturated": claim_to_ready(COUNTS["probes"][pick], saturated=True),
+                           "saturated_nice0": claim_to_ready(COUNTS["probes"][pick], saturated=True, worker_nice=0),
+                           "idle": claim_to_ready(COUNTS["probes"][pick], saturated=False)},
+    }
+    e2e = results["end_to_end"]
+    if "per_s" in huey:
+        for kind in ("fresh", "warm"):
+            e2e[kind]["vs_huey"] = e2e[kind]["per_s"] / huey["per_s"]
+    e2e["warm"]["vs_fresh"] = e2e["warm"]["per_s"] / e2e["fresh"]["per_s"]
+    saturated = results["claim_to_ready"]["saturated"]
+    results["goals"] = {
+        "warm_runs_per_s": _goal(e2e["warm"]["per_s"], GOALS["warm_runs_per_s"], higher=True),
+        **{f"{kind}_ready_saturated_ms": _goal(saturated[kind]["claim_to_ready_p50_ms"],
+                                               GOALS[f"{kind}_ready_saturated_ms"]) for kind in ("fresh", "warm")},
+    }
+    return results
+
+
+def _goal(value: float, goal: float, *, higher: bool = False) -> dict[str, Any]:
+    return {"value": value, "goal": goal, "met": value >= goal if higher else value <= goal}
+
+
+def table(results: dict[str, Any]) -> str:
+    e2e, ready = results["end_to_end"], results["claim_to_ready"]
+    huey = e2e["huey"].get("per_s")
+    lines = ["measure                                               figure      goal",
+             f"end to end, 8 workers, normal: fresh process per run  {e2e['fresh']['per_s']:8,.0f} /s",
+             f"  host CPU per run                                    {e2e['fresh']['host_cpu_ms_per_run']:8.2f} ms",
+             f"  worker processes                                    {e2e['fresh']['processes']:8d}",
+             f"end to end, 8 workers, normal: warm workers           {e2e['warm']['per_s']:8,.0f} /s  ≥ 1,000 /s",
+             f"  host CPU per run                                    {e2e['warm']['host_cpu_ms_per_run']:8.2f} ms",
+             f"  worker processes                                    {e2e['warm']['processes']:8d}",
+             f"  ratio to a fresh process per run                    {e2e['warm']['vs_fresh']:8.2f}x"]
+    if huey:
+        lines += [f"Huey SqliteHuey (in-process, no step durability)    {huey:8,.0f} /s",
+                  f"  fresh : Huey                                        {e2e['fresh']['vs_huey']:8.3f}x",
+                  f"  warm  : Huey                                        {e2e['warm']['vs_huey']:8.3f}x"]
+    else:
+        lines.append(f"Huey: {e2e['huey']}")
+    for label, key in (("8 workers saturating both cores", "saturated"),
+                       ("the same, --worker-nice 0", "saturated_nice0"), ("idle host", "idle")):
+        section = ready[key]
+        for kind, goal in (("fresh", "≤ 10 ms"), ("warm", "≤ 1 ms")):
+            fig = section[kind]
+            lines.append(f"claim to ready, {kind:5s}, {label:31s} p50 {fig['claim_to_ready_p50_ms']:5.1f} ms  p99 "
+                         f"{fig['claim_to_ready_p99_ms']:5.1f}" + (f"  {goal}" if key == "saturated" else ""))
+    lines.append("goals: " + ", ".join(f"{name} {'met' if g['met'] else 'NOT met'}"
+                                       for name, g in results["goals"].items()))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    results = measure(args.quick)
+    print(json.dumps(results, indent=2) if args.json else table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
