@@ -1,13 +1,14 @@
-"""The PostgreSQL store: a psycopg-pool of sync connections, each store call in a worker
-thread.
+"""The PostgreSQL store: a psycopg-pool of sync connections, each store call run on the
+trio loop (``green.run``: psycopg's socket waits are trio's, so the loop stays free).
 
-psycopg's async API is asyncio's only; its sync API in trio's worker threads keeps the loop
-free (bench/measure_pg_calls.py compares the ways). Each aggregate call runs its module
-function in a thread (``Threaded``), shielded: a call that has started finishes, and its
-caller learns whether it committed. A call made outside a unit of work takes a connection
-from the pool for itself; inside one (``store.transaction()``, in the task that opened it)
-every call, on ``tx`` or on the store, runs on the unit of work's connection, one after
-the other, so it joins the open transaction as on SQLite.
+Each aggregate call runs its module function as one ``StoreCall`` (``Green``), shielded: a
+call that has started finishes, and its caller learns whether it committed. A call made
+outside a unit of work takes a connection for itself; inside one (``store.transaction()``,
+in the task that opened it) every call, on ``tx`` or on the store, runs on the unit of
+work's connection, one after the other, so it joins the open transaction as on SQLite.
+Connections are taken from the pool once (in a thread: connecting blocks) and kept on the
+store's own free list, handed out on the loop; a broken one goes back to the pool, which
+replaces it. bench/measure_pg.py compares this with a thread hop per call.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from psycopg import sql
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from piwf.errors import StorageUnavailable, StoreError
-from piwf.store.postgres import hosts, layout
+from piwf.store.postgres import green, hosts, layout
 from piwf.store.postgres.db import PgDatabase, translate_error
 from piwf.store.postgres.url import StoreUrl, parse
 from piwf.store.postgres.wakeups import Wakeups, channel_for
@@ -64,11 +65,13 @@ class PgStore(Aggregates):
         self.where = url.redacted
         self.current: contextvars.ContextVar[PgDatabase | None] = contextvars.ContextVar("unit_of_work", default=None)
         self.limiter = trio.CapacityLimiter(pool.max_size)
+        self.slots = trio.Semaphore(pool.max_size)  # connections out at once: the pool's size
+        self.idle: list[PgDatabase] = []
         # One unit of work at a time per store (per host), as on SQLite, where a unit of work
         # is atomic to the host's other tasks: the host's code is written to that. Hosts
         # sharing the store still run theirs at once; calls outside one need no turn.
         self.turn = trio.Lock()
-        self.call = Threaded(self)
+        self.call = Green(self)
         super().__init__(self.call)
         self.hosts: api.HostsStore = PgHostsStore(self.call, directory)
         self.wakeups = Wakeups(self._connect_autocommit, channel_for(url.schema), listen=listen)
@@ -98,6 +101,9 @@ class PgStore(Aggregates):
     async def close(self) -> None:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(self.wakeups.flush)  # what a stopping host released
+            idle, self.idle = self.idle, []
+            for db in idle:
+                self.pool.putconn(db.conn)
             await trio.to_thread.run_sync(self.pool.close)
 
     def connection(self) -> PgDatabase:
@@ -112,12 +118,28 @@ class PgStore(Aggregates):
     def give_back(self, db: PgDatabase) -> None:
         self.pool.putconn(db.conn)
 
-    def on_own_connection(self, function: Callable[..., _T], args: Any, kwargs: Any) -> _T:
-        db = self.connection()
+    async def checkout(self) -> PgDatabase:
+        """A connection for one call or one unit of work, from the free list at once, else
+        from the pool (in a thread); at most the pool's size out at once."""
+        await self.slots.acquire()
         try:
-            return function(db, *args, **kwargs)
+            if self.idle:
+                return self.idle.pop()
+            return await self.in_thread(self.connection)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    async def checkin(self, db: PgDatabase) -> None:
+        """Back on the free list; a connection that broke, or is left in a transaction
+        (never by the store's own code), goes back to the pool (it rolls back or replaces)."""
+        try:
+            if not db.conn.closed and db.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+                self.idle.append(db)
+            else:
+                await self.in_thread(lambda: self.give_back(db))
         finally:
-            self.give_back(db)
+            self.slots.release()
 
     async def in_thread(self, work: Callable[[], _T]) -> _T:
         """``work`` in a worker thread, shielded: once started it finishes."""
@@ -126,9 +148,9 @@ class PgStore(Aggregates):
         return result
 
 
-class Threaded:
-    """PostgreSQL's runner: the function runs in a worker thread, on the connection of the
-    unit of work this task has open, else on one of its own from the pool."""
+class Green:
+    """PostgreSQL's runner: the function runs on the loop (``green.run``), on the connection
+    of the unit of work this task has open, else on one of its own."""
 
     __slots__ = ("store",)
 
@@ -141,14 +163,18 @@ class Threaded:
         db = store.current.get()
         if db is not None:
             joined = db
-            return await store.in_thread(lambda: function(joined, *args, **kwargs))
-        return await store.in_thread(lambda: store.on_own_connection(function, args, kwargs))
+            return await green.run(lambda: function(joined, *args, **kwargs))
+        own = await store.checkout()
+        try:
+            return await green.run(lambda: function(own, *args, **kwargs))
+        finally:
+            await store.checkin(own)
 
 
 class PgHostsStore:
     __slots__ = ("call", "directory")
 
-    def __init__(self, call: Threaded, directory: str) -> None:
+    def __init__(self, call: Green, directory: str) -> None:
         self.call = call
         self.directory = directory
 
@@ -193,32 +219,25 @@ class _UnitOfWork:
 
     async def _begin(self) -> None:
         store = self.store
-
-        def begin() -> PgDatabase:
-            db = store.connection()
-            try:
-                db.begin()
-            except BaseException:
-                store.give_back(db)
-                raise
-            return db
-
-        self.db = await store.in_thread(begin)
-        self.token = store.current.set(self.db)
+        db = await store.checkout()
+        try:
+            await green.run(db.begin)
+        except BaseException:
+            await store.checkin(db)
+            raise
+        self.db = db
+        self.token = store.current.set(db)
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
         store, db = self.store, self.db
         assert db is not None and self.token is not None
         store.current.reset(self.token)
 
-        def finish() -> None:
-            try:
-                db.finish(commit=exc_type is None)
-            finally:
-                store.give_back(db)
-
         try:
-            await store.in_thread(finish)
+            try:
+                await green.run(lambda: db.finish(commit=exc_type is None))
+            finally:
+                await store.checkin(db)
         finally:
             store.turn.release()
         return False
@@ -311,7 +330,8 @@ def open_store(paths: Any, *, durability: str = "full", url: str, directory: str
         raise _connect_error(exc, parsed.redacted) from exc
     pool: ConnectionPool[Any] = ConnectionPool(
         parsed.conninfo, min_size=1, max_size=pool_size, open=False, timeout=CONNECT_TIMEOUT_S,
-        configure=configure, kwargs={"connect_timeout": int(CONNECT_TIMEOUT_S)}, name="piwf")
+        configure=configure, kwargs={"connect_timeout": int(CONNECT_TIMEOUT_S)}, name="piwf",
+        connection_class=green.GreenConnection)
     try:
         pool.open(wait=True, timeout=CONNECT_TIMEOUT_S)
     except PoolTimeout as exc:
