@@ -2,7 +2,7 @@
 and what the server saw for them (pg_stat_statements and pg_stat_database).
 
     python bench/profile_pg.py [N] [--cprofile] [--py-spy FILE]
-    python bench/profile_pg.py [N] --compare REV... [--rounds 3]   # each REV's host and this tree's, in turns
+    python bench/profile_pg.py [N] --compare REV... [--rounds 3]   # each REV's host (. = this tree), in turns
 
 Starts a throwaway PostgreSQL (fsync on, pg_stat_statements loaded), a host on a schema
 of its own, warms it with one run, resets the server's counters, then starts N runs over
@@ -10,8 +10,8 @@ the socket and waits for them. Prints, per run: transactions committed, statemen
 (each a round trip), the statements by calls, and the host's CPU per run; with
 ``--cprofile`` the host runs under cProfile (CPU timer, the main thread) and its top functions are
 printed too. With ``--compare REV...`` each commit REV (checked out into a temporary
-worktree, its src/ first on the host's path) and this tree are measured in turns on the
-one server, and the medians of each figure printed side by side.
+worktree, its src/ first on the host's path; ``.`` is this tree) is measured in turns on
+the one server, and the medians of each figure printed side by side.
 """
 
 from __future__ import annotations
@@ -79,10 +79,11 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--py-spy", metavar="FILE", help="sample the host's threads holding the GIL with py-spy "
                         "into FILE (collapsed stacks) while the runs go")
-    parser.add_argument("--compare", metavar="REV", nargs="+", help="measure each REV's host and this tree's, in turns")
+    parser.add_argument("--compare", metavar="REV", nargs="+", help="measure each REV (. is this tree), in turns")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # the server and worktrees are removed on the way out
     server = start_server()
     try:
         if args.compare:
@@ -102,8 +103,11 @@ FIGURES = ("runs_per_s", "host_cpu_ms_per_run", "commits_per_run", "statements_p
 
 def compare(server: Server, args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="piwf-compare-pg-") as tmp:
-        trees = {"this tree": ROOT}
+        trees: dict[str, Path] = {}
         for index, rev in enumerate(args.compare):
+            if rev == ".":
+                trees["this tree"] = ROOT
+                continue
             trees[rev] = Path(tmp) / f"rev{index}"
             subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(trees[rev]), rev], check=True,
                            capture_output=True)
