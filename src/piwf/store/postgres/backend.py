@@ -1,14 +1,16 @@
-"""The PostgreSQL store: a psycopg-pool of sync connections, each store call run on the
-trio loop (``green.run``: psycopg's socket waits are trio's, so the loop stays free).
+"""The PostgreSQL store: a psycopg-pool of sync connections, each store call in a worker
+thread.
 
-Each aggregate call runs its module function as one ``StoreCall`` (``Green``), shielded: a
-call that has started finishes, and its caller learns whether it committed. A call made
-outside a unit of work takes a connection for itself; inside one (``store.transaction()``,
-in the task that opened it) every call, on ``tx`` or on the store, runs on the unit of
-work's connection, one after the other, so it joins the open transaction as on SQLite.
-Connections are taken from the pool once (in a thread: connecting blocks) and kept on the
-store's own free list, handed out on the loop; a broken one goes back to the pool, which
-replaces it. bench/measure_pg.py compares this with a thread hop per call.
+psycopg's async API is asyncio's only; its sync API in trio's worker threads keeps the loop
+free (bench/measure_pg.py compares the ways: a store call on the loop in a greenlet, its
+socket waits awaited by trio, cost less CPU per call but halved a host's runs per second).
+
+Each aggregate call runs its module function in a thread (``Threaded``), shielded: a call
+that has started finishes, and its caller learns whether it committed. A call made
+outside a unit of work takes a connection from the pool for itself; inside one
+(``store.transaction()``, in the task that opened it) every call, on ``tx`` or on the
+store, runs on the unit of work's connection, one after the other, so it joins the open
+transaction as on SQLite (the first one begins it).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from psycopg import sql
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from piwf.errors import StorageUnavailable, StoreError
-from piwf.store.postgres import green, hosts, layout
+from piwf.store.postgres import hosts, layout
 from piwf.store.postgres.db import PgDatabase, translate_error
 from piwf.store.postgres.url import StoreUrl, parse
 from piwf.store.postgres.wakeups import Wakeups, channel_for
@@ -63,15 +65,13 @@ class PgStore(Aggregates):
         self.pool = pool
         self.url = url
         self.where = url.redacted
-        self.current: contextvars.ContextVar[PgDatabase | None] = contextvars.ContextVar("unit_of_work", default=None)
+        self.current: contextvars.ContextVar[_UnitOfWork | None] = contextvars.ContextVar("unit_of_work", default=None)
         self.limiter = trio.CapacityLimiter(pool.max_size)
-        self.slots = trio.Semaphore(pool.max_size)  # connections out at once: the pool's size
-        self.idle: list[PgDatabase] = []
         # One unit of work at a time per store (per host), as on SQLite, where a unit of work
         # is atomic to the host's other tasks: the host's code is written to that. Hosts
         # sharing the store still run theirs at once; calls outside one need no turn.
         self.turn = trio.Lock()
-        self.call = Green(self)
+        self.call = Threaded(self)
         super().__init__(self.call)
         self.hosts: api.HostsStore = PgHostsStore(self.call, directory)
         self.wakeups = Wakeups(self._connect_autocommit, channel_for(url.schema), listen=listen)
@@ -101,9 +101,6 @@ class PgStore(Aggregates):
     async def close(self) -> None:
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(self.wakeups.flush)  # what a stopping host released
-            idle, self.idle = self.idle, []
-            for db in idle:
-                self.pool.putconn(db.conn)
             await trio.to_thread.run_sync(self.pool.close)
 
     def connection(self) -> PgDatabase:
@@ -118,28 +115,12 @@ class PgStore(Aggregates):
     def give_back(self, db: PgDatabase) -> None:
         self.pool.putconn(db.conn)
 
-    async def checkout(self) -> PgDatabase:
-        """A connection for one call or one unit of work, from the free list at once, else
-        from the pool (in a thread); at most the pool's size out at once."""
-        await self.slots.acquire()
+    def on_own_connection(self, function: Callable[..., _T], args: Any, kwargs: Any) -> _T:
+        db = self.connection()
         try:
-            if self.idle:
-                return self.idle.pop()
-            return await self.in_thread(self.connection)
-        except BaseException:
-            self.slots.release()
-            raise
-
-    async def checkin(self, db: PgDatabase) -> None:
-        """Back on the free list; a connection that broke, or is left in a transaction
-        (never by the store's own code), goes back to the pool (it rolls back or replaces)."""
-        try:
-            if not db.conn.closed and db.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
-                self.idle.append(db)
-            else:
-                await self.in_thread(lambda: self.give_back(db))
+            return function(db, *args, **kwargs)
         finally:
-            self.slots.release()
+            self.give_back(db)
 
     async def in_thread(self, work: Callable[[], _T]) -> _T:
         """``work`` in a worker thread, shielded: once started it finishes."""
@@ -148,9 +129,9 @@ class PgStore(Aggregates):
         return result
 
 
-class Green:
-    """PostgreSQL's runner: the function runs on the loop (``green.run``), on the connection
-    of the unit of work this task has open, else on one of its own."""
+class Threaded:
+    """PostgreSQL's runner: the function runs in a worker thread, on the connection of the
+    unit of work this task has open, else on one of its own from the pool."""
 
     __slots__ = ("store",)
 
@@ -160,21 +141,16 @@ class Green:
     async def __call__(self, function: Callable[Concatenate[Database, _P], _T], /, *args: _P.args,
                        **kwargs: _P.kwargs) -> _T:
         store = self.store
-        db = store.current.get()
-        if db is not None:
-            joined = db
-            return await green.run(lambda: function(joined, *args, **kwargs))
-        own = await store.checkout()
-        try:
-            return await green.run(lambda: function(own, *args, **kwargs))
-        finally:
-            await store.checkin(own)
+        unit = store.current.get()
+        if unit is not None:
+            return await store.in_thread(lambda: unit.run(function, args, kwargs))
+        return await store.in_thread(lambda: store.on_own_connection(function, args, kwargs))
 
 
 class PgHostsStore:
     __slots__ = ("call", "directory")
 
-    def __init__(self, call: Green, directory: str) -> None:
+    def __init__(self, call: Threaded, directory: str) -> None:
         self.call = call
         self.directory = directory
 
@@ -196,48 +172,56 @@ class PgHostsStore:
 
 class _UnitOfWork:
     """``PgStore.transaction()``: one connection from the pool for the whole body, in a
-    transaction; the store itself is ``tx`` (its calls, in this task, join it)."""
+    transaction; the store itself is ``tx`` (its calls, in this task, join it). The
+    connection is taken and the transaction begun by the first call, in that call's thread
+    hop (one hop fewer per unit of work); a body that makes no call takes none."""
 
     __slots__ = ("db", "store", "token")
 
     def __init__(self, store: PgStore) -> None:
         self.store = store
         self.db: PgDatabase | None = None
-        self.token: contextvars.Token[PgDatabase | None] | None = None
+        self.token: contextvars.Token[_UnitOfWork | None] | None = None
 
     async def __aenter__(self) -> PgStore:
         store = self.store
         if store.current.get() is not None:
             raise StoreError("a unit of work is open already: units of work do not nest")
         await store.turn.acquire()
-        try:
-            await self._begin()
-        except BaseException:
-            store.turn.release()
-            raise
+        self.token = store.current.set(self)
         return store
 
-    async def _begin(self) -> None:
-        store = self.store
-        db = await store.checkout()
-        try:
-            await green.run(db.begin)
-        except BaseException:
-            await store.checkin(db)
-            raise
-        self.db = db
-        self.token = store.current.set(db)
+    def run(self, function: Callable[..., _T], args: Any, kwargs: Any) -> _T:
+        """``function`` on the unit of work's connection (in a worker thread), which the
+        first call takes from the pool and begins the transaction on."""
+        db = self.db
+        if db is None:
+            store = self.store
+            db = store.connection()
+            try:
+                db.begin()
+            except BaseException:
+                store.give_back(db)
+                raise
+            self.db = db
+        return function(db, *args, **kwargs)
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
         store, db = self.store, self.db
-        assert db is not None and self.token is not None
+        assert self.token is not None
         store.current.reset(self.token)
+        if db is None:  # no call was made: nothing was begun
+            store.turn.release()
+            return False
+
+        def finish() -> None:
+            try:
+                db.finish(commit=exc_type is None)
+            finally:
+                store.give_back(db)
 
         try:
-            try:
-                await green.run(lambda: db.finish(commit=exc_type is None))
-            finally:
-                await store.checkin(db)
+            await store.in_thread(finish)
         finally:
             store.turn.release()
         return False
@@ -330,8 +314,7 @@ def open_store(paths: Any, *, durability: str = "full", url: str, directory: str
         raise _connect_error(exc, parsed.redacted) from exc
     pool: ConnectionPool[Any] = ConnectionPool(
         parsed.conninfo, min_size=1, max_size=pool_size, open=False, timeout=CONNECT_TIMEOUT_S,
-        configure=configure, kwargs={"connect_timeout": int(CONNECT_TIMEOUT_S)}, name="piwf",
-        connection_class=green.GreenConnection)
+        configure=configure, kwargs={"connect_timeout": int(CONNECT_TIMEOUT_S)}, name="piwf")
     try:
         pool.open(wait=True, timeout=CONNECT_TIMEOUT_S)
     except PoolTimeout as exc:
