@@ -76,7 +76,8 @@ def select_one(conn: psycopg.Connection[Any]) -> Any:
 
 async def per_call(url: str, calls: int) -> dict[str, float]:
     """µs per `SELECT 1`: inline on the loop (the floor: it blocks every other task), through
-    trio.to_thread.run_sync (what the store does), through a dedicated thread per connection."""
+    trio.to_thread.run_sync (what the store does), on the loop in a greenlet whose socket
+    waits trio awaits, through a dedicated thread per connection."""
     conn = psycopg.connect(url, autocommit=True)
     figures: dict[str, float] = {}
     start = time.perf_counter()
@@ -86,7 +87,15 @@ async def per_call(url: str, calls: int) -> dict[str, float]:
     start = time.perf_counter()
     for _ in range(calls):
         await trio.to_thread.run_sync(select_one, conn)
-    figures["trio.to_thread.run_sync"] = (time.perf_counter() - start) / calls * 1e6
+    figures["trio.to_thread.run_sync (what the store does)"] = (time.perf_counter() - start) / calls * 1e6
+    conn.close()
+    import green_calls as green
+
+    conn = green.GreenConnection.connect(url, autocommit=True)
+    start = time.perf_counter()
+    for _ in range(calls):
+        await green.run(lambda: select_one(conn))
+    figures["on the loop in a greenlet (bench/green_calls.py)"] = (time.perf_counter() - start) / calls * 1e6
     dedicated = DedicatedThread(conn)
     start = time.perf_counter()
     for _ in range(calls):

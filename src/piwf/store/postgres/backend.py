@@ -2,12 +2,15 @@
 thread.
 
 psycopg's async API is asyncio's only; its sync API in trio's worker threads keeps the loop
-free (bench/measure_pg_calls.py compares the ways). Each aggregate call runs its module
-function in a thread (``Threaded``), shielded: a call that has started finishes, and its
-caller learns whether it committed. A call made outside a unit of work takes a connection
-from the pool for itself; inside one (``store.transaction()``, in the task that opened it)
-every call, on ``tx`` or on the store, runs on the unit of work's connection, one after
-the other, so it joins the open transaction as on SQLite.
+free (bench/measure_pg.py compares the ways: a store call on the loop in a greenlet, its
+socket waits awaited by trio, cost less CPU per call but halved a host's runs per second).
+
+Each aggregate call runs its module function in a thread (``Threaded``), shielded: a call
+that has started finishes, and its caller learns whether it committed. A call made
+outside a unit of work takes a connection from the pool for itself; inside one
+(``store.transaction()``, in the task that opened it) every call, on ``tx`` or on the
+store, runs on the unit of work's connection, one after the other, so it joins the open
+transaction as on SQLite (the first one begins it).
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ class PgStore(Aggregates):
         self.pool = pool
         self.url = url
         self.where = url.redacted
-        self.current: contextvars.ContextVar[PgDatabase | None] = contextvars.ContextVar("unit_of_work", default=None)
+        self.current: contextvars.ContextVar[_UnitOfWork | None] = contextvars.ContextVar("unit_of_work", default=None)
         self.limiter = trio.CapacityLimiter(pool.max_size)
         # One unit of work at a time per store (per host), as on SQLite, where a unit of work
         # is atomic to the host's other tasks: the host's code is written to that. Hosts
@@ -130,10 +133,9 @@ class Threaded:
     async def __call__(self, function: Callable[Concatenate[Database, _P], _T], /, *args: _P.args,
                        **kwargs: _P.kwargs) -> _T:
         store = self.store
-        db = store.current.get()
-        if db is not None:
-            joined = db
-            return await store.in_thread(lambda: function(joined, *args, **kwargs))
+        unit = store.current.get()
+        if unit is not None:
+            return await store.in_thread(lambda: unit.run(function, args, kwargs))
         return await store.in_thread(lambda: store.on_own_connection(function, args, kwargs))
 
 
@@ -162,46 +164,47 @@ class PgHostsStore:
 
 class _UnitOfWork:
     """``PgStore.transaction()``: one connection from the pool for the whole body, in a
-    transaction; the store itself is ``tx`` (its calls, in this task, join it)."""
+    transaction; the store itself is ``tx`` (its calls, in this task, join it). The
+    connection is taken and the transaction begun by the first call, in that call's thread
+    hop (one hop fewer per unit of work); a body that makes no call takes none."""
 
     __slots__ = ("db", "store", "token")
 
     def __init__(self, store: PgStore) -> None:
         self.store = store
         self.db: PgDatabase | None = None
-        self.token: contextvars.Token[PgDatabase | None] | None = None
+        self.token: contextvars.Token[_UnitOfWork | None] | None = None
 
     async def __aenter__(self) -> PgStore:
         store = self.store
         if store.current.get() is not None:
             raise StoreError("a unit of work is open already: units of work do not nest")
         await store.turn.acquire()
-        try:
-            await self._begin()
-        except BaseException:
-            store.turn.release()
-            raise
+        self.token = store.current.set(self)
         return store
 
-    async def _begin(self) -> None:
-        store = self.store
-
-        def begin() -> PgDatabase:
+    def run(self, function: Callable[..., _T], args: Any, kwargs: Any) -> _T:
+        """``function`` on the unit of work's connection (in a worker thread), which the
+        first call takes from the pool and begins the transaction on."""
+        db = self.db
+        if db is None:
+            store = self.store
             db = store.connection()
             try:
                 db.begin()
             except BaseException:
                 store.give_back(db)
                 raise
-            return db
-
-        self.db = await store.in_thread(begin)
-        self.token = store.current.set(self.db)
+            self.db = db
+        return function(db, *args, **kwargs)
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> bool:
         store, db = self.store, self.db
-        assert db is not None and self.token is not None
+        assert self.token is not None
         store.current.reset(self.token)
+        if db is None:  # no call was made: nothing was begun
+            store.turn.release()
+            return False
 
         def finish() -> None:
             try:

@@ -158,7 +158,12 @@ class PgDatabase(Blobs):
         return " FOR UPDATE" + (f" OF {of}" if of else "") + (" SKIP LOCKED" if skip_locked else "")
 
     def lock_key(self, namespace: str, key: str) -> None:
-        """A transaction-level advisory lock on (this schema, namespace, key)."""
+        """A transaction-level advisory lock on (this schema, namespace, key). Outside a
+        transaction there is nothing to hold it for (it would be released with the statement
+        that took it): no statement is sent (``commands.lookup``'s fast path before its
+        unit of work; the one in the unit of work takes it)."""
+        if not self._depth:
+            return
         self.execute("SELECT pg_advisory_xact_lock(?)", (self._lock_id(namespace, key),))
 
     def try_lock_key(self, namespace: str, key: str) -> bool:

@@ -67,26 +67,43 @@ def _candidate(db: Database, now: int, exclude: frozenset[str]) -> tuple[Any, st
     excluded = {f"x{i}": run_id for i, run_id in enumerate(padded)}
     params = {"now": now, **excluded}
     not_in = _not_in(len(padded))
-    # First a ready run with a submission waiting to be validated (seed: a person waits on
-    # it; few, found through the validating submissions' own index).
-    validating = db.one(f"""SELECT q.created_at, q.run_id, q.origin_session_id FROM interaction_submissions s
-                            JOIN interaction_requests r ON r.request_id = s.request_id
-                            JOIN run_queue q ON q.run_id = r.run_id
-                            WHERE s.status = 'validating' AND {READY} AND {SESSION_FREE} {not_in}
-                            ORDER BY q.created_at, q.run_id LIMIT 1{db.lock_rows("q", skip_locked=True)}""", params)
-    if validating is not None:
-        return (validating[0], validating[1], validating[2])
+    validating, ready, expired = _candidates_sql(db, not_in)
+    if db.dialect != "sqlite":
+        # One round trip for the three (each CTE locks what it returns, as the three
+        # statements below do): a validating run first, then the oldest of the rest.
+        row = db.one(f"""WITH v AS ({validating}), r AS ({ready}), e AS ({expired})
+                         SELECT created_at, run_id, origin_session_id FROM (
+                           SELECT 0 AS rank, * FROM v UNION ALL SELECT 1, * FROM r UNION ALL SELECT 1, * FROM e) c
+                         ORDER BY rank, created_at, run_id LIMIT 1""", params)
+        return None if row is None else (row[0], row[1], row[2])
+    found = db.one(validating, params)
+    if found is not None:
+        return (found[0], found[1], found[2])
+    oldest_ready = db.one(ready, params)
+    candidates = db.execute(expired, params).fetchall()
+    result: tuple[Any, str, str | None] | None = min([*candidates, *([oldest_ready] if oldest_ready else [])],
+                                                     default=None)
+    return result
+
+
+def _candidates_sql(db: Database, not_in: str) -> tuple[str, str, str]:
+    """The candidates' three reads. First a ready run with a submission waiting to be
+    validated (seed: a person waits on it; few, found through the validating submissions'
+    own index); then the two halves of CLAIMABLE: the oldest ready run (its index is in
+    claim order) and runs whose claims expired (few, so they are compared in Python, not
+    sorted by SQLite)."""
     lock = db.lock_rows(skip_locked=True)
-    # The two halves of CLAIMABLE: the oldest ready run (its index is in claim order)
-    # and runs whose claims expired (few, so they are compared here, not sorted by SQLite).
-    ready = db.one(f"""SELECT q.created_at, q.run_id, q.origin_session_id FROM run_queue q
-                         INDEXED BY run_queue_ready
-                       WHERE {READY} AND {SESSION_FREE} {not_in}
-                       ORDER BY q.created_at, q.run_id LIMIT 1{lock}""", params)
-    expired = db.execute(f"SELECT q.created_at, q.run_id, q.origin_session_id FROM run_queue q "
-                         f"WHERE {EXPIRED} AND {SESSION_FREE} {not_in}{lock}", params).fetchall()
-    found: tuple[Any, str, str | None] | None = min([*expired, *([ready] if ready else [])], default=None)
-    return found
+    validating = f"""SELECT q.created_at, q.run_id, q.origin_session_id FROM interaction_submissions s
+                     JOIN interaction_requests r ON r.request_id = s.request_id
+                     JOIN run_queue q ON q.run_id = r.run_id
+                     WHERE s.status = 'validating' AND {READY} AND {SESSION_FREE} {not_in}
+                     ORDER BY q.created_at, q.run_id LIMIT 1{db.lock_rows("q", skip_locked=True)}"""
+    ready = f"""SELECT q.created_at, q.run_id, q.origin_session_id FROM run_queue q INDEXED BY run_queue_ready
+                WHERE {READY} AND {SESSION_FREE} {not_in}
+                ORDER BY q.created_at, q.run_id LIMIT 1{lock}"""
+    expired = (f"SELECT q.created_at, q.run_id, q.origin_session_id FROM run_queue q "
+               f"WHERE {EXPIRED} AND {SESSION_FREE} {not_in}{lock}")
+    return validating, ready, expired
 
 
 @functools.cache

@@ -1,0 +1,223 @@
+"""Where a run's time goes on PostgreSQL: a real `piwf serve --store URL`, N one-node runs,
+and what the server saw for them (pg_stat_statements and pg_stat_database).
+
+    python bench/profile_pg.py [N] [--cprofile] [--py-spy FILE]
+    python bench/profile_pg.py [N] --compare REV... [--rounds 3]   # each REV's host (. = this tree), in turns
+
+Starts a throwaway PostgreSQL (fsync on, pg_stat_statements loaded), a host on a schema
+of its own, warms it with one run, resets the server's counters, then starts N runs over
+the socket and waits for them. Prints, per run: transactions committed, statements sent
+(each a round trip), the statements by calls, and the host's CPU per run; with
+``--cprofile`` the host runs under cProfile (CPU timer, the main thread) and its top functions are
+printed too. With ``--compare REV...`` each commit REV (checked out into a temporary
+worktree, its src/ first on the host's path; ``.`` is this tree) is measured in turns on
+the one server, and the medians of each figure printed side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import pstats
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import measure_host
+from piwf.client import Client
+from tests.postgres_server import Server, find_bindir
+
+SERVE = """
+import cProfile, sys, time
+from piwf.cli import main
+profiler = cProfile.Profile(time.process_time)
+profiler.enable()
+try:
+    main(sys.argv[2:])
+finally:
+    profiler.disable()
+    profiler.dump_stats(sys.argv[1])
+"""
+
+
+def start_server() -> Server:
+    bindir = find_bindir()
+    if bindir is None:
+        raise SystemExit("no PostgreSQL here: apt-get install postgresql")
+    server = Server(bindir, fsync=True)
+    server.init()
+    with (server.data / "postgresql.conf").open("a") as conf:
+        conf.write("shared_preload_libraries = 'pg_stat_statements'\n"
+                   "pg_stat_statements.track = top\npg_stat_statements.track_utility = on\n")
+    server.start()
+    return server
+
+
+def counters(conn: psycopg.Connection[Any]) -> tuple[int, int]:
+    row = conn.execute("SELECT xact_commit, xact_rollback FROM pg_stat_database WHERE datname = 'postgres'").fetchone()
+    return int(row[0]), int(row[1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("n", type=int, nargs="?", default=200)
+    parser.add_argument("--cprofile", action="store_true")
+    parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--py-spy", metavar="FILE", help="sample the host's threads holding the GIL with py-spy "
+                        "into FILE (collapsed stacks) while the runs go")
+    parser.add_argument("--compare", metavar="REV", nargs="+", help="measure each REV (. is this tree), in turns")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # the server and worktrees are removed on the way out
+    server = start_server()
+    try:
+        if args.compare:
+            compare(server, args)
+        else:
+            figures = measure(server, ROOT / "src", args)
+            print(json.dumps(figures, indent=2) if args.json else report(figures, args))
+    finally:
+        server.stop("fast")
+        server.remove()
+
+
+ROOT = Path(__file__).resolve().parents[1]
+FIGURES = ("runs_per_s", "host_cpu_ms_per_run", "commits_per_run", "statements_per_run", "server_ms_per_run",
+           "context_switches_per_run")
+
+
+def compare(server: Server, args: argparse.Namespace) -> None:
+    with tempfile.TemporaryDirectory(prefix="piwf-compare-pg-") as tmp:
+        trees: dict[str, Path] = {}
+        for index, rev in enumerate(args.compare):
+            if rev == ".":
+                trees["this tree"] = ROOT
+                continue
+            trees[rev] = Path(tmp) / f"rev{index}"
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(trees[rev]), rev], check=True,
+                           capture_output=True)
+        try:
+            samples: dict[str, list[dict[str, float]]] = {side: [] for side in trees}
+            for round_ in range(args.rounds):
+                order = list(trees.items())
+                for side, tree in order[round_ % len(order):] + order[:round_ % len(order)]:
+                    figures = measure(server, tree / "src", args)
+                    samples[side].append({f: figures[f] for f in FIGURES})
+                    print(f"round {round_ + 1}/{args.rounds} {side}: {samples[side][-1]}", file=sys.stderr)
+        finally:
+            for tree in trees.values():
+                if tree != ROOT:
+                    subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)
+    medians = {side: {f: statistics.median(s[f] for s in runs) for f in FIGURES} for side, runs in samples.items()}
+    print(f"{args.n} runs per round, {args.rounds} rounds (in turns), medians")
+    print(f"  {'':26s}" + "".join(f" {side[:12]:>12s}" for side in trees))
+    for f in FIGURES:
+        print(f"  {f:26s}" + "".join(f" {medians[side][f]:12.2f}" for side in trees))
+
+
+def measure(server: Server, src: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """N runs through a host whose piwf is imported from ``src``; what the server counted."""
+    base = server.url()
+    admin = psycopg.connect(base, autocommit=True)
+    admin.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+    url = f"{base}&schema=prof_{secrets.token_hex(4)}"
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    with tempfile.TemporaryDirectory(prefix="piwf-profile-pg-") as tmp:
+        root = Path(tmp)
+        project = root / "project"
+        (project / ".piwf" / "workflows").mkdir(parents=True)
+        (project / ".piwf" / "workflows" / "noop.py").write_text(textwrap.dedent(measure_host.NOOP))
+        paths = measure_host.StatePaths.resolve(root / "state")
+        out = root / "host.prof"
+        serve = ["serve", "--state-dir", str(paths.root), "--durability", "full", "--max-workers", "8",
+                 "--store", url]
+        command = [sys.executable, "-c", SERVE, str(out), *serve] if args.cprofile else [
+            sys.executable, "-m", "piwf", *serve]
+        host = subprocess.Popen(command, stderr=subprocess.DEVNULL, env=env)
+        try:
+            measure_host._wait_serving(paths, host)
+            figures = drive(host, paths, project, admin, args)
+        finally:
+            host.send_signal(signal.SIGTERM)
+            host.wait(timeout=60)
+        if args.cprofile:
+            figures["profile"] = str(out)
+            stats = pstats.Stats(str(out))
+            stats.sort_stats("tottime").print_stats(args.top)
+            stats.sort_stats("cumulative").print_stats("piwf", args.top)
+    admin.close()
+    return figures
+
+
+def drive(host: subprocess.Popen[bytes], paths: Any, project: Path, admin: psycopg.Connection[Any],
+          args: argparse.Namespace) -> dict[str, Any]:
+    payload = {"workflow": "noop", "projectPath": str(project)}
+    process = psutil.Process(host.pid)
+    with Client(paths, timeout=120) as client:
+        warm = client.call("run.start", payload=payload).receipt["runId"]
+        client.call("run.wait", run_id=warm)
+        admin.execute("SELECT pg_stat_statements_reset()")
+        admin.execute("SELECT pg_stat_reset()")
+        time.sleep(0.6)  # the statistics collector's flush of the reset (PostgreSQL 15: ~0.5 s)
+        before = counters(admin)
+        spy = None if not args.py_spy else subprocess.Popen(
+            ["py-spy", "record", "--pid", str(host.pid), "--format", "raw", "--rate", "250", "--nonblocking",
+             "--gil", "--output", args.py_spy], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cpu, switches = process.cpu_times(), process.num_ctx_switches()
+        began = time.perf_counter()
+        ids = [client.call("run.start", payload=payload).receipt["runId"] for _ in range(args.n)]
+        for run_id in ids:
+            client.call("run.wait", run_id=run_id)
+        elapsed = time.perf_counter() - began
+        cpu_after, switched = process.cpu_times(), process.num_ctx_switches()
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(timeout=60)
+    time.sleep(0.6)
+    after = counters(admin)
+    rows = admin.execute(
+        "SELECT calls, total_exec_time, regexp_replace(left(query, 110), '\\s+', ' ', 'g') "
+        "FROM pg_stat_statements WHERE query NOT LIKE '%pg_stat%' ORDER BY calls DESC").fetchall()
+    n = args.n
+    return {
+        "n": n, "seconds": elapsed, "runs_per_s": n / elapsed,
+        "host_cpu_ms_per_run": (cpu_after.user + cpu_after.system - cpu.user - cpu.system) * 1000 / n,
+        "host_user_ms_per_run": (cpu_after.user - cpu.user) * 1000 / n,
+        "context_switches_per_run": (switched.voluntary + switched.involuntary - switches.voluntary
+                                     - switches.involuntary) / n,
+        "commits_per_run": (after[0] - before[0]) / n, "rollbacks_per_run": (after[1] - before[1]) / n,
+        "statements_per_run": sum(row[0] for row in rows) / n,
+        "server_ms_per_run": sum(row[1] for row in rows) / n,
+        "statements": [(calls / n, total / max(calls, 1) * 1000, text) for calls, total, text in rows],
+    }
+
+
+def report(f: dict[str, Any], args: argparse.Namespace) -> str:
+    lines = [f"{f['n']} runs in {f['seconds']:.2f} s = {f['runs_per_s']:.1f} runs/s; host CPU "
+             f"{f['host_cpu_ms_per_run']:.2f} ms per run (user {f['host_user_ms_per_run']:.2f}), "
+             f"{f['context_switches_per_run']:.1f} context switches per run",
+             f"per run: {f['commits_per_run']:.2f} commits, {f['rollbacks_per_run']:.2f} rollbacks, "
+             f"{f['statements_per_run']:.2f} statements (each a round trip); server time "
+             f"{f['server_ms_per_run']:.2f} ms per run",
+             "  per run     mean  statement"]
+    lines += [f"  {calls:7.2f} {mean:7.1f} µs  {text}" for calls, mean, text in f["statements"][:args.top]]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
