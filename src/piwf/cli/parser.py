@@ -53,6 +53,9 @@ class Skipped:
     def add_mutually_exclusive_group(self, **kwargs: Any) -> Skipped:
         return self
 
+    def add_argument_group(self, *args: Any, **kwargs: Any) -> Skipped:
+        return self
+
     def add_subparsers(self, **kwargs: Any) -> Skipped:
         return self
 
