@@ -117,6 +117,8 @@ async def test_a_host_answers_unavailable_while_its_server_is_down_and_carries_o
         pytest.skip("restarts the server: needs the tests' own (not PIWF_TEST_STORE)")
     host = await host_process("--store", pg_store_url(postgres)).start()
     first = await call(paths, "run.start", payload={"workflow": "greet", "projectPath": str(project)})
+    gated = await call(paths, "run.start", payload={"workflow": "gated", "projectPath": str(project)})
+    await wait_for(lambda: (project / "wait.log").exists())  # its worker is in the middle of a node
     await trio.to_thread.run_sync(postgres.stop)
     try:
         async with AsyncClient(paths) as client:
@@ -133,5 +135,9 @@ async def test_a_host_answers_unavailable_while_its_server_is_down_and_carries_o
     await wait_for(started, timeout=30, interval=0.2)
     done = await call(paths, "run.wait", run_id=first["runId"], payload={"timeoutMs": 20_000})
     assert done["status"] == "completed"
+    (project / "gate").touch()  # the run that was running across the restart goes on
+    done = await call(paths, "run.wait", run_id=gated["runId"], payload={"timeoutMs": 20_000})
+    assert done["status"] == "completed", done
+    assert (project / "once.log").read_text().splitlines() == [gated["runId"]]  # its accepted step not redone
     host.signal(signal.SIGTERM)
     assert await host.wait() == 0

@@ -94,11 +94,12 @@ class PostgresBackend:
 
     async def _url(self, database: str) -> str:
         from tests.conftest import pg_store_url
+        from tests.pg_probe import empty_schema
 
         if database not in self.schemas:
             if self.free:
                 schema = self.free.pop()
-                await trio.to_thread.run_sync(_empty, pg_store_url(self.postgres, schema))
+                await trio.to_thread.run_sync(empty_schema, pg_store_url(self.postgres, schema))
             else:
                 schema = f"{self.prefix}_{database}"
             self.schemas[database] = schema
@@ -113,40 +114,15 @@ class PostgresBackend:
 
     async def empty(self, database: str = "conformance") -> None:
         """A fresh store again on that database (the model test's examples)."""
-        await trio.to_thread.run_sync(_empty, await self._url(database))
+        from tests.pg_probe import empty_schema
+
+        await trio.to_thread.run_sync(empty_schema, await self._url(database))
 
     async def lock_waits(self) -> int:
         """How many of the server's connections wait for a lock now (interleaving tests)."""
         from tests.pg_probe import lock_waits
 
         return await trio.to_thread.run_sync(lock_waits, self.postgres.url())
-
-
-def _empty(url: str) -> None:
-    """Every row of the store's tables deleted (its layout kept) and its sequences
-    restarted, in one transaction; triggers (the run counters) and foreign keys are off
-    meanwhile (``session_replication_role``: the tests' server role is a superuser; on one
-    that is not, ``TRUNCATE`` does it, more slowly). Nothing of the schema was used yet: a
-    schema not made yet (its first store makes it) is left alone."""
-    import psycopg
-    from psycopg import sql
-
-    from piwf.store.postgres.url import parse
-
-    parsed = parse(url)
-    with psycopg.connect(parsed.conninfo) as conn:
-        tables = [sql.Identifier(parsed.schema, row[0]) for row in conn.execute(
-            "SELECT tablename FROM pg_tables WHERE schemaname = %s AND tablename <> 'piwf_layout'", (parsed.schema,))]
-        if not tables:
-            return
-        try:
-            conn.execute("SET LOCAL session_replication_role = replica")
-            conn.execute(sql.SQL("; ").join(sql.SQL("DELETE FROM {}").format(table) for table in tables))
-        except psycopg.errors.InsufficientPrivilege:
-            conn.rollback()
-            conn.execute(sql.SQL("TRUNCATE {}").format(sql.SQL(", ").join(tables)))
-        conn.execute("SELECT setval(format('%%I.%%I', schemaname, sequencename), start_value, false) "
-                     "FROM pg_sequences WHERE schemaname = %s", (parsed.schema,))
 
 
 BACKENDS: dict[str, type[Backend]] = {

@@ -8,8 +8,8 @@ and the counts host.status reads equal the model's after every step.
 The state machine is synchronous (hypothesis drives it) and runs on a worker thread; each
 store call goes back to the test's trio loop (``trio.from_thread.run``), so any backend
 runs it as it runs everything else. Each example starts on an empty database: a new one
-on SQLite (a file), on PostgreSQL the test's one schema emptied (``TRUNCATE``: a new schema
-costs its tables' creation), with fewer examples there — the SQL is the same on both, what
+on SQLite (a file), on PostgreSQL the test's one schema emptied (its rows deleted: a new
+schema costs its tables' creation), with fewer examples there — the SQL is the same on both, what
 PostgreSQL adds (its dialect, locks) is shown in fewer.
 """
 
