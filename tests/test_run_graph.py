@@ -73,8 +73,8 @@ async def test_a_waiting_run_shows_its_waiting_node_the_accepted_ones_and_a_revi
     assert (approve["kind"], approve["title"], approve["exits"]) == ("decision", "Ship <b>it</b>?", ["yes", "no"])
     open_request = (await call(paths, "interaction.list", payload={"runId": run_id}))["requests"][0]
     assert approve["requestId"] == open_request["requestId"]
-    assert {(e["node"], e["exit"], e["to"]) for e in shown["edges"]} == {
-        ("prepare", "next", "approve"), ("approve", "yes", "ship"), ("approve", "no", "prepare")}
+    assert {(e["node"], e["exit"], e["to"], e["taken"]) for e in shown["edges"]} == {
+        ("prepare", "next", "approve", 1), ("approve", "yes", "ship", 0), ("approve", "no", "prepare", 0)}
 
     await answer(paths, approve["requestId"], "no")  # back to prepare, then waiting again
     assert (await at_rest(paths, run_id))["status"] == "waiting"
@@ -93,6 +93,8 @@ async def test_a_waiting_run_shows_its_waiting_node_the_accepted_ones_and_a_revi
     assert outputs[-1]["output"]["stdout"] == "shipped\n"
     assert states(done) == {"approve": "accepted", "prepare": "accepted", "ship": "accepted"}
     assert path(done)[-2:] == [("approve", "accepted", "yes"), ("ship", "accepted", "next")]
+    assert {(e["node"], e["exit"]): e["taken"] for e in done["edges"]} == {
+        ("prepare", "next"): 2, ("approve", "no"): 1, ("approve", "yes"): 1}
 
 
 async def test_a_failed_node_shows_failed_and_the_cli_prints_the_graph(
