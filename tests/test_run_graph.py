@@ -166,6 +166,10 @@ def test_a_workflow_graph_names_every_exit_and_resolves_every_edge() -> None:
     assert edges[("choose", "a")] == edges[("choose", "b")] == "value"  # one plain edge serves every choice
     assert edges[("choose", "timeout")] == "late" and ("value", "next") not in edges  # the end of the run
     assert "secret" not in json.dumps([n.title for n in made.nodes])  # no environment values
+    ends = workflow_graph(Workflow("ends", "ask", {  # a deadline with no edge for it: the run ends timed out
+        "ask": decision("Go?", {"yes": "Yes"}, deadline=60), "go": compute(lambda ctx: None)}, [("ask.yes", "go")]))
+    assert ends.nodes[0].exits == ["yes", "timeout"]
+    assert [(e.node, e.exit, e.to) for e in ends.edges] == [("ask", "yes", "go")]
 
 
 def test_states_come_from_each_nodes_latest_attempt_and_an_ended_run_has_no_live_one() -> None:
