@@ -196,3 +196,41 @@ def test_what_run_graph_and_run_steps_read_goes_through_the_runs_key_and_indexes
         plan = " ".join(str(row[-1]) for row in db.execute("EXPLAIN QUERY PLAN " + statement, params))
         assert "SCAN" not in plan.replace("SCAN CONSTANT ROW", ""), (statement, plan)
         assert "USING" in plan, (statement, plan)
+
+
+ODD = """
+    from piwf import Workflow, compute
+
+    class Odd:
+        def __call__(self, ctx):
+            return {"odd": True}
+
+        def __getattribute__(self, name):
+            if name == "__qualname__":
+                raise RuntimeError("no name for you")
+            return object.__getattribute__(self, name)
+
+    workflow = Workflow(name="odd", start_at="one", nodes={"one": compute(Odd())})
+"""
+
+
+async def test_a_workflow_whose_graph_cannot_be_made_still_runs_and_its_graph_reads_unknown(
+    host_process: Callable[..., HostProcess], paths: StatePaths, project: Path,
+) -> None:
+    write_workflow(project, "odd", ODD)
+    await host_process().start()
+    run_id = await start(paths, project, "odd")
+    assert (await at_rest(paths, run_id))["status"] == "completed"
+    shown = await graph(paths, run_id)
+    assert shown["known"] is False and "could not be made" in shown["reason"]
+    assert [(n["id"], n["state"]) for n in shown["nodes"]] == [("one", "accepted")]
+
+
+def test_a_malformed_graph_from_the_inspecting_process_is_not_recorded() -> None:
+    from piwf.host.catalog import _graph
+
+    assert _graph("w", None) is None
+    assert _graph("w", {"name": "w", "startAt": "a", "nodes": [{"id": 1}], "edges": []}) is None
+    made = {"name": "w", "startAt": "a", "nodes": [{"id": "a", "kind": "compute", "title": None, "exits": ["next"]}],
+            "edges": []}
+    assert json.loads(_graph("w", made) or b"") == made

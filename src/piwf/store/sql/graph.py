@@ -22,8 +22,8 @@ from piwf.store.sql.interactions import OPEN
 from piwf.store.sql.timefmt import iso
 from piwf.wire import decode_json
 
-UNKNOWN = ("no definition is recorded for this run: it started before piwf recorded workflow graphs, so only "
-           "the nodes it went through are shown")
+UNKNOWN = ("no definition is recorded for this run (it started before piwf recorded workflow graphs, or its "
+           "graph could not be made): only the nodes it went through are shown")
 LIVE_ATTEMPT = (AttemptStatus.RUNNING, AttemptStatus.WAITING)
 ENDED_RUN = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.TIMED_OUT, RunStatus.CANCELLED)
 
