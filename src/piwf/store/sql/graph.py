@@ -13,7 +13,7 @@ import msgspec
 
 from piwf.errors import NotFound, StoreError
 from piwf.protocol import (
-    STEPS_PAGE, STEPS_PAGE_OUTPUT_BYTES, GraphNode, NodeState, PathStep, RunGraph, RunStepsPage, StepDetail,
+    STEPS_PAGE, STEPS_PAGE_OUTPUT_BYTES, GraphNode, NodeState, PathStep, RunEdge, RunGraph, RunStepsPage, StepDetail,
     WorkflowGraph,
 )
 from piwf.status import AttemptStatus, RunStatus
@@ -22,8 +22,8 @@ from piwf.store.sql.interactions import OPEN
 from piwf.store.sql.timefmt import iso
 from piwf.wire import decode_json
 
-UNKNOWN = ("no definition is recorded for this run: it started before piwf recorded workflow graphs, so only "
-           "the nodes it went through are shown")
+UNKNOWN = ("no definition is recorded for this run (it started before piwf recorded workflow graphs, or its "
+           "graph could not be made): only the nodes it went through are shown")
 LIVE_ATTEMPT = (AttemptStatus.RUNNING, AttemptStatus.WAITING)
 ENDED_RUN = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.TIMED_OUT, RunStatus.CANCELLED)
 
@@ -68,6 +68,7 @@ def graph_answer(run_id: str, workflow: str, status: RunStatus, digest: str, gra
     visits: dict[str, int] = {}
     exits: dict[str, dict[str, None]] = {}  # a node's exits taken, in order (an unknown graph's nodes show them)
     last_exit: dict[str, str | None] = {}
+    taken: dict[tuple[str, str], int] = {}
     for attempt in attempts:
         _, _, node, state, exit_name = attempt
         latest[node] = attempt
@@ -76,6 +77,7 @@ def graph_answer(run_id: str, workflow: str, status: RunStatus, digest: str, gra
         if state == AttemptStatus.ACCEPTED:
             last_exit[node] = exit_name
             exits[node][exit_name or "next"] = None
+            taken[(node, exit_name or "next")] = taken.get((node, exit_name or "next"), 0) + 1
     definitions = ([(node, "unknown", None, list(taken)) for node, taken in exits.items()] if graph is None
                    else [(n.id, n.kind, n.title, n.exits) for n in graph.nodes])
     nodes = []
@@ -89,7 +91,9 @@ def graph_answer(run_id: str, workflow: str, status: RunStatus, digest: str, gra
             for seq, _, node, state, exit_name in attempts]
     return RunGraph(runId=run_id, workflow=workflow, status=status, definitionDigest=digest, known=graph is not None,
                     reason=None if graph is not None else UNKNOWN, startAt=None if graph is None else graph.startAt,
-                    nodes=nodes, edges=[] if graph is None else list(graph.edges), path=path)
+                    nodes=nodes, path=path, edges=[] if graph is None else [
+                        RunEdge(node=e.node, exit=e.exit, to=e.to, taken=taken.get((e.node, e.exit), 0))
+                        for e in graph.edges])
 
 
 def _ended(state: Any, status: RunStatus) -> str:
