@@ -146,6 +146,22 @@ def test_an_answer_is_recorded_as_the_console_and_the_first_answer_wins(stack: S
     assert "&#34;build&#34;: 42" in html and "&#34;answeredBy&#34;: &#34;ann&#34;" in html
 
 
+def test_a_choice_that_takes_text_has_its_field_and_the_text_is_recorded(stack: Stack) -> None:
+    run_id = stack.start_run("review")
+    request = stack.open_request(run_id)
+    with browser(stack, origin=stack.base) as client:
+        html = client.get(f"/runs/{run_id}").text
+        assert 'name="input.no"' in html and "Why hold?" in html and 'maxlength="200"' in html
+        assert 'name="input.yes"' not in html
+        answer = client.post(f"/requests/{request['requestId']}/decide", data={
+            "csrf": csrf_of(html), "back": f"/runs/{run_id}", "run": run_id, "choice": "no",
+            "input.no": "the docs are missing", "input.yes": "ignored"})
+        assert answer.status_code == 303
+    wait_until(lambda: stack.run(run_id)["status"] == "completed", what="the run going on")
+    output = stack.run(run_id)["output"]
+    assert (output["choice"], output["input"]) == ("no", "the docs are missing")
+
+
 def test_a_sessions_request_is_read_only_unless_the_console_is_the_sessions(stack: Stack, tmp_path: Path) -> None:
     receipt = stack.call("run.start", payload={"workflow": "count", "projectPath": str(stack.project),
                                                "originSessionId": "sess-1"})

@@ -55,6 +55,13 @@ WORKFLOWS = {
             edges=[("how_many", "print")],
         )
     """,
+    # A choice that takes text.
+    "review": """
+        from piwf import Choice, TextInput, Workflow, decision
+
+        workflow = Workflow(name="review", start_at="ship", nodes={"ship": decision(
+            "Ship it?", choices={"yes": "Ship", "no": Choice("Hold", input=TextInput("Why hold?", max_length=200))})})
+    """,
     # Runs until the file 'gate' exists in the project.
     "gated": """
         from piwf import Workflow, compute, shell
