@@ -102,3 +102,15 @@ def test_the_csrf_field_is_derived_from_the_token() -> None:
     assert one.csrf == Guard(app, token="a" * 43, hosts=[], cookie="c").csrf
     assert one.csrf != Guard(app, token="b" * 43, hosts=[], cookie="c").csrf
     assert "a" * 43 not in one.csrf
+
+
+def test_the_console_says_a_runs_state_as_the_cli_does() -> None:
+    from piwf.cli import runview
+    from piwf.ui import words
+
+    assert words.WHY_HELD == runview.WHY_HELD and words.HELD_FOR_A_PERSON == runview.HELD_FOR_A_PERSON
+    for hold in (None, "paused", "waiting", "crashed", "effect", "source"):
+        for queue in ("queued", "running", "parked", "done"):
+            for paused in (False, True):
+                run = {"hold": hold, "queueStatus": queue, "paused": paused, "status": "waiting"}
+                assert (words.state(run), words.held(run)) == (runview.state(run), runview.held(run))

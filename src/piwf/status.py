@@ -6,9 +6,7 @@ The values are the words on the wire and in the database; ``StrEnum`` members ar
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from enum import StrEnum
-from typing import Any
 
 
 class RunStatus(StrEnum):
@@ -160,24 +158,3 @@ UNSUCCESSFUL = frozenset({RunStatus.FAILED, RunStatus.TIMED_OUT, RunStatus.CANCE
 OPEN_REQUEST = (RequestStatus.PENDING, RequestStatus.PRESENTING)
 CRASHES = frozenset({WorkerStatus.CRASHED, WorkerStatus.TIMED_OUT})
 LIVE_WORKER = (WorkerStatus.STARTING, WorkerStatus.RUNNING)
-
-
-# --- how a run reads to a person (the CLI's views and the web console say it alike) ------
-
-HELD_FOR_A_PERSON = ("crashed", "effect", "source")  # holds only someone can release (not a pause, not a wait)
-WHY_HELD = {"crashed": "its worker crashed too many times in a row", "effect": "an effect's outcome is unknown",
-            "source": "its workflow file changed or does not load"}
-
-
-def held(run: Mapping[str, Any]) -> bool:
-    """Held for a person: parked with a hold that only someone acting releases."""
-    return run.get("hold") in HELD_FOR_A_PERSON and run["queueStatus"] in ("queued", "parked")
-
-
-def state(run: Mapping[str, Any]) -> str:
-    """A run's state in a word or two: ``held (crashed)``, ``paused``, else its engine status."""
-    if held(run):
-        return f"held ({run['hold']})"
-    if run["paused"] and run["queueStatus"] in ("queued", "parked"):
-        return "paused"
-    return str(run["status"])

@@ -14,11 +14,24 @@ from typing import Any
 
 from piwf.cli.text import shown
 from piwf.errors import ExitCode
-# How a run reads (held, its state word) is shared with the web console: kept in piwf.status.
-from piwf.status import HELD_FOR_A_PERSON as HELD_FOR_A_PERSON
-from piwf.status import WHY_HELD as WHY_HELD
-from piwf.status import held as held
-from piwf.status import state as state
+
+HELD_FOR_A_PERSON = ("crashed", "effect", "source")  # holds only someone can release (not a pause, not a wait)
+WHY_HELD = {"crashed": "its worker crashed too many times in a row", "effect": "an effect's outcome is unknown",
+            "source": "its workflow file changed or does not load"}
+
+
+def held(run: dict[str, Any]) -> bool:
+    """Held for a person: parked with a hold that only someone acting releases."""
+    return run.get("hold") in HELD_FOR_A_PERSON and run["queueStatus"] in ("queued", "parked")
+
+
+def state(run: dict[str, Any]) -> str:
+    """A run's state in a word or two: ``held (crashed)``, ``paused``, else its engine status."""
+    if held(run):
+        return f"held ({run['hold']})"
+    if run["paused"] and run["queueStatus"] in ("queued", "parked"):
+        return "paused"
+    return str(run["status"])
 
 
 def release(run: dict[str, Any]) -> str:

@@ -9,12 +9,29 @@ from __future__ import annotations
 
 from typing import Any
 
-from piwf.status import WHY_HELD as WHY_HELD  # the templates read these through words
-from piwf.status import held as held
-from piwf.status import state
 
+# The CLI's words (piwf.cli.runview), written again here: the console may not import the
+# CLI (an import contract), and the CLI keeps piwf.status free of what one-shot commands
+# would have to import. tests/test_ui_parts.py checks the two say the same.
+HELD_FOR_A_PERSON = ("crashed", "effect", "source")
+WHY_HELD = {"crashed": "its worker crashed too many times in a row", "effect": "an effect's outcome is unknown",
+            "source": "its workflow file changed or does not load"}
 ENDED_QUEUE = ("done", "failed", "cancelled")
 STATUSES = ("queued", "running", "waiting", "completed", "failed", "timed_out", "cancelled")
+
+
+def held(run: dict[str, Any]) -> bool:
+    """Held for a person: parked with a hold only someone acting releases."""
+    return run.get("hold") in HELD_FOR_A_PERSON and run["queueStatus"] in ("queued", "parked")
+
+
+def state(run: dict[str, Any]) -> str:
+    """``held (crashed)``, ``paused``, else the engine status (``running``, ``waiting``, ...)."""
+    if held(run):
+        return f"held ({run['hold']})"
+    if run["paused"] and run["queueStatus"] in ("queued", "parked"):
+        return "paused"
+    return str(run["status"])
 
 
 def tone(run: dict[str, Any]) -> str:
