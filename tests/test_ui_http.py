@@ -4,6 +4,7 @@ an answer is recorded as, first answer wins, and the origin session's read-only 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -242,3 +243,16 @@ def test_bad_start_arguments_are_one_line_and_start_nothing(stack: Stack, tmp_pa
         assert done.returncode == 2, done
         assert done.stdout == "" and done.stderr.count("\n") == 1 and said in done.stderr, done.stderr
     assert len(list((stack.paths.root / "ui").glob("console-*.json"))) == 1  # the stack's own, alone
+
+
+def test_every_open_tab_is_fed_by_the_consoles_one_watch(stack: Stack) -> None:
+    """Ten tabs' event streams cost the host no connection: the console holds one for its
+    requests and one for its run.watch, whatever the number of tabs."""
+    with contextlib.ExitStack() as tabs, browser(stack) as client:
+        streams = [tabs.enter_context(client.stream("GET", "/events", timeout=60)) for _ in range(10)]
+        changes = [_changes(stream.iter_lines()) for stream in streams]
+        run_id = stack.start_run("count")
+        for tab in changes:
+            assert run_id in next(change for change in tab if change["runs"])["runs"]
+        connected = stack.call("host.status")["connectedClients"]
+    assert connected <= 3  # the console's two, and this status request's own
