@@ -256,3 +256,26 @@ def test_every_open_tab_is_fed_by_the_consoles_one_watch(stack: Stack) -> None:
             assert run_id in next(change for change in tab if change["runs"])["runs"]
         connected = stack.call("host.status")["connectedClients"]
     assert connected <= 3  # the console's two, and this status request's own
+
+
+def test_retry_asks_first_and_says_what_the_cli_says_and_the_list_filters(stack: Stack) -> None:
+    run_id = stack.start_run("boom")
+    wait_until(lambda: stack.run(run_id)["status"] == "failed", what="the run failing")
+    with browser(stack, origin=stack.base) as client:
+        html = client.get(f"/runs/{run_id}").text
+        assert "ValueError: the fuse was lit" in html and f'href="/runs/{run_id}/confirm/retry"' in html
+        assert 'id="action-pause"' not in html  # an ended run is not paused
+        confirm = client.get(f"/runs/{run_id}/confirm/retry").text
+        assert "accepted steps and applied effects are kept" in confirm
+        form = {"csrf": csrf_of(confirm), "back": f"/runs/{run_id}"}
+        asked = client.post(f"/runs/{run_id}/retry", data=form)
+        assert asked.headers["location"] == f"/runs/{run_id}/confirm/retry"
+        assert stack.run(run_id)["generation"] == 1
+        done = client.post(f"/runs/{run_id}/retry", data={**form, "confirmed": "yes"})
+        notice = client.get(done.headers["location"]).text
+        assert f"{run_id}: retried (failed → queued, generation 2); it continues from node explode" in notice
+        wait_until(lambda: stack.run(run_id)["status"] == "failed", what="the retried run failing again")
+        failed = client.get("/?status=failed").text
+        assert f'data-run="{run_id}"' in failed and 'data-state="completed"' not in failed
+        assert f'data-run="{run_id}"' not in client.get("/?workflow=deploy").text
+        assert "no runs match these filters" in client.get("/?held=1&workflow=boom").text

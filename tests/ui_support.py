@@ -62,6 +62,15 @@ WORKFLOWS = {
         workflow = Workflow(name="review", start_at="ship", nodes={"ship": decision(
             "Ship it?", choices={"yes": "Ship", "no": Choice("Hold", input=TextInput("Why hold?", max_length=200))})})
     """,
+    # Fails (a retry goes back to its node).
+    "boom": """
+        from piwf import Workflow, compute
+
+        def explode(ctx):
+            raise ValueError("the fuse was lit")
+
+        workflow = Workflow(name="boom", start_at="explode", nodes={"explode": compute(explode)})
+    """,
     # Runs until the file 'gate' exists in the project.
     "gated": """
         from piwf import Workflow, compute, shell
