@@ -28,6 +28,18 @@ def graph_bytes(title: str) -> bytes:
     return canonical_json(msgspec.to_builtins(graph))
 
 
+async def accepted_then_running(store: Any, clock: ManualClock, accepted: tuple[str, str], running: str) -> None:
+    """Run r1 claimed, node ``accepted[0]`` accepted through exit ``accepted[1]`` at seq 0,
+    then node ``running`` running at seq 1."""
+    got = await claim(store, clock)
+    first, _ = await store.runs.start_attempt("r1", got.token, seq=0, node=accepted[0], generation=got.generation,
+                                              now=clock.now_ms())
+    await store.runs.accept_attempt("r1", got.token, attempt_id=first, output={}, exit_name=accepted[1],
+                                    now=clock.now_ms())
+    await store.runs.start_attempt("r1", got.token, seq=1, node=running, generation=got.generation,
+                                   now=clock.now_ms())
+
+
 async def test_a_run_answers_the_graph_it_recorded_with_each_nodes_state(store: Any, clock: ManualClock) -> None:
     await store.runs.create_run(run_id="r1", workflow="w", project_path="/p", source=b"src", digest="d1", input={},
                                 origin_session_id=None, now=clock.now_ms(), start_node="a",
@@ -38,12 +50,7 @@ async def test_a_run_answers_the_graph_it_recorded_with_each_nodes_state(store: 
         ("a", "compute", "prepare", "not_reached"), ("b", "decision", "Ship it?", "not_reached"),
         ("c", "shell", "echo done", "not_reached")]
     assert [(e.node, e.exit, e.to) for e in shown.edges] == [("a", "next", "b"), ("b", "yes", "c"), ("b", "no", "a")]
-    got = await claim(store, clock)
-    first, _ = await store.runs.start_attempt("r1", got.token, seq=0, node="a", generation=got.generation,
-                                              now=clock.now_ms())
-    await store.runs.accept_attempt("r1", got.token, attempt_id=first, output={}, exit_name="next",
-                                    now=clock.now_ms())
-    await store.runs.start_attempt("r1", got.token, seq=1, node="b", generation=got.generation, now=clock.now_ms())
+    await accepted_then_running(store, clock, ("a", "next"), "b")
     shown = await store.runs.run_graph("r1")
     assert [(n.id, n.state, n.visits, n.lastExit) for n in shown.nodes] == [
         ("a", "accepted", 1, "next"), ("b", "running", 1, None), ("c", "not_reached", 0, None)]
@@ -67,12 +74,7 @@ async def test_a_run_that_adopts_a_changed_workflow_records_its_graph(store: Any
 async def test_a_run_without_a_recorded_graph_answers_it_unknown(store: Any, clock: ManualClock) -> None:
     await store.runs.create_run(run_id="r1", workflow="w", project_path="/p", source=b"src", digest="d1", input={},
                                 origin_session_id=None, now=clock.now_ms())
-    got = await claim(store, clock)
-    attempt, _ = await store.runs.start_attempt("r1", got.token, seq=0, node="x", generation=got.generation,
-                                                now=clock.now_ms())
-    await store.runs.accept_attempt("r1", got.token, attempt_id=attempt, output={}, exit_name="left",
-                                    now=clock.now_ms())
-    await store.runs.start_attempt("r1", got.token, seq=1, node="y", generation=got.generation, now=clock.now_ms())
+    await accepted_then_running(store, clock, ("x", "left"), "y")
     shown = await store.runs.run_graph("r1")
     assert shown.known is False and shown.reason and "no definition is recorded" in shown.reason
     assert (shown.startAt, shown.edges) == (None, [])
@@ -113,3 +115,16 @@ async def test_a_runs_attempts_come_with_their_outputs_a_page_at_a_time(store: A
     assert ([s.seq for s in limited.steps], limited.next) == ([3], None)
     with pytest.raises(NotFound):
         await store.runs.run_steps("nope")
+
+
+async def test_a_retried_run_records_the_graph_of_the_workflow_it_adopts(store: Any, clock: ManualClock) -> None:
+    from .test_retry import failed
+
+    await failed(store, clock)  # made without a graph: unknown, with the nodes it went through
+    before = await store.runs.run_graph("r1")
+    assert before.known is False and [(n.id, n.state) for n in before.nodes] == [("a", "accepted"), ("b", "failed")]
+    await store.runs.retry_run("r1", clock.now_ms(), actor="alice",
+                               definition=Definition("d2", b"fixed", "a", graph_bytes("Fixed?")))
+    after = await store.runs.run_graph("r1")
+    assert (after.known, after.definitionDigest, after.nodes[1].title) == (True, "d2", "Fixed?")
+    assert [(n.id, n.state) for n in after.nodes] == [("a", "accepted"), ("b", "failed"), ("c", "not_reached")]

@@ -182,3 +182,22 @@ async def test_a_sweep_deletes_values_nothing_uses_any_more_and_keeps_the_rest(
     await new_run(store, clock, "r3", input=BIG)  # stores the old source again: in use again
     clock.advance(24 * 3600 * 1000)
     assert await sweep_all(store, clock) == 0
+
+
+async def test_a_recorded_graph_stays_while_a_run_uses_it_and_goes_with_its_last_run(
+    store: Any, clock: ManualClock,
+) -> None:
+    from .test_graph import graph_bytes
+
+    for run_id in ("old", "kept"):  # one workflow, one graph: one blob
+        await store.runs.create_run(run_id=run_id, workflow="w", project_path="/p", source=b"src", digest="d1",
+                                    input={}, origin_session_id=None, now=clock.now_ms(), graph=graph_bytes("Q?"))
+        await _end(store, clock, run_id, "completed")
+        clock.advance(1)
+    cut_off = clock.now_ms() - 1
+    clock.advance(24 * 3600 * 1000)  # long past any grace period
+    first = await store.retention.prune_runs(ended_before=cut_off, now=clock.now_ms(), limit=100)
+    assert (first.runs, first.blobs) == (["old"], 0)  # the source and the graph are still used
+    assert (await store.runs.run_graph("kept")).nodes[1].title == "Q?"
+    last = await store.retention.prune_runs(ended_before=clock.now_ms(), now=clock.now_ms(), limit=100)
+    assert (last.runs, last.blobs) == (["kept"], 2)  # its source and its graph

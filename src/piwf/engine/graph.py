@@ -22,10 +22,19 @@ def workflow_graph(workflow: Workflow) -> WorkflowGraph:
         exits = _exits(workflow, node_id, node)
         nodes.append(NodeDefinition(id=node_id, kind=node.kind, title=_title(node), exits=exits))
         for exit_name in exits:
-            target = workflow.next_node(node_id, exit_name)
+            target = _leads_to(workflow, node_id, node, exit_name)
             if target is not None:
                 edges.append(GraphEdge(node=node_id, exit=exit_name, to=target))
     return WorkflowGraph(name=workflow.name, startAt=workflow.start_at, nodes=nodes, edges=edges)
+
+
+def _leads_to(workflow: Workflow, node_id: str, node: Node, exit_name: str) -> str | None:
+    """Where leaving ``node_id`` through ``exit_name`` goes (``Workflow.next_node``'s rule,
+    without its refusal of an exit with no edge): None ends the run."""
+    target = workflow.routes.get((node_id, exit_name))
+    if target is None and isinstance(node, Decision) and exit_name != TIMEOUT_EXIT:
+        return workflow.routes.get((node_id, DEFAULT_EXIT))  # one plain edge for every choice
+    return target
 
 
 def _exits(workflow: Workflow, node_id: str, node: Node) -> list[str]:

@@ -46,8 +46,17 @@ def inspect_workflow(project: str, name: str) -> dict[str, Any]:
     declared = None if workflow.settings is None else {
         "defaults": run_settings.defaults(workflow.settings), "mutable": list(workflow.mutable)}
     return {"name": workflow.name, "digest": workflow.digest(), "startAt": workflow.start_at,
-            "nodes": sorted(workflow.nodes), "settings": declared,
-            "graph": msgspec.to_builtins(workflow_graph(workflow))}
+            "nodes": sorted(workflow.nodes), "settings": declared, "graph": _graph(workflow)}
+
+
+def _graph(workflow: Any) -> Any:
+    """The graph a run records, or None: a graph that cannot be made never keeps a run from
+    starting (its ``run.graph`` then says the graph is unknown)."""
+    try:
+        return msgspec.to_builtins(workflow_graph(workflow))
+    except Exception as exc:  # whatever went wrong, the run starts without its graph
+        print(f"piwf: the graph of workflow {workflow.name!r} could not be made: {exc!r}", file=sys.stderr)
+        return None
 
 
 def resolve_settings(project: str, name: str, request: dict[str, Any]) -> dict[str, Any]:

@@ -6,6 +6,7 @@ the file is not read again while its size, mtime and inode stay as they were.
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from piwf.wire import canonical_json, sha256_hex
 from piwf.host.isolated import Isolation, StatKey
 
 Check = Callable[[], Awaitable[None]]
+log = logging.getLogger("piwf.host")
 SETTINGS_CACHED = 256  # settings checks remembered (by file content and request), newest kept
 
 
@@ -45,7 +47,7 @@ class Catalog:
     def __init__(self) -> None:
         self.isolation = Isolation()  # bounds the file reads and throwaway processes below
         # (path, source hash) -> (digest, start node, settings declaration, graph)
-        self._cache: dict[tuple[str, str], tuple[str, str, Any, bytes]] = {}
+        self._cache: dict[tuple[str, str], tuple[str, str, Any, bytes | None]] = {}
         self._seen: dict[str, Seen] = {}  # path -> (stat key, info)
         self._settings: OrderedDict[tuple[str, str, bytes], tuple[str, Any]] = OrderedDict()
 
@@ -79,13 +81,9 @@ class Catalog:
             raise Rejected(f"no workflow {name!r} in {project}: {path} {(exc.strerror or str(exc)).lower()}") from exc
         return (stat_key, str(path)), seen, source
 
-    async def _digest(self, project: str, name: str) -> tuple[str, str, Any, bytes]:
+    async def _digest(self, project: str, name: str) -> tuple[str, str, Any, bytes | None]:
         result = await self._inspect(project, name)
-        try:  # made by the process that loaded user code: checked before a run records it
-            graph = msgspec.convert(result.get("graph"), WorkflowGraph)
-        except msgspec.ValidationError as exc:
-            raise Rejected(f"workflow {name!r} could not be inspected: its graph is malformed ({exc})") from None
-        return result["digest"], result["startAt"], result.get("settings"), canonical_json(msgspec.to_builtins(graph))
+        return result["digest"], result["startAt"], result.get("settings"), _graph(name, result.get("graph"))
 
     async def resolve_settings(self, project: str, name: str, *, current: Any, patch: Any,
                                mutable_only: bool, check: Check | None = None) -> tuple[str, Any]:
@@ -115,3 +113,17 @@ class Catalog:
         return await self.isolation.run(["piwf.engine.inspect", *mode, project, name], project,
                                         f"workflow {name!r}", "inspected", stdin=settings or b"", check=check)
 
+
+
+def _graph(name: str, made: Any) -> bytes | None:
+    """The graph the inspecting process made (it loaded user code: checked here before a run
+    records it), as canonical JSON; None when it made none or a malformed one (logged): the
+    run starts all the same, its graph unknown."""
+    if made is None:
+        return None
+    try:
+        graph = msgspec.convert(made, WorkflowGraph)
+    except msgspec.ValidationError as exc:
+        log.warning("workflow %r: its graph is malformed (%s); its runs record none", name, exc)
+        return None
+    return canonical_json(msgspec.to_builtins(graph))

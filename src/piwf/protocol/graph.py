@@ -23,7 +23,7 @@ from piwf.status import RunStatus
 
 __all__ = [
     "GRAPH_REQUESTS", "STEPS_PAGE", "STEPS_PAGE_OUTPUT_BYTES", "GetRunGraph", "GetRunSteps", "GraphEdge", "GraphNode",
-    "NodeDefinition", "NodeState", "PathStep", "RunGraph", "RunStepsPage", "RunStepsPayload", "StepDetail",
+    "NodeDefinition", "NodeState", "PathStep", "RunEdge", "RunGraph", "RunStepsPage", "RunStepsPayload", "StepDetail",
     "WorkflowGraph",
 ]
 
@@ -65,6 +65,10 @@ class WorkflowGraph(Struct, frozen=True, forbid_unknown_fields=True):
                                                        "edge ends the run")]
 
 
+class RunEdge(GraphEdge, frozen=True):
+    taken: Annotated[int, Meta(description="how many times the run left `node` through `exit`")]
+
+
 class GraphNode(Struct):
     id: str
     kind: Annotated[str, Meta(description="`compute`, `shell`, `decision`, `ask`, or `unknown` (no definition "
@@ -98,7 +102,7 @@ class RunGraph(Struct):
     reason: Annotated[str | None, Meta(description="with `known: false`, why, in one line")]
     startAt: str | None
     nodes: list[GraphNode]
-    edges: list[GraphEdge]
+    edges: list[RunEdge]
     path: Annotated[list[PathStep], Meta(description="every node attempt in order, revisits included")]
 
 

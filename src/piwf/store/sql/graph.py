@@ -13,7 +13,7 @@ import msgspec
 
 from piwf.errors import NotFound, StoreError
 from piwf.protocol import (
-    STEPS_PAGE, STEPS_PAGE_OUTPUT_BYTES, GraphNode, NodeState, PathStep, RunGraph, RunStepsPage, StepDetail,
+    STEPS_PAGE, STEPS_PAGE_OUTPUT_BYTES, GraphNode, NodeState, PathStep, RunEdge, RunGraph, RunStepsPage, StepDetail,
     WorkflowGraph,
 )
 from piwf.status import AttemptStatus, RunStatus
@@ -22,25 +22,29 @@ from piwf.store.sql.interactions import OPEN
 from piwf.store.sql.timefmt import iso
 from piwf.wire import decode_json
 
-UNKNOWN = ("no definition is recorded for this run: it started before piwf recorded workflow graphs, so only "
-           "the nodes it went through are shown")
+UNKNOWN = ("no definition is recorded for this run (it started before piwf recorded workflow graphs, or its "
+           "graph could not be made): only the nodes it went through are shown")
 LIVE_ATTEMPT = (AttemptStatus.RUNNING, AttemptStatus.WAITING)
 ENDED_RUN = (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.TIMED_OUT, RunStatus.CANCELLED)
 
 _graph_decoder = msgspec.json.Decoder(WorkflowGraph)
 
 
+# What run.graph reads, each through the run's primary key or a per-run index (checked by
+# tests/test_run_graph.py with SQLite's query plans).
+RUN_ROW = "SELECT workflow, status, definition_digest, graph_hash FROM runs WHERE run_id = ?"
+ATTEMPTS = "SELECT seq, started_at, attempt_id, node_id, status, exit_name FROM node_attempts WHERE run_id = ?"
+OPEN_REQUESTS = f"SELECT attempt_id, request_id FROM interaction_requests WHERE run_id = ? AND {OPEN}"
+
+
 def run_graph(db: Database, run_id: str) -> RunGraph:
     with db.read():
-        row = db.one("SELECT workflow, status, definition_digest, graph_hash FROM runs WHERE run_id = ?", (run_id,))
+        row = db.one(RUN_ROW, (run_id,))
         if row is None:
             raise NotFound(f"run {run_id} not found")
         workflow, status, digest, graph_hash = row
-        attempts = sorted(db.execute(
-            "SELECT seq, started_at, attempt_id, node_id, status, exit_name FROM node_attempts WHERE run_id = ?",
-            (run_id,)), key=lambda a: (a[0], a[1]))
-        requests = dict(db.execute(
-            f"SELECT attempt_id, request_id FROM interaction_requests WHERE run_id = ? AND {OPEN}", (run_id,)))
+        attempts = sorted(db.execute(ATTEMPTS, (run_id,)), key=lambda a: (a[0], a[1]))
+        requests = dict(db.execute(OPEN_REQUESTS, (run_id,)))
         graph = None if graph_hash is None else _decode(db.get_blob(graph_hash), run_id)
     return graph_answer(run_id, workflow, RunStatus(status), digest, graph,
                         [(a[0], a[2], a[3], a[4], a[5]) for a in attempts], requests)
@@ -64,6 +68,7 @@ def graph_answer(run_id: str, workflow: str, status: RunStatus, digest: str, gra
     visits: dict[str, int] = {}
     exits: dict[str, dict[str, None]] = {}  # a node's exits taken, in order (an unknown graph's nodes show them)
     last_exit: dict[str, str | None] = {}
+    taken: dict[tuple[str, str], int] = {}
     for attempt in attempts:
         _, _, node, state, exit_name = attempt
         latest[node] = attempt
@@ -72,6 +77,7 @@ def graph_answer(run_id: str, workflow: str, status: RunStatus, digest: str, gra
         if state == AttemptStatus.ACCEPTED:
             last_exit[node] = exit_name
             exits[node][exit_name or "next"] = None
+            taken[(node, exit_name or "next")] = taken.get((node, exit_name or "next"), 0) + 1
     definitions = ([(node, "unknown", None, list(taken)) for node, taken in exits.items()] if graph is None
                    else [(n.id, n.kind, n.title, n.exits) for n in graph.nodes])
     nodes = []
@@ -85,11 +91,19 @@ def graph_answer(run_id: str, workflow: str, status: RunStatus, digest: str, gra
             for seq, _, node, state, exit_name in attempts]
     return RunGraph(runId=run_id, workflow=workflow, status=status, definitionDigest=digest, known=graph is not None,
                     reason=None if graph is not None else UNKNOWN, startAt=None if graph is None else graph.startAt,
-                    nodes=nodes, edges=[] if graph is None else list(graph.edges), path=path)
+                    nodes=nodes, path=path, edges=[] if graph is None else [
+                        RunEdge(node=e.node, exit=e.exit, to=e.to, taken=taken.get((e.node, e.exit), 0))
+                        for e in graph.edges])
 
 
 def _ended(state: Any, status: RunStatus) -> str:
     return AttemptStatus.INTERRUPTED if state in LIVE_ATTEMPT and status in ENDED_RUN else str(state)
+
+
+STEPS = """SELECT seq, node_id, status, generation, exit_name, started_at, finished_at, settings_change,
+  attempt_id, output_json, output_hash, error_json,
+  COALESCE(length(output_json), (SELECT length(content) FROM blobs WHERE hash = output_hash), 0)
+FROM node_attempts WHERE run_id = ? ORDER BY seq, started_at, attempt_id LIMIT ? OFFSET ?"""
 
 
 def run_steps(db: Database, run_id: str, offset: int = 0, limit: int = STEPS_PAGE,
@@ -100,12 +114,7 @@ def run_steps(db: Database, run_id: str, offset: int = 0, limit: int = STEPS_PAG
     with db.read():
         if db.one("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)) is None:
             raise NotFound(f"run {run_id} not found")
-        rows = db.execute(
-            """SELECT seq, node_id, status, generation, exit_name, started_at, finished_at, settings_change,
-                 attempt_id, output_json, output_hash, error_json,
-                 COALESCE(length(output_json), (SELECT length(content) FROM blobs WHERE hash = output_hash), 0)
-               FROM node_attempts WHERE run_id = ? ORDER BY seq, started_at, attempt_id LIMIT ? OFFSET ?""",
-            (run_id, limit + 1, offset)).fetchall()
+        rows = db.execute(STEPS, (run_id, limit + 1, offset)).fetchall()
         steps: list[StepDetail] = []
         used = 0
         for (seq, node, status, generation, exit_name, started, finished, change, attempt_id, inline, digest,
