@@ -62,6 +62,8 @@ def test_the_graph_is_layered_from_the_start_and_its_text_escaped() -> None:
     drawn = graph.from_run_graph(recorded)
     assert graph.layers(drawn) == {"a": 0, "<b>": 1, "c": 2}
     assert [e["taken"] for e in drawn.edges] == [True, False, False]
+    counted = {**recorded, "edges": [{**e, "taken": 1 if e["exit"] == "no" else 0} for e in recorded["edges"]]}
+    assert [e["taken"] for e in graph.from_run_graph(counted).edges] == [False, False, True]  # the host's count
     svg = str(graph.svg(drawn))
     assert "<script>" not in svg and "&lt;script&gt;" in svg and 'data-node="&lt;b&gt;"' in svg
     assert 'data-state="not reached"' in svg and 'data-state="waiting"' in svg
