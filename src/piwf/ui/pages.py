@@ -22,6 +22,7 @@ from starlette.staticfiles import StaticFiles
 from piwf.errors import HostReplied, HostTimeout, HostUnavailable
 from piwf.ui import forms, graph, words
 from piwf.ui.render import page
+from piwf.wire import Outcome
 
 PING_S = 15  # an event stream says something this often, so a tab gone away is noticed
 RUNS_SHOWN = 100
@@ -29,6 +30,9 @@ EVENTS_SHOWN = 200
 STEPS_SHOWN = 300
 EVENT_PAGES = 20  # a run page reads at most this many pages of 1000 events
 Handler = Callable[[Request], Awaitable[Response]]
+# a page the host refused, by the host's outcome (its wire spelling: notFound, not not_found)
+HTTP_STATUS = {Outcome.NOT_FOUND.value: 404, Outcome.REJECTED.value: 400, Outcome.CONFLICT.value: 409,
+               Outcome.UNAVAILABLE.value: 503}
 
 
 def host_errors(handler: Handler) -> Handler:
@@ -42,7 +46,7 @@ def host_errors(handler: Handler) -> Handler:
         except (HostUnavailable, HostTimeout) as exc:
             return page(request, "error.html", status=503, title="the host does not answer", reason=str(exc))
         except HostReplied as exc:
-            status = {"not_found": 404, "rejected": 400, "conflict": 409}.get(exc.outcome, 502)
+            status = HTTP_STATUS.get(str(exc.outcome), 502)
             return page(request, "error.html", status=status, title=exc.outcome, reason=exc.error or "")
     guarded.__name__ = handler.__name__
     return guarded

@@ -64,8 +64,8 @@ def actions(run: dict[str, Any]) -> list[str]:
         found.append("cancel")
         if not run["paused"]:
             found.append("pause")
-    if not ended and (run["paused"] or held(run)):
-        found.append("resume")
+    if not ended and (run["paused"] or held(run)) and run.get("hold") != "effect":
+        found.append("resume")  # a run held on an ambiguous effect goes on once it is resolved: the host refuses resume
     if run["status"] in ("failed", "timed_out"):
         found.append("retry")
     return found
