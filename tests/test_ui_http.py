@@ -4,6 +4,7 @@ an answer is recorded as, first answer wins, and the origin session's read-only 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -146,6 +147,22 @@ def test_an_answer_is_recorded_as_the_console_and_the_first_answer_wins(stack: S
     assert "&#34;build&#34;: 42" in html and "&#34;answeredBy&#34;: &#34;ann&#34;" in html
 
 
+def test_a_choice_that_takes_text_has_its_field_and_the_text_is_recorded(stack: Stack) -> None:
+    run_id = stack.start_run("review")
+    request = stack.open_request(run_id)
+    with browser(stack, origin=stack.base) as client:
+        html = client.get(f"/runs/{run_id}").text
+        assert 'name="input.no"' in html and "Why hold?" in html and 'maxlength="200"' in html
+        assert 'name="input.yes"' not in html
+        answer = client.post(f"/requests/{request['requestId']}/decide", data={
+            "csrf": csrf_of(html), "back": f"/runs/{run_id}", "run": run_id, "choice": "no",
+            "input.no": "the docs are missing", "input.yes": "ignored"})
+        assert answer.status_code == 303
+    wait_until(lambda: stack.run(run_id)["status"] == "completed", what="the run going on")
+    output = stack.run(run_id)["output"]
+    assert (output["choice"], output["input"]) == ("no", "the docs are missing")
+
+
 def test_a_sessions_request_is_read_only_unless_the_console_is_the_sessions(stack: Stack, tmp_path: Path) -> None:
     receipt = stack.call("run.start", payload={"workflow": "count", "projectPath": str(stack.project),
                                                "originSessionId": "sess-1"})
@@ -226,3 +243,39 @@ def test_bad_start_arguments_are_one_line_and_start_nothing(stack: Stack, tmp_pa
         assert done.returncode == 2, done
         assert done.stdout == "" and done.stderr.count("\n") == 1 and said in done.stderr, done.stderr
     assert len(list((stack.paths.root / "ui").glob("console-*.json"))) == 1  # the stack's own, alone
+
+
+def test_every_open_tab_is_fed_by_the_consoles_one_watch(stack: Stack) -> None:
+    """Ten tabs' event streams cost the host no connection: the console holds one for its
+    requests and one for its run.watch, whatever the number of tabs."""
+    with contextlib.ExitStack() as tabs, browser(stack) as client:
+        streams = [tabs.enter_context(client.stream("GET", "/events", timeout=60)) for _ in range(10)]
+        changes = [_changes(stream.iter_lines()) for stream in streams]
+        run_id = stack.start_run("count")
+        for tab in changes:
+            assert run_id in next(change for change in tab if change["runs"])["runs"]
+        connected = stack.call("host.status")["connectedClients"]
+    assert connected <= 3  # the console's two, and this status request's own
+
+
+def test_retry_asks_first_and_says_what_the_cli_says_and_the_list_filters(stack: Stack) -> None:
+    run_id = stack.start_run("boom")
+    wait_until(lambda: stack.run(run_id)["status"] == "failed", what="the run failing")
+    with browser(stack, origin=stack.base) as client:
+        html = client.get(f"/runs/{run_id}").text
+        assert "ValueError: the fuse was lit" in html and f'href="/runs/{run_id}/confirm/retry"' in html
+        assert 'id="action-pause"' not in html  # an ended run is not paused
+        confirm = client.get(f"/runs/{run_id}/confirm/retry").text
+        assert "accepted steps and applied effects are kept" in confirm
+        form = {"csrf": csrf_of(confirm), "back": f"/runs/{run_id}"}
+        asked = client.post(f"/runs/{run_id}/retry", data=form)
+        assert asked.headers["location"] == f"/runs/{run_id}/confirm/retry"
+        assert stack.run(run_id)["generation"] == 1
+        done = client.post(f"/runs/{run_id}/retry", data={**form, "confirmed": "yes"})
+        notice = client.get(done.headers["location"]).text
+        assert f"{run_id}: retried (failed → queued, generation 2); it continues from node explode" in notice
+        wait_until(lambda: stack.run(run_id)["status"] == "failed", what="the retried run failing again")
+        failed = client.get("/?status=failed").text
+        assert f'data-run="{run_id}"' in failed and 'data-state="completed"' not in failed
+        assert f'data-run="{run_id}"' not in client.get("/?workflow=deploy").text
+        assert "no runs match these filters" in client.get("/?held=1&workflow=boom").text

@@ -62,6 +62,8 @@ def test_the_graph_is_layered_from_the_start_and_its_text_escaped() -> None:
     drawn = graph.from_run_graph(recorded)
     assert graph.layers(drawn) == {"a": 0, "<b>": 1, "c": 2}
     assert [e["taken"] for e in drawn.edges] == [True, False, False]
+    counted = {**recorded, "edges": [{**e, "taken": 1 if e["exit"] == "no" else 0} for e in recorded["edges"]]}
+    assert [e["taken"] for e in graph.from_run_graph(counted).edges] == [False, False, True]  # the host's count
     svg = str(graph.svg(drawn))
     assert "<script>" not in svg and "&lt;script&gt;" in svg and 'data-node="&lt;b&gt;"' in svg
     assert 'data-state="not reached"' in svg and 'data-state="waiting"' in svg
@@ -102,3 +104,15 @@ def test_the_csrf_field_is_derived_from_the_token() -> None:
     assert one.csrf == Guard(app, token="a" * 43, hosts=[], cookie="c").csrf
     assert one.csrf != Guard(app, token="b" * 43, hosts=[], cookie="c").csrf
     assert "a" * 43 not in one.csrf
+
+
+def test_the_console_says_a_runs_state_as_the_cli_does() -> None:
+    from piwf.cli import runview
+    from piwf.ui import words
+
+    assert words.WHY_HELD == runview.WHY_HELD and words.HELD_FOR_A_PERSON == runview.HELD_FOR_A_PERSON
+    for hold in (None, "paused", "waiting", "crashed", "effect", "source"):
+        for queue in ("queued", "running", "parked", "done"):
+            for paused in (False, True):
+                run = {"hold": hold, "queueStatus": queue, "paused": paused, "status": "waiting"}
+                assert (words.state(run), words.held(run)) == (runview.state(run), runview.held(run))

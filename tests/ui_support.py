@@ -55,6 +55,58 @@ WORKFLOWS = {
             edges=[("how_many", "print")],
         )
     """,
+    # A choice that takes text.
+    "review": """
+        from piwf import Choice, TextInput, Workflow, decision
+
+        workflow = Workflow(name="review", start_at="ship", nodes={"ship": decision(
+            "Ship it?", choices={"yes": "Ship", "no": Choice("Hold", input=TextInput("Why hold?", max_length=200))})})
+    """,
+    # Fails (a retry goes back to its node).
+    "boom": """
+        from piwf import Workflow, compute
+
+        def explode(ctx):
+            raise ValueError("the fuse was lit")
+
+        workflow = Workflow(name="boom", start_at="explode", nodes={"explode": compute(explode)})
+    """,
+    # An effect whose apply() kills its worker the first time (file 'died' in the project):
+    # it has no observe(), so the run is held until a person resolves it.
+    "pay": """
+        import os
+        from pathlib import Path
+        from piwf import Workflow, compute
+
+        def pay(ctx):
+            def apply():
+                if not Path("died").exists():
+                    Path("died").touch()
+                    os._exit(9)  # applied or not: nobody can tell
+                return {"charged": 1}
+            return {"paid": ctx.effect("charge", apply)}
+
+        workflow = Workflow(name="pay", start_at="pay", nodes={"pay": compute(pay)})
+    """,
+    # Settings (budget mutable, model not), waiting on a decision.
+    "tuned": """
+        import msgspec
+        from piwf import Workflow, compute, decision
+
+        class Settings(msgspec.Struct):
+            budget: int = 1
+            model: str = "small"
+
+        workflow = Workflow(
+            name="tuned",
+            start_at="go",
+            nodes={"go": decision("Go?", choices={"yes": "Go"}),
+                   "report": compute(lambda ctx: {"budget": ctx.settings.budget})},
+            edges=[("go.yes", "report")],
+            settings=Settings,
+            mutable=("budget",),
+        )
+    """,
     # Runs until the file 'gate' exists in the project.
     "gated": """
         from piwf import Workflow, compute, shell

@@ -122,35 +122,40 @@ def _how_closed(gone: dict[str, Any] | None) -> str:
     return f"it is {gone['status']}"
 
 
-async def decide(request: Request) -> Response:
-    request_id = request.path_params["request_id"]
+async def _answering(request: Request) -> tuple[FormData, str, dict[str, Any]] | Response:
+    """The form, where to go back, and the open request it answers; or the page that says
+    why it cannot be answered from here (nothing is sent then)."""
     form = await _form(request)
     if isinstance(form, Response):
         return form
     back = _back(form, "/inbox")
-    decision, why = await _open_request(request, form, request_id)
-    if decision is None and "another answer won" not in why:
+    found, why = await _open_request(request, form, request.path_params["request_id"])
+    if found is None:
         return _done(request, back, False, why)
+    return form, back, found
+
+
+async def decide(request: Request) -> Response:
+    answering = await _answering(request)
+    if isinstance(answering, Response):
+        return answering
+    form, back, decision = answering
     choice = str(form.get("choice", ""))
-    payload: dict[str, Any] = {"requestId": request_id, "choice": choice}
-    text_field = f"input.{choice}"
-    if text_field in form:
-        payload["input"] = str(form[text_field])
-    ok, said = await _send(request, "decision.answer", payload=payload)
+    payload: dict[str, Any] = {"requestId": decision["requestId"], "choice": choice}
+    if f"input.{choice}" in form:
+        payload["input"] = str(form[f"input.{choice}"])
+    ok, said = await _send(request, "decision.answer", payload=payload)  # a race lost: the host names the winner
     if ok:
-        said = f"{request_id}: answered {said['choice']} (run {said['runId']})"
+        said = f"{decision['requestId']}: answered {said['choice']} (run {said['runId']})"
     return _done(request, back, ok, said)
 
 
 async def answer(request: Request) -> Response:
-    request_id = request.path_params["request_id"]
-    form = await _form(request)
-    if isinstance(form, Response):
-        return form
-    back = _back(form, "/inbox")
-    ask, why = await _open_request(request, form, request_id)
-    if ask is None:
-        return _done(request, back, False, why)
+    answering = await _answering(request)
+    if isinstance(answering, Response):
+        return answering
+    form, back, ask = answering
+    request_id = ask["requestId"]
     typed = {name: str(value) for name, value in form.items() if name.startswith(forms.PREFIX)}
     value, errors = forms.read_value(ask["schema"], typed)
     if errors:

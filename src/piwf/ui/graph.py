@@ -33,8 +33,8 @@ STATE_WORDS = {"not_reached": "not reached"}
 
 def from_run_graph(recorded: dict[str, Any]) -> Graph:
     """The graph ``run.graph`` answers: the workflow's nodes and edges as recorded for the
-    run, each node in its latest attempt's state; an edge is taken when the path left its
-    node through its exit for its target."""
+    run, each node in its latest attempt's state; an edge is drawn taken when the run left
+    its node through its exit (the host's count, or, from a host without it, the path)."""
     path = recorded.get("path", [])
     taken = {(a["node"], a.get("exit"), b["node"]) for a, b in itertools.pairwise(path)}
     nodes = [{"id": n["id"], "kind": n.get("kind") or "", "state": STATE_WORDS.get(n["state"], n["state"]),
@@ -45,7 +45,8 @@ def from_run_graph(recorded: dict[str, Any]) -> Graph:
             known.add(step["node"])
             nodes.append({"id": step["node"], "kind": "", "state": step["status"], "title": None})
     edges = [{"from": e["node"], "to": e["to"], "exit": None if e["exit"] == "next" else e["exit"],
-              "taken": (e["node"], e["exit"], e["to"]) in taken} for e in recorded.get("edges", [])]
+              "taken": bool(e["taken"]) if "taken" in e else (e["node"], e["exit"], e["to"]) in taken}
+             for e in recorded.get("edges", [])]  # the host counts how often each was taken
     if not edges:  # no definition recorded: the path taken, step after step
         edges = [{"from": a, "to": b, "exit": None, "taken": True}
                  for a, b in sorted({(a["node"], b["node"]) for a, b in itertools.pairwise(path)})]

@@ -9,6 +9,7 @@ its runs changed.
 from __future__ import annotations
 
 import json
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -21,12 +22,17 @@ from starlette.staticfiles import StaticFiles
 from piwf.errors import HostReplied, HostTimeout, HostUnavailable
 from piwf.ui import forms, graph, words
 from piwf.ui.render import page
+from piwf.wire import Outcome
 
 PING_S = 15  # an event stream says something this often, so a tab gone away is noticed
 RUNS_SHOWN = 100
 EVENTS_SHOWN = 200
 STEPS_SHOWN = 300
+EVENT_PAGES = 20  # a run page reads at most this many pages of 1000 events
 Handler = Callable[[Request], Awaitable[Response]]
+# a page the host refused, by the host's outcome (its wire spelling: notFound, not not_found)
+HTTP_STATUS = {Outcome.NOT_FOUND.value: 404, Outcome.REJECTED.value: 400, Outcome.CONFLICT.value: 409,
+               Outcome.UNAVAILABLE.value: 503}
 
 
 def host_errors(handler: Handler) -> Handler:
@@ -40,7 +46,7 @@ def host_errors(handler: Handler) -> Handler:
         except (HostUnavailable, HostTimeout) as exc:
             return page(request, "error.html", status=503, title="the host does not answer", reason=str(exc))
         except HostReplied as exc:
-            status = {"not_found": 404, "rejected": 400, "conflict": 409}.get(exc.outcome, 502)
+            status = HTTP_STATUS.get(str(exc.outcome), 502)
             return page(request, "error.html", status=status, title=exc.outcome, reason=exc.error or "")
     guarded.__name__ = handler.__name__
     return guarded
@@ -104,17 +110,30 @@ async def run_steps(call: Callable[..., Awaitable[Any]], run: dict[str, Any]) ->
     return steps
 
 
+async def latest_events(call: Callable[..., Awaitable[Any]], run_id: str) -> tuple[list[dict[str, Any]], bool]:
+    """The run's latest ``EVENTS_SHOWN`` events (paging to the end of its trace, at most
+    ``EVENT_PAGES`` pages), and whether there are earlier ones."""
+    kept: deque[dict[str, Any]] = deque(maxlen=EVENTS_SHOWN)
+    after: int | None = 0
+    pages = seen = 0
+    while after is not None and pages < EVENT_PAGES:
+        found = await call("run.events", run_id=run_id, payload={"after": after, "limit": 1000})
+        kept.extend(found["events"])
+        seen += len(found["events"])
+        after, pages = found["nextAfter"], pages + 1
+    return list(kept), seen > len(kept) or after is not None
+
+
 @host_errors
 async def run_page(request: Request) -> Response:
     run_id = request.path_params["run_id"]
     call = _call(request)
     run = await call("run.status", run_id=run_id)
-    events = await call("run.events", run_id=run_id, payload={"limit": 1000})
+    events, more_events = await latest_events(call, run_id)
     settings = await _optional(call, "workflow.settings", run_id=run_id)
     closed = await call("interaction.list", payload={"runId": run_id, "open": False, "limit": 100})
     drawn, graph_note = await run_graph(call, run)
-    return page(request, "run.html", run=run, steps=await run_steps(call, run), events=events["events"][-EVENTS_SHOWN:],
-                more_events=events["nextAfter"] is not None or len(events["events"]) > EVENTS_SHOWN,
+    return page(request, "run.html", run=run, steps=await run_steps(call, run), events=events, more_events=more_events,
                 settings=settings, requests=closed["requests"], svg=graph.svg(drawn), graph_note=graph_note,
                 watch=run_id, forms=forms, actions=words.actions(run))
 

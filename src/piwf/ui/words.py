@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+
+# The CLI's words (piwf.cli.runview), written again here: the console may not import the
+# CLI (an import contract), and the CLI keeps piwf.status free of what one-shot commands
+# would have to import. tests/test_ui_parts.py checks the two say the same.
 HELD_FOR_A_PERSON = ("crashed", "effect", "source")
 WHY_HELD = {"crashed": "its worker crashed too many times in a row", "effect": "an effect's outcome is unknown",
             "source": "its workflow file changed or does not load"}
@@ -60,8 +64,8 @@ def actions(run: dict[str, Any]) -> list[str]:
         found.append("cancel")
         if not run["paused"]:
             found.append("pause")
-    if not ended and (run["paused"] or held(run)):
-        found.append("resume")
+    if not ended and (run["paused"] or held(run)) and run.get("hold") != "effect":
+        found.append("resume")  # a run held on an ambiguous effect goes on once it is resolved: the host refuses resume
     if run["status"] in ("failed", "timed_out"):
         found.append("retry")
     return found
