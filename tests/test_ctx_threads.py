@@ -199,14 +199,14 @@ RENUMBERED = """
 """
 
 
-async def test_notifications_from_threads_are_numbered_by_call_order_so_a_replay_may_drop_one(
+async def test_a_replay_whose_threads_notify_in_another_order_repeats_none_and_drops_none(
         host: Any, paths: StatePaths, project: Path) -> None:
-    """The rule docs/concepts.md states: each number is stored once with its first text, so
-    after a crash part-way a replay whose threads call in another order repeats one text
-    and drops another."""
+    """After a crash part-way, the replay's threads call in another order: its call with the
+    text stored before is that one (matched by text, not call number), and the text never
+    sent is stored once (it was: "from a" twice, "from b" never)."""
     write_workflow(project, "renumbered", RENUMBERED)
     run_id = await start(paths, project, "renumbered", originSessionId="renumbered")
     done = await wait_run(paths, run_id)
     assert done["status"] == "completed", done.get("error")
     page = await call(paths, "delivery.list", payload={"sessionId": "renumbered"})
-    assert [(n["index"], n["content"]) for n in page["notifications"]] == [(1, "from a"), (2, "from a")]
+    assert [(n["index"], n["content"]) for n in page["notifications"]] == [(1, "from a"), (2, "from b")]

@@ -60,12 +60,8 @@ def files_under(root: Path) -> dict[str, str]:
     return {str(path): path.read_text() for path in sorted(root.rglob("*")) if path.is_file()}
 
 
-async def test_dry_run_prints_units_that_systemd_analyze_verify_accepts(paths: StatePaths, home: Path,
-                                                                         tmp_path: Path) -> None:
-    if shutil.which("systemd-analyze") is None:
-        pytest.skip("systemd-analyze is not installed (Debian: apt-get install systemd)")
-    planned = await report(paths, "install", "--dry-run", "--platform", "linux")
-    assert files_under(home) == {}, "a dry run writes nothing"
+def verify(paths: StatePaths, planned: dict[str, Any], tmp_path: Path) -> None:
+    """``systemd-analyze verify`` accepts the planned units, saying nothing."""
     units = tmp_path / "units"
     units.mkdir()
     for f in planned["files"]:
@@ -76,6 +72,15 @@ async def test_dry_run_prints_units_that_systemd_analyze_verify_accepts(paths: S
                                str(units / unit(paths, "socket"))], capture_output=True, text=True, check=False,
                               env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)})
     assert verified.returncode == 0 and not (verified.stdout + verified.stderr).strip(), verified.stderr
+
+
+async def test_dry_run_prints_units_that_systemd_analyze_verify_accepts(paths: StatePaths, home: Path,
+                                                                         tmp_path: Path) -> None:
+    if shutil.which("systemd-analyze") is None:
+        pytest.skip("systemd-analyze is not installed (Debian: apt-get install systemd)")
+    planned = await report(paths, "install", "--dry-run", "--platform", "linux")
+    assert files_under(home) == {}, "a dry run writes nothing"
+    verify(paths, planned, tmp_path)
     human = (await service_cli(paths, "install", "--dry-run", "--platform", "linux")).stdout.decode()
     for f in planned["files"]:
         assert f["content"].strip() in human
@@ -236,16 +241,7 @@ async def test_a_unit_with_options_is_one_systemd_analyze_verify_accepts(paths: 
     odd = "postgresql://piwf@db/piwf?options=-c%20search_path%3Ds%241"  # % and $: escaped for systemd
     planned = await report(paths, "install", "--dry-run", "--platform", "linux",
                            *serve_args({**GIVEN, "--store": odd}))
-    units = tmp_path / "units"
-    units.mkdir()
-    for f in planned["files"]:
-        (units / Path(f["path"]).name).write_text(f["content"])
-    runtime = tmp_path / "runtime"
-    runtime.mkdir(mode=0o700)
-    verified = subprocess.run(["systemd-analyze", "--user", "verify", str(units / unit(paths, "service")),
-                               str(units / unit(paths, "socket"))], capture_output=True, text=True, check=False,
-                              env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)})
-    assert verified.returncode == 0 and not (verified.stdout + verified.stderr).strip(), verified.stderr
+    verify(paths, planned, tmp_path)
     assert exec_start(planned, "linux")[6:] == serve_args({**GIVEN, "--store": odd})
 
 

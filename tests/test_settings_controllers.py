@@ -3,6 +3,7 @@ queue_follow_up and remove_follow_up, with real hosts and reconcile workers."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -85,3 +86,59 @@ async def test_a_controller_steers_its_child_run_once_per_request_key(
     async with AsyncClient(paths) as client:
         turn = (await client.claim_turn("s-steer")).receipt["turn"]
     assert [f["prompt"] for f in turn["followUps"]] == ["the budget is 5 now"]
+
+
+RACED = """
+    import json
+    from piwf import Controller, PiwfError, Result
+
+    def reconcile(ctx):
+        child = ctx.workflows.ensure("main", "tuned", {}, session="s-race")
+        try:
+            outcome = ctx.workflows.change_settings(child["runId"], {"budget": 5}, "budget-5")["changeNumber"]
+        except PiwfError as exc:
+            outcome = str(exc)
+        with open("outcomes.log", "a") as log:  # every pass's, also one whose result is set aside
+            log.write(json.dumps(outcome) + "\\n")
+        return Result.settled(status={"runId": child["runId"], "outcome": outcome})
+
+    controller = Controller(name="raced", reconcile=reconcile)
+"""
+
+
+async def test_a_controllers_change_raced_by_another_is_checked_again_and_applied_after_it(
+        host: Any, paths: StatePaths, project: Path) -> None:
+    """The controller's patch is checked; before it is written, a client's change commits.
+    The controller's change (no expected number) is checked again and applied after it
+    (its pass got a conflict)."""
+    write_workflow(project, "tuned", TUNED)
+    write_controller(project, "raced", RACED)
+    real = host.catalog.resolve_settings
+    raced: list[Any] = []
+
+    async def checked_then_raced(*args: Any, **kwargs: Any) -> Any:
+        answer = await real(*args, **kwargs)
+        if not raced:  # the controller's check is done: a client's change commits before its write
+            raced.append(None)
+            [child] = await call(paths, "run.list")
+            async with AsyncClient(paths, client_id="racer") as client:
+                raced[0] = await client.call("workflow.changeSettings", run_id=child["runId"],
+                                             payload={"patch": {"limits": {"max": 3}}})
+        return answer
+
+    host.catalog.resolve_settings = checked_then_raced
+    await ctl(paths, "apply", project, "raced", "r", spec={})
+
+    async def settled() -> dict[str, Any] | None:
+        got = await get(paths, project, "raced", "r")
+        status = (got or {}).get("status", {}).get("controllerStatus", {})
+        return status if "outcome" in status and not got["reconciling"] else None
+
+    status = await wait_for(settled)
+    assert raced[0].outcome == "accepted" and raced[0].receipt["changeNumber"] == 1
+    outcomes = [json.loads(line) for line in (project / "outcomes.log").read_text().splitlines()]
+    assert status["outcome"] == 2 and set(outcomes) == {2}, outcomes  # it was a conflict, then 2 on a pass again
+    shown = await call(paths, "workflow.settings", run_id=status["runId"])
+    assert shown["settings"]["budget"] == 5 and shown["settings"]["limits"] == {"max": 3}
+    assert [(c["actor"], c["changeNumber"]) for c in shown["changes"]] == [("start", 0), ("client", 1),
+                                                                           ("controller", 2)]

@@ -101,6 +101,26 @@ async def test_a_retried_step_notifying_again_stores_no_second_copy(store: Any, 
     assert len([e for e in (await store.runs.run_events("r1")).events if e.type == "notification"]) == 1
 
 
+async def test_a_retried_step_is_matched_by_text_whatever_order_its_calls_come_in(
+        store: Any, clock: ManualClock) -> None:
+    """Its k-th call with a text is the k-th stored with that text; a text not stored before
+    is new, numbered after the step's others."""
+    token, attempt = await running(store, clock)
+    a = await notify(store, clock, token, attempt, 1, "from a")
+    twice = await notify(store, clock, token, attempt, 1, "again")
+    await store.queue.park_run("r1", token, clock.now_ms())  # crashed part-way
+    again = await reclaimed(store, clock)
+    replay, _ = await store.runs.start_attempt("r1", again.token, seq=0, node="n", generation=again.generation,
+                                               now=clock.now_ms())
+    b = await notify(store, clock, again.token, replay, 1, "from b")  # called first this time
+    assert b not in (a, twice)
+    assert await notify(store, clock, again.token, replay, 1, "from a") == a
+    assert await notify(store, clock, again.token, replay, 1, "again") == twice
+    assert await notify(store, clock, again.token, replay, 2, "again") not in (a, twice, b)  # its second call: new
+    shown = await store.delivery.list_notifications(session_id="s1", run_id=None, limit=10, now=clock.now_ms())
+    assert [(n.index, n.content) for n in shown] == [(1, "from a"), (2, "again"), (3, "from b"), (4, "again")]
+
+
 async def test_a_claim_that_expires_is_claimed_again_and_a_stale_claim_is_a_conflict(
         store: Any, clock: ManualClock) -> None:
     token, attempt = await running(store, clock)

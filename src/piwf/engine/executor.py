@@ -8,7 +8,7 @@ going on, so a step is either accepted durably or will run again.
 from __future__ import annotations
 
 import contextlib
-import itertools
+import collections
 import os
 import shutil
 import signal
@@ -107,7 +107,8 @@ class Context:
     outputs: Mapping[str, Any]
     project_path: str
     journal: Journal = field(repr=False, compare=False)
-    _notified: itertools.count[int] = field(default_factory=lambda: itertools.count(1), repr=False, compare=False)
+    _notified: collections.Counter[tuple[str, str]] = field(default_factory=collections.Counter, repr=False,
+                                                            compare=False)
     _notified_lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
     settings: Any = None  # the workflow's settings type, as in force when the node started (None: it has none)
 
@@ -126,11 +127,15 @@ class Context:
 
     def notify(self, text: str, kind: str = "progress") -> None:
         """Tell the run's origin session ``text`` (``kind`` ``progress`` or ``final``); stored
-        once per (run, step, call number), so a retried node does not say it twice. A
-        detached run's notifications go to nobody."""
+        once per (run, step, text and kind, its number among the step's calls with that
+        text), so a retried node does not say it twice, in whatever order its threads call.
+        A detached run's notifications go to nobody."""
         if kind not in NOTIFICATION_KINDS:
             raise ValueError(f"notification kind must be progress or final, not {kind!r}")
-        self.journal.notify(self.attempt_id, self._next_index(), kind, _content(text, "notification"))
+        content = _content(text, "notification")
+        with self._notified_lock:  # numbered and sent in one turn: the k-th of a text reaches the host after the k-1th
+            self._notified[(kind, content)] += 1
+            self.journal.notify(self.attempt_id, self._notified[(kind, content)], kind, content)
 
     def present(self, instructions: str) -> None:
         """Ask for a presentation turn when the run completes: its session is given the
@@ -147,10 +152,6 @@ class Context:
         if size > CONTENT_LIMIT:
             raise ValueError(f"update {type}/{key} is {size} bytes as JSON; the limit is {CONTENT_LIMIT}")
         self.journal.publish(self.attempt_id, type, key, data)
-
-    def _next_index(self) -> int:
-        with self._notified_lock:  # from threads too: each call its own number
-            return next(self._notified)
 
 
 NOTIFICATION_KINDS = ("progress", "final")

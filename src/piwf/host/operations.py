@@ -64,21 +64,18 @@ async def handle_request(host: HostState, request: Request) -> tuple[HostRespons
         return HostResponse(request.requestId, Outcome.REJECTED, error=f"internal error: {exc}"), []
 
 
-PREPARES = 3  # a write whose prepared state went stale (errors.Stale) is prepared this many times at most
-
-
 async def _write(host: HostState, request: Request) -> tuple[HostResponse, After]:
     fingerprint = request_fingerprint(request)
     stored = await host.store.commands.lookup(request, fingerprint)
     if stored is not None:
         await host.durable()  # the first answer may still be waiting for its fsync
         return stored, []
-    for attempt in range(1, PREPARES + 1):
+    for attempt in range(1, settings_operations.REBASES + 1):  # prepared again when it went stale
         try:
             response, after = await _prepare_and_commit(host, request, fingerprint)
             break
         except Stale:  # what it was prepared from moved before the write: prepare it again from what is now
-            if WRITES[type(request)][0] is None or attempt == PREPARES:
+            if WRITES[type(request)][0] is None or attempt == settings_operations.REBASES:
                 raise
     await host.durable()
     faults.point("host.command.committed")

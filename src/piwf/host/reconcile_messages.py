@@ -15,7 +15,7 @@ from typing import Any
 from piwf.protocol.reconcile import (
     ChildRun, ReconcileFail, ReconcileFinish, ReconcileLog, ReconcileReady, ReconcileStart, WorkflowEnsure,
 )
-from piwf.errors import ClaimLost, PiwfError, ProtocolError, Rejected
+from piwf.errors import ClaimLost, PiwfError, ProtocolError, Rejected, Stale
 from piwf.store.api import UnitOfWork
 from piwf.wire import check_id
 from piwf.protocol.worker import (
@@ -36,11 +36,13 @@ async def handle(host: HostState, active: ActiveReconcile, message: WorkerMessag
         raise ProtocolError(f"a message for worker {message.workerEpoch} claim {message.generation} "
                             f"on the pipe of worker {active.worker_id} claim {active.claim.claim_number}")
     try:
-        prepared = await _prepare(host, active, message)
-        handler, now = HANDLERS[type(message)], host.now()
-        async with host.store.transaction() as tx:  # the fence (renewing the claim), then the handler's changes
-            await tx.controller_queue.fence(active.claim.uid, active.claim.token, host.config.controller_lease_ms, now)
-            response, conclusion = await handler(host, tx, active, message, prepared, now)
+        for attempt in range(1, settings_operations.REBASES + 1):  # prepared again when it went stale
+            try:
+                response, conclusion = await _prepare_and_handle(host, active, message)
+                break
+            except Stale:  # what it was prepared from moved before the write: prepare it again from what is now
+                if attempt == settings_operations.REBASES:
+                    raise
     except ClaimLost as exc:
         active.conclusion = Conclusion.CLAIM_LOST
         return WorkerResponse(message.messageId, "claimLost", error=str(exc))
@@ -56,6 +58,14 @@ async def handle(host: HostState, active: ActiveReconcile, message: WorkerMessag
         active.conclusion = conclusion
         host.controllers.wake()
     return WorkerResponse(message.messageId, "accepted", result=response)
+
+
+async def _prepare_and_handle(host: HostState, active: ActiveReconcile, message: WorkerMessage) -> Outcome:
+    prepared = await _prepare(host, active, message)
+    handler, now = HANDLERS[type(message)], host.now()
+    async with host.store.transaction() as tx:  # the fence (renewing the claim), then the handler's changes
+        await tx.controller_queue.fence(active.claim.uid, active.claim.token, host.config.controller_lease_ms, now)
+        return await handler(host, tx, active, message, prepared, now)
 
 
 async def _prepare(host: HostState, active: ActiveReconcile, message: WorkerMessage) -> Any:

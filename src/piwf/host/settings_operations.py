@@ -73,7 +73,7 @@ async def _get_settings(host: HostState, request: GetSettings) -> RunSettings:
     return await host.store.settings.get_settings(request.runId, request.payload.scopeId)
 
 
-REBASES = 3  # a change moved under a waiting check: read again and check again, this many times
+REBASES = 3  # a change moved under a waiting check (or before its write: errors.Stale): checked again, this many times
 
 
 class _Moved(Exception):

@@ -145,7 +145,8 @@ class SubmissionRejectPayload(Payload, frozen=True):
 
 
 class NotifyPayload(Payload, frozen=True):
-    """``ctx.notify``: the attempt's ``index``-th notification (1, 2, ...)."""
+    """``ctx.notify``: the attempt's ``index``-th call (1, 2, ...) with this ``kind`` and
+    ``content``: a replay's call matches the one stored by content, not by call order."""
 
     attemptId: Text
     index: Annotated[int, msgspec.Meta(ge=1)]

@@ -99,9 +99,11 @@ class DeliveryStore(Protocol):
     async def notify(
             self, run_id: str, token: str, *, attempt_id: str, index: int, kind: NotificationKind, content: str,
             now: int) -> str | None:
-        """Store the attempt's ``index``-th notification for the run's origin session (inside the worker
-        message's transaction). Idempotent per (run, step, index): a retried node notifying again finds the
-        copy already stored. None for a detached run (nobody hears). Raises ClaimLost, Rejected.
+        """Store a notification for the run's origin session (inside the worker message's transaction): the
+        ``index``-th call of the attempt with this ``kind`` and ``content``. Idempotent per (run, step, kind,
+        content, index): a retried node notifying again finds the copy an earlier attempt stored, whatever
+        order its threads call in. Stored ones are numbered 1, 2, ... per step in the order stored. None for
+        a detached run (nobody hears). Raises ClaimLost, Rejected.
         """
 
     async def request_presentation(self, run_id: str, token: str, *, instructions: str, now: int) -> str | None:

@@ -92,16 +92,27 @@ def _session(db: Database, run_id: str) -> str | None:
 @atomic
 def notify(db: Database, run_id: str, token: str, *, attempt_id: str, index: int, kind: NotificationKind,
            content: str, now: int) -> str | None:
-    """Store the attempt's ``index``-th notification for the run's origin session (inside
-    the worker message's transaction). Idempotent per (run, step, index): a retried node
-    notifying again finds the copy already stored. None for a detached run (nobody hears)."""
+    """Store a notification for the run's origin session (inside the worker message's
+    transaction): the ``index``-th call of the attempt with this ``kind`` and ``content``.
+    Idempotent per (run, step, kind, content, index): a retried node notifying again finds
+    the copy an earlier attempt stored, whatever order its threads call in (a text it had
+    not sent is new). Stored ones are numbered 1, 2, ... per step in the order stored.
+    None for a detached run (nobody hears)."""
     require_claim(db, run_id, token, now)
     seq, node = _running_attempt(db, run_id, attempt_id)
     check_content(content, "a notification")
     session = _session(db, run_id)
     if session is None:
         return None
-    lock_delivery(db, session)
+    lock_delivery(db, session)  # the run's notifications are stored one at a time
+    stored = db.one("""SELECT notification_id FROM notifications WHERE run_id = ? AND seq = ? AND kind = ?
+                         AND content = ? ORDER BY notification_index LIMIT 1 OFFSET ?""",
+                    (run_id, seq, kind, content, index - 1))
+    if stored is not None:
+        return str(stored[0])
+    number = db.scalar("SELECT COALESCE(MAX(notification_index), 0) + 1 FROM notifications WHERE run_id = ? "
+                       "AND seq = ?", (run_id, seq))
+    index = int(number)
     notification_id = "ntf-" + hashlib.sha256(f"{run_id}/{seq}/{index}".encode()).hexdigest()[:20]
     db.execute(
         """INSERT INTO notifications (notification_id, run_id, seq, node_id, notification_index, session_id, kind,
