@@ -17,12 +17,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trio
 
+from piwf.cli.waiting import Deadline, wait_for_run
+from piwf.client import Client
+from piwf.host.host import Host
+from piwf.host.lock import is_held
 from piwf.host.state import HostState
 from piwf.paths import StatePaths
 
-from .conftest import HostProcess, piwf, wait_for, write_workflow
+from .conftest import HostProcess, config, piwf, wait_for, write_workflow
 from .test_cli_wait import ASKS, _read_all
 from .test_interactions import open_request
 from .test_lifecycle import call, run_status, start
@@ -205,3 +210,41 @@ async def _clients(paths: StatePaths, at_least: int) -> bool:
         return bool((await call(paths, "host.status"))["connectedClients"] >= at_least)
     except Exception:
         return False
+
+
+async def test_a_wait_on_a_connection_just_answered_outlasts_a_restart(
+        paths: StatePaths, project: Path, nursery: trio.Nursery, capsys: pytest.CaptureFixture[str]) -> None:
+    """`run start --wait` whose host stops right after answering the start: the wait that
+    follows on the same connection waits for the host to come back (it used to find no
+    host on its first connect and exit 9 at once)."""
+    first = await nursery.start(Host(config(paths)).serve)
+    run_id = await start(paths, project, "greet")
+    await call(paths, "run.wait", run_id=run_id)
+    client = Client(paths, timeout=10)
+    await trio.to_thread.run_sync(client.call, "host.status")  # answered: the connection is kept
+    first.stop_requested.set()
+    await wait_for(lambda: not is_held(paths))  # that host is gone, its lock released
+    said: list[str] = []
+    ended: list[Any] = []
+
+    def lost_or_ended() -> bool:
+        said.append(capsys.readouterr().err)
+        return "reconnecting" in "".join(said) or bool(ended)
+
+    async with trio.open_nursery() as waiting:
+        waiting.start_soon(_in_thread, ended, wait_for_run, client, run_id, Deadline(60_000))
+        await wait_for(lost_or_ended)  # the wait found no host: it says so and tries again
+        assert not ended, ended
+        await nursery.start(Host(config(paths)).serve)
+    client.close()
+    assert "".join(said).count("piwf: lost the host") == 1
+    assert ended[0]["status"] == "completed" and ended[0]["atRest"], ended
+
+
+async def _in_thread(into: list[Any], function: Callable[..., Any], *args: Any) -> None:
+    """``function(*args)`` in a thread (a blocking client beside a host in this process);
+    its result, or the error it raised, into ``into``."""
+    try:
+        into.append(await trio.to_thread.run_sync(lambda: function(*args, say=True)))
+    except Exception as exc:
+        into.append(exc)

@@ -36,7 +36,7 @@ class Outcome(enum.StrEnum):
 
 OUTCOMES = tuple(outcome.value for outcome in Outcome)
 
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_STRING = rb'"(?:[^"\\]|\\.)*"'  # compiled on first use (re caches it): nearly no frame needs it
 _BRACKETS = bytes.maketrans(b"", b"")
 _NOT_BRACKETS = bytes(set(range(256)) - set(b"[]{}"))
 
@@ -50,7 +50,7 @@ def check_nesting(data: bytes, limit: int = MAX_NESTING) -> None:
     if data.count(b"[") + data.count(b"{") <= limit:
         return
     depth = 0
-    for bracket in _STRING.sub(b"", data).translate(_BRACKETS, _NOT_BRACKETS):
+    for bracket in re.sub(_STRING, b"", data).translate(_BRACKETS, _NOT_BRACKETS):
         depth += 1 if bracket in b"[{" else -1
         if depth > limit:
             raise ProtocolError(f"JSON nested deeper than {limit} levels")
