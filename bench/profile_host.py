@@ -104,20 +104,11 @@ def shape(n: int, durability: str) -> None:
     """``counts``: the host's shape per run, from a counting (unprofiled) host: a snapshot
     of its counters after a warm-up run and another after N runs, subtracted."""
     with tempfile.TemporaryDirectory(prefix="piwf-profile-") as tmp:
-        root = Path(tmp)
-        project = root / "project"
-        (project / ".piwf" / "workflows").mkdir(parents=True)
-        (project / ".piwf" / "workflows" / "noop.py").write_text(measure_host.textwrap.dedent(measure_host.NOOP))
-        paths = measure_host.StatePaths.resolve(root / "state")
-        out = root / "counts.jsonl"
-        host = subprocess.Popen([sys.executable, "-c", COUNT, str(paths.root), durability, str(out)],
-                                stderr=subprocess.DEVNULL)
+        out = Path(tmp) / "counts.jsonl"
+        host, paths, payload = _serve(Path(tmp), COUNT, durability, out)
         try:
-            measure_host._wait_serving(paths, host)
-            payload = {"workflow": "noop", "projectPath": str(project)}
             with Client(paths, timeout=120) as client:
-                warm = client.call("run.start", payload=payload).receipt["runId"]
-                client.call("run.wait", run_id=warm)
+                _warm(client, payload)
                 before = _snapshot(host, out, 1)
                 ids = [client.call("run.start", payload=payload).receipt["runId"] for _ in range(n)]
                 for run_id in ids:
@@ -144,6 +135,27 @@ def shape(n: int, durability: str) -> None:
             print(f"  {count:6.2f}  {sql}")
 
 
+def _serve(root: Path, script: str, durability: str, out: Path
+           ) -> tuple[subprocess.Popen[bytes], measure_host.StatePaths, dict[str, str]]:
+    """``script`` serving a fresh state directory under ``root``, beside a one-node project;
+    the host, its paths, and the payload that starts a run."""
+    project = root / "project"
+    (project / ".piwf" / "workflows").mkdir(parents=True)
+    (project / ".piwf" / "workflows" / "noop.py").write_text(measure_host.textwrap.dedent(measure_host.NOOP))
+    paths = measure_host.StatePaths.resolve(root / "state")
+    host = subprocess.Popen([sys.executable, "-c", script, str(paths.root), durability, str(out)],
+                            stderr=subprocess.DEVNULL)
+    measure_host._wait_serving(paths, host)
+    return host, paths, {"workflow": "noop", "projectPath": str(project)}
+
+
+def _warm(client: Client, payload: dict[str, str]) -> str:
+    """One run started and waited for (the catalog caches the workflow): its id."""
+    warm: str = client.call("run.start", payload=payload).receipt["runId"]
+    client.call("run.wait", run_id=warm)
+    return warm
+
+
 def _snapshot(host: subprocess.Popen[bytes], out: Path, lines: int) -> dict[str, dict[str, float]]:
     host.send_signal(signal.SIGUSR1)
     deadline = time.monotonic() + 30
@@ -163,19 +175,10 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory(prefix="piwf-profile-") as tmp:
         keep = os.environ.get("PROFILE_OUT")
-        root = Path(tmp)
-        project = root / "project"
-        (project / ".piwf" / "workflows").mkdir(parents=True)
-        (project / ".piwf" / "workflows" / "noop.py").write_text(measure_host.textwrap.dedent(measure_host.NOOP))
-        paths = measure_host.StatePaths.resolve(root / "state")
-        out = root / "host.prof"
-        host = subprocess.Popen([sys.executable, "-c", SERVE, str(paths.root), durability, str(out)],
-                                stderr=subprocess.DEVNULL)
-        measure_host._wait_serving(paths, host)
-        payload = {"workflow": "noop", "projectPath": str(project)}
+        out = Path(tmp) / "host.prof"
+        host, paths, payload = _serve(Path(tmp), SERVE, durability, out)
         with Client(paths, timeout=120) as client:
-            warm = client.call("run.start", payload=payload).receipt["runId"]
-            client.call("run.wait", run_id=warm)
+            warm = _warm(client, payload)
             cpu = measure_host._cpu_s(host.pid)
             began = time.perf_counter()
             if mode == "e2e":

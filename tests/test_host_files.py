@@ -269,7 +269,7 @@ async def test_a_read_that_hangs_holds_the_reader_thread_alone_and_later_reads_g
     with trio.fail_after(10), pytest.raises(StorageUnavailable, match=r"took over 0\.2 s"):
         await isolation.read_user_file(hang)
     monkeypatch.setattr(isolated, "READ_TIMEOUT_S", 30.0)
-    assert isolation._reader is not None and isolation._reader.busy  # held by the hung read
+    assert isolation._reader.busy  # held by the hung read
     with trio.fail_after(10):
         assert (await isolation.read_user_file(ok))[1] == b"fine"  # through one of trio's threads
     release.set()

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -97,42 +98,43 @@ def _read_bounded(path: Path, limit: int, known: StatKey | None) -> tuple[StatKe
 
 
 class _ReaderThread:
-    """A thread kept for reading user files, asked through one pipe and answering through
-    another, which the loop waits on like any descriptor (as the group commit's syncer,
-    store/sqlite/group.py). One read at a time: ``busy`` while one is in it, and while one
-    whose caller gave up (a hung file system) is still in it; reads that find it busy go to
-    trio's threads. The thread ends when the Isolation that owns it is collected."""
+    """A thread kept for reading user files, asked and answering through one socket pair,
+    whose end the loop waits on like any descriptor (as the group commit's syncer waits on
+    its pipe, store/sqlite/group.py). One read at a time: ``busy`` while one is in it, and
+    while one whose caller gave up (a hung file system) is still in it; reads that find it
+    busy go to trio's threads. Made with its host's Isolation (two descriptors for the
+    host's life), it ends when that is collected."""
 
     def __init__(self) -> None:
-        self._ask_r, self._ask_w = os.pipe2(os.O_CLOEXEC)
-        self._done_r, self._done_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self._loop_end, self._thread_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._loop_end.setblocking(False)
         self._lock = threading.Lock()
         self._job: Callable[[], Any] | None = None
         self._result: outcome.Outcome[Any] | None = None
-        self._finished = False  # the job in it has returned and said so on the pipe
+        self._finished = False  # the job in it has returned and said so on the socket
         self._abandoned = False  # its caller gave up: the thread frees itself when the job returns
         self.busy = False
         threading.Thread(target=self._run, name="piwf-files", daemon=True).start()
 
     def close(self) -> None:
-        os.close(self._ask_w)  # the thread sees the end after the job it may be in, and closes the rest
+        self._loop_end.close()  # the thread sees the end after the job it may be in, and closes its own
 
     async def call(self, job: Callable[[], Any]) -> Any:
         assert not self.busy
         self.busy, self._job, self._finished = True, job, False
-        os.write(self._ask_w, b"r")
+        self._loop_end.send(b"r")
         try:
             while True:
-                await trio.lowlevel.wait_readable(self._done_r)
+                await trio.lowlevel.wait_readable(self._loop_end)
                 try:
-                    os.read(self._done_r, 1)
+                    self._loop_end.recv(1)
                     break
                 except BlockingIOError:
                     continue
         except BaseException:  # cancelled (the read's time limit): leave the job to finish on its own
             with self._lock:
-                if self._finished:  # it just did: its word is on the pipe
-                    os.read(self._done_r, 1)
+                if self._finished:  # it just did: its word is on the socket
+                    self._loop_end.recv(1)
                     self.busy = False
                 else:
                     self._abandoned = True
@@ -142,18 +144,17 @@ class _ReaderThread:
         return result.unwrap()
 
     def _run(self) -> None:
-        while os.read(self._ask_r, 1):
-            job = self._job
-            assert job is not None
-            self._result = outcome.capture(job)
-            with self._lock:
-                self._finished = True
-                if self._abandoned:
-                    self._abandoned, self._result, self.busy = False, None, False
-                else:
-                    os.write(self._done_w, b"d")
-        for fd in (self._ask_r, self._done_r, self._done_w):
-            os.close(fd)
+        with self._thread_end, contextlib.suppress(OSError):  # OSError: the host end closed meanwhile
+            while self._thread_end.recv(1):
+                job = self._job
+                assert job is not None
+                self._result = outcome.capture(job)
+                with self._lock:
+                    self._finished = True
+                    if self._abandoned:
+                        self._abandoned, self._result, self.busy = False, None, False
+                    else:
+                        self._thread_end.send(b"d")
 
 
 @dataclass
@@ -164,7 +165,10 @@ class Isolation:
     waiting_max: int = ISOLATED_WAITING
     _readers: trio.CapacityLimiter | None = None
     _slots: trio.CapacityLimiter | None = None
-    _reader: _ReaderThread | None = None
+
+    def __post_init__(self) -> None:
+        self._reader = reader = _ReaderThread()
+        weakref.finalize(self, reader.close)
     waiting: int = 0
     running: int = 0
     started: int = 0  # throwaway processes started, over the host's life
@@ -179,9 +183,6 @@ class Isolation:
                              limit: int = SOURCE_LIMIT) -> tuple[StatKey, bytes | None]:
         """``_read_bounded`` in a thread, within READ_TIMEOUT_S (then ``unavailable``)."""
         readers, _ = self._limiters()
-        if self._reader is None:
-            self._reader = reader = _ReaderThread()
-            weakref.finalize(self, reader.close)
         with trio.move_on_after(READ_TIMEOUT_S):
             if not self._reader.busy:
                 return await self._reader.call(lambda: _read_bounded(path, limit, known))  # type: ignore[no-any-return]
