@@ -111,6 +111,16 @@ async def test_runs_of_a_reusing_workflow_share_one_worker_process(warm_host: An
     assert len({pid for run in fresh for pid in worker_pids(run)}) == 2
 
 
+async def test_a_spawned_worker_is_reused_as_a_forked_one_is(paths: StatePaths, project: Path,
+                                                             nursery: trio.Nursery) -> None:
+    warm_project(project)
+    host = await nursery.start(Host(config(paths, worker_start="spawn")).serve)
+    async with AsyncClient(paths) as client:
+        outputs = [(await run_once(client, project))["output"] for _ in range(2)]
+    host.stop_requested.set()
+    assert outputs[0]["pid"] == outputs[1]["pid"] and [o["runs"] for o in outputs] == [1, 2]
+
+
 async def test_a_warm_worker_is_replaced_after_its_number_of_runs(warm_host: Any, paths: StatePaths,
                                                                   project: Path) -> None:
     warm_project(project, reuse="2")
