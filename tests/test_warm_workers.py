@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,8 @@ from piwf.errors import DefinitionError
 from piwf.host.host import Host
 from piwf.paths import StatePaths
 
-from .conftest import config, wait_for, write_workflow
+from .conftest import HostProcess, config, wait_for, write_workflow
+from .test_lifecycle import group_members
 
 WARM = """
     import os, signal, subprocess, threading, time
@@ -107,6 +109,16 @@ async def test_runs_of_a_reusing_workflow_share_one_worker_process(warm_host: An
     assert len(warm_host.warm) == 1
     # a workflow that does not opt in still gets a fresh process for every run
     assert len({pid for run in fresh for pid in worker_pids(run)}) == 2
+
+
+async def test_a_spawned_worker_is_reused_as_a_forked_one_is(paths: StatePaths, project: Path,
+                                                             nursery: trio.Nursery) -> None:
+    warm_project(project)
+    host = await nursery.start(Host(config(paths, worker_start="spawn")).serve)
+    async with AsyncClient(paths) as client:
+        outputs = [(await run_once(client, project))["output"] for _ in range(2)]
+    host.stop_requested.set()
+    assert outputs[0]["pid"] == outputs[1]["pid"] and [o["runs"] for o in outputs] == [1, 2]
 
 
 async def test_a_warm_worker_is_replaced_after_its_number_of_runs(warm_host: Any, paths: StatePaths,
@@ -267,3 +279,18 @@ async def test_a_reusing_worker_whose_run_is_held_for_its_source_ends_as_a_fresh
     assert [w["status"] for w in run["workers"]] == ["exited"]
     assert "kept warm" not in (run["workers"][0]["diagnostic"] or "")
     assert len(host.warm) == 0
+
+
+async def test_warm_workers_of_piwf_serve_on_both_stores_and_an_idle_one_dies_with_its_host(
+        host_process: Callable[..., HostProcess], paths: StatePaths, project: Path,
+        store_args: tuple[str, ...]) -> None:
+    warm_project(project)
+    served = await host_process(*store_args).start()
+    async with AsyncClient(paths) as client:
+        outputs = [(await run_once(client, project))["output"] for _ in range(3)]
+    pid = outputs[0]["pid"]
+    assert [o["pid"] for o in outputs] == [pid] * 3 and [o["runs"] for o in outputs] == [1, 2, 3]
+    assert group_members(pid)  # idle, waiting for another run
+    served.signal(signal.SIGKILL)
+    await served.wait()
+    await wait_for(lambda: not group_members(pid))  # the pipe's hang-up took it down

@@ -54,7 +54,6 @@ class WarmTicket:
     idle: bool = False  # it said worker.idle after its part ended
     waiting: trio.CancelScope | None = None  # the supervisor's wait for the worker's exit: idle ends it too
     runs: int = 0  # how many runs its process has executed (from worker.idle)
-    reused: bool = False  # this run was handed to a warm worker
 
     @property
     def key(self) -> WarmKey:
@@ -71,7 +70,6 @@ class WarmWorker:
     send: trio.lowlevel.FdStream
     receive: trio.lowlevel.FdStream
     key: WarmKey
-    runs: int
     since: float = field(default_factory=trio.current_time)  # idle since (trio time)
 
 
@@ -144,7 +142,7 @@ class WarmPool:
             with trio.CancelScope(shield=True, deadline=min(trio.current_time() + grace_s + REAP_S, deadline())):
                 async with trio.open_nursery() as stopping:
                     for worker in idle:
-                        stopping.start_soon(self._stop, worker)
+                        stopping.start_soon(self.stop, worker)
 
     def _sweep(self, now: float) -> None:
         for worker in [w for w in self._idle if w.proc.has_exited() or now - w.since >= IDLE_S]:
@@ -153,7 +151,7 @@ class WarmPool:
     def _drop(self, worker: WarmWorker) -> None:
         del self._idle[worker]
         assert self._nursery is not None
-        self._nursery.start_soon(self._stop, worker)
+        self._nursery.start_soon(self.stop, worker)
 
     def take(self, key: WarmKey) -> WarmWorker | None:
         """The oldest idle worker for ``key``, out of the pool."""
@@ -181,11 +179,12 @@ class WarmPool:
                 raise trio.BrokenResourceError("the warm worker has exited")
             await worker.send.send_all(encode_line(NextRun(launch=envelope)))
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            await self._stop(worker)
+            await self.stop(worker)
             return False
         return True
 
-    async def _stop(self, worker: WarmWorker) -> None:
+    async def stop(self, worker: WarmWorker) -> None:
+        """Stop a worker that is not (or no longer) idle here, shielded, within the grace."""
         with trio.CancelScope(shield=True,
                               deadline=min(trio.current_time() + self._grace_s + REAP_S, self._deadline())):
             await stop_worker(worker.proc, self._grace_s, exited=False)

@@ -153,8 +153,6 @@ async def run_worker(host: HostState, active: Active[Any], envelope: msgspec.Str
     ticket: WarmTicket | None = active.warm
     warm_worker = host.warm.take(ticket.key) if ticket is not None else None
     if warm_worker is not None and await host.warm.hand_over(warm_worker, envelope):
-        assert ticket is not None
-        ticket.reused = True
         await _supervise_process(host, active, warm_worker.proc, warm_worker.send, warm_worker.receive, pump, attach)
         return
     env = {**_base_env(host),
@@ -197,7 +195,7 @@ async def _supervise_process(host: HostState, active: Active[Any], proc: WorkerH
     finally:  # cancelled, failed or done: the worker's whole group goes, and is reaped
         if kept:
             assert ticket is not None
-            await _keep_warm(host, active, ticket, WarmWorker(proc, send, receive, ticket.key, ticket.runs),
+            await _keep_warm(host, active, ticket, WarmWorker(proc, send, receive, ticket.key),
                              diagnostics)
         else:
             await _end_process(host, active, proc, (send, receive, proc.stdout), diagnostics, exited)
@@ -217,11 +215,7 @@ async def _keep_warm(host: HostState, active: Active[Any], ticket: WarmTicket, w
         with cleanup_scope(host, REAP_S):
             await _reap_groups_of(host, active.worker_id)
     if not host.warm.keep(worker):
-        with cleanup_scope(host, host.config.kill_grace_s + REAP_S):
-            await stop_worker(worker.proc, host.config.kill_grace_s, False)
-            for stream in (worker.send, worker.receive, worker.proc.stdout):
-                if stream is not None:
-                    await stream.aclose()
+        await host.warm.stop(worker)
 
 
 async def _end_process(host: HostState, active: Active[Any], proc: WorkerHandle,

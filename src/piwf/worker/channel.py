@@ -1,4 +1,5 @@
-"""The worker's side of the host pipe: one request, one answer, in order.
+"""The worker's side of the host pipe: one request, one answer, in order (and, between
+two runs of a warm worker, its ``worker.idle`` line and the host's ``run.next``).
 
 The protocol runs on its own pipe descriptors, so user code printing to stdout cannot
 corrupt it. A node may call ``ctx`` from several threads: one request and its answer are
