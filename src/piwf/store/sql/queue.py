@@ -62,6 +62,8 @@ def _candidate(db: Database, now: int, exclude: frozenset[str]) -> tuple[Any, st
     excluded = {f"x{i}": run_id for i, run_id in enumerate(sorted(exclude))}
     not_in = f"AND q.run_id NOT IN ({', '.join(':' + k for k in excluded)})" if excluded else ""
     params = {"now": now, **excluded}
+    # First a ready run with a submission waiting to be validated (seed: a person waits on
+    # it; few, found through the validating submissions' own index).
     validating, ready, expired = _candidates_sql(db, not_in)
     if db.dialect != "sqlite":
         # One round trip for the three (each CTE locks what it returns, as the three
@@ -82,11 +84,9 @@ def _candidate(db: Database, now: int, exclude: frozenset[str]) -> tuple[Any, st
 
 
 def _candidates_sql(db: Database, not_in: str) -> tuple[str, str, str]:
-    """The candidates' three reads. First a ready run with a submission waiting to be
-    validated (seed: a person waits on it; few, found through the validating submissions'
-    own index); then the two halves of CLAIMABLE: the oldest ready run (its index is in
-    claim order) and runs whose claims expired (few, so they are compared in Python, not
-    sorted by SQLite)."""
+    """The candidates' three reads: a validating run's, then the two halves of CLAIMABLE:
+    the oldest ready run (its index is in claim order) and runs whose claims expired (few,
+    so they are compared in Python, not sorted by SQLite)."""
     lock = db.lock_rows(skip_locked=True)
     validating = f"""SELECT q.created_at, q.run_id, q.origin_session_id FROM interaction_submissions s
                      JOIN interaction_requests r ON r.request_id = s.request_id
