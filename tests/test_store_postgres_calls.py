@@ -11,6 +11,7 @@ from typing import Any
 
 import psycopg
 import pytest
+import trio
 
 from piwf.clock import ManualClock
 from piwf.store.api import open_store
@@ -101,3 +102,38 @@ async def test_a_unit_of_work_begins_in_its_first_call_and_one_without_calls_sen
     assert sent[0] == "BEGIN"
     with pytest.raises(Exception, match="not found"):
         await store.runs.run_summary("r1")  # the first call's write was inside the rolled-back transaction
+
+
+async def test_a_call_cancelled_while_it_waits_in_its_thread_finishes_then_the_caller_is_cancelled(
+        store: PgStore, postgres: Any, nursery: trio.Nursery) -> None:
+    clock = ManualClock()
+    holder = psycopg.connect(postgres.url(), autocommit=True)
+    try:
+        holding = PgDatabase(holder, "test", store.url.schema)
+        holding.begin()
+        holding.lock_key("run", "r1")  # create_run waits for it
+        scope = trio.CancelScope()
+        finished, returned = trio.Event(), trio.Event()
+
+        async def caller() -> None:
+            with scope:
+                await create(store, "r1", clock)
+                returned.set()
+                await trio.lowlevel.checkpoint()  # the caller's next checkpoint: the cancellation
+            finished.set()
+
+        nursery.start_soon(caller)
+        with trio.fail_after(30):
+            while not holder.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                                     "AND NOT granted").fetchone()[0]:
+                await trio.sleep(0.01)  # until the call waits for the lock, in its thread
+        scope.cancel()
+        await trio.sleep(0.05)
+        assert not finished.is_set()  # cancelled, it still waits: the call has started
+        holding.finish(commit=True)
+        with trio.fail_after(30):
+            await finished.wait()
+    finally:
+        holder.close()
+    assert returned.is_set() and scope.cancelled_caught  # the cancellation came once the call had returned
+    assert (await store.runs.run_summary("r1")).status == "queued"  # and what it wrote is committed
