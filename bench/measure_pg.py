@@ -84,10 +84,13 @@ async def per_call(url: str, calls: int, rounds: int = 3) -> dict[str, str]:
     pipeline mode with no answer awaited (a lower bound)."""
     import types
 
-    import green_calls as green
     from piwf.store.postgres.backend import PgStore
 
-    conn = green.GreenConnection.connect(url, autocommit=True)
+    try:  # greenlet comes with DBOS's SQLAlchemy here; without it that way is left out
+        import green_calls as green
+    except ImportError:
+        green = None
+    conn = (psycopg.Connection if green is None else green.GreenConnection).connect(url, autocommit=True)
     store = types.SimpleNamespace(limiter=trio.CapacityLimiter(8))
     dedicated = DedicatedThread(conn)
 
@@ -107,9 +110,10 @@ async def per_call(url: str, calls: int, rounds: int = 3) -> dict[str, str]:
         "inline on the loop (blocks it: the floor)": inline,
         "the store's hop (trio.lowlevel.start_thread_soon)": lambda: PgStore.in_thread(store, lambda: select_one(conn)),
         "trio.to_thread.run_sync, shielded (the store's before)": shielded,
-        "on the loop in a greenlet (bench/green_calls.py)": lambda: green.run(lambda: select_one(conn)),
         "a dedicated thread per connection": lambda: dedicated.call(select_one),
     }
+    if green is not None:
+        ways["on the loop in a greenlet (bench/green_calls.py)"] = lambda: green.run(lambda: select_one(conn))
     samples: dict[str, list[tuple[float, float]]] = {name: [] for name in [*ways, "pipeline, no answer awaited"]}
     for _ in range(rounds):
         for name, way in ways.items():
