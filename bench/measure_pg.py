@@ -1,7 +1,7 @@
 """The PostgreSQL store measured: how a call reaches psycopg from trio, the store path of a
 run against a raw SKIP LOCKED claim and against SQLite, and host.status at many runs.
 
-    python bench/measure_pg.py [--runs N] [--calls N] [--status-runs N] [--json]
+    python bench/measure_pg.py [--runs N] [--calls N] [--status-runs N] [--e2e N [--e2e-rounds R]] [--json]
 
 Starts a throwaway PostgreSQL (tests/postgres_server.py; fsync on, as a server would run)
 unless PIWF_TEST_STORE names one. Every figure is from this one run on this machine.
@@ -14,6 +14,7 @@ import json
 import os
 import queue
 import secrets
+import statistics
 import sys
 import tempfile
 import threading
@@ -74,41 +75,61 @@ def select_one(conn: psycopg.Connection[Any]) -> Any:
     return conn.execute("SELECT 1").fetchone()
 
 
-async def per_call(url: str, calls: int) -> dict[str, float]:
-    """µs per `SELECT 1`: inline on the loop (the floor: it blocks every other task), through
-    trio.to_thread.run_sync (what the store does), on the loop in a greenlet whose socket
-    waits trio awaits, through a dedicated thread per connection."""
-    conn = psycopg.connect(url, autocommit=True)
-    figures: dict[str, float] = {}
-    start = time.perf_counter()
-    for _ in range(calls):
-        select_one(conn)
-    figures["inline on the loop"] = (time.perf_counter() - start) / calls * 1e6
-    start = time.perf_counter()
-    for _ in range(calls):
-        await trio.to_thread.run_sync(select_one, conn)
-    figures["trio.to_thread.run_sync (what the store does)"] = (time.perf_counter() - start) / calls * 1e6
-    conn.close()
-    import green_calls as green
+async def per_call(url: str, calls: int, rounds: int = 3) -> dict[str, str]:
+    """µs per `SELECT 1`, wall and CPU (this process's), each way in turn for ``rounds``
+    rounds (medians): inline on the loop (the floor: it blocks every other task), the
+    store's hop (``PgStore.in_thread``: trio.lowlevel.start_thread_soon), trio.to_thread.run_sync
+    in a shielded scope (the store's hop before), on the loop in a greenlet whose socket
+    waits trio awaits (bench/green_calls.py), a dedicated thread per connection, and
+    pipeline mode with no answer awaited (a lower bound)."""
+    import types
 
-    conn = green.GreenConnection.connect(url, autocommit=True)
-    start = time.perf_counter()
-    for _ in range(calls):
-        await green.run(lambda: select_one(conn))
-    figures["on the loop in a greenlet (bench/green_calls.py)"] = (time.perf_counter() - start) / calls * 1e6
+    from piwf.store.postgres.backend import PgStore
+
+    try:  # greenlet comes with DBOS's SQLAlchemy here; without it that way is left out
+        import green_calls as green
+    except ImportError:
+        green = None
+    conn = (psycopg.Connection if green is None else green.GreenConnection).connect(url, autocommit=True)
+    store = types.SimpleNamespace(limiter=trio.CapacityLimiter(8))
     dedicated = DedicatedThread(conn)
-    start = time.perf_counter()
-    for _ in range(calls):
-        await dedicated.call(select_one)
-    figures["dedicated thread per connection"] = (time.perf_counter() - start) / calls * 1e6
+
+    async def shielded() -> None:
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(select_one, conn, limiter=store.limiter)
+
+    async def inline() -> None:
+        select_one(conn)
+
+    async def pipeline() -> None:
+        with conn.pipeline():
+            for _ in range(calls):
+                conn.execute("SELECT 1")
+
+    ways: dict[str, Callable[[], Any]] = {
+        "inline on the loop (blocks it: the floor)": inline,
+        "the store's hop (trio.lowlevel.start_thread_soon)": lambda: PgStore.in_thread(store, lambda: select_one(conn)),
+        "trio.to_thread.run_sync, shielded (the store's before)": shielded,
+        "a dedicated thread per connection": lambda: dedicated.call(select_one),
+    }
+    if green is not None:
+        ways["on the loop in a greenlet (bench/green_calls.py)"] = lambda: green.run(lambda: select_one(conn))
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in [*ways, "pipeline, no answer awaited"]}
+    for _ in range(rounds):
+        for name, way in ways.items():
+            wall, cpu = time.perf_counter(), time.process_time()
+            for _ in range(calls):
+                await way()
+            samples[name].append(((time.perf_counter() - wall) / calls * 1e6,
+                                  (time.process_time() - cpu) / calls * 1e6))
+        wall, cpu = time.perf_counter(), time.process_time()
+        await pipeline()
+        samples["pipeline, no answer awaited"].append(((time.perf_counter() - wall) / calls * 1e6,
+                                                       (time.process_time() - cpu) / calls * 1e6))
     dedicated.close()
-    with conn.pipeline():  # pipeline mode: statements sent without waiting (no answer read in between)
-        start = time.perf_counter()
-        for _ in range(calls):
-            conn.execute("SELECT 1")
-    figures["pipeline mode, no answers awaited (lower bound)"] = (time.perf_counter() - start) / calls * 1e6
     conn.close()
-    return figures
+    return {name: f"{statistics.median(w for w, _ in got):7.1f} wall {statistics.median(c for _, c in got):7.1f} CPU"
+            for name, got in samples.items()}
 
 
 # --- the store path of a run ---------------------------------------------------------------------
@@ -202,7 +223,7 @@ def _dbos(base: str, n: int) -> float | str:
 
 
 async def main_async(args: argparse.Namespace, base: str) -> dict[str, Any]:
-    result: dict[str, Any] = {"per call (µs)": await per_call(base, args.calls)}
+    result: dict[str, Any] = {"per call (µs: wall, this process's CPU)": await per_call(base, args.calls)}
     clock = ManualClock()
     schema = f"bench_{secrets.token_hex(4)}"
     url = f"{base}{'&' if '?' in base else '?'}schema={schema}"
@@ -220,19 +241,52 @@ async def main_async(args: argparse.Namespace, base: str) -> dict[str, Any]:
     result["claim+running+complete per s"]["piwf on SQLite (full)"] = await store_path(sqlite, args.runs, clock)
     await sqlite.close()
     result["host.status"] = status_at(base, f"bench_{secrets.token_hex(4)}", args.status_runs)
+    path = result["claim+running+complete per s"]
+    path["piwf on PostgreSQL / raw limit"] = path["piwf on PostgreSQL"] / path["raw SKIP LOCKED claim + complete"]
+    path["piwf on PostgreSQL / piwf on SQLite"] = path["piwf on PostgreSQL"] / path["piwf on SQLite (full)"]
     if args.e2e:
-        import measure_host
-
-        store = ("--store", f"{base}{'&' if '?' in base else '?'}schema=bench_{secrets.token_hex(4)}")
-        result["end to end, runs/s (piwf serve --max-workers 8, one-node runs)"] = {
-            "piwf on PostgreSQL": (await trio.to_thread.run_sync(
-                lambda: measure_host.end_to_end("full", 8, args.e2e, extra=store)))["per_s"],
-            "piwf on SQLite": (await trio.to_thread.run_sync(
-                lambda: measure_host.end_to_end("full", 8, args.e2e)))["per_s"],
-            "DBOS on the same PostgreSQL (one-step workflows, start_workflow)": await trio.to_thread.run_sync(
-                _dbos, base, args.e2e),
-        }
+        result["end to end (piwf serve --max-workers 8, one-node runs; DBOS: one-step workflows)"] = (
+            await trio.to_thread.run_sync(end_to_end, base, args.e2e, args.e2e_rounds))
     return result
+
+
+def end_to_end(base: str, n: int, rounds: int) -> dict[str, float | str]:
+    """N runs on each side, in ``rounds`` rounds whose order turns (the machine's load falls
+    on all alike); medians."""
+    import measure_host
+
+    def piwf_on(extra: tuple[str, ...]) -> tuple[float, float]:
+        figures = measure_host.end_to_end("full", 8, n, extra=extra)
+        return figures["per_s"], figures["host_cpu_ms_per_run"]
+
+    sides: dict[str, Callable[[], tuple[float, float] | float | str]] = {
+        "piwf on PostgreSQL": lambda: piwf_on(
+            ("--store", f"{base}{'&' if '?' in base else '?'}schema=bench_{secrets.token_hex(4)}")),
+        "piwf on SQLite (full)": lambda: piwf_on(()),
+        "DBOS on the same PostgreSQL server": lambda: _dbos(base, n),
+    }
+    got: dict[str, list[Any]] = {side: [] for side in sides}
+    order = list(sides)
+    for round_ in range(rounds):
+        for side in order[round_ % 3:] + order[:round_ % 3]:
+            got[side].append(sides[side]())
+    if any(isinstance(value, str) for value in got["DBOS on the same PostgreSQL server"]):
+        dbos: float | str = next(v for v in got["DBOS on the same PostgreSQL server"] if isinstance(v, str))
+    else:
+        dbos = statistics.median(got["DBOS on the same PostgreSQL server"])
+    pg = statistics.median(rate for rate, _ in got["piwf on PostgreSQL"])
+    sqlite = statistics.median(rate for rate, _ in got["piwf on SQLite (full)"])
+    figures: dict[str, float | str] = {
+        "piwf on PostgreSQL, runs/s": pg, "piwf on SQLite (full), runs/s": sqlite,
+        "DBOS on the same PostgreSQL server, runs/s": dbos,
+        "piwf on PostgreSQL: host CPU ms per run": statistics.median(c for _, c in got["piwf on PostgreSQL"]),
+        "piwf on SQLite: host CPU ms per run": statistics.median(c for _, c in got["piwf on SQLite (full)"]),
+        "rounds": float(rounds),
+    }
+    if isinstance(dbos, float):
+        figures["piwf on PostgreSQL / DBOS"] = pg / dbos
+        figures["piwf on SQLite / DBOS"] = sqlite / dbos
+    return figures
 
 
 def main() -> None:
@@ -241,7 +295,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000)
     parser.add_argument("--status-runs", type=int, default=100_000)
     parser.add_argument("--e2e", type=int, default=0, metavar="N",
-                        help="also N runs end to end through a real piwf serve on each store")
+                        help="also N runs end to end through a real piwf serve on each store, and DBOS")
+    parser.add_argument("--e2e-rounds", type=int, default=3, metavar="N")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     server = None
@@ -263,7 +318,7 @@ def main() -> None:
     for section, figures in result.items():
         print(section)
         for name, value in figures.items():
-            print(f"  {name:55s} {value:10.1f}" if isinstance(value, float) else f"  {name:55s} {value}")
+            print(f"  {name:60s} {value:10.2f}" if isinstance(value, float) else f"  {name:60s} {value}")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 and what the server saw for them (pg_stat_statements and pg_stat_database).
 
     python bench/profile_pg.py [N] [--cprofile] [--py-spy FILE]
+    python bench/profile_pg.py [N] --dbos     # and DBOS's N workflows on the same server, counted alike
     python bench/profile_pg.py [N] --compare REV... [--rounds 3]   # each REV's host (. = this tree), in turns
 
 Starts a throwaway PostgreSQL (fsync on, pg_stat_statements loaded), a host on a schema
@@ -54,6 +55,32 @@ finally:
 """
 
 
+DBOS = """
+import json, logging, sys, time
+from dbos import DBOS
+logging.disable(logging.INFO)
+DBOS(config={"name": "bench", "system_database_url": sys.argv[1], "run_admin_server": False})
+
+@DBOS.step()
+def step(i):
+    return i
+
+@DBOS.workflow()
+def workflow(i):
+    return step(i)
+
+DBOS.launch()
+workflow(-1)
+print("ready", flush=True)
+sys.stdin.readline()
+began = time.perf_counter()
+handles = [DBOS.start_workflow(workflow, i) for i in range(int(sys.argv[2]))]
+assert [h.get_result() for h in handles] == list(range(int(sys.argv[2])))
+print(json.dumps({"seconds": time.perf_counter() - began}), flush=True)
+DBOS.destroy()
+"""
+
+
 def start_server() -> Server:
     bindir = find_bindir()
     if bindir is None:
@@ -67,8 +94,9 @@ def start_server() -> Server:
     return server
 
 
-def counters(conn: psycopg.Connection[Any]) -> tuple[int, int]:
-    row = conn.execute("SELECT xact_commit, xact_rollback FROM pg_stat_database WHERE datname = 'postgres'").fetchone()
+def counters(conn: psycopg.Connection[Any], database: str = "postgres") -> tuple[int, int]:
+    row = conn.execute("SELECT xact_commit, xact_rollback FROM pg_stat_database WHERE datname = %s",
+                       (database,)).fetchone()
     return int(row[0]), int(row[1])
 
 
@@ -82,6 +110,8 @@ def main() -> None:
     parser.add_argument("--compare", metavar="REV", nargs="+", help="measure each REV (. is this tree), in turns")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--dbos", action="store_true", help="also DBOS's N one-step workflows on the same server, "
+                        "counted the same way")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # the server and worktrees are removed on the way out
     server = start_server()
@@ -91,6 +121,9 @@ def main() -> None:
         else:
             figures = measure(server, ROOT / "src", args)
             print(json.dumps(figures, indent=2) if args.json else report(figures, args))
+        if args.dbos:
+            figures = measure_dbos(server, args)
+            print(json.dumps(figures, indent=2) if args.json else "DBOS: " + report(figures, args))
     finally:
         server.stop("fast")
         server.remove()
@@ -164,6 +197,41 @@ def measure(server: Server, src: Path, args: argparse.Namespace) -> dict[str, An
     return figures
 
 
+def measure_dbos(server: Server, args: argparse.Namespace) -> dict[str, Any]:
+    """DBOS's N workflows (start_workflow, then each result) on a database of its own on
+    the same server; the server's counts of that database, from after DBOS's own set-up."""
+    database = f"dbos_{secrets.token_hex(4)}"
+    admin = psycopg.connect(server.url(), autocommit=True)
+    admin.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+    admin.execute(f"CREATE DATABASE {database}")
+    url = server.url(database).replace("postgresql://", "postgresql+psycopg://")
+    child = subprocess.Popen([sys.executable, "-c", DBOS, url, str(args.n)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        if child.stdout.readline().strip() != "ready":
+            raise SystemExit("DBOS did not start")
+        admin.execute("SELECT pg_stat_statements_reset()")
+        admin.execute("SELECT pg_stat_reset()")
+        time.sleep(0.6)
+        before = counters(admin, database)
+        process = psutil.Process(child.pid)
+        cpu = process.cpu_times()
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        seconds = json.loads(child.stdout.readline())["seconds"]
+        cpu_after = process.cpu_times()
+    finally:
+        child.wait(timeout=120)
+    time.sleep(0.6)
+    after = counters(admin, database)
+    rows = admin.execute(
+        "SELECT calls, total_exec_time, regexp_replace(left(query, 110), '\\s+', ' ', 'g') FROM pg_stat_statements "
+        "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = %s) ORDER BY calls DESC", (database,)).fetchall()
+    admin.close()
+    return figures_of(args.n, seconds, cpu, cpu_after, None, None, before, after, rows)
+
+
 def drive(host: subprocess.Popen[bytes], paths: Any, project: Path, admin: psycopg.Connection[Any],
           args: argparse.Namespace) -> dict[str, Any]:
     payload = {"workflow": "noop", "projectPath": str(project)}
@@ -193,13 +261,17 @@ def drive(host: subprocess.Popen[bytes], paths: Any, project: Path, admin: psyco
     rows = admin.execute(
         "SELECT calls, total_exec_time, regexp_replace(left(query, 110), '\\s+', ' ', 'g') "
         "FROM pg_stat_statements WHERE query NOT LIKE '%pg_stat%' ORDER BY calls DESC").fetchall()
-    n = args.n
+    return figures_of(args.n, elapsed, cpu, cpu_after, switches, switched, before, after, rows)
+
+
+def figures_of(n: int, elapsed: float, cpu: Any, cpu_after: Any, switches: Any, switched: Any,
+               before: tuple[int, int], after: tuple[int, int], rows: list[Any]) -> dict[str, Any]:
     return {
         "n": n, "seconds": elapsed, "runs_per_s": n / elapsed,
         "host_cpu_ms_per_run": (cpu_after.user + cpu_after.system - cpu.user - cpu.system) * 1000 / n,
         "host_user_ms_per_run": (cpu_after.user - cpu.user) * 1000 / n,
-        "context_switches_per_run": (switched.voluntary + switched.involuntary - switches.voluntary
-                                     - switches.involuntary) / n,
+        "context_switches_per_run": 0.0 if switches is None else (
+            switched.voluntary + switched.involuntary - switches.voluntary - switches.involuntary) / n,
         "commits_per_run": (after[0] - before[0]) / n, "rollbacks_per_run": (after[1] - before[1]) / n,
         "statements_per_run": sum(row[0] for row in rows) / n,
         "server_ms_per_run": sum(row[1] for row in rows) / n,

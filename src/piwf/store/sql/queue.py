@@ -87,11 +87,9 @@ def _candidate(db: Database, now: int, exclude: frozenset[str]) -> tuple[Any, st
 
 
 def _candidates_sql(db: Database, not_in: str) -> tuple[str, str, str]:
-    """The candidates' three reads. First a ready run with a submission waiting to be
-    validated (seed: a person waits on it; few, found through the validating submissions'
-    own index); then the two halves of CLAIMABLE: the oldest ready run (its index is in
-    claim order) and runs whose claims expired (few, so they are compared in Python, not
-    sorted by SQLite)."""
+    """The candidates' three reads: a validating run's, then the two halves of CLAIMABLE:
+    the oldest ready run (its index is in claim order) and runs whose claims expired (few,
+    so they are compared in Python, not sorted by SQLite)."""
     lock = db.lock_rows(skip_locked=True)
     validating = f"""SELECT q.created_at, q.run_id, q.origin_session_id FROM interaction_submissions s
                      JOIN interaction_requests r ON r.request_id = s.request_id
