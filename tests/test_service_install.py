@@ -175,7 +175,7 @@ GIVEN = {"--max-workers": "3", "--durability": "normal", "--store": "postgresql:
          "--poll-only": None, "--worker-startup-timeout": "20", "--drain-timeout": "40.5", "--kill-grace": "3",
          "--request-timeout": "11", "--reply-timeout": "12", "--presentation-lease": "13", "--socket-check": "2",
          "--delivery-lease": "14", "--max-controller-workers": "5", "--node-time-limit": "600",
-         "--worker-start": "spawn", "--log-level": "debug", "--retain": "30d"}
+         "--worker-start": "spawn", "--worker-nice": "5", "--log-level": "debug", "--retain": "30d"}
 
 
 def serve_args(flags: dict[str, str | None]) -> list[str]:
