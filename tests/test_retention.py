@@ -136,12 +136,13 @@ async def _gone(paths: StatePaths, run_id: str) -> bool:
 
 async def test_a_long_prune_goes_in_batches_and_the_host_serves_between_them(
         paths: StatePaths, nursery: trio.Nursery) -> None:
-    """1,500 ended runs: while `run.prune` deletes 1,000 of them (a request's most), another
-    client's requests are answered, and what they show is part-way: the host served
-    between batches."""
+    """1,500 ended runs: ``run.prune`` deletes 1,000 of them (a request's most) in batches of
+    100. Held before its fourth batch, the host answers another client, and what it shows is
+    part-way: the prune holds nothing between batches that keeps the host from serving."""
     _ended_runs(paths, 1500)
-    await nursery.start(Host(config(paths)).serve)
-    seen: list[int] = []
+    host = await nursery.start(Host(config(paths)).serve)
+    gate = _HeldBeforeBatch(host.store.retention, 3)
+    host.store.retention = gate
     pruned: list[Any] = []
 
     async def prune_them() -> None:
@@ -152,16 +153,37 @@ async def test_a_long_prune_goes_in_batches_and_the_host_serves_between_them(
 
     async with trio.open_nursery() as inner:
         inner.start_soon(prune_them)
-        async with AsyncClient(paths) as client:
-            while not pruned:
-                seen.append((await client.call("host.status")).receipt["cancelledRuns"])
+        with trio.fail_after(30):
+            await gate.held.wait()
+        assert (await call(paths, "host.status"))["cancelledRuns"] == 1200  # three batches in
+        gate.release.set()
     assert (pruned[0]["runs"], pruned[0]["more"], pruned[0]["runIds"][:2]) == (1000, True, ["r0000", "r0001"])
-    assert any(500 < n < 1500 for n in seen), seen  # answered mid-prune, between two batches
+    assert gate.batches == 10
     assert (await call(paths, "host.status"))["cancelledRuns"] == 500
     async with AsyncClient(paths, client_id="pruner") as client:  # the same request again: its answer, once
         again = await client.call("run.prune", request_id="prune-1",
                                   payload={"olderThanMs": 1000, "budgetMs": 600_000})
     assert (again.outcome, again.receipt) == ("adopted", pruned[0])
+    assert gate.batches == 10
+
+
+class _HeldBeforeBatch:
+    """The store's retention part, holding the prune before batch number ``at`` (from 0)
+    until the test lets it go; everything else goes straight through."""
+
+    def __init__(self, inner: Any, at: int) -> None:
+        self.inner, self.at, self.batches = inner, at, 0
+        self.held, self.release = trio.Event(), trio.Event()
+
+    async def prune_runs(self, **kwargs: Any) -> Any:
+        if self.batches == self.at:
+            self.held.set()
+            await self.release.wait()
+        self.batches += 1
+        return await self.inner.prune_runs(**kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
 
 def _ended_runs(paths: StatePaths, count: int, *, unused_blobs: int = 0) -> None:
