@@ -252,3 +252,19 @@ def test_a_controller_page_shows_spec_status_conditions_and_events(stack: Stack,
     assert browser.current_url.endswith("/controller?" + urlencode(
         {"project": target["projectPath"], "name": "mirror", "key": "greeting"}))
     screenshot(browser, "ui-controller.png")
+
+
+def test_a_controller_page_follows_a_resource_that_changes_without_any_run(stack: Stack, browser: Any) -> None:
+    """An apply and the reconcile that follows change the resource alone (the mirror
+    controller starts no run): the open page shows both, updated in place."""
+    target = {"projectPath": str(stack.project), "controller": "mirror", "key": "farewell"}
+    stack.call("controller.apply", payload={**target, "spec": {"text": "hello"}})
+    wait_until(lambda: stack.call("controller.get", payload=target)["ready"] == "True", what="the resource ready")
+    browser.get(stack.base + "/controller?" + urlencode({"project": target["projectPath"], "name": "mirror",
+                                                          "key": "farewell"}))
+    until(browser, lambda d: '"written": "hello"' in text_of(d, "main"))
+    browser.execute_script("window.piwfSamePage = true")  # gone if the page were loaded again
+    stack.call("controller.apply", payload={**target, "spec": {"text": "goodbye"}})
+    until(browser, lambda d: '"written": "goodbye"' in text_of(d, "main"))
+    assert '"text": "goodbye"' in text_of(browser, "main")
+    assert browser.execute_script("return window.piwfSamePage") is True

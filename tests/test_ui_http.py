@@ -220,11 +220,11 @@ def test_the_event_stream_outlives_a_host_restart(tmp_path: Path) -> None:
             assert s.host is not None
             s.host.send_signal(signal.SIGTERM)
             s.host.wait(30)
-            assert next(changes) == {"version": 1, "runs": None, "host": False}
+            assert next(changes) == {"version": 1, "runs": None, "host": False, "resources": True}
             page = client.get("/")
             assert page.status_code == 503 and "does not answer" in page.text
             s.start_host()
-            assert next(changes) == {"version": 2, "runs": None, "host": True}
+            assert next(changes) == {"version": 2, "runs": None, "host": True, "resources": True}
             run_id = s.start_run("count")
             assert run_id in next(change for change in changes if change["runs"])["runs"]
     finally:

@@ -192,6 +192,7 @@ async def serve_console(config: UiConfig, *,
     kind = "socket" if config.socket is not None else ""
     async with trio.open_nursery() as nursery:
         await nursery.start(feed.serve)
+        await nursery.start(feed.watch_resources)
         guard_holder: list[Guard] = []
 
         async def app(scope: Any, receive: Any, send: Any) -> None:

@@ -12,12 +12,16 @@ changed.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 import msgspec
 import trio
+import trio_util
 
 from piwf.client import AsyncClient
 from piwf.errors import HostReplied, HostUnavailable
@@ -26,17 +30,19 @@ from piwf.paths import StatePaths
 POLL_MS = 30_000  # one run.watch's limit: the host answers then at the latest
 RECONNECT_BACKOFF_S = (0.1, 0.2, 0.5, 1.0, 2.0)  # between tries to reach a lost host, the last repeated
 KEPT = 256  # versions whose runs are remembered; a tab further behind is told "anything"
+RESOURCES_POLL_S = 1.0  # how often controller.list is read while a tab shows controllers
 
 log = logging.getLogger("piwf.ui")
 
 
 class Change(msgspec.Struct, frozen=True):
     """What a tab is told: the version, the runs changed since its last (null: any may
-    have), and whether the host answers."""
+    have), whether the host answers, and whether a controller resource changed."""
 
     version: int
     runs: list[str] | None
     host: bool
+    resources: bool = False
 
 
 class Feed:
@@ -45,14 +51,15 @@ class Feed:
         self.client_id = client_id
         self.version = 0
         self.host_up = True
-        self._recent: deque[tuple[int, frozenset[str] | None]] = deque(maxlen=KEPT)
+        self._recent: deque[tuple[int, frozenset[str] | None, bool]] = deque(maxlen=KEPT)
+        self._resource_tabs = trio_util.AsyncValue(0)  # open tabs that show controllers
         self._changed = trio.Event()
         self._cursor: int | None = None  # where the watch goes on from, across reconnections
         self._attempt = 0  # tries to reach a lost host in a row
 
-    def publish(self, runs: frozenset[str] | None) -> None:
+    def publish(self, runs: frozenset[str] | None, *, resources: bool = False) -> None:
         self.version += 1
-        self._recent.append((self.version, runs))
+        self._recent.append((self.version, runs, resources or runs is None))
         self._changed.set()
         self._changed = trio.Event()
 
@@ -60,19 +67,32 @@ class Feed:
         """The first change after version ``seen`` (waiting for one)."""
         while self.version <= seen:
             await self._changed.wait()
-        return Change(self.version, self._runs_since(seen), self.host_up)
+        runs, resources = self._since(seen)
+        return Change(self.version, runs, self.host_up, resources)
 
-    def _runs_since(self, seen: int) -> list[str] | None:
+    def _since(self, seen: int) -> tuple[list[str] | None, bool]:
         if not self._recent or self._recent[0][0] > seen + 1:
-            return None  # older than what is remembered
+            return None, True  # older than what is remembered
         runs: set[str] = set()
-        for version, changed in self._recent:
+        anything = resources = False
+        for version, changed, touched_resources in self._recent:
             if version <= seen:
                 continue
+            resources |= touched_resources
             if changed is None:
-                return None
-            runs |= changed
-        return sorted(runs)
+                anything = True
+            else:
+                runs |= changed
+        return (None if anything else sorted(runs)), resources
+
+    @contextlib.contextmanager
+    def showing_resources(self) -> Iterator[None]:
+        """Held by a tab's event stream while its page shows controllers."""
+        self._resource_tabs.value += 1
+        try:
+            yield
+        finally:
+            self._resource_tabs.value -= 1
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Watch the host until cancelled; started once the first cursor is known (or the
@@ -125,6 +145,32 @@ class Feed:
             touched = frozenset([run["runId"] for run in page["runs"]] + [e["runId"] for e in page["events"]])
             if touched:
                 self.publish(touched)
+
+    async def watch_resources(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """While a tab shows controllers, read ``controller.list`` every ``RESOURCES_POLL_S``
+        and publish a change when what it lists differs from the last read (a host away is
+        tried again at the next read: the run watch tells the tabs about it)."""
+        task_status.started()
+        last: bytes | None = None
+        while True:
+            if self._resource_tabs.value == 0:
+                last = None  # nobody looked meanwhile: the next read is a new start
+                await self._resource_tabs.wait_value(lambda tabs: tabs > 0)
+            seen = await self._listing_digest()
+            if seen is not None and last is not None and seen != last:
+                self.publish(frozenset(), resources=True)
+            last = seen or last
+            await trio.sleep(RESOURCES_POLL_S)
+
+    async def _listing_digest(self) -> bytes | None:
+        """A digest of everything ``controller.list`` answers (None: the host did not answer)."""
+        try:
+            with trio.fail_after(10):
+                async with AsyncClient(self.paths, client_id=f"{self.client_id}:resources") as client:
+                    listing = _ok(await client.call("controller.list", payload={}))
+        except (HostUnavailable, HostReplied, trio.TooSlowError, OSError):
+            return None
+        return hashlib.sha256(msgspec.json.encode(listing, order="sorted")).digest()
 
 
 def _ok(response: Any) -> Any:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import nullcontext
 from typing import Any
 
 import trio
@@ -25,6 +26,7 @@ from piwf.ui.render import page
 from piwf.wire import Outcome
 
 PING_S = 15  # an event stream says something this often, so a tab gone away is noticed
+CONTROLLERS = "controllers"  # a page's data-watch: it shows resources (and their child runs)
 RUNS_SHOWN = 100
 EVENTS_SHOWN = 200
 STEPS_SHOWN = 300
@@ -148,7 +150,7 @@ async def inbox_page(request: Request) -> Response:
 @host_errors
 async def controllers_page(request: Request) -> Response:
     resources = await _call(request)("controller.list", payload={})
-    return page(request, "controllers.html", resources=resources, watch="*")
+    return page(request, "controllers.html", resources=resources, watch=CONTROLLERS)
 
 
 def resource_target(request: Request) -> dict[str, str]:
@@ -160,7 +162,7 @@ def resource_target(request: Request) -> dict[str, str]:
 async def controller_page(request: Request) -> Response:
     resource = await _call(request)("controller.get", payload=resource_target(request))
     child = (resource.get("status") or {}).get("workflowRun") or {}
-    return page(request, "controller.html", r=resource, child=child, watch="*")
+    return page(request, "controller.html", r=resource, child=child, watch=CONTROLLERS)
 
 
 @host_errors
@@ -181,24 +183,27 @@ async def events(request: Request) -> Response:
     since = request.query_params.get("since", "")
     start = int(since) if since.isdigit() and int(since) <= feed.version else feed.version
 
+    showing = feed.showing_resources() if request.query_params.get("watch") == CONTROLLERS else nullcontext()
+
     async def stream() -> AsyncIterator[str]:
         seen = start
         yield "retry: 1000\n\n"
-        while True:
-            change = None
-            with trio.move_on_after(PING_S):
-                change = await feed.next_change(seen)
-            if change is None:
-                yield ": ping\n\n"
-                continue
-            seen = change.version
-            yield f"data: {json.dumps(_as_json(change))}\n\n"
+        with showing:
+            while True:
+                change = None
+                with trio.move_on_after(PING_S):
+                    change = await feed.next_change(seen)
+                if change is None:
+                    yield ": ping\n\n"
+                    continue
+                seen = change.version
+                yield f"data: {json.dumps(_as_json(change))}\n\n"
 
     return StreamingResponse(stream(), media_type="text/event-stream", headers={"X-Accel-Buffering": "no"})
 
 
 def _as_json(change: Any) -> dict[str, Any]:
-    return {"version": change.version, "runs": change.runs, "host": change.host}
+    return {"version": change.version, "runs": change.runs, "host": change.host, "resources": change.resources}
 
 
 ROUTES = [

@@ -13,10 +13,16 @@
   var fetching = false;
   var again = false;
 
+  // data-watch: "*" (a listing of runs), "controllers" (resources and their child runs),
+  // or one run's id. A change names the runs it touched (null: any may have) and whether
+  // a controller resource changed.
   function concerns(change) {
     var watch = main.getAttribute("data-watch");
     if (!watch) return false;
-    return watch === "*" || change.runs === null || change.runs.indexOf(watch) >= 0;
+    if (change.runs === null) return true;
+    if (watch === "controllers") return change.resources || change.runs.length > 0;
+    if (watch === "*") return change.runs.length > 0;
+    return change.runs.indexOf(watch) >= 0;
   }
 
   function keyOf(el) {
@@ -89,7 +95,8 @@
 
   // From the version the page was read at: a change between the page's read and the
   // stream's start is told at once.
-  var stream = new EventSource("/events?since=" + encodeURIComponent(main.getAttribute("data-version") || ""));
+  var stream = new EventSource("/events?since=" + encodeURIComponent(main.getAttribute("data-version") || "") +
+                               "&watch=" + encodeURIComponent(main.getAttribute("data-watch") || ""));
   var dropped = false;
   stream.onopen = function () {
     live.setAttribute("data-state", "on");
