@@ -13,7 +13,7 @@ from piwf.client import AsyncClient
 from piwf.errors import RequestTooLarge
 from piwf.paths import StatePaths
 
-from .conftest import wait_for, write_workflow
+from .conftest import piwf, wait_for, write_workflow
 
 ROOT = Path(__file__).resolve().parents[1]
 # The worked example of docs/controllers.md, as the page shows it: keep out/<key>.txt in
@@ -199,6 +199,8 @@ async def test_a_child_run_ending_queues_its_resource_and_shows_in_status(host: 
     assert run["requestKey"] == "main" and run["state"] == "running" and run["attempt"] == 1
     assert got["children"] == [{"requestKey": "main", "workflow": "gated", "runId": run["runId"], "state": "running",
                                 "attempt": 1}]
+    human = (await piwf(paths, "controller", "get", "parent", "p", "--project", str(project))).stdout.decode()
+    assert f"children:   1 run(s) its reconciles started\n  {run['runId']} gated running, attempt 1 (key main)" in human
     await wait_for(lambda: (project / "wait.log").exists())
     (project / "gate").touch()
 
@@ -218,8 +220,6 @@ async def test_a_child_run_ending_queues_its_resource_and_shows_in_status(host: 
 
 async def test_the_cli_applies_shows_lists_reconciles_and_deletes(host: Any, paths: StatePaths, mirror: Path) -> None:
     import json
-
-    from .conftest import piwf
 
     where = ("--project", str(mirror))
     applied = json.loads((await piwf(paths, "controller", "apply", "mirror", "cli", "--spec", '{"text": "x"}',

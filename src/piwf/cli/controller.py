@@ -111,6 +111,12 @@ def format_resource(r: dict[str, Any]) -> str:
                      + f" (since {c.get('lastTransitionTime')})")
     if status.get("workflowRun"):
         lines.append("child run:  " + json.dumps(status["workflowRun"]))
+    children = r.get("children") or []
+    if children:
+        lines.append(f"children:   {len(children)} run(s) its reconciles started")
+    for child in children:
+        lines.append(f"  {child['runId']} {child['workflow']} {child['state']}, attempt {child['attempt']}"
+                     f" (key {child['requestKey']})")
     if r["finalizers"]:
         lines.append("finalizers: " + ", ".join(r["finalizers"]))
     if r["deletionTimestamp"]:
