@@ -329,18 +329,25 @@ async def handle(host: HostState, active: ActiveRun, message: WorkerMessage) -> 
         stored = await store.workers.read_message(message)
         if stored is not None:
             return stored
-    kind, handler, now = type(message), HANDLERS[type(message)], host.now()
+    now = host.now()
+
+    async def answer(tx: UnitOfWork) -> tuple[WorkerResponse, Result, Conclusion | None]:
+        """One unit of work: the fence (the live claim and the run revision), the revision
+        check, the handler's changes, and the recorded answer; nothing of it if any raises.
+        It awaits store calls only (``run_unit``: on PostgreSQL one thread hop for all)."""
+        kind = type(message)
+        current = await tx.queue.fenced_revision(active.claim.run_id, active.claim.token, now)
+        if kind is not Ready and message.expectedRevision != current:
+            raise Rejected(f"run revision conflict: expected {message.expectedRevision}, now {current}")
+        result, conclusion = await HANDLERS[kind](host, tx, active, message, now)
+        revision = await tx.queue.revision_of(active.claim.run_id) if kind in REVISING else current
+        response = WorkerResponse(message.messageId, "accepted", revision=revision, result=result)
+        await tx.workers.record_message(message, response, now)
+        return response, result, conclusion
+
+    kind = type(message)
     try:
-        # One unit of work: the fence (the live claim and the run revision), the revision
-        # check, the handler's changes, and the recorded answer; nothing of it if any raises.
-        async with store.transaction() as tx:
-            current = await tx.queue.fenced_revision(active.claim.run_id, active.claim.token, now)
-            if kind is not Ready and message.expectedRevision != current:
-                raise Rejected(f"run revision conflict: expected {message.expectedRevision}, now {current}")
-            result, conclusion = await handler(host, tx, active, message, now)
-            revision = await tx.queue.revision_of(active.claim.run_id) if kind in REVISING else current
-            response = WorkerResponse(message.messageId, "accepted", revision=revision, result=result)
-            await tx.workers.record_message(message, response, now)
+        response, result, conclusion = await store.run_unit(answer)
         active.answered.add(message.messageId)
         faults.point("host.worker.committed")
     except ClaimLost as exc:  # the answer is sent; the worker ends on it (see lane._let_it_end)
