@@ -329,13 +329,11 @@ async def handle(host: HostState, active: ActiveRun, message: WorkerMessage) -> 
         stored = await store.workers.read_message(message)
         if stored is not None:
             return stored
-    now = host.now()
-
     async def answer(tx: UnitOfWork) -> tuple[WorkerResponse, Result, Conclusion | None]:
         """One unit of work: the fence (the live claim and the run revision), the revision
         check, the handler's changes, and the recorded answer; nothing of it if any raises.
         It awaits store calls only (``run_unit``: on PostgreSQL one thread hop for all)."""
-        kind = type(message)
+        kind, now = type(message), host.now()
         current = await tx.queue.fenced_revision(active.claim.run_id, active.claim.token, now)
         if kind is not Ready and message.expectedRevision != current:
             raise Rejected(f"run revision conflict: expected {message.expectedRevision}, now {current}")
@@ -347,7 +345,7 @@ async def handle(host: HostState, active: ActiveRun, message: WorkerMessage) -> 
 
     kind = type(message)
     try:
-        response, result, conclusion = await store.run_unit(answer)
+        response, result, conclusion = await host.run_unit(answer)
         active.answered.add(message.messageId)
         faults.point("host.worker.committed")
     except ClaimLost as exc:  # the answer is sent; the worker ends on it (see lane._let_it_end)
