@@ -90,6 +90,15 @@ async def test_a_worker_is_ready_once_and_its_process_attached(store: Any, clock
     assert (summary.status, summary.pid, summary.generation) == ("running", 4242, got.generation)
 
 
+async def test_a_worker_is_ready_with_its_process_in_one_write(store: Any, clock: ManualClock) -> None:
+    _, worker = await claimed(store, clock)
+    await store.workers.mark_ready(worker, clock.now_ms(), pid=4242, identity="boot:4242")
+    await store.workers.mark_ready(worker, clock.now_ms(), pid=1, identity="boot:1")  # once only
+    [summary] = (await store.runs.get_run("r1")).workers
+    assert (summary.status, summary.pid) == ("running", 4242)
+    assert await store.workers.orphan_before(2, clock.now_ms()) == [(worker, 4242, "boot:4242")]
+
+
 async def test_takeover_orphans_the_workers_of_earlier_hosts(store: Any, clock: ManualClock) -> None:
     _, old = await claimed(store, clock, "r1", epoch=1)
     await claimed(store, clock, "r2", epoch=1)  # its worker never attached a process

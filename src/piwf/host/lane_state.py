@@ -100,6 +100,7 @@ class Active(Generic[C]):
     stop_reason: StopReason | None = None  # owned by ``scope``: the first reason it was cancelled with
     stop_note: str = ""  # what the worker's record should say about that reason
     pid: int | None = None  # the worker process, once started
+    identity: str = ""  # its start identity (a run's is recorded with its worker.ready)
     registered: bool = False  # it asked to register a process group: its end looks for groups to kill
     limits: dict[str, Any] = field(default_factory=dict)  # node -> its time limit (a run's NodeLimit)
     node_clock: NodeClock | None = None  # the attempt running under a time limit, if any

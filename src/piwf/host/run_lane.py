@@ -100,7 +100,11 @@ class RunLane(lane.Lane[Claim, WorkerEnd]):
         return envelope, project
 
     async def attach(self, active: ActiveRun, pid: int, identity: str) -> None:
-        await self.host.store.workers.attach_process(active.worker_id, pid, identity)
+        """Kept for ``worker.ready``'s transaction, which records it (one write less per run).
+        Until then a host that dies leaves no pid for the next to kill the worker by: the
+        worker's watcher thread, started before it loads anything of the workflow's, kills
+        its process group as soon as its host's end of the pipe closes (worker/channel.py)."""
+        active.identity = identity
 
     def parse(self, line: bytes) -> WorkerMessage:
         return parse_worker_message(line)

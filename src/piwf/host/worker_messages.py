@@ -38,7 +38,7 @@ async def _ready(host: HostState, tx: UnitOfWork, active: ActiveRun, message: Re
     is paused: then its first start stops). A workflow that did not load, or whose digest
     is not the run's, holds the run instead."""
     await tx.queue.mark_running(active.claim.run_id, active.claim.token, now)
-    await tx.workers.mark_ready(active.worker_id, now)
+    await tx.workers.mark_ready(active.worker_id, now, pid=active.pid, identity=active.identity)
     run_input, start, paused, digest = await tx.runs.ready_state(active.claim.run_id)
     held = _source_problem(message, digest)
     if held is not None:

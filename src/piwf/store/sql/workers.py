@@ -34,10 +34,12 @@ def attach_process(db: Database, worker_id: str, pid: int, identity: str) -> Non
         )
 
 
-def mark_ready(db: Database, worker_id: str, now: int) -> None:
+def mark_ready(db: Database, worker_id: str, now: int, *, pid: int | None = None, identity: str | None = None) -> None:
     db.execute(
-        "UPDATE run_workers SET status = 'running', ready_at = ? WHERE worker_epoch = ? AND status = 'starting'",
-        (now, worker_id),
+        """UPDATE run_workers SET status = 'running', ready_at = ?, pid = COALESCE(?, pid),
+                  process_start_identity = COALESCE(?, process_start_identity)
+           WHERE worker_epoch = ? AND status = 'starting'""",
+        (now, pid, identity, worker_id),
     )
 
 
