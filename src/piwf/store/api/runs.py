@@ -274,7 +274,8 @@ class WorkersStore(Protocol):
         Returns how many answers were deleted; call again until it returns 0.
         """
 
-    async def mark_ready(self, worker_id: str, now: int, *, pid: int | None = None, identity: str | None = None) -> None:
+    async def mark_ready(
+            self, worker_id: str, now: int, *, pid: int | None = None, identity: str | None = None) -> None:
         """The worker reported ready (once: a second time changes nothing); with ``pid`` and
         its start ``identity``, its process is recorded in the same write, as
         ``attach_process`` records it (the host records it so: one write per worker less)."""

@@ -235,7 +235,8 @@ class WorkersAggregate:
     async def prune_messages(self, batch: int = 500) -> int:
         return await self.call(_workers.prune_messages, batch)
 
-    async def mark_ready(self, worker_id: str, now: int, *, pid: int | None = None, identity: str | None = None) -> None:
+    async def mark_ready(
+            self, worker_id: str, now: int, *, pid: int | None = None, identity: str | None = None) -> None:
         return await self.call(_workers.mark_ready, worker_id, now, pid=pid, identity=identity)
 
     async def attach_process(self, worker_id: str, pid: int, identity: str) -> None:
