@@ -198,3 +198,31 @@ async def test_an_end_without_park_or_under_a_lost_claim_leaves_the_run_alone(st
     ended = await end(store, clock, got, worker, WorkerStatus.CRASHED)  # the stale claim: counted on nothing
     assert ended.crashes == 0
     await store.queue.fenced_revision("r1", fresh.token, clock.now_ms())  # the new claim stands
+
+
+async def test_an_end_recorded_with_its_runs_end_is_amended_once_when_it_ended_otherwise(
+        store: Any, clock: ManualClock) -> None:
+    got, worker = await claimed(store, clock)
+    await store.queue.mark_running("r1", got.token, clock.now_ms())
+    assert await store.workers.amend_end(worker_id=worker, run_id="r1", status=WorkerStatus.CRASHED,
+                                         now=clock.now_ms(), exit_code=None, signal=9, diagnostic="x") is False
+    async with store.transaction() as tx:  # the run's end and its worker's, exit code 0 presumed
+        await tx.queue.complete_run("r1", got.token, {"ok": True}, clock.now_ms())
+        await tx.supervision.end_worker(worker_id=worker, run_id="r1", token=got.token, status=WorkerStatus.EXITED,
+                                        now=clock.now_ms(), exit_code=0, signal=None, diagnostic=None, park=False,
+                                        max_crashes=3)
+    [recorded] = (await store.runs.get_run("r1")).workers
+    assert (recorded.status, recorded.exitCode) == ("exited", 0)
+    clock.advance(5)
+    assert await store.workers.amend_end(worker_id=worker, run_id="r1", status=WorkerStatus.CRASHED,
+                                         now=clock.now_ms(), exit_code=None, signal=9, diagnostic="killed") is True
+    assert await store.workers.amend_end(worker_id=worker, run_id="r1", status=WorkerStatus.EXITED,
+                                         now=clock.now_ms(), exit_code=0, signal=None, diagnostic=None) is False
+    run = await store.runs.get_run("r1")
+    [amended] = run.workers
+    assert (amended.status, amended.exitCode, amended.signal, amended.diagnostic) == ("crashed", None, 9, "killed")
+    assert run.status == "completed"  # the run's end stands
+    events = (await store.runs.run_events("r1")).events
+    assert [e.type for e in events][-2:] == ["worker.finished", "worker.amended"]
+    last = events[-1]
+    assert (last.workerEpoch, last.outcome, last.exitCode, last.signal) == (worker, "crashed", None, 9)

@@ -107,6 +107,8 @@ class Active(Generic[C]):
     timeout_s: float | None = None  # once ready, how long the worker may take (a reconcile's controller timeout)
     spec_generation: int = 0  # a reconcile: the resource generation its worker was shown
     warm: Any = None  # a run: its WarmTicket (host/warm.py), what a warm worker may serve
+    output: Any = None  # its Diagnostics (host/worker_process.py): what it printed so far
+    end_recorded: str | None = None  # a run's: recorded with the message that ended its run, with this output
 
     @property
     def label(self) -> str:

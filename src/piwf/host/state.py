@@ -97,6 +97,8 @@ class WorkerEnd(End[Claim]):
     process: ProcessEnd
     park: bool
     over_limit: NodeClock | None = None  # stopped at its node's time limit: the node's outcome is recorded too
+    amend: bool = False  # recorded with the message that ended its run, ended otherwise than presumed there
+
 
 _T = TypeVar("_T")
 _UNIT_NOW: contextvars.ContextVar[int | None] = contextvars.ContextVar("unit_now", default=None)

@@ -284,6 +284,14 @@ class WorkersStore(Protocol):
     async def attach_process(self, worker_id: str, pid: int, identity: str) -> None:
         ...
 
+    async def amend_end(self, *, worker_id: str, run_id: str, status: WorkerStatus, now: int, exit_code: int | None,
+                        signal: int | None, diagnostic: str | None) -> bool:
+        """A worker whose end was recorded as ``exited`` by ``supervision.end_worker`` in the
+        unit of work that ended its run (before its process exited, exit code 0 presumed)
+        ended otherwise: record how (its status, exit code or signal, output) and a
+        ``worker.amended`` event. False (nothing changed) unless its record says exited."""
+        ...
+
     async def orphan_before(self, host_epoch: int, now: int) -> list[tuple[str, int, str]]:
         """Mark workers of earlier host epochs orphaned; returns (worker id, pid, identity) to reap."""
 

@@ -242,6 +242,11 @@ class WorkersAggregate:
     async def attach_process(self, worker_id: str, pid: int, identity: str) -> None:
         return await self.call(_workers.attach_process, worker_id, pid, identity)
 
+    async def amend_end(self, *, worker_id: str, run_id: str, status: WorkerStatus, now: int, exit_code: int | None,
+                        signal: int | None, diagnostic: str | None) -> bool:
+        return await self.call(_workers.amend_end, worker_id, run_id, status, now, exit_code=exit_code,
+                               signal=signal, diagnostic=diagnostic)
+
     async def orphan_before(self, host_epoch: int, now: int) -> list[tuple[str, int, str]]:
         return await self.call(_workers.orphan_before, host_epoch, now)
 

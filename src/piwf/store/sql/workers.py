@@ -60,6 +60,23 @@ def finish(
         return True
 
 
+def amend_end(db: Database, worker_id: str, run_id: str, outcome: str, now: int, *, exit_code: int | None,
+              signal: int | None, diagnostic: str | None) -> bool:
+    """How a worker recorded as exited (with the message that ended its run, before its
+    process exit) did end, when that was otherwise: its record, and an event saying so."""
+    with db.write():
+        db.execute(
+            """UPDATE run_workers SET status = ?, finished_at = ?, exit_code = ?, signal = ?, diagnostic = ?
+               WHERE worker_epoch = ? AND status = 'exited'""",
+            (outcome, now, exit_code, signal, diagnostic, worker_id),
+        )
+        if db.changes() != 1:
+            return False
+        add_event(db, run_id, "worker.amended",
+                  {"workerEpoch": worker_id, "outcome": outcome, "exitCode": exit_code, "signal": signal}, now)
+        return True
+
+
 def orphan_before(db: Database, host_epoch: int, now: int) -> list[tuple[str, int, str]]:
     """Mark orphaned the workers of dead earlier host epochs (``base.earlier_epoch``);
     returns (worker id, pid, identity) to reap. One UPDATE: what it returns is what it changed."""
