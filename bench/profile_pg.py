@@ -54,6 +54,27 @@ finally:
     profiler.dump_stats(sys.argv[1])
 """
 
+# --hops: the host with PgStore.in_thread (every thread hop of a store call) counted; the
+# count is written to argv[1] at exit.
+HOPS = """
+import sys
+from piwf.store.postgres import backend
+from piwf.cli import main
+hops = [0]
+original = backend.PgStore.in_thread
+
+async def in_thread(self, work):
+    hops[0] += 1
+    return await original(self, work)
+
+backend.PgStore.in_thread = in_thread
+try:
+    main(sys.argv[2:])
+finally:
+    with open(sys.argv[1], "w") as out:
+        out.write(str(hops[0]))
+"""
+
 
 DBOS = """
 import json, logging, sys, time
@@ -104,6 +125,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("n", type=int, nargs="?", default=200)
     parser.add_argument("--cprofile", action="store_true")
+    parser.add_argument("--hops", action="store_true", help="count the host's thread hops (store calls) per run")
     parser.add_argument("--top", type=int, default=30)
     parser.add_argument("--py-spy", metavar="FILE", help="sample the host's threads holding the GIL with py-spy "
                         "into FILE (collapsed stacks) while the runs go")
@@ -132,6 +154,7 @@ def main() -> None:
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = ("runs_per_s", "host_cpu_ms_per_run", "commits_per_run", "statements_per_run", "server_ms_per_run",
            "context_switches_per_run")
+HOPS_FIGURE = ("hops_per_run",)
 
 
 def compare(server: Server, args: argparse.Namespace) -> None:
@@ -150,16 +173,17 @@ def compare(server: Server, args: argparse.Namespace) -> None:
                 order = list(trees.items())
                 for side, tree in order[round_ % len(order):] + order[:round_ % len(order)]:
                     figures = measure(server, tree / "src", args)
-                    samples[side].append({f: figures[f] for f in FIGURES})
+                    samples[side].append({f: figures[f] for f in FIGURES + HOPS_FIGURE if f in figures})
                     print(f"round {round_ + 1}/{args.rounds} {side}: {samples[side][-1]}", file=sys.stderr)
         finally:
             for tree in trees.values():
                 if tree != ROOT:
                     subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)
-    medians = {side: {f: statistics.median(s[f] for s in runs) for f in FIGURES} for side, runs in samples.items()}
+    shown = FIGURES + (HOPS_FIGURE if args.hops else ())
+    medians = {side: {f: statistics.median(s[f] for s in runs) for f in shown} for side, runs in samples.items()}
     print(f"{args.n} runs per round, {args.rounds} rounds (in turns), medians")
     print(f"  {'':26s}" + "".join(f" {side[:12]:>12s}" for side in trees))
-    for f in FIGURES:
+    for f in shown:
         print(f"  {f:26s}" + "".join(f" {medians[side][f]:12.2f}" for side in trees))
 
 
@@ -180,6 +204,7 @@ def measure(server: Server, src: Path, args: argparse.Namespace) -> dict[str, An
         serve = ["serve", "--state-dir", str(paths.root), "--durability", "full", "--max-workers", "8",
                  "--store", url]
         command = [sys.executable, "-c", SERVE, str(out), *serve] if args.cprofile else [
+            sys.executable, "-c", HOPS, str(root / "hops"), *serve] if args.hops else [
             sys.executable, "-m", "piwf", *serve]
         host = subprocess.Popen(command, stderr=subprocess.DEVNULL, env=env)
         try:
@@ -188,6 +213,8 @@ def measure(server: Server, src: Path, args: argparse.Namespace) -> dict[str, An
         finally:
             host.send_signal(signal.SIGTERM)
             host.wait(timeout=60)
+        if args.hops:  # the whole life of the host, its start, warm-up run and stop included
+            figures["hops_per_run"] = int((root / "hops").read_text()) / (args.n + 1)
         if args.cprofile:
             figures["profile"] = str(out)
             stats = pstats.Stats(str(out))
@@ -280,9 +307,10 @@ def figures_of(n: int, elapsed: float, cpu: Any, cpu_after: Any, switches: Any, 
 
 
 def report(f: dict[str, Any], args: argparse.Namespace) -> str:
+    hops = f" {f['hops_per_run']:.1f} thread hops per run (the host's life / runs + 1);" if "hops_per_run" in f else ""
     lines = [f"{f['n']} runs in {f['seconds']:.2f} s = {f['runs_per_s']:.1f} runs/s; host CPU "
              f"{f['host_cpu_ms_per_run']:.2f} ms per run (user {f['host_user_ms_per_run']:.2f}), "
-             f"{f['context_switches_per_run']:.1f} context switches per run",
+             f"{f['context_switches_per_run']:.1f} context switches per run;{hops}",
              f"per run: {f['commits_per_run']:.2f} commits, {f['rollbacks_per_run']:.2f} rollbacks, "
              f"{f['statements_per_run']:.2f} statements (each a round trip); server time "
              f"{f['server_ms_per_run']:.2f} ms per run",

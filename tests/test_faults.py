@@ -6,6 +6,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Iterator
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -116,3 +117,52 @@ async def test_a_raise_at_a_worker_commit_costs_one_worker_not_the_run(
     assert done["workers"][0]["status"] == "crashed"
     log = (await piwf(paths, "status")).stdout  # the host is still serving
     assert b"running" in log
+
+
+ONE_NODE = """
+from piwf import Workflow, compute
+
+workflow = Workflow(name="one", start_at="n", nodes={"n": compute(lambda ctx: {"ok": True})})
+"""
+
+
+async def test_a_worker_that_exits_otherwise_after_its_run_ended_has_its_record_amended(
+    host_process: Callable[..., HostProcess], paths: StatePaths, project: Path
+) -> None:
+    """A worker's end is recorded with the message that ended its run, exit code 0
+    presumed; one that then exits otherwise (here with 86, after reading that answer: its
+    second) has its record amended, and its trace says so."""
+    write_workflow(project, "one", ONE_NODE)
+    await host_process(env={"PIWF_FAULT": "worker.answer.received:exit:2"}).start()
+    run_id = (await call(paths, "run.start", payload={"workflow": "one", "projectPath": str(project)}))["runId"]
+    done = await call(paths, "run.wait", run_id=run_id, payload={"timeoutMs": 20_000})
+    assert done["status"] == "completed", done
+
+    async def amended() -> Any:
+        run = await call(paths, "run.status", run_id=run_id)
+        return run if run["workers"][0]["exitCode"] == 86 else None
+
+    run = await wait_for(amended)
+    assert [(w["status"], w["signal"]) for w in run["workers"]] == [("exited", None)]
+    events = (await call(paths, "run.events", run_id=run_id))["events"]
+    assert [e["type"] for e in events][-3:] == ["completed", "worker.finished", "worker.amended"]
+    assert (events[-2]["exitCode"], events[-1]["exitCode"]) == (0, 86)
+
+
+async def test_a_worker_that_exits_as_told_after_its_run_ended_is_recorded_once(
+    host_process: Callable[..., HostProcess], paths: StatePaths, project: Path
+) -> None:
+    write_workflow(project, "one", ONE_NODE)
+    await host_process().start()
+    run_id = (await call(paths, "run.start", payload={"workflow": "one", "projectPath": str(project)}))["runId"]
+    await call(paths, "run.wait", run_id=run_id, payload={"timeoutMs": 20_000})
+    # its worker's supervision over (its exit seen, nothing left to record)
+    await wait_for(lambda: _no_active_workers(paths))
+    run = await call(paths, "run.status", run_id=run_id)
+    assert [(w["status"], w["exitCode"], w["signal"]) for w in run["workers"]] == [("exited", 0, None)]
+    events = (await call(paths, "run.events", run_id=run_id))["events"]
+    assert [e["type"] for e in events][-2:] == ["completed", "worker.finished"]
+
+
+async def _no_active_workers(paths: StatePaths) -> bool:
+    return bool((await call(paths, "host.status"))["activeWorkers"] == 0)

@@ -19,7 +19,7 @@ from piwf.paths import StatePaths
 from piwf.store.sqlite import Database
 from piwf.store.sql.runs import LIFECYCLE_CONTRADICTIONS
 
-from .conftest import HostProcess, piwf, wait_for
+from .conftest import HostProcess, piwf, wait_for, write_workflow
 
 
 @pytest.fixture(autouse=True)
@@ -112,6 +112,47 @@ async def test_run_start_wait_and_show_through_the_cli(
     assert failed.returncode == 20 and b"the fuse was lit" in failed.stdout
     status = json.loads((await piwf(paths, "status", "--json")).stdout)
     assert status["lifecycleContradictions"] == 0 and status["completedRuns"] == 1
+
+
+SLOW_LOAD = """
+import os, time
+from pathlib import Path
+from piwf import Workflow, compute
+
+if "PIWF_WORKER_FDS" in os.environ:  # in its worker (not when the host inspects it): a slow load
+    Path("loading.tmp").write_text(str(os.getpid()))
+    os.replace("loading.tmp", "loading.pid")
+    while not Path("gate").exists():
+        time.sleep(0.01)
+
+workflow = Workflow(name="slowload", start_at="n", nodes={"n": compute(lambda ctx: {"loaded": True})})
+"""
+
+
+async def test_a_host_killed_while_its_worker_loads_leaves_no_worker_running(
+    host_process: Callable[..., HostProcess], paths: StatePaths, project: Path
+) -> None:
+    """A worker's pid is recorded with its ``worker.ready``: one whose host is killed while
+    it loads its workflow is not in the record for the next host to kill. Its watcher
+    thread, up before the workflow loads, kills its process group as its host's end of the
+    pipe closes; the next host runs the run again."""
+    write_workflow(project, "slowload", SLOW_LOAD)
+    first = await host_process().start()
+    run_id = await start(paths, project, "slowload")
+    await wait_for(lambda: (project / "loading.pid").exists())
+    worker_pid = int((project / "loading.pid").read_text())
+    [worker] = (await run_status(paths, run_id))["workers"]
+    assert (worker["status"], worker["pid"]) == ("starting", None)  # loading: no pid recorded yet
+    first.signal(signal.SIGKILL)
+    assert await first.wait() == -signal.SIGKILL
+    await wait_for(lambda: not group_members(worker_pid))  # gone by itself, in the middle of its load
+    (project / "gate").touch()
+    await host_process().start()
+    done = await call(paths, "run.wait", run_id=run_id, payload={"timeoutMs": 20_000})
+    assert done["status"] == "completed" and done["output"] == {"loaded": True}
+    assert sorted(w["status"] for w in done["workers"]) == ["exited", "orphaned"]
+    assert [w["pid"] for w in done["workers"] if w["status"] == "orphaned"] == [None]
+    assert await contradictions(paths) == 0
 
 
 async def test_sigkilled_host_resumes_without_redoing_accepted_steps(

@@ -48,6 +48,57 @@ async def test_units_of_work_do_not_nest(store: Any, clock: ManualClock) -> None
         pass
 
 
+async def test_a_unit_of_work_run_as_a_function_commits_together_and_returns_its_value(
+        store: Any, open_store: Any, clock: ManualClock) -> None:
+    other = await open_store()
+
+    async def work(tx: Any) -> tuple[str, ...]:
+        for run_id in ("a", "b"):
+            await tx.runs.create_run(run_id=run_id, workflow="w", project_path="/p", source=b"s", digest="d",
+                                     input=None, origin_session_id=None, now=clock.now_ms())
+        return tuple(r.runId for r in await tx.runs.list_runs())  # its own writes, seen in it
+
+    assert sorted(await store.run_unit(work)) == ["a", "b"]
+    assert sorted(r.runId for r in await other.runs.list_runs()) == ["a", "b"]
+
+
+async def test_a_unit_of_work_run_as_a_function_that_raises_commits_nothing(store: Any, clock: ManualClock) -> None:
+    async def work(tx: Any) -> None:
+        await tx.runs.create_run(run_id="r1", workflow="w", project_path="/p", source=b"s", digest="d", input=None,
+                                 origin_session_id=None, now=clock.now_ms())
+        await tx.runs.run_summary("nope")  # NotFound, after a write
+
+    with pytest.raises(NotFound):
+        await store.run_unit(work)
+    with pytest.raises(NotFound):
+        await store.runs.run_summary("r1")
+    await new_run(store, clock)  # the store goes on
+    assert (await store.runs.run_summary("r1")).status == "queued"
+
+
+async def test_a_unit_of_work_run_as_a_function_may_await_only_its_store_calls(store: Any,
+                                                                              clock: ManualClock) -> None:
+    async def work(tx: Any) -> None:
+        await tx.runs.create_run(run_id="r1", workflow="w", project_path="/p", source=b"s", digest="d", input=None,
+                                 origin_session_id=None, now=clock.now_ms())
+        await trio.lowlevel.cancel_shielded_checkpoint()  # suspends: other tasks would run inside it
+
+    with pytest.raises(StoreError):
+        await store.run_unit(work)
+    with pytest.raises(NotFound):
+        await store.runs.run_summary("r1")
+
+
+async def test_a_unit_of_work_run_as_a_function_does_not_nest(store: Any) -> None:
+    async def work(tx: Any) -> None:
+        return None
+
+    async with store.transaction():
+        with pytest.raises(StoreError):
+            await store.run_unit(work)
+    assert await store.run_unit(work) is None
+
+
 async def test_another_store_sees_a_unit_of_work_only_once_it_committed(store: Any, open_store: Any,
                                                                          clock: ManualClock) -> None:
     other = await open_store()

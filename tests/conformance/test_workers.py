@@ -90,6 +90,15 @@ async def test_a_worker_is_ready_once_and_its_process_attached(store: Any, clock
     assert (summary.status, summary.pid, summary.generation) == ("running", 4242, got.generation)
 
 
+async def test_a_worker_is_ready_with_its_process_in_one_write(store: Any, clock: ManualClock) -> None:
+    _, worker = await claimed(store, clock)
+    await store.workers.mark_ready(worker, clock.now_ms(), pid=4242, identity="boot:4242")
+    await store.workers.mark_ready(worker, clock.now_ms(), pid=1, identity="boot:1")  # once only
+    [summary] = (await store.runs.get_run("r1")).workers
+    assert (summary.status, summary.pid) == ("running", 4242)
+    assert await store.workers.orphan_before(2, clock.now_ms()) == [(worker, 4242, "boot:4242")]
+
+
 async def test_takeover_orphans_the_workers_of_earlier_hosts(store: Any, clock: ManualClock) -> None:
     _, old = await claimed(store, clock, "r1", epoch=1)
     await claimed(store, clock, "r2", epoch=1)  # its worker never attached a process
@@ -189,3 +198,31 @@ async def test_an_end_without_park_or_under_a_lost_claim_leaves_the_run_alone(st
     ended = await end(store, clock, got, worker, WorkerStatus.CRASHED)  # the stale claim: counted on nothing
     assert ended.crashes == 0
     await store.queue.fenced_revision("r1", fresh.token, clock.now_ms())  # the new claim stands
+
+
+async def test_an_end_recorded_with_its_runs_end_is_amended_once_when_it_ended_otherwise(
+        store: Any, clock: ManualClock) -> None:
+    got, worker = await claimed(store, clock)
+    await store.queue.mark_running("r1", got.token, clock.now_ms())
+    assert await store.workers.amend_end(worker_id=worker, run_id="r1", status=WorkerStatus.CRASHED,
+                                         now=clock.now_ms(), exit_code=None, signal=9, diagnostic="x") is False
+    async with store.transaction() as tx:  # the run's end and its worker's, exit code 0 presumed
+        await tx.queue.complete_run("r1", got.token, {"ok": True}, clock.now_ms())
+        await tx.supervision.end_worker(worker_id=worker, run_id="r1", token=got.token, status=WorkerStatus.EXITED,
+                                        now=clock.now_ms(), exit_code=0, signal=None, diagnostic=None, park=False,
+                                        max_crashes=3)
+    [recorded] = (await store.runs.get_run("r1")).workers
+    assert (recorded.status, recorded.exitCode) == ("exited", 0)
+    clock.advance(5)
+    assert await store.workers.amend_end(worker_id=worker, run_id="r1", status=WorkerStatus.CRASHED,
+                                         now=clock.now_ms(), exit_code=None, signal=9, diagnostic="killed") is True
+    assert await store.workers.amend_end(worker_id=worker, run_id="r1", status=WorkerStatus.EXITED,
+                                         now=clock.now_ms(), exit_code=0, signal=None, diagnostic=None) is False
+    run = await store.runs.get_run("r1")
+    [amended] = run.workers
+    assert (amended.status, amended.exitCode, amended.signal, amended.diagnostic) == ("crashed", None, 9, "killed")
+    assert run.status == "completed"  # the run's end stands
+    events = (await store.runs.run_events("r1")).events
+    assert [e.type for e in events][-2:] == ["worker.finished", "worker.amended"]
+    last = events[-1]
+    assert (last.workerEpoch, last.outcome, last.exitCode, last.signal) == (worker, "crashed", None, 9)

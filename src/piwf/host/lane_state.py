@@ -100,12 +100,15 @@ class Active(Generic[C]):
     stop_reason: StopReason | None = None  # owned by ``scope``: the first reason it was cancelled with
     stop_note: str = ""  # what the worker's record should say about that reason
     pid: int | None = None  # the worker process, once started
+    identity: str = ""  # its start identity (a run's is recorded with its worker.ready)
     registered: bool = False  # it asked to register a process group: its end looks for groups to kill
     limits: dict[str, Any] = field(default_factory=dict)  # node -> its time limit (a run's NodeLimit)
     node_clock: NodeClock | None = None  # the attempt running under a time limit, if any
     timeout_s: float | None = None  # once ready, how long the worker may take (a reconcile's controller timeout)
     spec_generation: int = 0  # a reconcile: the resource generation its worker was shown
     warm: Any = None  # a run: its WarmTicket (host/warm.py), what a warm worker may serve
+    output: Any = None  # its Diagnostics (host/worker_process.py): what it printed so far
+    end_recorded: str | None = None  # a run's: recorded with the message that ended its run, with this output
 
     @property
     def label(self) -> str:

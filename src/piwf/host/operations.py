@@ -1,7 +1,7 @@
 """The host protocol's operations (seed 000 ``handleRequest``).
 
 Read-only operations are answered straight from the store. Every other operation is one
-unit of work the host opens (``host.store.transaction()``): the command log's lookup, the
+unit of work the host runs (``host.run_unit``): the command log's lookup, the
 operation's store calls on that unit of work, and its recorded answer commit together, so
 a retry is answered from the log instead of being carried out twice; what must happen
 after the commit (waking the dispatcher, cancelling a run's scope, stopping the host) is
@@ -89,13 +89,16 @@ async def _prepare_and_commit(host: HostState, request: Request, fingerprint: by
     prepare, apply = WRITES[type(request)]
     prepared = await prepare(host, request) if prepare else None
     after: After = []
-    async with host.store.transaction() as tx:
+
+    async def unit(tx: UnitOfWork) -> HostResponse:  # store calls only (run_unit: one hop on PostgreSQL)
         now = host.now()
         response = await tx.commands.lookup(request, fingerprint)  # answered meanwhile, while prepare awaited
         if response is None:
             response = await apply(host, tx, request, prepared, after)
             await tx.commands.record(request, fingerprint, response, host.epoch, now)
-    return response, after
+        return response
+
+    return await host.run_unit(unit), after
 
 
 # --- reads ---------------------------------------------------------------------------------

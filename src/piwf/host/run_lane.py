@@ -100,7 +100,11 @@ class RunLane(lane.Lane[Claim, WorkerEnd]):
         return envelope, project
 
     async def attach(self, active: ActiveRun, pid: int, identity: str) -> None:
-        await self.host.store.workers.attach_process(active.worker_id, pid, identity)
+        """Kept for ``worker.ready``'s transaction, which records it (one write less per run).
+        Until then a host that dies leaves no pid for the next to kill the worker by: the
+        worker's watcher thread, started before it loads anything of the workflow's, kills
+        its process group as soon as its host's end of the pipe closes (worker/channel.py)."""
+        active.identity = identity
 
     def parse(self, line: bytes) -> WorkerMessage:
         return parse_worker_message(line)
@@ -116,7 +120,7 @@ class RunLane(lane.Lane[Claim, WorkerEnd]):
     def answered(self) -> None:
         faults.point("host.worker.answered")
 
-    def end_of(self, active: ActiveRun, stopped_by: StopReason | None) -> WorkerEnd:
+    def end_of(self, active: ActiveRun, stopped_by: StopReason | None) -> WorkerEnd | None:
         """The worker's record, and the run parked unless its claim is gone (cancelled, lost)."""
         status = _worker_status(active, stopped_by)
         process = active.process_end or ProcessEnd(None, "")
@@ -125,6 +129,10 @@ class RunLane(lane.Lane[Claim, WorkerEnd]):
         if status in CRASHES:
             log.warning("%s: worker %s (exit %s, signal %s): %s", active.label, status, process.exit_code,
                         process.signal, _last_line(process.diagnostic))
+        if active.end_recorded is not None:  # with the message that ended its run (worker_messages)
+            if (status, process.returncode, process.diagnostic) == (WorkerStatus.EXITED, 0, active.end_recorded):
+                return None  # it ended as recorded
+            return WorkerEnd(active, status, process, park=False, amend=True)
         park = status not in (WorkerStatus.CANCELLED, WorkerStatus.CLAIM_LOST)
         over = active.node_clock if stopped_by is StopReason.NODE_TIME_LIMIT else None
         return WorkerEnd(active, status, process, park=park, over_limit=over)
@@ -133,6 +141,12 @@ class RunLane(lane.Lane[Claim, WorkerEnd]):
         host, active = self.host, end.active
         now = host.now()
         try:
+            if end.amend:
+                process = end.process
+                await host.store.workers.amend_end(
+                    worker_id=active.worker_id, run_id=active.claim.run_id, status=end.status, now=now,
+                    exit_code=process.exit_code, signal=process.signal, diagnostic=process.diagnostic or None)
+                return True
             if end.over_limit is None:
                 ended = await self._end_worker(host.store.supervision, end, now)
             else:

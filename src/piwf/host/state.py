@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import logging
 import math
 import secrets
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import trio
 
 from piwf.clock import Clock, WallClock
 from piwf.paths import StatePaths
 from piwf.status import WorkerStatus
-from piwf.store.api import Claim, HostClaim, Store, Wakeup
+from piwf.store.api import Claim, HostClaim, Store, UnitOfWork, Wakeup
 from piwf.store.api.rules import RETENTION_MS
 from piwf.host.catalog import Catalog
 from piwf.host.controller_state import ControllerState
@@ -94,6 +97,11 @@ class WorkerEnd(End[Claim]):
     process: ProcessEnd
     park: bool
     over_limit: NodeClock | None = None  # stopped at its node's time limit: the node's outcome is recorded too
+    amend: bool = False  # recorded with the message that ended its run, ended otherwise than presumed there
+
+
+_T = TypeVar("_T")
+_UNIT_NOW: contextvars.ContextVar[int | None] = contextvars.ContextVar("unit_now", default=None)
 
 
 @dataclass(eq=False)
@@ -125,7 +133,18 @@ class HostState:
         return self.lease.epoch
 
     def now(self) -> int:
-        return self.clock.now_ms()
+        frozen = _UNIT_NOW.get()
+        return self.clock.now_ms() if frozen is None else frozen
+
+    async def run_unit(self, work: Callable[[UnitOfWork], Awaitable[_T]]) -> _T:
+        """``store.run_unit(work)`` with the time read once, as it starts: every ``now()``
+        in ``work`` is that (on PostgreSQL ``work`` runs in a worker thread, where a clock
+        tied to trio's, as tests use, cannot be read)."""
+        token = _UNIT_NOW.set(self.clock.now_ms())
+        try:
+            return await self.store.run_unit(work)
+        finally:
+            _UNIT_NOW.reset(token)
 
     async def durable(self) -> None:
         """Return once everything committed so far is durable: before any answer."""

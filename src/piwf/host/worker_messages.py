@@ -13,7 +13,7 @@ import trio
 
 from piwf import faults, processes
 from piwf.errors import ClaimLost, PiwfError, ProtocolError, Rejected
-from piwf.status import Hold, NotificationKind
+from piwf.status import Hold, NotificationKind, WorkerStatus
 from piwf.store.api import UnitOfWork
 from piwf.store.api.rules import STEPS_PAGE_BYTES
 from piwf.protocol.worker import (
@@ -38,7 +38,7 @@ async def _ready(host: HostState, tx: UnitOfWork, active: ActiveRun, message: Re
     is paused: then its first start stops). A workflow that did not load, or whose digest
     is not the run's, holds the run instead."""
     await tx.queue.mark_running(active.claim.run_id, active.claim.token, now)
-    await tx.workers.mark_ready(active.worker_id, now)
+    await tx.workers.mark_ready(active.worker_id, now, pid=active.pid, identity=active.identity)
     run_input, start, paused, digest = await tx.runs.ready_state(active.claim.run_id)
     held = _source_problem(message, digest)
     if held is not None:
@@ -289,6 +289,11 @@ REVISING = frozenset({Ready, AttemptStart, AttemptAccept, AttemptFail, RunComple
 OPENS_REQUESTS = frozenset({InteractionOpen, SubmissionReject})
 
 
+def _ends_run(message: WorkerMessage) -> bool:
+    """The message completes or fails the run (unless an effect holds it)."""
+    return isinstance(message, (RunComplete, RunFail)) or (isinstance(message, AttemptAccept) and message.payload.final)
+
+
 # A node's attempt ends with these: its time limit (if it has one) no longer runs.
 ENDS_NODE = (AttemptAccept, AttemptFail, RunComplete, RunFail, InteractionOpen, SubmissionReject)
 
@@ -329,19 +334,39 @@ async def handle(host: HostState, active: ActiveRun, message: WorkerMessage) -> 
         stored = await store.workers.read_message(message)
         if stored is not None:
             return stored
-    kind, handler, now = type(message), HANDLERS[type(message)], host.now()
+    # A fresh worker told its run has ended exits: its end is recorded in the same unit of
+    # work (one transaction per run less), as it will be, with what it printed so far and
+    # exit code 0; one that then ends otherwise has its record amended (run_lane.end_of).
+    # A worker that may be kept warm is recorded when it says idle (its record notes it).
+    ends = _ends_run(message) and not (active.warm is not None and active.warm.reusable)
+    printed = active.output.text() if ends and active.output is not None else ""
+
+    async def answer(tx: UnitOfWork) -> tuple[WorkerResponse, Result, Conclusion | None]:
+        """One unit of work: the fence (the live claim and the run revision), the revision
+        check, the handler's changes, and the recorded answer (and the worker's end, when
+        its run ended); nothing of it if any raises. It awaits store calls only
+        (``run_unit``: on PostgreSQL one thread hop for all)."""
+        kind, now = type(message), host.now()
+        current = await tx.queue.fenced_revision(active.claim.run_id, active.claim.token, now)
+        if kind is not Ready and message.expectedRevision != current:
+            raise Rejected(f"run revision conflict: expected {message.expectedRevision}, now {current}")
+        result, conclusion = await HANDLERS[kind](host, tx, active, message, now)
+        revision = await tx.queue.revision_of(active.claim.run_id) if kind in REVISING else current
+        response = WorkerResponse(message.messageId, "accepted", revision=revision, result=result)
+        await tx.workers.record_message(message, response, now)
+        if ends and conclusion is Conclusion.DONE:
+            await tx.supervision.end_worker(
+                worker_id=active.worker_id, run_id=active.claim.run_id, token=active.claim.token,
+                status=WorkerStatus.EXITED, now=now, exit_code=0, signal=None, diagnostic=printed or None, park=False,
+                max_crashes=host.config.max_crashes)
+        return response, result, conclusion
+
+    kind = type(message)
     try:
-        # One unit of work: the fence (the live claim and the run revision), the revision
-        # check, the handler's changes, and the recorded answer; nothing of it if any raises.
-        async with store.transaction() as tx:
-            current = await tx.queue.fenced_revision(active.claim.run_id, active.claim.token, now)
-            if kind is not Ready and message.expectedRevision != current:
-                raise Rejected(f"run revision conflict: expected {message.expectedRevision}, now {current}")
-            result, conclusion = await handler(host, tx, active, message, now)
-            revision = await tx.queue.revision_of(active.claim.run_id) if kind in REVISING else current
-            response = WorkerResponse(message.messageId, "accepted", revision=revision, result=result)
-            await tx.workers.record_message(message, response, now)
+        response, result, conclusion = await host.run_unit(answer)
         active.answered.add(message.messageId)
+        if ends and conclusion is Conclusion.DONE:
+            active.end_recorded = printed
         faults.point("host.worker.committed")
     except ClaimLost as exc:  # the answer is sent; the worker ends on it (see lane._let_it_end)
         active.conclusion = Conclusion.CLAIM_LOST

@@ -179,6 +179,7 @@ async def _supervise_process(host: HostState, active: Active[Any], proc: WorkerH
     OUTPUTS.add(active.worker_id, getattr(active.claim, "run_id", None), diagnostics)
     ticket: WarmTicket | None = active.warm
     exited = kept = False
+    active.output = diagnostics
     try:
         active.pid = proc.pid
         await attach(proc.pid, proc.identity or "")

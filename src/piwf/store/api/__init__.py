@@ -43,6 +43,15 @@ unit of work the host opens explicitly::
 ``tx`` has the same aggregates as the store. Leaving the block commits; an exception
 rolls everything back and propagates. No host callback runs inside a store call.
 
+A unit of work written as a function, ``await store.run_unit(work)``, is the same
+``async with store.transaction() as tx: return await work(tx)`` — on SQLite exactly
+that — but lets a backend run it in one go: PostgreSQL runs the whole of it (the
+``BEGIN``, every call ``work`` makes on ``tx``, the ``COMMIT``) in one thread hop
+instead of a hop per call. So ``work`` must await ``tx``'s methods and nothing else (no
+trio call at all: on PostgreSQL it runs in a worker thread); one that awaits anything
+else fails with ``StoreError`` and commits nothing. The host answers worker messages and
+commands this way.
+
 **Cancellation.** A store call that has started is never abandoned by a cancellation: it
 commits or not, and the caller learns which. PostgreSQL runs each call in a worker thread,
 shielded; its units of work run one at a time per store, as SQLite's do (other hosts'
@@ -77,9 +86,9 @@ until it has started, commits are durable one by one and ``durable()`` returns a
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import trio
 
@@ -93,6 +102,8 @@ from piwf.store.api.types import (
     Actor, Claim, CommandKey, ControllerClaim, Delay, HostClaim, LeaseRecord, NewScope, Pruned, RunLaunch, Wakeup,
     WorkerEnded,
 )
+
+_T = TypeVar("_T")
 
 
 class UnitOfWork(Protocol):
@@ -123,6 +134,15 @@ class Store(UnitOfWork, Protocol):
         commits together when the block ends, or not at all when it raises. Raises
         StoreError when one is open already (units of work do not nest), and
         StorageUnavailable when the transaction cannot begin."""
+        ...
+
+    async def run_unit(self, work: Callable[[UnitOfWork], Awaitable[_T]]) -> _T:
+        """``await work(tx)`` as one unit of work, and what it returned: it commits when
+        ``work`` returns, and nothing of it when it raises (the error propagates). ``work``
+        awaits ``tx``'s methods only (PostgreSQL runs it, its begin and its commit in one
+        thread hop); one that awaits anything else raises StoreError, nothing committed.
+        Raises StoreError when a unit of work is open already, StorageUnavailable when the
+        transaction cannot begin."""
         ...
 
     async def durable(self) -> None:

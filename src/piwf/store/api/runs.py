@@ -274,10 +274,22 @@ class WorkersStore(Protocol):
         Returns how many answers were deleted; call again until it returns 0.
         """
 
-    async def mark_ready(self, worker_id: str, now: int) -> None:
+    async def mark_ready(
+            self, worker_id: str, now: int, *, pid: int | None = None, identity: str | None = None) -> None:
+        """The worker reported ready (once: a second time changes nothing); with ``pid`` and
+        its start ``identity``, its process is recorded in the same write, as
+        ``attach_process`` records it (the host records it so: one write per worker less)."""
         ...
 
     async def attach_process(self, worker_id: str, pid: int, identity: str) -> None:
+        ...
+
+    async def amend_end(self, *, worker_id: str, run_id: str, status: WorkerStatus, now: int, exit_code: int | None,
+                        signal: int | None, diagnostic: str | None) -> bool:
+        """A worker whose end was recorded as ``exited`` by ``supervision.end_worker`` in the
+        unit of work that ended its run (before its process exited, exit code 0 presumed)
+        ended otherwise: record how (its status, exit code or signal, output) and a
+        ``worker.amended`` event. False (nothing changed) unless its record says exited."""
         ...
 
     async def orphan_before(self, host_epoch: int, now: int) -> list[tuple[str, int, str]]:

@@ -16,9 +16,10 @@ transaction as on SQLite (the first one begins it).
 from __future__ import annotations
 
 import contextvars
+import functools
 import os
 import secrets
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
@@ -33,6 +34,7 @@ from piwf.store.postgres.db import PgDatabase, translate_error
 from piwf.store.postgres.url import Limits, StoreUrl, parse
 from piwf.store.postgres.wakeups import Wakeups, channel_for
 from piwf.store.sql.aggregates import Aggregates
+from piwf.store.sql.runner import drive
 
 from piwf.store.api.types import LeaseRecord
 
@@ -60,6 +62,8 @@ class PgStore(Aggregates):
         self.url = url
         self.where = url.redacted
         self.current: contextvars.ContextVar[_UnitOfWork | None] = contextvars.ContextVar("unit_of_work", default=None)
+        # Set only in the worker thread of a ``run_unit``: its connection, which calls use at once.
+        self.inline: contextvars.ContextVar[PgDatabase | None] = contextvars.ContextVar("inline", default=None)
         self.limiter = trio.CapacityLimiter(pool.max_size)
         # One unit of work at a time per store (per host), as on SQLite, where a unit of work
         # is atomic to the host's other tasks: the host's code is written to that. Hosts
@@ -72,6 +76,36 @@ class PgStore(Aggregates):
 
     def transaction(self) -> _UnitOfWork:
         return _UnitOfWork(self)
+
+    async def run_unit(self, work: Callable[[api.UnitOfWork], Awaitable[_T]]) -> _T:
+        """The whole unit of work in one thread hop (``_unit_in_thread``), in its turn."""
+        if self.current.get() is not None:
+            raise StoreError("a unit of work is open already: units of work do not nest")
+        async with self.turn:
+            return await self.in_thread(functools.partial(self._unit_in_thread, work))
+
+    def _unit_in_thread(self, work: Callable[[api.UnitOfWork], Awaitable[_T]]) -> _T:
+        """In the worker thread: a connection, ``BEGIN``, ``work`` driven to its end with
+        every call inline on that connection, then ``COMMIT`` (``ROLLBACK`` when it raised)."""
+        db = self.connection()
+        try:
+            db.begin()
+            token = self.inline.set(db)
+            try:
+                result = drive(work(self))
+            finally:
+                self.inline.reset(token)
+        except BaseException:
+            try:
+                db.finish(commit=False)
+            finally:
+                self.give_back(db)
+            raise
+        try:
+            db.finish(commit=True)
+        finally:
+            self.give_back(db)
+        return result
 
     async def durable(self) -> None:
         return  # a commit is as durable as synchronous_commit made it when it returned
@@ -146,6 +180,9 @@ class Threaded:
     async def __call__(self, function: Callable[Concatenate[Database, _P], _T], /, *args: _P.args,
                        **kwargs: _P.kwargs) -> _T:
         store = self.store
+        db = store.inline.get()
+        if db is not None:  # in the worker thread of a run_unit: on its connection, at once
+            return function(db, *args, **kwargs)
         unit = store.current.get()
         if unit is not None:
             return await store.in_thread(lambda: unit.run(function, args, kwargs))

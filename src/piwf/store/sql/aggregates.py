@@ -235,11 +235,17 @@ class WorkersAggregate:
     async def prune_messages(self, batch: int = 500) -> int:
         return await self.call(_workers.prune_messages, batch)
 
-    async def mark_ready(self, worker_id: str, now: int) -> None:
-        return await self.call(_workers.mark_ready, worker_id, now)
+    async def mark_ready(
+            self, worker_id: str, now: int, *, pid: int | None = None, identity: str | None = None) -> None:
+        return await self.call(_workers.mark_ready, worker_id, now, pid=pid, identity=identity)
 
     async def attach_process(self, worker_id: str, pid: int, identity: str) -> None:
         return await self.call(_workers.attach_process, worker_id, pid, identity)
+
+    async def amend_end(self, *, worker_id: str, run_id: str, status: WorkerStatus, now: int, exit_code: int | None,
+                        signal: int | None, diagnostic: str | None) -> bool:
+        return await self.call(_workers.amend_end, worker_id, run_id, status, now, exit_code=exit_code,
+                               signal=signal, diagnostic=diagnostic)
 
     async def orphan_before(self, host_epoch: int, now: int) -> list[tuple[str, int, str]]:
         return await self.call(_workers.orphan_before, host_epoch, now)

@@ -3,9 +3,10 @@ PostgreSQL's in ``piwf.store.postgres.runner``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Concatenate, ParamSpec, Protocol, TypeVar
 
+from piwf.errors import StoreError
 from piwf.store.sql.database import Database
 
 _T = TypeVar("_T")
@@ -31,3 +32,17 @@ class Inline:
     async def __call__(self, function: Callable[Concatenate[Database, _P], _T], /, *args: _P.args,
                        **kwargs: _P.kwargs) -> _T:
         return function(self.db, *args, **kwargs)
+
+
+def drive(awaitable: Awaitable[_T]) -> _T:
+    """Run ``store.run_unit``'s work, whose awaits are all store calls that complete at
+    once (inline), to its end without an event loop; work that suspends (it awaited
+    something else: a checkpoint, a lock, another task) is closed and refused."""
+    steps = awaitable.__await__()
+    try:
+        steps.send(None)
+    except StopIteration as done:
+        result: _T = done.value
+        return result
+    steps.close()
+    raise StoreError("a unit of work awaited something other than its store calls: nothing of it was committed")

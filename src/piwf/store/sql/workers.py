@@ -34,10 +34,12 @@ def attach_process(db: Database, worker_id: str, pid: int, identity: str) -> Non
         )
 
 
-def mark_ready(db: Database, worker_id: str, now: int) -> None:
+def mark_ready(db: Database, worker_id: str, now: int, *, pid: int | None = None, identity: str | None = None) -> None:
     db.execute(
-        "UPDATE run_workers SET status = 'running', ready_at = ? WHERE worker_epoch = ? AND status = 'starting'",
-        (now, worker_id),
+        """UPDATE run_workers SET status = 'running', ready_at = ?, pid = COALESCE(?, pid),
+                  process_start_identity = COALESCE(?, process_start_identity)
+           WHERE worker_epoch = ? AND status = 'starting'""",
+        (now, pid, identity, worker_id),
     )
 
 
@@ -54,6 +56,23 @@ def finish(
         if db.changes() != 1:
             return False
         add_event(db, run_id, "worker.finished",
+                  {"workerEpoch": worker_id, "outcome": outcome, "exitCode": exit_code, "signal": signal}, now)
+        return True
+
+
+def amend_end(db: Database, worker_id: str, run_id: str, outcome: str, now: int, *, exit_code: int | None,
+              signal: int | None, diagnostic: str | None) -> bool:
+    """How a worker recorded as exited (with the message that ended its run, before its
+    process exit) did end, when that was otherwise: its record, and an event saying so."""
+    with db.write():
+        db.execute(
+            """UPDATE run_workers SET status = ?, finished_at = ?, exit_code = ?, signal = ?, diagnostic = ?
+               WHERE worker_epoch = ? AND status = 'exited'""",
+            (outcome, now, exit_code, signal, diagnostic, worker_id),
+        )
+        if db.changes() != 1:
+            return False
+        add_event(db, run_id, "worker.amended",
                   {"workerEpoch": worker_id, "outcome": outcome, "exitCode": exit_code, "signal": signal}, now)
         return True
 

@@ -9,23 +9,25 @@ functions called inside it join it (``Database.write`` nests).
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
 from piwf.errors import StoreError
 from piwf.store.sqlite import hosts
 from piwf.store.sql.aggregates import Aggregates
-from piwf.store.sql.runner import Inline
+from piwf.store.sql.runner import Inline, drive
 from piwf.store.sqlite.db import Database, _Write
 from piwf.store.sqlite.group import GroupCommit
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
     from piwf.store import api
     from piwf.store.api.types import Wakeup
     from piwf.store.api.types import HostClaim, LeaseRecord
+
+_T = TypeVar("_T")
 
 
 class SqliteStore(Aggregates):
@@ -41,6 +43,11 @@ class SqliteStore(Aggregates):
 
     def transaction(self) -> _UnitOfWork:
         return _UnitOfWork(self)
+
+    async def run_unit(self, work: Callable[[api.UnitOfWork], Awaitable[_T]]) -> _T:
+        async with _UnitOfWork(self) as tx:  # driven here, as PostgreSQL drives it in its thread
+            result = drive(work(tx))
+        return result
 
     async def durable(self) -> None:
         if self.group is not None:
