@@ -132,6 +132,36 @@ class LeaseRecord:
 
 
 @dataclass(frozen=True)
+class HostRecord:
+    """A host holding a lease in the store (``HostsStore.live_hosts``, ``peers``): which state
+    directory's, on which machine (``machine``: boot id and pid namespace, or
+    ``$PIWF_BOOT_ID``), which process, and (``live_hosts``) what it is running."""
+
+    directory: str
+    epoch: int
+    host_id: str
+    machine: str | None
+    pid: int | None
+    identity: str | None
+    started_at: int | None
+    heartbeat_at: int | None
+    expires_at: int | None
+    active_runs: int = 0
+    active_reconciles: int = 0
+
+
+@dataclass(frozen=True)
+class PeerRemains:
+    """What a host proved dead left, for the host that won its clean-up to kill: its run
+    workers (worker id, pid, identity; now marked orphaned), the process groups they
+    registered, and its reconcile workers (resource uid, pid, identity)."""
+
+    workers: list[tuple[str, int, str]]
+    processes: list[tuple[str, int, str]]
+    reconcilers: list[tuple[str, int, str]]
+
+
+@dataclass(frozen=True)
 class ControllerClaim:
     """A reconcile's claim on one resource."""
 

@@ -28,10 +28,11 @@ from psycopg import sql
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from piwf.errors import StorageUnavailable, StoreError
-from piwf.store.postgres import hosts, layout
+from piwf.store.postgres import hosts, layout, peers
 from piwf.store.postgres.db import PgDatabase, translate_error
 from piwf.store.postgres.url import Limits, StoreUrl, parse
 from piwf.store.postgres.wakeups import Wakeups, channel_for
+from piwf.store.sql import peers as peer_claims
 from piwf.store.sql.aggregates import Aggregates
 
 from piwf.store.api.types import LeaseRecord
@@ -40,7 +41,7 @@ if TYPE_CHECKING:
     import outcome  # trio's own
 
     from piwf.store import api
-    from piwf.store.api.types import HostClaim, Wakeup
+    from piwf.store.api.types import HostClaim, HostRecord, PeerRemains, Wakeup
     from piwf.store.sql.database import Database
 
 _T = TypeVar("_T")
@@ -173,6 +174,18 @@ class PgHostsStore:
 
     async def release_lease(self, claim: HostClaim) -> bool:
         return await self.call(hosts.release_lease, self.directory, claim)
+
+    async def live_hosts(self, now: int) -> list[HostRecord]:
+        return await self.call(peers.live_hosts, now)
+
+    async def peers(self) -> list[HostRecord]:
+        return await self.call(peers.others, self.directory)
+
+    async def take_over_peer(self, peer: HostRecord, now: int) -> PeerRemains | None:
+        return await self.call(peers.take_over, peer, now)
+
+    async def expire_peer_claims(self, epoch: int, now: int) -> tuple[list[str], int]:
+        return await self.call(peer_claims.expire_claims, epoch, now)
 
 
 class _UnitOfWork:
