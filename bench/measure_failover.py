@@ -34,11 +34,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from measure_host import percentile  # noqa: E402
-from piwf.client import Client  # noqa: E402
-from piwf.errors import HostUnavailable  # noqa: E402
-from piwf.paths import StatePaths  # noqa: E402
-from tests.postgres_server import start_server  # noqa: E402
+from measure_host import percentile
+from piwf.client import Client
+from piwf.errors import HostUnavailable
+from piwf.paths import StatePaths
+from tests.postgres_server import start_server
 
 WORKFLOW = """
     import time

@@ -120,6 +120,8 @@ async def test_a_killed_host_is_proved_dead_and_taken_over_at_once_by_a_host_on_
                                      ("done", "accepted")]
         assert [taken_over_in(b), taken_over_in(c)].count(True) == 1  # one host won the clean-up
         assert len((await status_of(c.paths))["hosts"]) == 2
+        offline = await status_of(a.paths)  # no host answers there: read from the store
+        assert offline["state"] == "stopped" and len(offline["hosts"]) == 2 and not offline["live"]
 
 
 async def test_a_host_of_another_machine_is_taken_over_by_its_lease_and_its_orphans_are_left_alone(

@@ -148,8 +148,9 @@ def _postgres_status(paths: StatePaths, url: str) -> dict[str, Any]:
     from piwf.store.postgres.backend import read_status
 
     now = WallClock().now_ms()
-    lease, counts, where = read_status(paths.root, url, now)
-    status = {"state": "stopped", **lease.as_json(now), "activeWorkers": 0, "store": where, **counts}
+    lease, counts, where, live = read_status(paths.root, url, now)
+    status = {"state": "stopped", **lease.as_json(now), "activeWorkers": 0, "store": where, **counts,
+              "hosts": [h.as_json(now) for h in live]}  # the others serve on without this one
     if lease.live(now):
         status.update(state="stale", detail=f"the host (pid {lease.pid}) has not renewed its lease; it expires in "
                       f"{((lease.expires_at or now) - now) / 1000:.0f} s")

@@ -149,6 +149,16 @@ class HostRecord:
     active_runs: int = 0
     active_reconciles: int = 0
 
+    def as_json(self, now: int, *, this: bool = False, hostname: str | None = None) -> dict[str, Any]:
+        """As ``host.status`` lists it (``LiveHost``), seen at ``now`` by the host ``this`` names."""
+        return {
+            "hostId": self.host_id, "epoch": self.epoch, "machine": self.machine, "pid": self.pid,
+            "startedAt": self.started_at, "heartbeatAt": self.heartbeat_at, "expiresAt": self.expires_at,
+            "heartbeatAgeMs": None if self.heartbeat_at is None else max(0, now - self.heartbeat_at),
+            "activeRuns": self.active_runs, "activeReconciles": self.active_reconciles,
+            "this": this, "hostname": hostname,
+        }
+
 
 @dataclass(frozen=True)
 class PeerRemains:

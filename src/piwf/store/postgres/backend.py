@@ -259,9 +259,10 @@ def _configure(schema: str, durability: str, limits: Limits) -> Callable[[psycop
     return configure
 
 
-def read_status(root: Path, url: str, now: int) -> tuple[LeaseRecord, dict[str, int], str]:
-    """For ``piwf status`` with no host: the state directory's lease, the run counts and the
-    store's URL without password, read on one connection; nothing is written."""
+def read_status(root: Path, url: str, now: int) -> tuple[LeaseRecord, dict[str, int], str, list[HostRecord]]:
+    """For ``piwf status`` with no host: the state directory's lease, the run counts, the
+    store's URL without password and the live hosts sharing it, read on one connection;
+    nothing is written."""
     from piwf.store.sql import runs
 
     parsed = parse(url)
@@ -274,7 +275,8 @@ def read_status(root: Path, url: str, now: int) -> tuple[LeaseRecord, dict[str, 
                 directory = (root / DIRECTORY_FILE).read_text().strip()
             except FileNotFoundError:
                 directory = ""  # no host of this state directory has used the store yet
-            return hosts.read_lease(db, directory), runs.status_counts(db, now), parsed.redacted
+            return (hosts.read_lease(db, directory), runs.status_counts(db, now), parsed.redacted,
+                    peers.live_hosts(db, now))
     except psycopg.Error as exc:
         raise _connect_error(exc, parsed.redacted) from exc
 
