@@ -124,6 +124,26 @@ async def test_a_killed_host_is_proved_dead_and_taken_over_at_once_by_a_host_on_
         assert offline["state"] == "stopped" and len(offline["hosts"]) == 2 and not offline["live"]
 
 
+async def test_a_host_starting_after_a_peer_died_takes_it_over_at_start(
+    postgres: Any, project: Path, tmp_path: Path,
+) -> None:
+    url = pg_store_url(postgres)
+    serve = ("--store", url, "--lease", "3600")
+    async with hosts(tmp_path, "a", "b", a=serve, b=serve) as h:
+        a, b = h["a"], h["b"]
+        await a.start()
+        run_id = await start(a.paths, project, "gated")
+        await wait_for(lambda: (project / "wait.log").exists())  # 'once' accepted, 'wait' running
+        a.signal(signal.SIGKILL)
+        await a.wait()
+        (project / "gate").touch()
+        await b.start()  # the only proof of a's death: its pid, read at b's start
+        done = await call(b.paths, "run.wait", run_id=run_id, payload={"timeoutMs": 20_000})
+        assert done["status"] == "completed", done
+        assert (project / "once.log").read_text().splitlines() == [run_id]
+        assert taken_over_in(b)
+
+
 async def test_a_host_of_another_machine_is_taken_over_by_its_lease_and_its_orphans_are_left_alone(
     postgres: Any, project: Path, tmp_path: Path,
 ) -> None:
