@@ -45,3 +45,25 @@ def test_a_zombie_is_not_alive() -> None:
     assert processes.is_zombie(proc.pid) and not processes.alive(proc.pid, recorded)
     proc.wait()
     assert not processes.alive(proc.pid, recorded)
+
+
+def test_piwf_boot_id_makes_another_machine_whose_groups_are_never_signalled() -> None:
+    """``PIWF_BOOT_ID`` (tests, containers): a process taking another boot id records
+    identities of it, and a process of this boot never signals what they name."""
+    import sys
+
+    code = ("import os; from piwf import processes; "
+            "print(processes.boot_id(), processes.machine_id(), processes.identity(os.getpid()))")
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PIWF_BOOT_ID": "elsewhere"},
+                          capture_output=True, text=True, check=True)
+    boot, machine, identity = done.stdout.split()
+    assert boot == machine == "elsewhere" and identity.startswith("elsewhere:")
+    assert processes.machine_id().startswith(processes.boot_id() + "/pid:[")  # boot id and pid namespace
+    proc = sleeper()
+    try:
+        ticks = processes.start_ticks(proc.pid)
+        assert not processes.kill_recorded_group(proc.pid, f"elsewhere:{proc.pid}:{ticks}")
+        assert proc.poll() is None
+    finally:
+        proc.kill()
+        proc.wait()

@@ -14,12 +14,35 @@ import signal
 from pathlib import Path
 
 
+BOOT_ID_VARIABLE = "PIWF_BOOT_ID"  # for tests and containers: what this process takes as its boot id
+
+
 @functools.cache
 def boot_id() -> str:
+    """The kernel's boot id, or ``$PIWF_BOOT_ID`` when set (a test making a host look like
+    another machine's; a container that shares the kernel but not the pid namespace). A
+    process started with another value sees this one's processes as another machine's."""
+    given = os.environ.get(BOOT_ID_VARIABLE, "").strip()
+    if given:
+        return given
     try:
         return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     except OSError:
         return "no-boot-id"
+
+
+@functools.cache
+def machine_id() -> str:
+    """Which machine a host is on, as far as pids go: ``$PIWF_BOOT_ID`` when set, else the
+    boot id and this process's pid namespace (two containers on one kernel share a boot id
+    but not their pids: a pid proves nothing across them)."""
+    if os.environ.get(BOOT_ID_VARIABLE, "").strip():
+        return boot_id()
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")  # 'pid:[4026531836]'
+    except OSError:
+        return boot_id()
+    return f"{boot_id()}/{namespace}"
 
 
 def _stat_fields(pid: int) -> list[str] | None:

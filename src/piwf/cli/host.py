@@ -40,6 +40,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         max_controller_workers=args.max_controller_workers,
                         presentation_lease_ms=max(1, int(args.presentation_lease * 1000)),
                         delivery_lease_ms=max(1, int(args.delivery_lease * 1000)), retain_ms=args.retain,
+                        host_lease_ms=max(1, int(args.lease * 1000)), run_lease_ms=max(1, int(args.lease * 1000)),
                         node_time_limit_s=args.node_time_limit, socket_check_s=args.socket_check,
                         **service_manager_settings())
     try:
@@ -147,8 +148,9 @@ def _postgres_status(paths: StatePaths, url: str) -> dict[str, Any]:
     from piwf.store.postgres.backend import read_status
 
     now = WallClock().now_ms()
-    lease, counts, where = read_status(paths.root, url, now)
-    status = {"state": "stopped", **lease.as_json(now), "activeWorkers": 0, "store": where, **counts}
+    lease, counts, where, live = read_status(paths.root, url, now)
+    status = {"state": "stopped", **lease.as_json(now), "activeWorkers": 0, "store": where, **counts,
+              "hosts": [h.as_json(now) for h in live]}  # the others serve on without this one
     if lease.live(now):
         status.update(state="stale", detail=f"the host (pid {lease.pid}) has not renewed its lease; it expires in "
                       f"{((lease.expires_at or now) - now) / 1000:.0f} s")
@@ -321,6 +323,8 @@ def _format_status(s: dict[str, Any]) -> str:
         lines.append(f"detail:    {s['detail']}")
     for standby in s.get("standbys", []):
         lines.append(f"standby:   pid {standby['pid']}, waiting to take over (since {standby['since']})")
+    if s.get("store") and s.get("hosts"):  # SQLite's one host is the line above
+        lines += _host_lines(s["hosts"])
     if "queuedRuns" in s:
         lines.append(f"runs:      {s['queuedRuns']} queued, {s['runningRuns']} running, {s['parkedRuns']} parked, "
                      f"{s['waitingRuns']} waiting, {s['completedRuns']} completed, {s['failedRuns']} failed, "
@@ -344,3 +348,18 @@ def _format_status(s: dict[str, Any]) -> str:
             lines.append(f"WARNING:   {s['lifecycleContradictions']} lifecycle contradictions")
     return "\n".join(lines)
 
+
+
+def _host_lines(hosts: list[dict[str, Any]]) -> list[str]:
+    """One line per live host sharing the store: the one that answered marked ``*``."""
+    lines = [f"hosts:     {len(hosts)} live sharing the store"]
+    for h in hosts:
+        # how long its lease has left, by the answering host's clock (its heartbeat's age is its own)
+        now = (h["heartbeatAt"] or 0) + (h["heartbeatAgeMs"] or 0)
+        left = "" if h["expiresAt"] is None else f", lease {max(0, h['expiresAt'] - now) / 1000:.0f} s left"
+        age = "" if h["heartbeatAgeMs"] is None else f", heartbeat {h['heartbeatAgeMs'] / 1000:.1f} s ago"
+        machine = (h.get("hostname") or "") + (f" boot {h['machine'][:8]}" if h.get("machine") else "")
+        lines.append(f"  {'*' if h['this'] else ' '} {h['hostId']}  epoch {h['epoch']}  pid {h['pid']}  "
+                     f"{machine.strip() or 'machine unknown'}{age}{left}; {h['activeRuns']} run(s), "
+                     f"{h['activeReconciles']} reconcile(s)")
+    return lines

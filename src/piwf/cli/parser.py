@@ -282,6 +282,8 @@ def _add_host_options(parser: argparse.ArgumentParser, *, service: bool) -> None
         ("--presentation-lease", 10.0, "a client presenting a decision or ask holds it"),
         ("--socket-check", 1.0, "between looks at the socket's path (a deleted socket is bound again)"),
         ("--delivery-lease", 10.0, "a client delivering a notification or turn holds it"),
+        ("--lease", 30.0, "the host's lease and its runs' claims last past each renewal (a dead host on "
+         "another machine is taken over once they expire)"),
     ):
         add(flag, type=_seconds, default=default, metavar="S", help=f"seconds {text} (default {default:g})")
     add("--max-controller-workers", type=_positive, default=4, metavar="N", help="concurrent reconciles (default 4)")

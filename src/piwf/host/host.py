@@ -16,9 +16,10 @@
     ├── run dispatcher   claims runs in batches
     │   ├── claim renewer    every active claim, one transaction; a lost one cancels its run
     │   └── run supervisor   one per active run, in its own scope: the worker process
-    └── controller dispatcher  claims due resources (host/reconcile_lane.py)
-        ├── claim renewer, child watcher
-        └── reconcile supervisor   one per reconcile, in its own scope: the worker process
+    ├── controller dispatcher  claims due resources (host/reconcile_lane.py)
+    │   ├── claim renewer, child watcher
+    │   └── reconcile supervisor   one per reconcile, in its own scope: the worker process
+    └── peer watcher     takes over the dead hosts on this machine sharing the store (host/peers.py)
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from piwf.host.fork_launcher import ForkLauncher
 from piwf.host.launcher import fork_available
 from piwf.host.lock import HostLock, standing_by
 from piwf.host.notify import Notifier, open_notifier
+from piwf.host.peers import serve_peers
 from piwf.host.deadlines import serve_deadlines
 from piwf.host.reconcile_lane import serve_controllers
 from piwf.host.retention import serve_retention
@@ -160,6 +162,7 @@ class Host:
                     await nursery.start(serve_dispatcher, host)
                     await nursery.start(serve_deadlines, host)
                     await nursery.start(serve_controllers, host)
+                    await nursery.start(serve_peers, host)  # dead peers on this machine: taken over at once
                     await nursery.start(serve_socket, host, listening)
                     log.info("serving %s at epoch %d (max %d workers)%s", config.state_dir.socket, host.epoch,
                              config.max_workers, "" if inherited is None else " on the inherited socket")

@@ -40,7 +40,7 @@ from piwf.wire import HostResponse, Outcome, check_id, request_fingerprint
 from piwf.host import controller_operations
 from piwf.host import delivery
 from piwf.host.delivery import WATCH_ENDS_EARLY, until_changed
-from piwf.host import output, retention, settings_operations
+from piwf.host import output, peers, retention, settings_operations
 from piwf.host.catalog import WorkflowInfo
 from piwf.host.operation_types import After, Reads, Writes
 from piwf.host.state import HostState, log
@@ -127,6 +127,7 @@ async def status_receipt(host: HostState) -> HostStatus:
         "hostRssBytes": _HOST_PROCESS.memory_info().rss,
         **await host.store.runs.status_counts(now),
         **await controller_operations.status_counts(host),
+        "hosts": await peers.live_hosts(host),
     }, HostStatus)
 
 

@@ -217,6 +217,25 @@ class AnswerReceipt(Struct):
 # --- receipts: what an accepted request answers -----------------------------------------
 
 
+class LiveHost(Struct):
+    """A host sharing the store whose lease is live (SQLite: the state directory's one)."""
+
+    hostId: str
+    epoch: int
+    machine: Annotated[str | None, Meta(description="its boot id (on PostgreSQL with its pid namespace), or "
+                                                    "`$PIWF_BOOT_ID`: hosts on one machine prove each other dead")]
+    pid: int | None
+    startedAt: int | None
+    heartbeatAt: int | None
+    heartbeatAgeMs: Annotated[int | None, Meta(description="how long ago it last renewed its lease")]
+    expiresAt: int | None
+    activeRuns: Annotated[int, Meta(description="runs it holds a live claim on")]
+    activeReconciles: Annotated[int, Meta(description="reconciles it holds a live claim on")]
+    this: Annotated[bool, Meta(description="the host that answered")]
+    hostname: Annotated[str | None, Meta(description="the answering host's; null for the others (not in the "
+                                                     "store)")] = None
+
+
 class HostStatus(Struct):
     state: Annotated[str, Meta(description="`running` or `stale` (`stopped`, `uninitialized` offline)")]
     epoch: int
@@ -260,6 +279,8 @@ class HostStatus(Struct):
     maxControllerWorkers: int = 4
     store: Annotated[str | None, Meta(description="the PostgreSQL store's URL, without any password "
                                                   "(absent: the state directory's SQLite)")] = None
+    hosts: Annotated[list[LiveHost], Meta(description="the live hosts sharing the store, oldest first (standbys "
+                                                      "wait on their own state directory: `standbys`)")] = []
 
 
 class StopReceipt(Struct):

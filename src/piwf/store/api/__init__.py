@@ -99,8 +99,8 @@ from piwf.store.api.runs import (
     CommandsStore, EffectsStore, HostsStore, QueueStore, RunsStore, SupervisionStore, WorkersStore,
 )
 from piwf.store.api.types import (
-    Actor, Claim, CommandKey, ControllerClaim, Delay, HostClaim, LeaseRecord, NewScope, Pruned, RunLaunch, Wakeup,
-    WorkerEnded,
+    Actor, Claim, CommandKey, ControllerClaim, Delay, HostClaim, HostRecord, LeaseRecord, NewScope, PeerRemains,
+    Pruned, RunLaunch, Wakeup, WorkerEnded,
 )
 
 _T = TypeVar("_T")
@@ -200,8 +200,8 @@ def open_store(paths: Any, *, durability: str = "full", backend: str | None = No
 
 __all__ = [
     "Actor", "Claim", "CommandKey", "CommandsStore", "ControllerClaim", "ControllerEffectsStore",
-    "ControllerQueueStore", "ControllersStore", "Delay", "DeliveryStore", "EffectsStore", "HostClaim", "HostsStore",
-    "InteractionsStore", "LeaseRecord", "NewScope", "Pruned", "QueueStore", "RetentionStore", "RunLaunch", "RunsStore",
-    "SettingsStore", "Store", "SupervisionStore", "UnitOfWork", "UpdatesStore", "Wakeup", "WorkerEnded", "WorkersStore",
-    "open_store",
+    "ControllerQueueStore", "ControllersStore", "Delay", "DeliveryStore", "EffectsStore", "HostClaim", "HostRecord",
+    "HostsStore", "InteractionsStore", "LeaseRecord", "NewScope", "PeerRemains", "Pruned", "QueueStore",
+    "RetentionStore", "RunLaunch", "RunsStore", "SettingsStore", "Store", "SupervisionStore", "UnitOfWork",
+    "UpdatesStore", "Wakeup", "WorkerEnded", "WorkersStore", "open_store",
 ]

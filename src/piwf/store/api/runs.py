@@ -16,7 +16,8 @@ if TYPE_CHECKING:
     from piwf.protocol.worker import WorkerMessage, WorkerResponse
     from piwf.status import WorkerStatus
     from piwf.store.api.types import (
-        Claim, CommandKey, Definition, Delay, HostClaim, LeaseRecord, NewScope, RunFilter, WorkerEnded,
+        Claim, CommandKey, Definition, Delay, HostClaim, HostRecord, LeaseRecord, NewScope, PeerRemains,
+        RunFilter, WorkerEnded,
     )
     from piwf.wire import HostResponse
 
@@ -45,6 +46,26 @@ class HostsStore(Protocol):
 
     async def release_lease(self, claim: HostClaim) -> bool:
         ...
+
+    async def live_hosts(self, now: int) -> list[HostRecord]:
+        """The hosts sharing the store whose lease is live at ``now``, with the runs and
+        reconciles each holds a live claim on, by epoch. SQLite: its one host (or none)."""
+
+    async def peers(self) -> list[HostRecord]:
+        """Every other host holding a lease (expired or not; no counts): one read, for a
+        host looking for peers on its machine to prove dead. SQLite: none."""
+
+    async def take_over_peer(self, peer: HostRecord, now: int) -> PeerRemains | None:
+        """Mark ``peer`` dead (proved so by its caller, on the same machine): one fenced
+        write on its epoch, pid and identity that ends its lease now (its token cleared, so
+        no renewal of it succeeds) and marks its active workers orphaned. None when the row
+        has moved on (released, restarted, taken over by another host: one host wins);
+        else what the winner is to kill. Its claims stay until ``expire_peer_claims``, so
+        nothing of it is claimed again before its workers are dead."""
+
+    async def expire_peer_claims(self, epoch: int, now: int) -> tuple[list[str], int]:
+        """After ``take_over_peer``: the run and reconcile claims of dead epoch ``epoch``
+        expire now (the runs' ids, the reconciles' count), to be claimed again at once."""
 
 
 class CommandsStore(Protocol):

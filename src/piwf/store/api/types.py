@@ -132,6 +132,46 @@ class LeaseRecord:
 
 
 @dataclass(frozen=True)
+class HostRecord:
+    """A host holding a lease in the store (``HostsStore.live_hosts``, ``peers``): which state
+    directory's, on which machine (``machine``: boot id and pid namespace, or
+    ``$PIWF_BOOT_ID``), which process, and (``live_hosts``) what it is running."""
+
+    directory: str
+    epoch: int
+    host_id: str
+    machine: str | None
+    pid: int | None
+    identity: str | None
+    started_at: int | None
+    heartbeat_at: int | None
+    expires_at: int | None
+    active_runs: int = 0
+    active_reconciles: int = 0
+
+    def as_json(self, now: int, *, this: bool = False, hostname: str | None = None) -> dict[str, Any]:
+        """As ``host.status`` lists it (``LiveHost``), seen at ``now`` by the host ``this`` names."""
+        return {
+            "hostId": self.host_id, "epoch": self.epoch, "machine": self.machine, "pid": self.pid,
+            "startedAt": self.started_at, "heartbeatAt": self.heartbeat_at, "expiresAt": self.expires_at,
+            "heartbeatAgeMs": None if self.heartbeat_at is None else max(0, now - self.heartbeat_at),
+            "activeRuns": self.active_runs, "activeReconciles": self.active_reconciles,
+            "this": this, "hostname": hostname,
+        }
+
+
+@dataclass(frozen=True)
+class PeerRemains:
+    """What a host proved dead left, for the host that won its clean-up to kill: its run
+    workers (worker id, pid, identity; now marked orphaned), the process groups they
+    registered, and its reconcile workers (resource uid, pid, identity)."""
+
+    workers: list[tuple[str, int, str]]
+    processes: list[tuple[str, int, str]]
+    reconcilers: list[tuple[str, int, str]]
+
+
+@dataclass(frozen=True)
 class ControllerClaim:
     """A reconcile's claim on one resource."""
 

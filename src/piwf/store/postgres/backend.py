@@ -29,10 +29,11 @@ from psycopg import sql
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from piwf.errors import StorageUnavailable, StoreError
-from piwf.store.postgres import hosts, layout
+from piwf.store.postgres import hosts, layout, peers
 from piwf.store.postgres.db import PgDatabase, translate_error
 from piwf.store.postgres.url import Limits, StoreUrl, parse
 from piwf.store.postgres.wakeups import Wakeups, channel_for
+from piwf.store.sql import peers as peer_claims
 from piwf.store.sql.aggregates import Aggregates
 from piwf.store.sql.runner import drive
 
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
     import outcome  # trio's own
 
     from piwf.store import api
-    from piwf.store.api.types import HostClaim, Wakeup
+    from piwf.store.api.types import HostClaim, HostRecord, PeerRemains, Wakeup
     from piwf.store.sql.database import Database
 
 _T = TypeVar("_T")
@@ -211,6 +212,18 @@ class PgHostsStore:
     async def release_lease(self, claim: HostClaim) -> bool:
         return await self.call(hosts.release_lease, self.directory, claim)
 
+    async def live_hosts(self, now: int) -> list[HostRecord]:
+        return await self.call(peers.live_hosts, now)
+
+    async def peers(self) -> list[HostRecord]:
+        return await self.call(peers.others, self.directory)
+
+    async def take_over_peer(self, peer: HostRecord, now: int) -> PeerRemains | None:
+        return await self.call(peers.take_over, peer, now)
+
+    async def expire_peer_claims(self, epoch: int, now: int) -> tuple[list[str], int]:
+        return await self.call(peer_claims.expire_claims, epoch, now)
+
 
 class _UnitOfWork:
     """``PgStore.transaction()``: one connection from the pool for the whole body, in a
@@ -283,9 +296,10 @@ def _configure(schema: str, durability: str, limits: Limits) -> Callable[[psycop
     return configure
 
 
-def read_status(root: Path, url: str, now: int) -> tuple[LeaseRecord, dict[str, int], str]:
-    """For ``piwf status`` with no host: the state directory's lease, the run counts and the
-    store's URL without password, read on one connection; nothing is written."""
+def read_status(root: Path, url: str, now: int) -> tuple[LeaseRecord, dict[str, int], str, list[HostRecord]]:
+    """For ``piwf status`` with no host: the state directory's lease, the run counts, the
+    store's URL without password and the live hosts sharing it, read on one connection;
+    nothing is written."""
     from piwf.store.sql import runs
 
     parsed = parse(url)
@@ -298,7 +312,8 @@ def read_status(root: Path, url: str, now: int) -> tuple[LeaseRecord, dict[str, 
                 directory = (root / DIRECTORY_FILE).read_text().strip()
             except FileNotFoundError:
                 directory = ""  # no host of this state directory has used the store yet
-            return hosts.read_lease(db, directory), runs.status_counts(db, now), parsed.redacted
+            return (hosts.read_lease(db, directory), runs.status_counts(db, now), parsed.redacted,
+                    peers.live_hosts(db, now))
     except psycopg.Error as exc:
         raise _connect_error(exc, parsed.redacted) from exc
 

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from pathlib import Path
 
+from piwf import processes
 from piwf.errors import HostAlreadyRunning, SchemaError, StoreError
 from piwf.store.postgres.schema import LAYOUT_VERSION
 from piwf.store.api.types import HostClaim, LeaseRecord
 from piwf.store.sql.database import Database
 
-BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 # LeaseRecord's fields (a row not yet taken has no epoch: 0, as SQLite's first lease row).
 LEASE_COLUMNS = "COALESCE(epoch, 0), host_id, pid, process_start_identity, started_at, heartbeat_at, expires_at"
 
@@ -26,11 +25,11 @@ def _token_hash(token: str) -> bytes:
     return hashlib.sha256(token.encode()).digest()
 
 
-def boot_id() -> str | None:
-    try:
-        return BOOT_ID.read_text().strip()
-    except OSError:
-        return None
+def boot_id() -> str:
+    """What the row's ``boot_id`` holds: the machine as far as pids go (``processes.machine_id``:
+    the boot id and pid namespace, or ``$PIWF_BOOT_ID``), which hosts compare to know whether
+    a peer's pid can prove it dead."""
+    return processes.machine_id()
 
 
 def read_lease(db: Database, directory: str) -> LeaseRecord:

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from piwf.store import api
     from piwf.store.api.types import Wakeup
-    from piwf.store.api.types import HostClaim, LeaseRecord
+    from piwf.store.api.types import HostClaim, HostRecord, LeaseRecord, PeerRemains
 
 _T = TypeVar("_T")
 
@@ -95,6 +95,18 @@ class SqliteHostsStore:
 
     async def release_lease(self, claim: HostClaim) -> bool:
         return hosts.release_lease(self.db, claim)
+
+    async def live_hosts(self, now: int) -> list[HostRecord]:
+        return hosts.live_hosts(self.db, now)
+
+    async def peers(self) -> list[HostRecord]:
+        return []  # one host per state directory, and its database is its own
+
+    async def take_over_peer(self, peer: HostRecord, now: int) -> PeerRemains | None:
+        return None
+
+    async def expire_peer_claims(self, epoch: int, now: int) -> tuple[list[str], int]:
+        return [], 0
 
 
 class _UnitOfWork:

@@ -7,8 +7,9 @@ import os
 import secrets
 
 from piwf.errors import HostAlreadyRunning, StoreError
+from piwf.store.sql import peers
 from piwf.store.sqlite.db import Database
-from piwf.store.api.types import HostClaim, LeaseRecord
+from piwf.store.api.types import HostClaim, HostRecord, LeaseRecord
 
 
 
@@ -98,3 +99,16 @@ def release_lease(db: Database, claim: HostClaim) -> bool:
             (claim.epoch, claim.host_id, _token_hash(claim.token)),
         )
         return db.changes() == 1
+
+
+def live_hosts(db: Database, now: int) -> list[HostRecord]:
+    """The state directory's host, if its lease is live, with what it holds. Its machine is
+    the one its process identity names (``boot:pid:ticks``): the state directory's."""
+    with db.read():
+        lease = read_lease(db)
+        if not lease.live(now) or lease.host_id is None:
+            return []
+        runs, reconciles = peers.activity(db, [lease.epoch], now)[lease.epoch]
+    machine = lease.identity.split(":", 1)[0] if lease.identity and ":" in lease.identity else None
+    return [HostRecord("", lease.epoch, lease.host_id, machine, lease.pid, lease.identity, lease.started_at,
+                       lease.heartbeat_at, lease.expires_at, runs, reconciles)]
