@@ -8,6 +8,7 @@ claim (a run's ``Claim``, a resource's ``ControllerClaim``).
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -106,6 +107,10 @@ class Active(Generic[C]):
     timeout_s: float | None = None  # once ready, how long the worker may take (a reconcile's controller timeout)
     spec_generation: int = 0  # a reconcile: the resource generation its worker was shown
     warm: Any = None  # a run: its WarmTicket (host/warm.py), what a warm worker may serve
+    good_until: float = math.inf  # trio time until which its claim is vouched for (host/fence.py)
+    unrenewed: bool = False  # stopped by the fence: its claim could not be renewed in time
+    kill: Callable[[], object] | None = None  # SIGKILL its worker's group, while the worker is unreaped
+    groups: dict[int, str] = field(default_factory=dict)  # process groups it registered: pid -> identity
 
     @property
     def label(self) -> str:
