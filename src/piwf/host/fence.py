@@ -74,7 +74,7 @@ def unrenewed_note(host: HostState, active: Active[Any], lease_ms: int) -> str:
         what, lease = "the host lease", host.config.host_lease_ms
     else:
         what, lease = "its claim", lease_ms
-    return (f"stopped: {what} could not be renewed for {lease * FRACTION / 1000:g} s of its {lease / 1000:g} s "
+    return (f"stopped: {what} could not be renewed for {lease * FRACTION / 1000:.3g} s of its {lease / 1000:g} s "
             "lease; stopped before it could expire in the store")
 
 
