@@ -73,14 +73,16 @@ def test_a_small_chaos_run_with_three_hosts_on_postgresql_loses_nothing_and_repe
     workers (then SIGCONT): a frozen host's workers stop themselves, the others take its
     runs, and it joins again with a new epoch."""
     summary = chaos("--runs", "10", "--kills", "6", "--hostile-every", "2", "--loop-every", "3", "--resources", "6",
-                    "--hosts", "3", "--store", pg_store_url(postgres))
+                    "--hosts", "3", "--freezes", "2", "--store", pg_store_url(postgres))
     check(summary)
     assert summary["hosts"] == 3 and summary["unexpected_peer_exits"] == 0, summary["seed"]
+    assert summary["host_freezes"] >= 2, summary["seed"]
 
 
 @pytest.mark.soak
 def test_a_long_chaos_run_with_three_hosts_on_postgresql(postgres: Any) -> None:
-    summary = chaos("--runs", "1000", "--kills", "500", "--hosts", "3", "--store", pg_store_url(postgres),
+    summary = chaos("--runs", "1000", "--kills", "500", "--hosts", "3", "--freezes", "100",
+                    "--store", pg_store_url(postgres),
                     timeout_s=7200)
     check(summary)
 

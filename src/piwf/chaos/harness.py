@@ -337,16 +337,19 @@ class Chaos:
         applier = threading.Thread(target=self.controllers.apply_all, name="applier", daemon=True)
         applier.start()
         cuts = set(self.rng.sample(range(self.args.kills), self.args.power_cuts)) if self.args.power_cuts else set()
+        freezes = set(self.rng.sample(sorted(set(range(self.args.kills)) - cuts), self.args.freezes))
         started = 0
         for kill in range(self.args.kills):
             time.sleep(self.rng.uniform(0.05, 0.5))
             self.ensure_host()
             started = self.wait_for_a_start(submitter, started)
+            assert self.host is not None
             if kill in cuts:
                 self.power_cut()
-            elif self.fleet is not None and self.rng.random() < 0.6:
-                assert self.host is not None
-                self.fleet.strike(self.host, self._wait_peer)
+            elif self.fleet is not None and kill in freezes:
+                self.fleet.freeze_one(self.host, long=True)
+            elif self.fleet is not None and (self.rng.random() < 0.6 or self.fleet.is_frozen(self.host)):
+                self.fleet.strike(self.host, self._wait_peer)  # a frozen host is left to join again
             elif self.rng.random() < 0.5 or not self.kill_worker():
                 self.kill_host()
         while submitter.is_alive():  # a fault armed by the last kill may still stop the host
@@ -576,6 +579,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--hosts", type=int, default=1, metavar="N",
                         help="N hosts on the --store they share, each on a state directory of its own; the kills "
                              "then also SIGKILL any of them and SIGSTOP (then SIGCONT) hosts and workers (default 1)")
+    parser.add_argument("--freezes", type=int, default=0, metavar="N",
+                        help="with --hosts: N of the kills are a SIGSTOP of a host for one to two leases "
+                             "(then SIGCONT) (default 0; other kills freeze some too)")
     parser.add_argument("--lease", type=float, default=3.0, metavar="S",
                         help="with --hosts: each host's --lease (default 3 s, so frozen hosts are taken over)")
     args = parser.parse_args(argv)
@@ -586,6 +592,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.hosts < 1 or (args.hosts > 1 and not args.store) or args.lease <= 0:
         parser.error("--hosts must be at least 1, and more than 1 needs --store (the store they share); "
                      "--lease must be positive")
+    if not 0 <= args.freezes <= args.kills - args.power_cuts or (args.freezes and args.hosts < 2):
+        parser.error("--freezes needs --hosts 2 or more, and at most --kills less --power-cuts")
     if not 0 <= args.power_cuts <= args.kills:
         parser.error("--power-cuts must be between 0 and --kills")
     if args.power_cuts and args.durability != "full":

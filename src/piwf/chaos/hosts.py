@@ -78,14 +78,30 @@ class Fleet:
     def strike(self, primary: subprocess.Popen[bytes], wait: Callable[[StatePaths, subprocess.Popen[bytes]], None],
                ) -> None:
         kind = self.rng.choice(("kill peer", "freeze host", "freeze worker", "kill worker"))
-        if kind == "kill peer":
-            self.kill_peer(self.rng.choice(self.peers), wait)
-        elif kind == "freeze host":
-            self.freeze_host(self.rng.choice([primary, *(p.proc for p in self.peers if p.proc is not None)]))
-        elif not self.strike_worker(primary, freeze=kind == "freeze worker"):
-            self.kill_peer(self.rng.choice(self.peers), wait)
+        if kind == "freeze host":
+            self.freeze_one(primary, long=self.rng.random() < 0.5)
+        elif kind == "kill peer" or not self.strike_worker(primary, freeze=kind == "freeze worker"):
+            self.kill_peer(wait)
 
-    def kill_peer(self, peer: Peer, wait: Callable[[StatePaths, subprocess.Popen[bytes]], None]) -> None:
+    def hosts(self, primary: subprocess.Popen[bytes]) -> list[subprocess.Popen[bytes]]:
+        return [primary, *(p.proc for p in self.peers if p.proc is not None)]
+
+    def freeze_one(self, primary: subprocess.Popen[bytes], *, long: bool) -> None:
+        """Freeze a host that is not frozen already (none, when all are)."""
+        thawed = [proc for proc in self.hosts(primary) if not self.is_frozen(proc) and proc.poll() is None]
+        if thawed:
+            self.freeze_host(self.rng.choice(thawed), long=long)
+
+    def is_frozen(self, proc: subprocess.Popen[bytes]) -> bool:
+        with self._lock:
+            return proc.pid in self.frozen
+
+    def kill_peer(self, wait: Callable[[StatePaths, subprocess.Popen[bytes]], None]) -> None:
+        """SIGKILL a peer (not a frozen one: it is left to join again) and start it again."""
+        live = [p for p in self.peers if p.proc is not None and not self.is_frozen(p.proc)]
+        if not live:
+            return
+        peer = self.rng.choice(live)
         assert peer.proc is not None
         with contextlib.suppress(ProcessLookupError):
             peer.proc.send_signal(signal.SIGKILL)
@@ -96,9 +112,10 @@ class Fleet:
         peer.proc = self.serve(peer.paths, peer.log)
         wait(peer.paths, peer.proc)
 
-    def freeze_host(self, proc: subprocess.Popen[bytes]) -> None:
-        """SIGSTOP, then SIGCONT after up to twice the lease (its workers stop themselves in
-        time; past the lease the others take its runs and it joins again)."""
+    def freeze_host(self, proc: subprocess.Popen[bytes], *, long: bool) -> None:
+        """SIGSTOP, then SIGCONT after a while: ``long``, one to two leases (its workers stop
+        themselves in time, the others take its runs, and it joins again with a new epoch);
+        else up to half a lease."""
         if proc.poll() is not None:
             return
         with self._lock:
@@ -107,7 +124,8 @@ class Fleet:
             self.frozen.add(proc.pid)
         proc.send_signal(signal.SIGSTOP)
         self.strikes.host_freezes += 1
-        self._later(self.rng.uniform(0.2, 2 * self.lease_s), lambda: self._thaw_host(proc))
+        span = (self.lease_s, 2 * self.lease_s) if long else (0.1, self.lease_s / 2)
+        self._later(self.rng.uniform(*span), lambda: self._thaw_host(proc))
 
     def _thaw_host(self, proc: subprocess.Popen[bytes]) -> None:
         with self._lock:
