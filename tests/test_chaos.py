@@ -12,8 +12,9 @@ import pytest
 from .conftest import pg_store_url
 
 
-def chaos(*args: str) -> dict:
-    done = subprocess.run([sys.executable, "-m", "piwf.chaos", *args], capture_output=True, timeout=900, check=False)
+def chaos(*args: str, timeout_s: float = 900) -> dict:
+    done = subprocess.run([sys.executable, "-m", "piwf.chaos", *args], capture_output=True, timeout=timeout_s,
+                          check=False)
     assert done.stdout.count(b"\n") == 1, done.stderr.decode()[-3000:]
     summary = json.loads(done.stdout)
     assert done.returncode == 0, summary
@@ -40,7 +41,9 @@ def check(summary: dict) -> None:
     assert [summary[key] for key in delivery] == [0, 0, 0, 0], seed  # once each, whatever was killed
     assert summary["lifecycle_contradictions"] == 0, seed
     assert summary["integrity_check"] == "ok", seed
-    assert summary["host_kills"] + summary["worker_kills"] + summary["power_cuts"] >= summary["kills"], seed
+    strikes = ("host_kills", "worker_kills", "power_cuts", "peer_kills", "host_freezes", "worker_freezes",
+               "peer_worker_kills")  # the last four with --hosts
+    assert sum(summary.get(key, 0) for key in strikes) >= summary["kills"], seed
     assert summary["power_cut_failures"] == 0, seed
     # controllers under the same kills: every resource converges, no reconcile effect twice
     assert summary["resources_converged"] == summary["resources"], seed
@@ -62,6 +65,26 @@ def test_a_small_chaos_run_on_postgresql_loses_nothing_and_repeats_no_effect(pos
     check(summary)
     assert sorted(summary["hostile_runs"]) == ["exit0", "exit3", "oversized", "parricide"]
     assert summary["takeover_ms"]["count"] >= 1
+
+
+def test_a_small_chaos_run_with_three_hosts_on_postgresql_loses_nothing_and_repeats_no_effect(
+        postgres: Any) -> None:
+    """Three hosts share one store; the kills SIGKILL any of them and SIGSTOP hosts and
+    workers (then SIGCONT): a frozen host's workers stop themselves, the others take its
+    runs, and it joins again with a new epoch."""
+    summary = chaos("--runs", "10", "--kills", "6", "--hostile-every", "2", "--loop-every", "3", "--resources", "6",
+                    "--hosts", "3", "--freezes", "2", "--store", pg_store_url(postgres))
+    check(summary)
+    assert summary["hosts"] == 3 and summary["unexpected_peer_exits"] == 0, summary["seed"]
+    assert summary["host_freezes"] >= 2, summary["seed"]
+
+
+@pytest.mark.soak
+def test_a_long_chaos_run_with_three_hosts_on_postgresql(postgres: Any) -> None:
+    summary = chaos("--runs", "1000", "--kills", "500", "--hosts", "3", "--freezes", "100",
+                    "--store", pg_store_url(postgres),
+                    timeout_s=7200)
+    check(summary)
 
 
 def test_a_chaos_run_with_power_cuts_loses_no_acknowledged_commit() -> None:

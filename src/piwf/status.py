@@ -137,6 +137,7 @@ class StopReason(StrEnum):
     PROTOCOL = "protocolError"
     LINGERING = "lingering"  # told its part was done, the worker did not end within the kill grace
     NODE_TIME_LIMIT = "nodeTimeLimit"  # runs only: the node it ran passed its time limit
+    UNRENEWED = "unrenewed"  # its claim or the host lease could not be renewed in time (host/fence.py)
 
 
 # The worker status a stop leaves, and whether it counts as a crash.
@@ -149,6 +150,7 @@ STOPPED_AS = {
     StopReason.PROTOCOL: WorkerStatus.CRASHED,
     StopReason.LINGERING: WorkerStatus.CRASHED,
     StopReason.NODE_TIME_LIMIT: WorkerStatus.TIMED_OUT,  # its node's outcome is recorded with its end: no crash
+    StopReason.UNRENEWED: WorkerStatus.CLAIM_LOST,  # the claim may be another host's by now: the run is not parked
 }
 ENDED = frozenset({QueueStatus.DONE, QueueStatus.FAILED, QueueStatus.CANCELLED})  # queue statuses that are final
 ACTIVE_QUEUE = (QueueStatus.STARTING, QueueStatus.RUNNING)  # a claim is held

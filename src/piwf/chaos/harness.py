@@ -10,7 +10,9 @@ once, and writes not yet synced are thrown away as a disk losing power may). Wit
 ``--standby`` a ``piwf serve --standby`` always waits beside the live host: a killed host
 is replaced by it, and a new standby started. One run in ``--hostile-every`` is a hostile
 workflow instead: its node exits early with status 0 or 3, kills its parent, or returns an
-output over the limit. Each chaos run notifies its own session (and so gets a turn when it
+output over the limit. With ``--hosts N`` (and a ``--store`` they share) N hosts serve
+at once, and the kills also SIGKILL any of them and SIGSTOP hosts and workers for a while
+(``piwf.chaos.hosts``). Each chaos run notifies its own session (and so gets a turn when it
 ends). Afterwards it plays the operator for effects held as ambiguous (the ledger says what
 happened), waits for every run, and prints one JSON summary on stdout: no run lost or done
 twice, each run's notification and turn stored exactly once, every hostile run held or
@@ -44,6 +46,7 @@ import psutil
 from piwf.chaos import ledger, people
 from piwf.chaos.common import Tally
 from piwf.chaos.controllers import ControllerChaos, bad as controllers_bad
+from piwf.chaos.hosts import Fleet
 from piwf.chaos.people import Person
 from piwf.client import Client, Reply, make_request
 from piwf.errors import HostUnavailable
@@ -122,22 +125,26 @@ class Chaos:
         self.settled = threading.Event()  # every run settled: the person stops
         self.person = Person(self, random.Random(args.seed + 1))  # its own draws: the others' stay the seed's
         self.controllers = ControllerChaos(self)
+        self.fleet = Fleet(root, args.hosts, lambda paths, log: self._serve(None, paths=paths, log=log), args.lease,
+                           random.Random(args.seed + 2)) if args.hosts > 1 else None
 
     # --- the host ---
 
-    def _serve(self, fault: str | None, *extra: str) -> subprocess.Popen[bytes]:
+    def _serve(self, fault: str | None, *extra: str, paths: StatePaths | None = None,
+               log: Path | None = None) -> subprocess.Popen[bytes]:
         env = {**os.environ, "PIWF_CHAOS_LEDGER": str(self.ledger), **self.controllers.env()}
         env.pop("PIWF_FAULT", None)
         if self.args.power_cuts:
             env["PIWF_POWER_CUT"] = str(self.rng.randrange(2**32))
         if fault:
             env["PIWF_FAULT"] = fault
-        with open(self.log, "ab") as log:
+        lease = ("--lease", str(self.args.lease)) if self.args.hosts > 1 else ()
+        with open(log or self.log, "ab") as out:
             return subprocess.Popen(
-                [sys.executable, "-m", "piwf", "serve", "--state-dir", str(self.paths.root),
+                [sys.executable, "-m", "piwf", "serve", "--state-dir", str((paths or self.paths).root),
                  "--max-workers", str(self.args.max_workers), "--durability", self.args.durability,
-                 *(("--store", self.args.store) if self.args.store else ()), *extra],
-                stdout=log, stderr=log, env=env, start_new_session=True,
+                 *(("--store", self.args.store) if self.args.store else ()), *lease, *extra],
+                stdout=out, stderr=out, env=env, start_new_session=True,
             )
 
     def start_standby(self) -> None:
@@ -191,9 +198,16 @@ class Chaos:
         else:
             self.start_host(fault)
 
-    def _answers(self) -> bool:
+    def _wait_peer(self, paths: StatePaths, proc: subprocess.Popen[bytes]) -> None:
+        deadline = time.monotonic() + 30
+        while not self._answers(paths):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"a host of --hosts did not start (exit {proc.returncode}); see {self.root}")
+            time.sleep(0.005)
+
+    def _answers(self, paths: StatePaths | None = None) -> bool:
         try:
-            with Client(self.paths, timeout=5) as client:
+            with Client(paths or self.paths, timeout=5) as client:
                 return client.call("host.status").outcome == "accepted"
         except (HostUnavailable, OSError):
             return False
@@ -207,6 +221,8 @@ class Chaos:
             else:
                 self.tally.unexpected_host_exits += 1
             self.replace_host()
+        if self.fleet is not None:
+            self.fleet.ensure(self._wait_peer)
 
     def kill_host(self) -> None:
         assert self.host is not None
@@ -253,16 +269,23 @@ class Chaos:
         """Send until answered, retrying the same request across host deaths."""
         deadline = time.monotonic() + deadline_s
         while True:
-            try:
-                with Client(self.paths, timeout=30) as client:
-                    response = client.send(request)
-                if response.outcome != "unavailable":
-                    return response
-            except (HostUnavailable, OSError):
-                pass
+            for paths in self.targets():
+                try:
+                    with Client(paths, timeout=30) as client:
+                        response = client.send(request)
+                    if response.outcome != "unavailable":
+                        return response
+                except (HostUnavailable, OSError):
+                    pass
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{request.operation} unanswered for {deadline_s} s")
             time.sleep(0.01)
+
+    def targets(self) -> list[StatePaths]:
+        """The host to ask first, then the others (with --hosts: any host answers any request)."""
+        if self.fleet is None:
+            return [self.paths]
+        return self.fleet.targets(self.paths, self.host.pid if self.host is not None else None)
 
     def submit_all(self) -> None:
         for index in range(self.args.runs):
@@ -304,6 +327,8 @@ class Chaos:
         self.controllers.install()
         self.start_host()
         self.tally.takeover_ms.clear()  # the first start is not a takeover
+        if self.fleet is not None:
+            self.fleet.start(self._wait_peer)
         if self.args.standby:
             self.start_standby()
         submitter = threading.Thread(target=self.submit_all, name="submitter", daemon=True)
@@ -312,13 +337,19 @@ class Chaos:
         applier = threading.Thread(target=self.controllers.apply_all, name="applier", daemon=True)
         applier.start()
         cuts = set(self.rng.sample(range(self.args.kills), self.args.power_cuts)) if self.args.power_cuts else set()
+        freezes = set(self.rng.sample(sorted(set(range(self.args.kills)) - cuts), self.args.freezes))
         started = 0
         for kill in range(self.args.kills):
             time.sleep(self.rng.uniform(0.05, 0.5))
             self.ensure_host()
             started = self.wait_for_a_start(submitter, started)
+            assert self.host is not None
             if kill in cuts:
                 self.power_cut()
+            elif self.fleet is not None and kill in freezes:
+                self.fleet.freeze_one(self.host, long=True)
+            elif self.fleet is not None and (self.rng.random() < 0.6 or self.fleet.is_frozen(self.host)):
+                self.fleet.strike(self.host, self._wait_peer)  # a frozen host is left to join again
             elif self.rng.random() < 0.5 or not self.kill_worker():
                 self.kill_host()
         while submitter.is_alive():  # a fault armed by the last kill may still stop the host
@@ -346,6 +377,8 @@ class Chaos:
         """The last host runs without faults: the end state must be reachable by itself."""
         assert self.host is not None
         self.stop_standby()
+        if self.fleet is not None:
+            self.fleet.thaw_all()
         if self.host.poll() is None:
             self.host.send_signal(signal.SIGKILL)
             self.host.wait()
@@ -359,6 +392,9 @@ class Chaos:
         self.settled.set()
         summary = self.summarize(final) | self.person.summary(final)
         summary.update(self.controllers.settle(deadline))
+        if self.fleet is not None:
+            summary.update(self.fleet.summary(self.log))
+            summary["unexpected_host_exits"] += summary["unexpected_peer_exits"]
         self.stop_host()
         summary["integrity_check"] = self.integrity()
         summary["warm_reuses"] = self.warm_reuses()
@@ -455,6 +491,8 @@ class Chaos:
 
     def stop_host(self) -> None:
         self.stop_standby()
+        if self.fleet is not None:
+            self.fleet.stop()
         if self.host is None or self.host.poll() is not None:
             return
         self.host.send_signal(signal.SIGTERM)
@@ -487,6 +525,8 @@ class Chaos:
 
     def cleanup(self) -> None:
         self.stop_standby()
+        if self.fleet is not None:
+            self.fleet.cleanup()
         if self.host is not None and self.host.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.host.pid, signal.SIGKILL)
@@ -536,11 +576,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (path on stderr)")
     parser.add_argument("--store", metavar="URL", default=None,
                         help="run the hosts on this PostgreSQL store (piwf serve --store; use a fresh ?schema=)")
+    parser.add_argument("--hosts", type=int, default=1, metavar="N",
+                        help="N hosts on the --store they share, each on a state directory of its own; the kills "
+                             "then also SIGKILL any of them and SIGSTOP (then SIGCONT) hosts and workers (default 1)")
+    parser.add_argument("--freezes", type=int, default=0, metavar="N",
+                        help="with --hosts: N of the kills are a SIGSTOP of a host for one to two leases "
+                             "(then SIGCONT) (default 0; other kills freeze some too)")
+    parser.add_argument("--lease", type=float, default=3.0, metavar="S",
+                        help="with --hosts: each host's --lease (default 3 s, so frozen hosts are taken over)")
     args = parser.parse_args(argv)
     if (args.runs < 1 or args.kills < 0 or args.max_workers < 1 or args.hostile_every < 0 or args.loop_every < 0
             or args.resources < 0):
         parser.error("--runs and --max-workers must be at least 1, --kills, --hostile-every, --loop-every and "
                      "--resources at least 0")
+    if args.hosts < 1 or (args.hosts > 1 and not args.store) or args.lease <= 0:
+        parser.error("--hosts must be at least 1, and more than 1 needs --store (the store they share); "
+                     "--lease must be positive")
+    if not 0 <= args.freezes <= args.kills - args.power_cuts or (args.freezes and args.hosts < 2):
+        parser.error("--freezes needs --hosts 2 or more, and at most --kills less --power-cuts")
     if not 0 <= args.power_cuts <= args.kills:
         parser.error("--power-cuts must be between 0 and --kills")
     if args.power_cuts and args.durability != "full":

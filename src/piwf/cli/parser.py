@@ -286,6 +286,9 @@ def _add_host_options(parser: argparse.ArgumentParser, *, service: bool) -> None
          "another machine is taken over once they expire)"),
     ):
         add(flag, type=_seconds, default=default, metavar="S", help=f"seconds {text} (default {default:g})")
+    add("--lease", type=_seconds, default=30.0, metavar="S",
+        help="seconds the host lease and its run claims live unrenewed (default 30): on a shared store, "
+             "the host's work stops at 2/3 of it without a renewal, and others take it over once it expires")
     add("--max-controller-workers", type=_positive, default=4, metavar="N", help="concurrent reconciles (default 4)")
     add("--node-time-limit", type=_seconds, default=None, metavar="S",
         help="stop any node's worker after S seconds in one attempt, whatever the node's own time_limit "

@@ -8,7 +8,8 @@
                          STOPPING=1 when a drain starts; outlives the host scope (pings
                          go on through the drain)
     host scope
-    ├── heartbeat        renews the host lease; on loss stops the host
+    ├── heartbeat        renews the host lease; on loss stops the host (on a shared store:
+    │                    past its bound the host's work is stopped and it joins again, host/fence.py)
     ├── stop watcher     SIGTERM, SIGINT or host.stop: cancel the host scope (drain)
     │                    with reason hostStopping and a deadline for all cleanup
     ├── socket server    one task per connection (on the socket systemd passed, if it did)
@@ -47,6 +48,7 @@ from piwf.host.launcher import fork_available
 from piwf.host.lock import HostLock, standing_by
 from piwf.host.notify import Notifier, open_notifier
 from piwf.host.peers import serve_peers
+from piwf.host import fence
 from piwf.host.deadlines import serve_deadlines
 from piwf.host.reconcile_lane import serve_controllers
 from piwf.host.retention import serve_retention
@@ -242,8 +244,10 @@ async def _take_over(host: HostState, pid: int, identity: str) -> None:
     owner_alive = previous.pid is not None and previous.pid != pid and processes.alive(previous.pid, previous.identity)
     if owner_alive and previous.live(now):
         raise HostAlreadyRunning(f"the host with pid {previous.pid} still holds the lease")
+    began = trio.current_time()
     host.lease = await store.hosts.acquire_lease(host_id=host.host_id, pid=pid, identity=identity,
                                                  lease_ms=host.config.host_lease_ms, now=now, owner_dead=True)
+    host.lease_good_until = fence.good_until(began, host.config.host_lease_ms)
     reclaimed = await store.queue.expire_claims_before(host.epoch, now)
     for worker_id, worker_pid, worker_identity in await store.workers.orphan_before(host.epoch, now):
         if processes.kill_recorded_group(worker_pid, worker_identity):
@@ -279,13 +283,17 @@ async def _first_signal(signals: AsyncIterator[int], host: HostState) -> None:
 async def _heartbeat(host: HostState) -> None:
     async with contextlib.aclosing(trio_util.periodic(host.config.host_lease_ms / 3000)) as ticks:
         async for _ in ticks:
-            if not await _renew_lease(host):
+            if not fence.lease_good(host):
+                await _rejoin(host)
+            elif not await _renew_lease(host):
                 return
 
 
 async def _renew_lease(host: HostState) -> bool:
-    """Renew the host lease; False once it is lost (the host then stops)."""
+    """Renew the host lease; False once it is lost (the host then stops; on a shared store
+    it joins again instead, with a new epoch)."""
     assert host.lease is not None
+    began = trio.current_time()  # the lease's new expiry is this transaction's now + the lease
     try:
         renewed = await host.store.hosts.renew_lease(host.lease, host.config.host_lease_ms, host.now())
     except SchemaError as exc:  # another host migrated the shared store past this piwf's layout
@@ -295,13 +303,50 @@ async def _renew_lease(host: HostState) -> bool:
     except PiwfError as exc:
         log.warning("lease renewal failed (%s); will retry", exc)
         return True
+    if renewed is None and host.fenced:
+        log.error("the host lease was lost; stopping this host's work to join again with a new epoch")
+        host.lease_good_until = -math.inf
+        host.fence_changed.set()
+        return True
     if renewed is None:
         log.error("the host lease was lost; stopping")
         host.stop_requested.set()
         return False
     host.lease = renewed
+    host.lease_good_until = max(host.lease_good_until, fence.good_until(began, host.config.host_lease_ms))
+    host.fence_changed.set()
     faults.point("host.lease.renewed")
     return True
+
+
+async def _rejoin(host: HostState) -> None:
+    """A host whose lease went past its bound (it could not renew it: a partition, a frozen
+    host) has had its work stopped by the fence; once all of it has left, it takes its lease
+    again with a new epoch, ends what its earlier epochs held (its claims, as a takeover
+    does) and claims again. Until the store answers it tries at every tick."""
+    if host.active or host.controllers.active:
+        return  # the fence is stopping them; their ends are recorded first (or kept for a retry)
+    pid = os.getpid()
+    identity = processes.identity(pid) or f"pid:{pid}"
+    began, previous = trio.current_time(), host.epoch
+    try:
+        lease = await host.store.hosts.acquire_lease(host_id=host.host_id, pid=pid, identity=identity,
+                                                     lease_ms=host.config.host_lease_ms, now=host.now(),
+                                                     owner_dead=True)
+        host.lease = lease
+        host.lease_good_until = fence.good_until(began, host.config.host_lease_ms)
+        runs = await host.store.queue.expire_claims_before(lease.epoch, host.now())
+        reconciles = await host.store.controller_queue.expire_claims_before(lease.epoch, host.now())
+    except PiwfError as exc:
+        log.warning("cannot join again yet (%s); will retry", exc)
+        return
+    logs.set_epoch(host.epoch)
+    host.fence_changed.set()
+    log.warning("joined again at epoch %d (was %d) after the lease could not be renewed in time; "
+                "%d run(s) and %d reconcile(s) of the earlier epoch released", host.epoch, previous, len(runs),
+                reconciles)
+    host.wake()
+    host.controllers.wake()
 
 
 async def _prune_commands(host: HostState) -> None:

@@ -7,6 +7,8 @@ end. What differs between the two is a ``Lane`` (host/run_lane.py, host/reconcil
     │              retries the ends the store refused
     ├── claim renewer   every active claim, one transaction per tick; a lost one cancels
     │                   that work's scope with reason claimLost
+    ├── fence           on a shared store: work whose claim (or the host lease) could not be
+    │                   renewed in time is killed before it can expire (host/fence.py)
     └── supervisor      one per claim, in its own cancel scope: the worker process
                         (host/worker_process.py) and its message pump
 
@@ -29,9 +31,10 @@ import trio
 import trio_util
 
 from piwf.errors import PiwfError, ProtocolError
-from piwf.protocol.worker import MAX_WORKER_LINE, WorkerMessage, WorkerResponse
+from piwf.protocol.worker import MAX_WORKER_LINE, HostHeartbeat, WorkerMessage, WorkerResponse
 from piwf.status import StopReason
 from piwf.wire import LineBuffer, encode_line
+from piwf.host import fence
 from piwf.host.lane_state import Active, C, Conclusion, E, LaneState, NodeClock, ProcessEnd
 from piwf.host.state import HostState, log
 from piwf.host.worker_process import cleanup_scope, receive_before, run_worker
@@ -73,6 +76,11 @@ class Lane(ABC, Generic[C, E]):
     @property
     @abstractmethod
     def renew_period_s(self) -> float: ...
+
+    @property
+    @abstractmethod
+    def lease_ms(self) -> int:
+        """How long a claim lives in the store after it is taken or renewed."""
 
     @abstractmethod
     async def renew(self, claims: list[tuple[str, str]]) -> set[str]:
@@ -124,18 +132,21 @@ class Lane(ABC, Generic[C, E]):
 async def serve(lane: Lane[Any, Any], *, also: Sequence[Callable[[], Awaitable[None]]] = (),
                 task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
     """The lane's dispatcher, with its claim renewer and the tasks in ``also`` beside it."""
-    state = lane.state
+    state, host = lane.state, lane.host
     async with trio.open_nursery() as nursery:
         nursery.start_soon(renew_claims, lane)
+        nursery.start_soon(fence.serve_fence, host, state.active, lane.lease_ms, lane.kind)
         for task in also:
             nursery.start_soon(task)
         task_status.started()
         while True:
             state.wake_event = trio.Event()
             await retry_unrecorded(lane)
-            room = lane.room()
+            room = lane.room() if fence.lease_good(host) else 0  # a host past its lease's bound claims nothing
+            began = trio.current_time()  # the claims' expiry is this transaction's now + the lease
             for active in await lane.claim(room) if room > 0 else []:
                 lane.claimed()
+                active.good_until = fence.good_until(began, lane.lease_ms)
                 key = lane.key(active.claim)
                 state.active[key] = active
                 if (early := state.early_stops.pop(key, None)) is not None:
@@ -160,11 +171,16 @@ async def renew_claims(lane: Lane[Any, Any]) -> None:
             active = list(lane.state.active.values())
             if not active:
                 continue
+            began = trio.current_time()  # the renewed expiry is this transaction's now + the lease
             try:
                 lost = await lane.renew([(lane.key(work.claim), work.claim.token) for work in active])
             except PiwfError as exc:
                 log.warning("%s claim renewal failed (%s); will retry", lane.kind, exc)
                 continue
+            for work in active:
+                if lane.key(work.claim) not in lost:
+                    work.good_until = max(work.good_until, fence.good_until(began, lane.lease_ms))
+            lane.host.fence_changed.set()
             for work in active:
                 # A worker whose own message ended its part released the claim.
                 if lane.key(work.claim) in lost and work.conclusion is None:
@@ -221,14 +237,19 @@ async def pump(lane: Lane[C, Any], active: Active[C], receive: trio.lowlevel.FdS
     host = lane.host
     buffer = LineBuffer(MAX_WORKER_LINE)
     deadline: float | None = trio.current_time() + host.config.worker_startup_s
+    beat_at = trio.current_time() if host.fenced else None  # the first heartbeat at once
     while True:
         clock = active.node_clock
-        chunk = await receive_before(receive, _earliest(deadline, None if clock is None else clock.deadline))
+        chunk = await receive_before(receive, _earliest(deadline, None if clock is None else clock.deadline, beat_at))
         if chunk is None:
-            if clock is not None and trio.current_time() >= clock.deadline:
+            now = trio.current_time()
+            if clock is not None and now >= clock.deadline:
                 _over_time_limit(active, clock)
-            else:
+            elif deadline is not None and now >= deadline:
                 _timed_out(lane, active)
+            elif beat_at is not None and await _beat(send, host, active):
+                beat_at = now + fence.beat_period_s(host, lane.lease_ms)
+                continue
             return
         if not chunk:
             return
@@ -256,6 +277,18 @@ async def pump(lane: Lane[C, Any], active: Active[C], receive: trio.lowlevel.FdS
                 if not await lane.went_idle(active, receive, buffer):
                     await _let_it_end(lane, active)
                 return
+
+
+async def _beat(send: trio.lowlevel.FdStream, host: HostState, active: Active[Any]) -> bool:
+    """Tell the worker until when its claim is vouched for; False once it cannot be told."""
+    until = fence.vouched_until(host, active)
+    if until <= trio.current_time():
+        return True  # the fence is stopping it
+    try:
+        await send.send_all(encode_line(HostHeartbeat(untilMs=fence.monotonic_ms(until))))
+    except (trio.BrokenResourceError, trio.ClosedResourceError):
+        return False
+    return True
 
 
 def _earliest(*deadlines: float | None) -> float | None:

@@ -8,6 +8,7 @@ claim (a run's ``Claim``, a resource's ``ControllerClaim``).
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -109,6 +110,10 @@ class Active(Generic[C]):
     warm: Any = None  # a run: its WarmTicket (host/warm.py), what a warm worker may serve
     output: Any = None  # its Diagnostics (host/worker_process.py): what it printed so far
     end_recorded: str | None = None  # a run's: recorded with the message that ended its run, with this output
+    good_until: float = math.inf  # trio time until which its claim is vouched for (host/fence.py)
+    unrenewed: bool = False  # stopped by the fence: its claim could not be renewed in time
+    kill: Callable[[], object] | None = None  # SIGKILL its worker's group, while the worker is unreaped
+    groups: dict[int, str] = field(default_factory=dict)  # process groups it registered: pid -> identity
 
     @property
     def label(self) -> str:

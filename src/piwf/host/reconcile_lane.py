@@ -99,6 +99,10 @@ class ReconcileLane(lane.Lane[ControllerClaim, ReconcileEnd]):
     def renew_period_s(self) -> float:
         return self.host.config.controller_lease_ms / 4000  # a quarter of a lease
 
+    @property
+    def lease_ms(self) -> int:
+        return self.host.config.controller_lease_ms
+
     async def renew(self, claims: list[tuple[str, str]]) -> set[str]:
         host = self.host
         return await host.store.controller_queue.renew_claims(claims, host.config.controller_lease_ms, host.now())
@@ -107,7 +111,8 @@ class ReconcileLane(lane.Lane[ControllerClaim, ReconcileEnd]):
         claim = active.claim
         log.info("%s: reconciling (claim %d)", active.label, claim.claim_number)
         return ReconcileLaunch(uid=claim.uid, generation=claim.claim_number, workerEpoch=active.worker_id,
-                               projectPath=claim.project, controller=claim.controller), claim.project
+                               projectPath=claim.project, controller=claim.controller,
+                               claimLeaseMs=self.lease_ms if self.host.fenced else 0), claim.project
 
     async def attach(self, active: ActiveReconcile, pid: int, identity: str) -> None:
         await self.host.store.controller_queue.attach_worker(active.claim.uid, active.claim.token, pid, identity)

@@ -80,6 +80,10 @@ class RunLane(lane.Lane[Claim, WorkerEnd]):
     def renew_period_s(self) -> float:
         return self.host.config.run_lease_ms / 3000  # a third of a lease: two more ticks before it expires
 
+    @property
+    def lease_ms(self) -> int:
+        return self.host.config.run_lease_ms
+
     async def renew(self, claims: list[tuple[str, str]]) -> set[str]:
         return await self.host.store.queue.renew_claims(claims, self.host.config.run_lease_ms, self.host.now())
 
@@ -93,7 +97,7 @@ class RunLane(lane.Lane[Claim, WorkerEnd]):
         envelope = LaunchEnvelope(
             runId=run_id, generation=active.claim.generation, workerEpoch=active.worker_id, projectPath=project,
             workflow=launch.workflow, definitionDigest=launch.definition_digest, inputHash=launch.input_hash,
-            nice=self.host.config.worker_nice,
+            nice=self.host.config.worker_nice, claimLeaseMs=self.lease_ms if self.host.fenced else 0,
         )
         log.info("run %s: claimed (generation %d)", run_id, active.claim.generation)
         active.warm = WarmTicket(project, launch.workflow, launch.definition_digest)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 import trio
+import trio_util
 
 from piwf.clock import Clock, WallClock
 from piwf.paths import StatePaths
@@ -62,6 +63,8 @@ class HostConfig:
     retain_ms: int | None = None  # piwf serve --retain: ended runs are deleted this long after they ended
     command_retention_ms: int = RETENTION_MS  # logged commands (a retry within it is answered from the log)
     prune_interval_s: float = 3600.0  # how often the command log (and what was delivered) is pruned
+    fence: bool | None = None  # stop work whose claim could not be renewed in time (host/fence.py); None: on a
+    #                            store several hosts share (PostgreSQL)
 
 
 ActiveRun = Active[Claim]
@@ -121,6 +124,15 @@ class HostState:
     stop_requested: trio.Event = field(default_factory=trio.Event)
     wake_deadlines: trio.Event = field(default_factory=trio.Event)  # a request opened or went back to waiting
     controllers: ControllerState = field(default_factory=ControllerState)
+    lease_good_until: float = math.inf  # trio time until which the host lease is vouched for (host/fence.py)
+    fence_changed: trio_util.RepeatedEvent = field(default_factory=trio_util.RepeatedEvent)
+
+    @property
+    def fenced(self) -> bool:
+        """Whether work is stopped once its claim could not be renewed in time: on a store
+        other hosts share (another could claim the work once its claim expires)."""
+        fence = self.config.fence
+        return self.config.store_url is not None if fence is None else fence
 
     @property
     def active(self) -> dict[str, ActiveRun]:

@@ -192,6 +192,7 @@ async def _process_register(host: HostState, tx: UnitOfWork,
     identity = _own_group_leader(active, payload.pid)
     if identity != payload.identity:
         raise Rejected(f"process {payload.pid} is not the one the worker named (its start identity differs)")
+    active.groups[payload.pid] = identity  # the fence kills it with no store to ask (host/fence.py)
     await tx.workers.register_process(worker_id=active.worker_id, run_id=active.claim.run_id, pid=payload.pid,
                              identity=identity, node=payload.node, now=now)
     return NOTHING, None
@@ -216,6 +217,7 @@ async def _process_unregister(host: HostState, tx: UnitOfWork,
           active: ActiveRun, message: ProcessUnregister, now: int) -> Outcome:
     if not await tx.workers.unregister_process(active.worker_id, message.payload.pid, now):
         raise Rejected(f"process {message.payload.pid} is not registered to this worker")
+    active.groups.pop(message.payload.pid, None)
     return NOTHING, None
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import os
+import signal
 import weakref
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
@@ -182,6 +183,7 @@ async def _supervise_process(host: HostState, active: Active[Any], proc: WorkerH
     active.output = diagnostics
     try:
         active.pid = proc.pid
+        active.kill = lambda: proc.signal_group(signal.SIGKILL)  # the fence's (host/fence.py): until it is reaped
         await attach(proc.pid, proc.identity or "")
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_read_output, proc.stdout, diagnostics)
@@ -206,6 +208,7 @@ async def _keep_warm(host: HostState, active: Active[Any], ticket: WarmTicket, w
                      diagnostics: Diagnostics) -> None:
     """A warm worker said idle: what the run registered goes, then the process waits in the
     pool for another run (or is stopped, when the pool cannot keep it)."""
+    active.kill = None
     if tail := drain_output(worker.proc.stdout):
         diagnostics.add(tail)
     diagnostics.complete = True
@@ -225,8 +228,10 @@ async def _end_process(host: HostState, active: Active[Any], proc: WorkerHandle,
     """Stop the worker's group (unless it has exited), reap it, read what it printed last,
     record how it ended, kill the groups it registered and close its streams."""
     returncode = None
+    active.kill = None  # reaped from here on: its pid may name another process
+    grace = 0 if active.unrenewed else host.config.kill_grace_s  # past the fence there is no time for one
     with cleanup_scope(host, host.config.kill_grace_s + REAP_S) as cleanup:
-        returncode = await stop_worker(proc, host.config.kill_grace_s, exited)
+        returncode = await stop_worker(proc, grace, exited)
         if not diagnostics.complete:  # what it printed last, before it was stopped
             with trio.move_on_after(OUTPUT_TAIL_S):
                 await _read_output(proc.stdout, diagnostics, pace_s=0)

@@ -32,6 +32,7 @@ class ReconcileLaunch(msgspec.Struct, forbid_unknown_fields=True):
     controller: str
     schema: str = RECONCILE_LAUNCH_SCHEMA
     protocolVersion: int = WORKER_PROTOCOL_VERSION
+    claimLeaseMs: int = 0  # the reconcile claim's lease: bounds the worker's wait for the host (0: unbounded)
 
 
 # --- payloads --------------------------------------------------------------------------------

@@ -331,6 +331,7 @@ class LaunchEnvelope(msgspec.Struct, forbid_unknown_fields=True):
     schema: str = WORKER_LAUNCH_SCHEMA
     protocolVersion: int = WORKER_PROTOCOL_VERSION
     nice: Annotated[int, msgspec.Meta(ge=0, le=19)] = 0  # added to the worker's nice value once it is ready
+    claimLeaseMs: Count = 0  # the run claim's lease: bounds the worker's wait for the host (0: unbounded)
 
 
 class LaunchRefused(ValueError):
@@ -365,6 +366,27 @@ def decode_launch(raw: str, schema: str, kind: type[E]) -> E:
         return msgspec.json.decode(data, type=kind)
     except msgspec.DecodeError as exc:
         raise LaunchRefused(f"the launch envelope is unreadable: {exc}") from None
+
+
+# --- the host's heartbeat (host → worker; see worker/channel.py) ---------------------------
+
+
+class HostHeartbeat(msgspec.Struct, tag_field="type", tag="host.heartbeat", forbid_unknown_fields=True):
+    """Host → worker, between answers: the host vouches for the worker's claim until
+    ``untilMs``, a time of the machine's monotonic clock (``time.monotonic()`` in ms: the
+    host and its workers share one machine, and so one clock). Past it with no newer
+    heartbeat (a frozen host, or one that cannot renew the claim) the worker stops itself:
+    its registered process groups and its own group are killed."""
+
+    untilMs: int
+
+
+HEARTBEAT_PREFIX = b'{"type":"host.heartbeat"'  # how a heartbeat line begins (msgspec writes the tag first)
+_heartbeat_decoder = msgspec.json.Decoder(HostHeartbeat)
+
+
+def parse_heartbeat(line: bytes) -> HostHeartbeat:
+    return decode_with(_heartbeat_decoder, line, "host.heartbeat")
 
 
 # --- warm workers (a workflow with reuse_worker; see worker/warm.py) ------------------------

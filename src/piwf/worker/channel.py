@@ -4,10 +4,16 @@ two runs of a warm worker, its ``worker.idle`` line and the host's ``run.next``)
 The protocol runs on its own pipe descriptors, so user code printing to stdout cannot
 corrupt it. A node may call ``ctx`` from several threads: one request and its answer are
 one turn under a lock, so each answer reaches the call that asked (and says so: its
-``messageId`` is the request's, else the worker stops with a protocol error). A watcher
-thread waits for the pipe's hang-up: if the host goes away, the worker's whole process
-group is killed at once, even while user code runs: a run must never go on without its
-host.
+``messageId`` is the request's, else the worker stops with a protocol error).
+
+A reader thread is the pipe's only reader, whatever the main thread is doing (user code
+runs there): it hands answers to the call waiting for one, and keeps the host's
+heartbeats (``host.heartbeat``) to itself. If the host goes away (the pipe's hang-up), or
+stays silent past the time its last heartbeat vouched for the claim (a frozen host, or
+one that cannot renew the claim), the worker's registered process groups and its whole
+own group are killed at once, even while user code runs: a run must never go on without
+its host, nor past its claim. Before the first heartbeat the claim is taken to be good
+for a third of its lease from the worker's start (the host sends one at once).
 """
 
 from __future__ import annotations
@@ -16,7 +22,10 @@ import contextlib
 import os
 import select
 import signal
+import sys
 import threading
+import time
+from collections import deque
 from typing import NoReturn, TypeVar
 
 import msgspec
@@ -24,35 +33,79 @@ import msgspec
 from piwf import faults
 from piwf.errors import ClaimLost, HostRefused, ProtocolError
 from piwf.wire import LineBuffer, encode_line
-from piwf.protocol.worker import MAX_WORKER_LINE, Payload, WorkerMessage, parse_worker_response
+from piwf.protocol.worker import (
+    HEARTBEAT_PREFIX, MAX_WORKER_LINE, Payload, WorkerMessage, parse_heartbeat, parse_worker_response,
+)
 
 
 R = TypeVar("R")
 
 
 class Channel:
-    def __init__(self, read_fd: int, write_fd: int, *, worker_id: str, generation: int) -> None:
+    def __init__(self, read_fd: int, write_fd: int, *, worker_id: str, generation: int,
+                 lease_ms: int = 0) -> None:
         self._read_fd = read_fd
         self._write_fd = write_fd
         self._buffer = LineBuffer(MAX_WORKER_LINE)
-        self._lines: list[bytes] = []
+        self._lines: deque[bytes] = deque()
+        self._broken: ProtocolError | None = None  # what the reader found wrong with the host's lines
+        self._arrived = threading.Condition()
         self.worker_id = worker_id
         self.generation = generation
         self.revision = 0
         self._sent = 0
         self._turn = threading.Lock()  # one request and its answer at a time, whichever thread asks
         self.children: set[int] = set()  # process groups of registered shell processes
-        threading.Thread(target=self._watch, daemon=True, name="piwf-host-watch").start()
+        self.vouched_until: float | None = None  # monotonic seconds; None: no bound (idle, or no lease given)
+        self.arm(lease_ms)
+        threading.Thread(target=self._read, daemon=True, name="piwf-host-watch").start()
 
-    def _watch(self) -> None:
-        """Wait for the host's end of the pipe to close, whatever the main thread is doing
-        (answers are read by the main thread; this one only hears the hang-up)."""
+    def arm(self, lease_ms: int) -> None:
+        """A claim of ``lease_ms`` begins (the worker's start, a warm worker's next run):
+        good for a third of it until the host's first heartbeat says more."""
+        self.vouched_until = time.monotonic() + lease_ms / 3000 if lease_ms > 0 else None
+
+    def _read(self) -> None:
+        """The pipe's one reader: answers go to ``_lines``, heartbeats move ``vouched_until``;
+        the hang-up, or the host's silence past ``vouched_until``, ends the process."""
         poller = select.poll()
-        poller.register(self._read_fd, 0)  # no events asked: only hang-up and errors wake it
+        poller.register(self._read_fd, select.POLLIN)
         while True:
-            for _, event in poller.poll():
-                if event & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
+            until = self.vouched_until
+            wait_ms = None if until is None else max(0, int((until - time.monotonic()) * 1000) + 1)
+            if poller.poll(wait_ms):
+                try:
+                    chunk = os.read(self._read_fd, 65536)
+                except OSError:
+                    chunk = b""
+                if not chunk:
                     self._host_gone()
+                self._take(chunk)
+            until = self.vouched_until  # after what was read: a stale heartbeat vouches for nothing now
+            if until is not None and time.monotonic() >= until:
+                self._host_silent()
+
+    def _take(self, chunk: bytes) -> None:
+        try:
+            lines = self._buffer.feed(chunk)
+            for line in lines:
+                if line.startswith(HEARTBEAT_PREFIX):
+                    self.vouched_until = parse_heartbeat(line).untilMs / 1000
+            answers = [line for line in lines if not line.startswith(HEARTBEAT_PREFIX)]
+        except ProtocolError as exc:
+            with self._arrived:
+                self._broken = exc
+                self._arrived.notify_all()
+            return
+        if answers:
+            with self._arrived:
+                self._lines.extend(answers)
+                self._arrived.notify_all()
+
+    def _host_silent(self) -> NoReturn:
+        print("piwf worker: the host has not vouched for this worker's claim in time (frozen, or unable to "
+              "renew it); stopping its processes", file=sys.stderr, flush=True)
+        self._host_gone()
 
     def _host_gone(self) -> NoReturn:
         """Nothing this process does can be accepted any more: the run's shell processes
@@ -64,22 +117,26 @@ class Channel:
         raise AssertionError("unreachable")
 
     def _next_answer(self) -> bytes:
-        while not self._lines:
-            chunk = os.read(self._read_fd, 65536)
-            if not chunk:
-                self._host_gone()
-            self._lines.extend(self._buffer.feed(chunk))
-        return self._lines.pop(0)
+        with self._arrived:
+            while not self._lines:
+                if self._broken is not None:
+                    raise self._broken
+                self._arrived.wait()
+            return self._lines.popleft()
 
-    def rebind(self, worker_id: str, generation: int) -> None:
+    def rebind(self, worker_id: str, generation: int, lease_ms: int = 0) -> None:
         """A warm worker's next run: its messages carry that run's claim from here on."""
         with self._turn:
             self.worker_id, self.generation, self.revision = worker_id, generation, 0
             self.children.clear()
+            self.arm(lease_ms)
 
-    def tell(self, message: msgspec.Struct) -> None:
-        """Send one line that is not a request (a warm worker's ``worker.idle``)."""
+    def tell(self, message: msgspec.Struct, *, idle: bool = False) -> None:
+        """Send one line that is not a request (a warm worker's ``worker.idle``); ``idle``:
+        the worker holds no claim from now on, so the host's silence bounds nothing."""
         with self._turn:
+            if idle:
+                self.vouched_until = None
             _write_all(self._write_fd, encode_line(message))
 
     def next_line(self) -> bytes:

@@ -130,7 +130,8 @@ def main() -> int:
         print(f"piwf worker: {exc}", file=sys.stderr)
         return EXIT_LAUNCH
     read_fd, write_fd = (int(fd) for fd in os.environ["PIWF_WORKER_FDS"].split(","))
-    channel = Channel(read_fd, write_fd, worker_id=envelope.workerEpoch, generation=envelope.generation)
+    channel = Channel(read_fd, write_fd, worker_id=envelope.workerEpoch, generation=envelope.generation,
+                      lease_ms=envelope.claimLeaseMs)
     try:
         serve(envelope, channel)
     except ClaimLost:  # told so by the host: nothing more to do here

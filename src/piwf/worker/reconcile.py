@@ -194,7 +194,8 @@ def main() -> int:
         print(f"piwf reconcile worker: {exc}", file=sys.stderr)
         return EXIT_LAUNCH
     read_fd, write_fd = (int(fd) for fd in os.environ["PIWF_WORKER_FDS"].split(","))
-    channel = Channel(read_fd, write_fd, worker_id=launch.workerEpoch, generation=launch.generation)
+    channel = Channel(read_fd, write_fd, worker_id=launch.workerEpoch, generation=launch.generation,
+                      lease_ms=launch.claimLeaseMs)
     try:
         run(launch, channel)
     except ClaimLost:

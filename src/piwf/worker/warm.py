@@ -61,9 +61,9 @@ def next_run(channel: Channel, baseline: Baseline, reuse: WorkerReuse, runs: int
     baseline.restore()
     if runs >= reuse.runs or resident_mb() > reuse.memory_mb or not _alone(baseline):
         return None
-    channel.tell(WorkerIdle(workerEpoch=channel.worker_id, runs=runs))
+    channel.tell(WorkerIdle(workerEpoch=channel.worker_id, runs=runs), idle=True)
     launch = parse_next_run(channel.next_line()).launch
-    channel.rebind(launch.workerEpoch, launch.generation)
+    channel.rebind(launch.workerEpoch, launch.generation, launch.claimLeaseMs)
     return launch
 
 
