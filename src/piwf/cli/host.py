@@ -25,12 +25,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from piwf.host.host import Host
     from piwf.host.state import HostConfig
+    from piwf.status import DEFAULT_QUEUE
 
     from piwf import faults, logs
 
     faults.configure()
     logs.configure(args.log_format, args.log_level)
     config = HostConfig(StatePaths.resolve(args.state_dir), max_workers=args.max_workers,
+                        queues=tuple(dict.fromkeys(args.queue or [DEFAULT_QUEUE])),
                         durability=args.durability, store_url=args.store or os.environ.get("PIWF_STORE") or None,
                         store_listen=not args.poll_only,
                         worker_startup_s=args.worker_startup_timeout,

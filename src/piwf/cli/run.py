@@ -31,6 +31,8 @@ def cmd_run_start(args: argparse.Namespace) -> int:
         payload["originSessionId"] = args.session
     if args.settings is not None:
         payload["settings"] = _json_arg(args.settings, "--settings")
+    if args.queue is not None:
+        payload["queue"] = args.queue
     if args.wait_timeout is not None and not args.wait:
         raise UsageError("--wait-timeout goes with --wait")
     # Loading the workflow may take the host up to LOAD_LIMIT_S: by default the CLI waits for

@@ -241,6 +241,7 @@ async def _take_over(host: HostState, pid: int, identity: str) -> None:
         raise HostAlreadyRunning(f"the host with pid {previous.pid} still holds the lease")
     host.lease = await store.hosts.acquire_lease(host_id=host.host_id, pid=pid, identity=identity,
                                                  lease_ms=host.config.host_lease_ms, now=now, owner_dead=True)
+    await store.placement.serve_queues(host.host_id, host.config.queues, now)
     reclaimed = await store.queue.expire_claims_before(host.epoch, now)
     for worker_id, worker_pid, worker_identity in await store.workers.orphan_before(host.epoch, now):
         if processes.kill_recorded_group(worker_pid, worker_identity):
