@@ -339,6 +339,8 @@ def _format_status(s: dict[str, Any]) -> str:
             lines.append(f"sessions:  {s['undeliveredNotifications']} undelivered notification(s), "
                          f"{s['unresolvedTurns']} unresolved turn(s): piwf inbox --session ID")
         lines.append(f"workers:   {s.get('activeWorkers', 0)} active")
+        if s.get("queues"):
+            lines.append(f"queues:    {', '.join(map(shown, s['queues']))} (this host claims runs of these)")
         if "pendingControllers" in s:
             lines.append(f"resources: {s['pendingControllers']} queued, {s.get('activeControllerWorkers', 0)} "
                          f"reconciling, {s['heldControllers']} held")
