@@ -73,8 +73,10 @@ def release_unloadable(db: Database, run_id: str, token: str, *, host_id: str, r
         return bool(_hold(db, now, run_id))
 
 
-# Runs someone has recorded they cannot load, not yet ended.
-_RECORDED = "run_queue.status IN ('queued', 'parked') AND run_queue.run_id IN (SELECT p.run_id FROM run_placement p)"
+# Runs at rest in the queue (not claimed, not ended).
+_AT_REST = "run_queue.status IN ('queued', 'parked')"
+# ... that some host has recorded it cannot load.
+_RECORDED = f"{_AT_REST} AND run_queue.run_id IN (SELECT p.run_id FROM run_placement p)"
 
 
 def _untried(db: Database) -> str:
@@ -110,13 +112,15 @@ def why_held(db: Database, run_id: str, now: int) -> str:
 
 
 def _release(db: Database, now: int) -> list[str]:
-    """Release the held runs a live host of their queue has not tried (back to paused if
-    they were paused meanwhile); their ids."""
+    """Release the runs held for their workflow that a live host of their queue has not
+    tried (back to paused if they were paused meanwhile); their ids. A run held so before
+    layout 15 (no records) is tried once by each live host of its queue: only a host that
+    finds the file with the run's digest goes on with it, the others record it."""
     released = [row[0] for row in db.execute(
         f"""UPDATE run_queue SET updated_at = :now,
               hold = CASE WHEN (SELECT r.paused FROM runs r WHERE r.run_id = run_queue.run_id) != 0
                           THEN '{Hold.PAUSED}' ELSE NULL END
-            WHERE hold = '{Hold.SOURCE}' AND {_RECORDED} AND {_untried(db)}
+            WHERE hold = '{Hold.SOURCE}' AND {_AT_REST} AND {_untried(db)}
             RETURNING run_id""", {"now": now}).fetchall()]
     for run in released:
         db.execute("UPDATE runs SET status_detail = CASE WHEN paused != 0 THEN 'paused' ELSE NULL END, "
