@@ -78,14 +78,16 @@ async def test_a_run_goes_to_the_host_that_can_load_it_and_is_never_held_for_ano
     older = other_host(tmp_path, "older", "--store", url, env={"PIWF_TEST_MACHINE": "older"})
     await older.start()  # free workers, another version of the workflow
     try:
-        run_ids = [await start(paths, project) for _ in range(3)]
+        run_ids = [await start(paths, project)]
+        await wait_for(lambda: (project / "wait.log").exists())  # on the capable host, at its gate: it is full
+        run_ids += [await start(paths, project) for _ in range(2)]
 
         async def tried_elsewhere() -> int:  # runs the older host claimed, could not load and released
             shown = [await run_status(paths, run_id) for run_id in run_ids]
             return sum(1 for run in shown if run["placement"] and "cannot load its workflow" in run["placement"])
 
-        # The capable host runs one (held at its gate); the older host takes the other two,
-        # finds another digest, releases them and passes them over from then on.
+        # The older host takes the other two, finds another digest, releases them and passes
+        # them over from then on; they wait for the capable host.
         await wait_for(lambda: _count(tried_elsewhere, 2), timeout=30)
         (project / "gate").touch()
         for run_id in run_ids:
