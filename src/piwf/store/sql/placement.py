@@ -28,6 +28,7 @@ from piwf.status import Hold
 from piwf.store.sql import ending
 from piwf.store.sql.base import add_event
 from piwf.store.sql.database import Database
+from piwf.store.sql.listing import HELD
 
 DETAIL_LIMIT = 2000
 HELD_PREFIX = "no live host can load its workflow"
@@ -87,10 +88,11 @@ def _untried(db: Database) -> str:
 
 def _hold(db: Database, now: int, run_id: str | None = None) -> list[str]:
     """Hold the runs (or run ``run_id``) that every live host of their queue (one at least)
-    has recorded it cannot load; their ids."""
+    has recorded it cannot load; their ids. Read from the records (few), through the queue's
+    primary key, not from the queue's ready runs (many)."""
     only = "AND run_id = :run" if run_id is not None else ""
     held = [row[0] for row in db.execute(
-        f"""UPDATE run_queue SET hold = '{Hold.SOURCE}', updated_at = :now
+        f"""UPDATE run_queue INDEXED BY sqlite_autoindex_run_queue_1 SET hold = '{Hold.SOURCE}', updated_at = :now
             WHERE hold IS NULL AND {_RECORDED} {only}
               AND EXISTS (SELECT 1 FROM {_serving(db)} s WHERE s.queue = run_queue.queue)
               AND NOT {_untried(db)}
@@ -112,7 +114,8 @@ def why_held(db: Database, run_id: str, now: int) -> str:
 
 
 def _release(db: Database, now: int) -> list[str]:
-    """Release the runs held for their workflow that a live host of their queue has not
+    """Release the runs held for their workflow (through the index of held runs: the
+    same ``HELD`` term) that a live host of their queue has not
     tried (back to paused if they were paused meanwhile); their ids. A run held so before
     layout 15 (no records) is tried once by each live host of its queue: only a host that
     finds the file with the run's digest goes on with it, the others record it."""
@@ -120,7 +123,7 @@ def _release(db: Database, now: int) -> list[str]:
         f"""UPDATE run_queue SET updated_at = :now,
               hold = CASE WHEN (SELECT r.paused FROM runs r WHERE r.run_id = run_queue.run_id) != 0
                           THEN '{Hold.PAUSED}' ELSE NULL END
-            WHERE hold = '{Hold.SOURCE}' AND {_AT_REST} AND {_untried(db)}
+            WHERE hold = '{Hold.SOURCE}' AND {HELD} AND {_AT_REST} AND {_untried(db)}
             RETURNING run_id""", {"now": now}).fetchall()]
     for run in released:
         db.execute("UPDATE runs SET status_detail = CASE WHEN paused != 0 THEN 'paused' ELSE NULL END, "
