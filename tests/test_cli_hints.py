@@ -72,8 +72,8 @@ async def test_a_start_timeout_on_a_slow_import_says_it_loads_and_how_to_retry(
     assert (await call(paths, "run.wait", run_id=run_id, payload={"timeoutMs": 20_000}))["status"] == "completed"
 
 
-async def test_a_run_held_for_its_workflow_file_is_released_by_resume(host: HostState, paths: StatePaths,
-                                                                     project: Path) -> None:
+async def test_a_run_held_for_its_workflow_file_goes_on_once_the_file_is_restored_or_resumed(
+        host: HostState, paths: StatePaths, project: Path) -> None:
     workflow = write_workflow(project, "asks", ASKS)
     original = workflow.read_text()
     run_id = await start(paths, project, "asks")
@@ -82,20 +82,29 @@ async def test_a_run_held_for_its_workflow_file_is_released_by_resume(host: Host
     held = await piwf(paths, "answer", request["requestId"], "--value", "5", "--wait", check=False)
     assert held.returncode == 24, held.stderr
     said = held.stderr.decode()
-    assert f"restore the workflow file or keep the change, then piwf run resume {run_id}" in said, said
-    assert "restore the workflow file, or" not in said  # before: restoring it seemed to release the run
-    assert said.count("resume") == 1, said  # the host's detail no longer says "resume" too
-
-    workflow.write_text(original)  # restored exactly: the run stays held until someone resumes it
-    still = await piwf(paths, "run", "wait", run_id, check=False)
-    assert still.returncode == 24 and f"then piwf run resume {run_id}".encode() in still.stderr
+    assert ("restore the workflow file: the run is tried again once it changes (or start a host of queue default "
+            f"that has it); or keep the change: piwf run resume {run_id}") in said, said
+    assert said.count("resume") == 1, said  # the host's detail does not say "resume" too
     shown = (await piwf(paths, "run", "show", run_id)).stdout.decode()
-    assert f"release:  restore the workflow file or keep the change, then piwf run resume {run_id}" in shown
+    assert "release:  restore the workflow file: the run is tried again once it changes" in shown
 
-    await piwf(paths, "run", "resume", run_id)  # what the hint says: the run goes on with the file as it is
-    done = await piwf(paths, "run", "wait", run_id, check=False)
-    assert done.returncode == 0, done.stderr
-    assert (await run_status(paths, run_id))["status"] == "completed"
+    workflow.write_text(original)  # restored exactly: the host finds it so on its next poll and goes on
+
+    async def completed() -> bool:
+        return bool((await run_status(paths, run_id))["status"] == "completed")
+
+    await wait_for(completed, timeout=30)  # the answer given while it was held is validated, and taken
+
+    workflow.write_text(original.replace("How many?", "How many, now?"))  # kept changed: resume adopts it
+    second = await start(paths, project, "asks")
+    request = await open_request(paths, second)
+    workflow.write_text(original.replace("How many?", "How many, later?"))
+    again = await piwf(paths, "answer", request["requestId"], "--value", "5", "--wait", check=False)
+    assert again.returncode == 24, again.stderr
+    await piwf(paths, "run", "resume", second)  # what the hint says: the run goes on with the file as it is
+    resumed = await piwf(paths, "run", "wait", second, check=False)
+    assert resumed.returncode == 0, resumed.stderr
+    assert (await run_status(paths, second))["status"] == "completed"
 
 
 async def test_a_run_held_for_a_file_that_does_not_load_says_fix_it_then_resume(
@@ -109,8 +118,9 @@ async def test_a_run_held_for_a_file_that_does_not_load_says_fix_it_then_resume(
     held = await piwf(paths, "answer", request["requestId"], "--value", "5", "--wait", check=False)
     assert held.returncode == 24, held.stderr
     said = held.stderr.decode()
-    assert "is held (source): workflow cannot load:" in said, said
-    assert said.rstrip().endswith(f"; fix the workflow file, then piwf run resume {run_id}"), said
+    assert "is held (source): no live host can load its workflow: host-" in said and "workflow cannot load:" in said
+    assert said.rstrip().endswith(f"; fix the workflow file: the run is tried again once it changes (or start a "
+                                  f"host of queue default that can load it), or piwf run resume {run_id}"), said
     assert "go on with the new one" not in said  # before: the new one does not load
 
 

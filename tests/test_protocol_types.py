@@ -99,9 +99,9 @@ async def test_receipts_carry_the_documented_fields(client: AsyncClient, project
 
 
 SUMMARY = {"runId", "workflow", "status", "queueStatus", "paused", "hold", "statusDetail", "revision",
-           "originSessionId", "generation", "createdAt", "updatedAt", "finishedAt"}
+           "originSessionId", "generation", "createdAt", "updatedAt", "finishedAt", "queue"}
 DETAIL = {"projectPath", "definitionDigest", "input", "output", "error", "steps", "workers", "effects", "waitingFor",
-          "updates"}
+          "updates", "placement"}
 
 
 def test_every_event_field_written_is_a_run_event_field() -> None:

@@ -171,7 +171,8 @@ def test_systemd_quoting_keeps_arguments_whole() -> None:
 
 
 # Every serve option a service carries, each at a value other than its default.
-GIVEN = {"--max-workers": "3", "--durability": "normal", "--store": "postgresql://piwf@db.example/piwf?schema=s1",
+GIVEN = {"--max-workers": "3", "--queue": "gpu", "--durability": "normal",
+         "--store": "postgresql://piwf@db.example/piwf?schema=s1",
          "--poll-only": None, "--worker-startup-timeout": "20", "--drain-timeout": "40.5", "--kill-grace": "3",
          "--request-timeout": "11", "--reply-timeout": "12", "--presentation-lease": "13", "--socket-check": "2",
          "--delivery-lease": "14", "--lease": "15", "--max-controller-workers": "5", "--node-time-limit": "600",

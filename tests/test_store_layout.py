@@ -322,3 +322,34 @@ def test_a_layout_13_database_gains_run_graphs_and_its_runs_answer_theirs_unknow
         False, [], [("first", "unknown", "accepted")])
     assert db.scalar("PRAGMA integrity_check") == "ok"
     db.close()
+
+
+def test_a_layout_14_database_gains_queues_and_placement_with_its_runs_on_the_default_queue(
+        tmp_path: Path) -> None:
+    """Layout 15 puts each run on a named queue (runs made before are on 'default'), claims
+    by queue first from run_queue_ready, and adds the queues hosts serve and the runs a host
+    cannot load; the schema ends as a fresh one's."""
+    from piwf.store.sql import queue, runs
+
+    def schema(db: Database) -> set[tuple[str, str]]:
+        return set(db.execute("SELECT name, sql FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"))
+
+    fresh = Database.open(tmp_path / "fresh.db")
+    expected = schema(fresh)
+    fresh.close()
+    assert {"host_queues", "run_placement"} <= {name for name, _ in expected}
+    path = tmp_path / "v14.db"
+    conn = frozen_layout(path, 14)
+    conn.execute("INSERT INTO runs (run_id, workflow, project_path, definition_hash, definition_digest, status, "
+                 "created_at, updated_at) VALUES ('r', 'w', '/p', 'h', 'd', 'queued', 1, 1)")
+    conn.execute("INSERT INTO run_queue (run_id, status, created_at, updated_at) VALUES ('r', 'queued', 1, 1)")
+    conn.close()
+    db = Database.open(path)
+    assert db.scalar("PRAGMA user_version") == SCHEMA_VERSION >= 15
+    assert schema(db) == expected
+    assert runs.run_summary(db, "r").queue == "default"
+    assert queue.claim_next_run(db, runner_id="h", token="t", lease_ms=1000, now=2, epoch=1, queues=("gpu",)) is None
+    claim = queue.claim_next_run(db, runner_id="h", token="t", lease_ms=1000, now=2, epoch=1)
+    assert claim is not None and claim.run_id == "r"
+    assert db.scalar("PRAGMA integrity_check") == "ok"
+    db.close()

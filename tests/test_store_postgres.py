@@ -63,7 +63,7 @@ def _layout(conn: psycopg.Connection[Any], schema: str) -> tuple[list[Any], list
 async def test_a_layout_1_schema_is_migrated_to_record_run_graphs_and_its_runs_answer_theirs_unknown(
     postgres: Any, tmp_path: Path,
 ) -> None:
-    from piwf.store.postgres.schema import GRAPH_SQL, SCHEMA_SQL
+    from piwf.store.postgres.schema import GRAPH_SQL, PLACEMENT_SQL, SCHEMA_SQL
 
     old, new = fresh("layout_1"), fresh("layout_now")
     store = open_store(tmp_path / "new", url=pg_store_url(postgres, new))
@@ -71,7 +71,7 @@ async def test_a_layout_1_schema_is_migrated_to_record_run_graphs_and_its_runs_a
     with admin(postgres) as conn:  # layout 1, as piwf made it before run graphs, with a run
         conn.execute(f"CREATE SCHEMA {old}")
         conn.execute(f"SET search_path TO {old}")
-        conn.execute(SCHEMA_SQL.replace(GRAPH_SQL, ""))
+        conn.execute(SCHEMA_SQL.replace(GRAPH_SQL, "").replace(PLACEMENT_SQL, ""))
         conn.execute("INSERT INTO piwf_layout (id, application, version) VALUES (1, 'piwf', 1)")
         conn.execute("INSERT INTO runs (run_id, workflow, project_path, definition_hash, definition_digest, status, "
                      "created_at, updated_at) VALUES ('r', 'w', '/p', 'h', 'd', 'queued', 1, 1)")
@@ -80,6 +80,37 @@ async def test_a_layout_1_schema_is_migrated_to_record_run_graphs_and_its_runs_a
     try:
         shown = await store.runs.run_graph("r")
         assert (shown.known, shown.nodes, shown.edges) == (False, [], [])
+    finally:
+        await store.close()
+    with admin(postgres) as conn:
+        assert conn.execute(f"SELECT version FROM {old}.piwf_layout").fetchall() == [(LAYOUT_VERSION,)]
+        assert _layout(conn, old) == _layout(conn, new)
+
+
+async def test_a_layout_2_schema_is_migrated_to_queues_and_placement_with_its_runs_on_the_default_queue(
+    postgres: Any, tmp_path: Path,
+) -> None:
+    from piwf.store.postgres.schema import PLACEMENT_SQL, SCHEMA_SQL
+
+    old, new = fresh("layout_2"), fresh("layout_now")
+    store = open_store(tmp_path / "new", url=pg_store_url(postgres, new))
+    await store.close()
+    with admin(postgres) as conn:  # layout 2, as piwf made it before named queues, with a queued run
+        conn.execute(f"CREATE SCHEMA {old}")
+        conn.execute(f"SET search_path TO {old}")
+        conn.execute(SCHEMA_SQL.replace(PLACEMENT_SQL, ""))
+        conn.execute("INSERT INTO piwf_layout (id, application, version) VALUES (1, 'piwf', 2)")
+        conn.execute("INSERT INTO runs (run_id, workflow, project_path, definition_hash, definition_digest, status, "
+                     "created_at, updated_at) VALUES ('r', 'w', '/p', 'h', 'd', 'queued', 1, 1)")
+        conn.execute("INSERT INTO run_queue (run_id, status, created_at, updated_at) VALUES ('r', 'queued', 1, 1)")
+    store = open_store(tmp_path / "old", url=pg_store_url(postgres, old))
+    try:
+        assert (await store.runs.run_summary("r")).queue == "default"
+        assert await store.supervision.claim_runs(room=1, exclude=frozenset(), runner_id="h", lease_ms=1000, now=2,
+                                                  epoch=1, queues=("other",)) == []
+        ((claim, _),) = await store.supervision.claim_runs(room=1, exclude=frozenset(), runner_id="h",
+                                                           lease_ms=1000, now=2, epoch=1)
+        assert claim.run_id == "r"
     finally:
         await store.close()
     with admin(postgres) as conn:

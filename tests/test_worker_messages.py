@@ -11,7 +11,7 @@ from piwf.clock import ManualClock
 from piwf.host.state import ActiveRun, Conclusion, HostState
 from piwf.host import worker_messages
 from piwf.paths import StatePaths
-from piwf.store.sql import queue, runs, workers
+from piwf.store.sql import placement, queue, runs, workers
 from piwf.store.sqlite import Database, SqliteStore
 from piwf.store.sqlite.hosts import acquire_lease
 from piwf.errors import ProtocolError
@@ -40,6 +40,7 @@ def new_host(tmp_path: Path) -> tuple[HostState, Database, ManualClock]:
     db = Database.open(paths.db)
     host = HostState(config(paths, run_lease_ms=LEASE), SqliteStore(db), clock)
     host.lease = acquire_lease(db, host_id=host.host_id, pid=1, identity="x", lease_ms=LEASE, now=clock.now_ms())
+    placement.serve_queues(db, host.host_id, host.config.queues, clock.now_ms())
     return host, db, clock
 
 
@@ -78,6 +79,7 @@ def test_ready_returns_the_input_and_marks_the_run_running(setup) -> None:
 
 @pytest.mark.parametrize("loaded", [{"digest": "other"}, {"loadError": "SyntaxError: nope"}])
 def test_a_worker_whose_workflow_changed_or_did_not_load_holds_the_run_in_its_ready(setup, loaded) -> None:
+    """The only live host of the run's queue cannot load it: held at once (placement)."""
     host, active, _ = setup
     response = handle(host, active, message("m1", "worker.ready", 0, **loaded))
     assert response.outcome == "accepted" and response.result.stop == "source"
@@ -188,4 +190,28 @@ def test_ready_starts_a_fresh_runs_first_attempt(tmp_path: Path) -> None:
             assert ready.result.attempt.node == "first" and ready.result.attempt.seq == 0
             assert [(s.node, s.status) for s in steps] == [("first", "running")]
             assert ready.revision == runs.revision(db, run_id)
+    db.close()
+
+
+def test_a_worker_that_cannot_load_the_run_releases_it_for_another_host_while_one_may(tmp_path: Path) -> None:
+    """Another live host of the run's queue has not tried it: the run is released, not held,
+    and recorded as not loadable here (this host's claims pass it over)."""
+    host, db, clock = new_host(tmp_path)
+    db.execute("INSERT INTO host_queues (host_id, queue) VALUES ('other', 'default')")
+    db.execute("UPDATE host_lease SET host_id = 'other'")  # the other host's lease, as SQLite keeps one
+    runs.create_run(db, run_id="r", workflow="w", project_path="/", source=b"", digest="d", input={},
+                    origin_session_id=None, now=clock.now_ms())
+    claim = queue.claim_next_run(db, runner_id=host.host_id, token="tok", lease_ms=LEASE, now=clock.now_ms(),
+                                 epoch=host.epoch)
+    assert claim is not None
+    workers.record_start(db, worker_id="w1", run_id="r", generation=claim.generation, host_epoch=host.epoch,
+                         now=clock.now_ms())
+    response = handle(host, ActiveRun(claim, worker_id="w1"),
+                      message("m1", "worker.ready", 0, digest="other", sourceHash="ab" * 32))
+    assert response.outcome == "accepted" and response.result.stop == "source"
+    run = runs.get_run(db, "r")
+    assert (run.queueStatus, run.hold) == ("parked", None) and "cannot be loaded on host-" in run.statusDetail
+    assert placement.own_records(db, host.host_id) == [("r", "/", "w", "ab" * 32)]
+    assert queue.claim_next_run(db, runner_id=host.host_id, token="t2", lease_ms=LEASE, now=clock.now_ms(),
+                                epoch=host.epoch) is None
     db.close()

@@ -160,3 +160,20 @@ UNSUCCESSFUL = frozenset({RunStatus.FAILED, RunStatus.TIMED_OUT, RunStatus.CANCE
 OPEN_REQUEST = (RequestStatus.PENDING, RequestStatus.PRESENTING)
 CRASHES = frozenset({WorkerStatus.CRASHED, WorkerStatus.TIMED_OUT})
 LIVE_WORKER = (WorkerStatus.STARTING, WorkerStatus.RUNNING)
+
+
+# Named queues (``run start --queue``, ``serve --queue``): a run is claimed only by a host
+# serving its queue. A name is a short identifier, so it prints, logs and goes in a unit
+# file as it is.
+DEFAULT_QUEUE = "default"
+QUEUE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+
+
+def queue_problem(name: str) -> str | None:
+    """Why ``name`` cannot be a queue's name (None: it can)."""
+    import re
+
+    if re.fullmatch(QUEUE_PATTERN, name):
+        return None
+    return (f"queue name {name!r} is not a short identifier: 1 to 63 letters, digits, '_', '.' or '-', "
+            "starting with a letter or digit")

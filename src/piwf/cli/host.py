@@ -25,12 +25,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from piwf.host.host import Host
     from piwf.host.state import HostConfig
+    from piwf.status import DEFAULT_QUEUE
 
     from piwf import faults, logs
 
     faults.configure()
     logs.configure(args.log_format, args.log_level)
     config = HostConfig(StatePaths.resolve(args.state_dir), max_workers=args.max_workers,
+                        queues=tuple(dict.fromkeys(args.queue or [DEFAULT_QUEUE])),
                         durability=args.durability, store_url=args.store or os.environ.get("PIWF_STORE") or None,
                         store_listen=not args.poll_only,
                         worker_startup_s=args.worker_startup_timeout,
@@ -342,6 +344,8 @@ def _format_status(s: dict[str, Any]) -> str:
             lines.append(f"sessions:  {s['undeliveredNotifications']} undelivered notification(s), "
                          f"{s['unresolvedTurns']} unresolved turn(s): piwf inbox --session ID")
         lines.append(f"workers:   {s.get('activeWorkers', 0)} active")
+        if s.get("queues"):
+            lines.append(f"queues:    {', '.join(map(shown, s['queues']))} (this host claims runs of these)")
         if "pendingControllers" in s:
             lines.append(f"resources: {s['pendingControllers']} queued, {s.get('activeControllerWorkers', 0)} "
                          f"reconciling, {s['heldControllers']} held")

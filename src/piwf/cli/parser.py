@@ -160,6 +160,9 @@ def _add_commands(commands: Any, common: argparse.ArgumentParser, group: Any) ->
     start.add_argument("--project", default=".", metavar="DIR", help="project directory (default .)")
     start.add_argument("--session", metavar="ID", help="origin session id (one queued or running run per session)")
     start.add_argument("--run-id", metavar="ID", help="choose the run id (default: the host makes one)")
+    start.add_argument("--queue", type=_queue, default=None, metavar="Q",
+                       help="the named queue to run on: only a host serving it (serve --queue) claims the run "
+                            "(default: default)")
     start.add_argument("--wait", action="store_true", help="print the run id, then wait until the run ends, "
                        "waits, or is paused or held; the exit code says which (docs/operations.md)")
     _add_wait_timeout(start)
@@ -266,6 +269,8 @@ def _add_host_options(parser: argparse.ArgumentParser, *, service: bool) -> None
         flags.append(flag)
 
     add("--max-workers", type=_positive, default=4, metavar="N", help="concurrent runs (default 4)")
+    add("--queue", type=_queue, action="append", default=None, metavar="Q",
+        help="claim only runs of named queue Q; repeat for several (default: default)")
     add("--durability", choices=("full", "normal"), default="full",
         help="SQLite's synchronous setting, PostgreSQL's synchronous_commit on/off (default full)")
     add("--store", metavar="URL", help="a postgresql:// URL (libpq's form, ?schema=NAME) to keep the state in "
@@ -407,6 +412,15 @@ def _run_list_limit(text: str) -> int:
 
 def _positive(text: str) -> int:
     return _whole(text, noun="a whole number", least=1, too_small="must be at least 1")
+
+
+def _queue(text: str) -> str:
+    from piwf.status import queue_problem
+
+    problem = queue_problem(text)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return text
 
 
 def _nice(text: str) -> int:

@@ -31,6 +31,8 @@ def cmd_run_start(args: argparse.Namespace) -> int:
         payload["originSessionId"] = args.session
     if args.settings is not None:
         payload["settings"] = _json_arg(args.settings, "--settings")
+    if args.queue is not None:
+        payload["queue"] = args.queue
     if args.wait_timeout is not None and not args.wait:
         raise UsageError("--wait-timeout goes with --wait")
     # Loading the workflow may take the host up to LOAD_LIMIT_S: by default the CLI waits for
@@ -123,7 +125,7 @@ def format_list(rows: list[dict[str, Any]], next_page: str | None) -> str:
         return "no runs"
     table = [("RUN", "WORKFLOW", "STATE", "QUEUE", "CREATED")]
     table += [(r["runId"], shown(r["workflow"], 40), runview.state(r) + (" (paused)" if r["paused"] and
-              runview.state(r) != "paused" else ""), r["queueStatus"], r["createdAt"]) for r in rows]
+              runview.state(r) != "paused" else ""), _queue_cell(r), r["createdAt"]) for r in rows]
     widths = [max(len(row[i]) for row in table) for i in range(4)]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row[:4], widths, strict=True)) + "  " + row[4]
              for row in table]
@@ -131,6 +133,12 @@ def format_list(rows: list[dict[str, Any]], next_page: str | None) -> str:
     if next_page:
         lines.append(f"more: {next_page}")
     return "\n".join(lines)
+
+
+def _queue_cell(r: dict[str, Any]) -> str:
+    """The queue status, and the named queue when it is not the default one: ``queued on gpu``."""
+    queue = r.get("queue", "default")
+    return str(r["queueStatus"]) + ("" if queue == "default" else f" on {shown(queue)}")
 
 
 def iso_time(ms: int) -> str:
@@ -262,8 +270,12 @@ def format_run(r: dict[str, Any]) -> str:
     lines = [f"run:      {r['runId']} ({r['workflow']})",
              f"status:   {_status(r)}",
              f"created:  {r['createdAt']}" + (f", finished {r['finishedAt']}" if r["finishedAt"] else "")]
+    if r.get("queue", "default") != "default":
+        lines.append(f"queue:    {shown(r['queue'])}")
     if r.get("statusDetail"):
         lines.append(f"detail:   {shown(r['statusDetail'], 2000)}")
+    if r.get("placement"):
+        lines.append(f"waiting:  {shown(r['placement'], 2000)}")
     if runview.held(r) or runview.state(r) == "paused":
         lines.append(f"release:  {runview.release(r)}")
     for w in r.get("workers", []):

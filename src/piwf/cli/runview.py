@@ -46,6 +46,14 @@ def release(run: dict[str, Any]) -> str:
         return "; ".join(f"piwf run resolve-effect {run_id} {shlex.quote(shown(key))} --applied|--not-applied"
                          for key in keys)
     if hold == "source":  # resume goes on with the file as it is then: restoring it alone releases nothing
+        detail = str(run.get("statusDetail") or "")
+        if detail.startswith("no live host can load"):  # placement: each host tries it again once its file changes
+            queue = shown(run.get("queue", "default"))
+            if "workflow cannot load" in detail and "source changed" not in detail:
+                return (f"fix the workflow file: the run is tried again once it changes (or start a host of queue "
+                        f"{queue} that can load it), or piwf run resume {run_id}")
+            return (f"restore the workflow file: the run is tried again once it changes (or start a host of queue "
+                    f"{queue} that has it); or keep the change: piwf run resume {run_id}")
         if str(run.get("statusDetail") or "").startswith("workflow cannot load"):
             return f"fix the workflow file, then piwf run resume {run_id}"
         return f"restore the workflow file or keep the change, then piwf run resume {run_id}"

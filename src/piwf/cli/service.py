@@ -37,6 +37,9 @@ def _serve(args: argparse.Namespace) -> service.Serve:
         value = given.get(flag.removeprefix("--").replace("-", "_"))
         if value is None or value is False:
             continue
+        if isinstance(value, list):  # an option given again and again (--queue)
+            options += [part for one in value for part in (flag, one)]
+            continue
         options += [flag] if value is True else [flag, value]
     if "store" in given:
         _refuse_password(given["store"])

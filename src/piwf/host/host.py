@@ -248,6 +248,7 @@ async def _take_over(host: HostState, pid: int, identity: str) -> None:
     host.lease = await store.hosts.acquire_lease(host_id=host.host_id, pid=pid, identity=identity,
                                                  lease_ms=host.config.host_lease_ms, now=now, owner_dead=True)
     host.lease_good_until = fence.good_until(began, host.config.host_lease_ms)
+    await store.placement.serve_queues(host.host_id, host.config.queues, now)
     reclaimed = await store.queue.expire_claims_before(host.epoch, now)
     for worker_id, worker_pid, worker_identity in await store.workers.orphan_before(host.epoch, now):
         if processes.kill_recorded_group(worker_pid, worker_identity):

@@ -128,6 +128,7 @@ async def status_receipt(host: HostState) -> HostStatus:
         **await host.store.runs.status_counts(now),
         **await controller_operations.status_counts(host),
         "hosts": await peers.live_hosts(host),
+        "queues": list(host.config.queues),
     }, HostStatus)
 
 
@@ -231,7 +232,7 @@ async def _run_start(host: HostState, tx: UnitOfWork, request: StartRun, prepare
     await tx.runs.create_run(
         run_id=run_id, workflow=info.name, project_path=payload.projectPath, source=info.source,
         digest=info.digest, input=payload.input, origin_session_id=payload.originSessionId,
-        now=now, start_node=info.start_at, graph=info.graph,
+        now=now, start_node=info.start_at, graph=info.graph, queue=payload.queue,
         settings=settings_operations.new_scope(info, initial, patch=payload.settings, actor_id=request.clientId),
     )
     after.append(host.wake)

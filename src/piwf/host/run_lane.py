@@ -23,6 +23,7 @@ from piwf.protocol.worker import LaunchEnvelope, Ready, WorkerMessage, WorkerRes
 from piwf.wire import LineBuffer
 from piwf.host import lane, time_limits
 from piwf.host.lane_state import Backoff
+from piwf.host.placement import serve_placement
 from piwf.host.warm import WarmTicket, hear_idle
 from piwf.host.state import Active, ActiveRun, Conclusion, HostState, ProcessEnd, WorkerEnd, log
 from piwf.host.worker_messages import handle
@@ -31,7 +32,8 @@ MAX_BACKOFF_MS = 60_000
 
 
 async def serve_dispatcher(host: HostState, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    await lane.serve(RunLane(host), also=[functools.partial(_serve_warm, host)], task_status=task_status)
+    await lane.serve(RunLane(host), also=[functools.partial(_serve_warm, host), functools.partial(serve_placement, host)],
+                     task_status=task_status)
 
 
 async def _serve_warm(host: HostState) -> None:
@@ -60,7 +62,7 @@ class RunLane(lane.Lane[Claim, WorkerEnd]):
         try:
             claimed = await host.store.supervision.claim_runs(
                 room=room, exclude=frozenset(host.active), runner_id=host.host_id, lease_ms=host.config.run_lease_ms,
-                now=host.now(), epoch=host.epoch)
+                now=host.now(), epoch=host.epoch, queues=host.config.queues)
         except PiwfError as exc:
             log.error("dispatcher could not claim runs: %s", exc)
             return []

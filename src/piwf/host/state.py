@@ -16,7 +16,7 @@ import trio_util
 
 from piwf.clock import Clock, WallClock
 from piwf.paths import StatePaths
-from piwf.status import WorkerStatus
+from piwf.status import DEFAULT_QUEUE, WorkerStatus
 from piwf.store.api import Claim, HostClaim, Store, UnitOfWork, Wakeup
 from piwf.store.api.rules import RETENTION_MS
 from piwf.host.catalog import Catalog
@@ -32,6 +32,7 @@ log = logging.getLogger("piwf.host")
 class HostConfig:
     state_dir: StatePaths
     max_workers: int = 4
+    queues: tuple[str, ...] = (DEFAULT_QUEUE,)  # the named queues whose runs this host claims (piwf serve --queue)
     durability: str = "full"
     store_url: str | None = None  # a postgresql:// URL (piwf serve --store); None: the state directory's SQLite
     store_listen: bool = True  # False: poll-only, no LISTEN (piwf serve --poll-only, for poolers in transaction mode)

@@ -36,13 +36,19 @@ async def _ready(host: HostState, tx: UnitOfWork, active: ActiveRun, message: Re
     """The worker has loaded its workflow: the run's input and accepted steps. A fresh
     run's first attempt is started here too, saving the worker a round trip (unless the run
     is paused: then its first start stops). A workflow that did not load, or whose digest
-    is not the run's, holds the run instead."""
+    is not the run's, releases the run for a host that can load it, or holds it when no
+    live host of its queue can (store/sql/placement.py)."""
     await tx.queue.mark_running(active.claim.run_id, active.claim.token, now)
     await tx.workers.mark_ready(active.worker_id, now, pid=active.pid, identity=active.identity)
     run_input, start, paused, digest = await tx.runs.ready_state(active.claim.run_id)
-    held = _source_problem(message, digest)
-    if held is not None:
-        await tx.queue.park_run(active.claim.run_id, active.claim.token, now, hold=Hold.SOURCE, detail=held)
+    unloadable = _source_problem(message, digest)
+    if unloadable is not None:  # not here: released for a host that can (or held when none can)
+        if await tx.placement.release_unloadable(active.claim.run_id, active.claim.token, host_id=host.host_id,
+                                                 reason=unloadable, source_hash=message.payload.sourceHash, now=now):
+            log.warning("%s: held: no live host of its queue can load its workflow (here: %s)", active.label,
+                        unloadable)
+        else:
+            log.info("%s: released for another host: %s", active.label, unloadable)
         return ReadyResult(stop="source"), Conclusion.DONE
     steps, more = await tx.runs.accepted_steps(active.claim.run_id, budget=STEPS_PAGE_BYTES)
     result = ReadyResult(input=run_input, steps=[AcceptedStep(**step) for step in steps], more=more)

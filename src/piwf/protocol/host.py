@@ -18,7 +18,7 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 
 from piwf.wire import Outcome  # noqa: F401 - part of the host protocol
 from piwf.status import (
-    EffectStatus, Hold, Provenance, QueueStatus, RequestStatus, RunStatus, SubmissionStatus, WorkerStatus,
+    DEFAULT_QUEUE, QUEUE_PATTERN, EffectStatus, Hold, Provenance, QueueStatus, RequestStatus, RunStatus, SubmissionStatus, WorkerStatus,
 )
 
 WAIT_LIMIT_MS = 600_000
@@ -43,6 +43,10 @@ class StartRunPayload(NoPayload, frozen=True):
     settings: Annotated[dict[str, Any] | None, Meta(description="initial settings: a merge patch over the "
                                                                 "defaults of the workflow's settings type, "
                                                                 "checked against it (any path)")] = None
+    queue: Annotated[str, Meta(pattern=QUEUE_PATTERN, description="the named queue to run on: only a host "
+                                                                  "serving it (`piwf serve --queue`) claims the "
+                                                                  "run; 1 to 63 letters, digits, `_`, `.`, `-`")] = (
+        DEFAULT_QUEUE)
 
 
 class ListRunsPayload(NoPayload, frozen=True):
@@ -281,6 +285,8 @@ class HostStatus(Struct):
                                                   "(absent: the state directory's SQLite)")] = None
     hosts: Annotated[list[LiveHost], Meta(description="the live hosts sharing the store, oldest first (standbys "
                                                       "wait on their own state directory: `standbys`)")] = []
+    queues: Annotated[list[str], Meta(description="the named queues this host claims runs of (`piwf serve "
+                                                  "--queue`); empty when no host runs")] = []
 
 
 class StopReceipt(Struct):
@@ -308,6 +314,8 @@ class RunSummary(Struct):
     createdAt: str
     updatedAt: str
     finishedAt: str | None
+    queue: Annotated[str, Meta(description="the named queue the run is on: only hosts serving it claim it "
+                                           "(`run.start`'s `queue`)")]
 
 
 class Step(Struct):
@@ -357,6 +365,9 @@ class RunUpdate(Struct):
 class RunDetail(RunSummary):
     projectPath: str
     definitionDigest: str
+    placement: Annotated[str | None, Meta(description="why a run ready to be claimed is not being claimed, when "
+                                                      "the store can tell: no live host serves its queue, or "
+                                                      "live hosts of its queue cannot load its workflow")]
     input: Any
     output: Any
     error: Annotated[dict[str, Any] | None, Meta(description="`type`, `message`, `node`, `traceback`, `where` "

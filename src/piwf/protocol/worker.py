@@ -65,6 +65,7 @@ class ReadyPayload(Payload, frozen=True):
     loadError: LoadError | None = None
     limits: Annotated[dict[str, NodeLimit], msgspec.Meta(max_length=10_000)] = {}
     reuse: bool = False  # the workflow opts in to warm workers: once its part ends it may say worker.idle
+    sourceHash: Annotated[str, msgspec.Meta(max_length=64)] | None = None  # sha256 of the file it found (None: none)
 
 
 class AttemptStartPayload(Payload, frozen=True):

@@ -14,13 +14,14 @@ import sys
 from piwf import faults
 from piwf.engine.executor import Step, Stop, describe_error, execute
 from piwf.engine.definition import Workflow
-from piwf.engine.loader import load_workflow
+from piwf.engine.loader import load_workflow, workflow_path
 from piwf.errors import ClaimLost, DefinitionError, NodeFailed, PiwfError, WorkflowLoadError
 from piwf.protocol.worker import (
     LOAD_ERROR_LIMIT, WORKER_LAUNCH_SCHEMA, LaunchEnvelope, LaunchRefused, NodeLimit, Ready, ReadyPayload,
     ReadyResult, RunComplete, RunCompletePayload, RunFail, RunFailPayload, StepsPage, StepsRead, StepsReadPayload,
     decode_launch,
 )
+from piwf.wire import sha256_hex
 from piwf.worker import warm
 from piwf.worker.channel import Channel
 from piwf.worker.journal import HostJournal
@@ -108,13 +109,24 @@ def _accepted_steps(channel: Channel, ready: ReadyResult) -> list[Step]:
 
 
 def _load(envelope: LaunchEnvelope) -> tuple[Workflow | None, ReadyPayload]:
+    source = _source_hash(envelope)
     try:
         workflow = load_workflow(envelope.projectPath, envelope.workflow)
     except (WorkflowLoadError, DefinitionError) as exc:
-        return None, ReadyPayload(loadError=str(exc)[:LOAD_ERROR_LIMIT])
+        return None, ReadyPayload(loadError=str(exc)[:LOAD_ERROR_LIMIT], sourceHash=source)
     limits = {node: NodeLimit(ms=None if seconds is None else max(1, int(seconds * 1000)), timeoutExit=exit_)
               for node, (seconds, exit_) in workflow.time_limits().items()}
-    return workflow, ReadyPayload(digest=workflow.digest(), limits=limits, reuse=workflow.reuse is not None)
+    return workflow, ReadyPayload(digest=workflow.digest(), limits=limits, reuse=workflow.reuse is not None,
+                                  sourceHash=source)
+
+
+def _source_hash(envelope: LaunchEnvelope) -> str | None:
+    """The sha256 of the workflow file as this worker finds it (None: it cannot read one): a
+    host that cannot load the run records it, and tries again once the file is another."""
+    try:
+        return sha256_hex(workflow_path(envelope.projectPath, envelope.workflow).read_bytes())
+    except (OSError, WorkflowLoadError):
+        return None
 
 
 def main() -> int:

@@ -96,7 +96,7 @@ from piwf.store.api.controllers import ControllerEffectsStore, ControllerQueueSt
 from piwf.store.api.people import DeliveryStore, InteractionsStore, SettingsStore, UpdatesStore
 from piwf.store.api.retention import RetentionStore
 from piwf.store.api.runs import (
-    CommandsStore, EffectsStore, HostsStore, QueueStore, RunsStore, SupervisionStore, WorkersStore,
+    CommandsStore, EffectsStore, HostsStore, PlacementStore, QueueStore, RunsStore, SupervisionStore, WorkersStore,
 )
 from piwf.store.api.types import (
     Actor, Claim, CommandKey, ControllerClaim, Delay, HostClaim, HostRecord, LeaseRecord, NewScope, PeerRemains,
@@ -114,6 +114,7 @@ class UnitOfWork(Protocol):
     runs: RunsStore
     queue: QueueStore
     supervision: SupervisionStore
+    placement: PlacementStore
     workers: WorkersStore
     effects: EffectsStore
     interactions: InteractionsStore
@@ -201,7 +202,7 @@ def open_store(paths: Any, *, durability: str = "full", backend: str | None = No
 __all__ = [
     "Actor", "Claim", "CommandKey", "CommandsStore", "ControllerClaim", "ControllerEffectsStore",
     "ControllerQueueStore", "ControllersStore", "Delay", "DeliveryStore", "EffectsStore", "HostClaim", "HostRecord",
-    "HostsStore", "InteractionsStore", "LeaseRecord", "NewScope", "PeerRemains", "Pruned", "QueueStore",
-    "RetentionStore", "RunLaunch", "RunsStore", "SettingsStore", "Store", "SupervisionStore", "UnitOfWork",
-    "UpdatesStore", "Wakeup", "WorkerEnded", "WorkersStore", "open_store",
+    "HostsStore", "InteractionsStore", "LeaseRecord", "NewScope", "PeerRemains", "PlacementStore", "Pruned",
+    "QueueStore", "RetentionStore", "RunLaunch", "RunsStore", "SettingsStore", "Store", "SupervisionStore",
+    "UnitOfWork", "UpdatesStore", "Wakeup", "WorkerEnded", "WorkersStore", "open_store",
 ]

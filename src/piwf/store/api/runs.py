@@ -101,8 +101,8 @@ class RunsStore(Protocol):
     async def create_run(
             self, *, run_id: str, workflow: str, project_path: str, source: bytes, digest: str, input: Any,
             origin_session_id: str | None, now: int, start_node: str | None = None,
-            settings: NewScope | None = None, graph: bytes | None = None) -> dict[str, Any]:
-        """A new run, queued, with its settings scope (``settings``, for a workflow that declares settings) and
+            settings: NewScope | None = None, graph: bytes | None = None, queue: str = "default") -> dict[str, Any]:
+        """A new run, queued on the named ``queue``, with its settings scope (``settings``, for a workflow that declares settings) and
         its workflow's graph (``graph``, canonical JSON of a ``WorkflowGraph``, which ``run_graph`` serves): the
         one way a run is made, by ``run.start`` and by a controller's ``ctx.workflows.ensure`` alike. Raises
         Rejected."""
@@ -255,9 +255,11 @@ class SupervisionStore(Protocol):
 
     async def claim_runs(
             self, *, room: int, exclude: frozenset[str], runner_id: str, lease_ms: int, now: int, epoch: int,
+            queues: tuple[str, ...] = ("default",),
     ) -> list[tuple[Claim, str]]:
-        """Claim up to ``room`` runs, oldest first, none in ``exclude`` and none before its crash back-off
-        ends (``end_worker``), each with a fresh token and a worker record (its worker id): one
+        """Claim up to ``room`` runs of the named ``queues``, oldest first, none in ``exclude``, none before its
+        crash back-off ends (``end_worker``) and none that ``runner_id`` recorded it cannot load
+        (``PlacementStore.release_unloadable``), each with a fresh token and a worker record (its worker id): one
         transaction, one commit.
         """
 
@@ -275,6 +277,34 @@ class SupervisionStore(Protocol):
         (0 when this end was no crash), whether its run waits for a person again (the worker was validating
         a submission), and the ``not_before`` it was parked with.
         """
+
+
+class PlacementStore(Protocol):
+    """Which host may claim which run (store/sql/placement.py): the queues each host serves, and
+    the runs a host claimed and could not load (its later claims pass them over). A run that
+    every live host of its queue has recorded is held (hold ``source``); ``settle`` keeps that
+    true as hosts come and go.
+    """
+
+    async def serve_queues(self, host_id: str, queues: tuple[str, ...], now: int) -> None:
+        """Record the queues host ``host_id`` serves (call once its lease is taken); forget those of hosts
+        holding no lease row any more."""
+
+    async def release_unloadable(
+            self, run_id: str, token: str, *, host_id: str, reason: str, source_hash: str | None, now: int) -> bool:
+        """The claimed run's workflow cannot be loaded by ``host_id``: release the claim, record it with
+        ``reason`` and the hash of the file it saw (None: none), and hold the run when no live host of its
+        queue is left to try it; whether it was held. Raises ClaimLost."""
+
+    async def settle(self, now: int) -> list[str]:
+        """Release held runs a live host of their queue has not tried, hold those none can load, forget the
+        records of hosts gone and runs ended; the ids of the runs released."""
+
+    async def own_records(self, host_id: str) -> list[tuple[str, str, str, str | None]]:
+        """(run id, project path, workflow, source hash) of the runs ``host_id`` recorded it cannot load."""
+
+    async def forget(self, host_id: str, run_ids: list[str]) -> int:
+        """Forget ``host_id``'s records of ``run_ids`` (the file it saw changed); how many there were."""
 
 
 class WorkersStore(Protocol):

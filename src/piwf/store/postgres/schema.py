@@ -30,7 +30,7 @@ from piwf.store.postgres.schema_people import CONTROLLERS_SQL, PEOPLE_SQL, PEOPL
 from piwf.store.sql.database import one_of
 
 APPLICATION = "piwf"
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 
 # Layout 2 (SQLite's 14): the graph of the workflow a run executes, a blob recorded when the
 # run starts or adopts a changed workflow; NULL for a run made before (``run.graph``: unknown).
@@ -39,8 +39,33 @@ ALTER TABLE runs ADD COLUMN graph_hash TEXT COLLATE "C";
 CREATE INDEX runs_graph_blob ON runs(graph_hash) WHERE graph_hash IS NOT NULL;
 """
 
+# Layout 3 (SQLite's 15): placement and named queues (store/sql/placement.py): a run's queue,
+# claims by queue from run_queue_ready, the queues each host serves, and the runs a host
+# could not load (its claims pass them over; a run none of the live hosts of its queue can
+# load is held).
+PLACEMENT_SQL = """
+ALTER TABLE run_queue ADD COLUMN queue TEXT COLLATE "C" NOT NULL DEFAULT 'default';
+DROP INDEX run_queue_ready;
+CREATE INDEX run_queue_ready ON run_queue(queue, created_at, run_id)
+  WHERE status IN ('queued', 'parked') AND hold IS NULL;
+CREATE TABLE host_queues (
+  host_id TEXT COLLATE "C" NOT NULL,
+  queue TEXT COLLATE "C" NOT NULL,
+  PRIMARY KEY (host_id, queue)
+);
+CREATE TABLE run_placement (
+  run_id TEXT COLLATE "C" NOT NULL,
+  host_id TEXT COLLATE "C" NOT NULL,
+  reason TEXT COLLATE "C" NOT NULL,
+  source_hash TEXT COLLATE "C",
+  at BIGINT NOT NULL,
+  PRIMARY KEY (run_id, host_id)
+);
+CREATE INDEX run_placement_host ON run_placement(host_id);
+"""
+
 # MIGRATIONS[v] takes layout v to v + 1 (in the transaction that holds the layout lock).
-MIGRATIONS: dict[int, str] = {1: GRAPH_SQL}
+MIGRATIONS: dict[int, str] = {1: GRAPH_SQL, 2: PLACEMENT_SQL}
 
 RUNS_SQL = f"""
 CREATE TABLE blobs (
@@ -286,7 +311,8 @@ def _bytewise(sql: str) -> str:
     return re.sub(r"(\n  \w+ TEXT)\b", r'\1 COLLATE "C"', sql)
 
 
-SCHEMA_SQL = EVENT_ID_SQL + _bytewise(RUNS_SQL + PEOPLE_SQL + CONTROLLERS_SQL) + GRAPH_SQL + LAYOUT_SQL
+SCHEMA_SQL = (EVENT_ID_SQL + _bytewise(RUNS_SQL + PEOPLE_SQL + CONTROLLERS_SQL) + GRAPH_SQL + PLACEMENT_SQL
+              + LAYOUT_SQL)
 
 # Tables every layout has; a schema missing one is incomplete, not old.
 REQUIRED_TABLES = ("piwf_layout", "blobs", "hosts", "host_commands", "runs", "run_queue", "node_attempts",

@@ -21,6 +21,7 @@ from piwf.store.sql import retry as _retry
 from piwf.store.sql import retention as _retention
 from piwf.store.sql import base as _base
 from piwf.store.sql import queue as _queue
+from piwf.store.sql import placement as _placement
 from piwf.store.sql import supervision as _supervision
 from piwf.store.sql import workers as _workers
 from piwf.store.sql import effects as _effects
@@ -79,11 +80,11 @@ class RunsAggregate:
     async def create_run(
             self, *, run_id: str, workflow: str, project_path: str, source: bytes, digest: str, input: Any,
             origin_session_id: str | None, now: int, start_node: str | None = None,
-            settings: NewScope | None = None, graph: bytes | None = None) -> dict[str, Any]:
+            settings: NewScope | None = None, graph: bytes | None = None, queue: str = "default") -> dict[str, Any]:
         return await self.call(
             _runs.create_run, run_id=run_id, workflow=workflow, project_path=project_path, source=source, digest=digest,
             input=input, origin_session_id=origin_session_id, now=now, start_node=start_node, settings=settings,
-            graph=graph)
+            graph=graph, queue=queue)
 
     async def revision(self, run_id: str) -> int:
         return await self.call(_runs.revision, run_id)
@@ -205,10 +206,11 @@ class SupervisionAggregate:
 
     async def claim_runs(
             self, *, room: int, exclude: frozenset[str], runner_id: str, lease_ms: int, now: int, epoch: int,
+            queues: tuple[str, ...] = ("default",),
     ) -> list[tuple[Claim, str]]:
         return await self.call(
             _supervision.claim_runs, room=room, exclude=exclude, runner_id=runner_id, lease_ms=lease_ms, now=now,
-            epoch=epoch)
+            epoch=epoch, queues=queues)
 
     async def end_worker(
             self, *, worker_id: str, run_id: str, token: str, status: WorkerStatus, now: int,
@@ -218,6 +220,30 @@ class SupervisionAggregate:
             _supervision.end_worker, worker_id=worker_id, run_id=run_id, token=token, status=status, now=now,
             exit_code=exit_code, signal=signal, diagnostic=diagnostic, park=park, max_crashes=max_crashes,
             last_output=last_output, backoff=backoff)
+
+
+class PlacementAggregate:
+    __slots__ = ("call",)
+
+    def __init__(self, call: Runner) -> None:
+        self.call = call
+
+    async def serve_queues(self, host_id: str, queues: tuple[str, ...], now: int) -> None:
+        return await self.call(_placement.serve_queues, host_id, queues, now)
+
+    async def release_unloadable(
+            self, run_id: str, token: str, *, host_id: str, reason: str, source_hash: str | None, now: int) -> bool:
+        return await self.call(_placement.release_unloadable, run_id, token, host_id=host_id, reason=reason,
+                               source_hash=source_hash, now=now)
+
+    async def settle(self, now: int) -> list[str]:
+        return await self.call(_placement.settle, now)
+
+    async def own_records(self, host_id: str) -> list[tuple[str, str, str, str | None]]:
+        return await self.call(_placement.own_records, host_id)
+
+    async def forget(self, host_id: str, run_ids: list[str]) -> int:
+        return await self.call(_placement.forget, host_id, run_ids)
 
 
 class WorkersAggregate:
@@ -495,6 +521,7 @@ class Aggregates:
         self.runs: api.RunsStore = RunsAggregate(call)
         self.queue: api.QueueStore = QueueAggregate(call)
         self.supervision: api.SupervisionStore = SupervisionAggregate(call)
+        self.placement: api.PlacementStore = PlacementAggregate(call)
         self.workers: api.WorkersStore = WorkersAggregate(call)
         self.effects: api.EffectsStore = EffectsAggregate(call)
         self.interactions: api.InteractionsStore = InteractionsAggregate(call)

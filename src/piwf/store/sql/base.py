@@ -84,12 +84,13 @@ def interrupt_attempts(db: Database, run_id: str, now: int) -> None:
 
 
 RUN_COLUMNS = """r.run_id, r.workflow, r.status, q.status, r.paused, r.status_detail, r.revision,
-  r.origin_session_id, r.created_at, r.updated_at, r.finished_at, q.generation, q.hold"""
+  r.origin_session_id, r.created_at, r.updated_at, r.finished_at, q.generation, q.hold, q.queue"""
+SUMMARY_COLUMNS = 14  # how many RUN_COLUMNS names
 
 
-def summary_fields(row: tuple[Any, ...]) -> tuple[Any, Any, Any, Any, bool, Any, Any, Any, Any, Any, Any, Any, Any]:
+def summary_fields(row: tuple[Any, ...]) -> tuple[Any, ...]:
     """RunSummary's fields, in its order, from a row in RUN_COLUMNS order."""
     (run_id, workflow, status, queue_status, paused, detail, rev, session, created, updated,
-     finished, generation, hold) = row
+     finished, generation, hold, queue) = row
     return (run_id, workflow, status, queue_status, bool(paused), hold, detail, rev, session, generation,
-            iso(created), iso(updated), iso(finished))
+            iso(created), iso(updated), iso(finished), queue)

@@ -11,7 +11,7 @@ from typing import Any
 
 from piwf.errors import ClaimLost, Conflict, NotFound
 from piwf.wire import canonical_json
-from piwf.status import QueueStatus
+from piwf.status import DEFAULT_QUEUE, QueueStatus
 from piwf.store.sql import ending
 from piwf.store.sql.base import (  # noqa: F401 (FENCE, holds_claim: re-exported)
     FENCE, LIVE, add_event, earlier_epoch, holds_claim, interrupt_attempts, require_claim, revision_of,
@@ -33,10 +33,11 @@ SESSION_FREE = """(
 
 def claim_next_run(
     db: Database, *, runner_id: str, token: str, lease_ms: int, now: int, epoch: int,
-    exclude: frozenset[str] = frozenset(),
+    exclude: frozenset[str] = frozenset(), queues: tuple[str, ...] = (DEFAULT_QUEUE,),
 ) -> Claim | None:
-    """Claim the oldest claimable run not in ``exclude``, or None; a run with a submission
-    waiting to be validated comes before the rest of the queue.
+    """Claim the oldest claimable run of ``queues`` not in ``exclude``, or None; a run with a
+    submission waiting to be validated comes before the rest of the queue. Runs that
+    ``runner_id`` recorded it cannot load (store/sql/placement.py) are passed over.
 
     Several writers (PostgreSQL): the candidates are read ``FOR UPDATE SKIP LOCKED``, so two
     hosts claiming at once take different runs instead of queueing on the same row; a
@@ -45,7 +46,7 @@ def claim_next_run(
     skip = set(exclude)
     with db.write():
         for _ in range(CANDIDATES):
-            found = _candidate(db, now, frozenset(skip))
+            found = _candidate(db, now, frozenset(skip), runner_id, queues)
             if found is None:
                 return None
             claim = _take(db, found[1], runner_id, token, lease_ms, now, epoch, session=found[2])
@@ -59,15 +60,19 @@ CANDIDATES = 8  # candidates tried by one claim before it gives up for this roun
 EXCLUDED_STEP = 16
 
 
-def _candidate(db: Database, now: int, exclude: frozenset[str]) -> tuple[Any, str, str | None] | None:
-    """The oldest claimable run not in ``exclude``: (created_at, run id, session)."""
+def _candidate(db: Database, now: int, exclude: frozenset[str], runner_id: str = "",
+               queues: tuple[str, ...] = (DEFAULT_QUEUE,)) -> tuple[Any, str, str | None] | None:
+    """The oldest claimable run of ``queues`` not in ``exclude`` nor recorded unloadable by
+    ``runner_id``: (created_at, run id, session)."""
     # Padded to a multiple of EXCLUDED_STEP (with '', never a run id): the statements' texts
     # come in a few lengths, not one per count, and stay in the prepared-statement cache.
     padded = [*sorted(exclude), *[""] * (-len(exclude) % EXCLUDED_STEP)]
     excluded = {f"x{i}": run_id for i, run_id in enumerate(padded)}
-    params = {"now": now, **excluded}
-    not_in = _not_in(len(padded))
-    validating, ready, expired = _candidates_sql(db, not_in)
+    served = sorted(set(queues))
+    params: dict[str, Any] = {"now": now, "host": runner_id, **excluded, **{f"q{i}": q for i, q in enumerate(served)}}
+    not_in = _not_in(len(padded)) + PLACED
+    in_queues = _in_queues(len(served))
+    validating, ready, expired = _candidates_sql(db, not_in + in_queues)
     if db.dialect != "sqlite":
         # One round trip for the three (each CTE locks what it returns, as the three
         # statements below do): a validating run first, then the oldest of the rest.
@@ -79,17 +84,20 @@ def _candidate(db: Database, now: int, exclude: frozenset[str]) -> tuple[Any, st
     found = db.one(validating, params)
     if found is not None:
         return (found[0], found[1], found[2])
-    oldest_ready = db.one(ready, params)
+    # SQLite: the oldest ready run of each queue, each read in order from run_queue_ready
+    # (by queue first), and the oldest of those.
+    oldest = [row for i in range(len(served))
+              if (row := db.one(_candidates_sql(db, f"{not_in} AND q.queue = :q{i}")[1], params)) is not None]
     candidates = db.execute(expired, params).fetchall()
-    result: tuple[Any, str, str | None] | None = min([*candidates, *([oldest_ready] if oldest_ready else [])],
-                                                     default=None)
+    result: tuple[Any, str, str | None] | None = min([*candidates, *oldest], default=None)
     return result
 
 
 def _candidates_sql(db: Database, not_in: str) -> tuple[str, str, str]:
     """The candidates' three reads: a validating run's, then the two halves of CLAIMABLE:
-    the oldest ready run (its index is in claim order) and runs whose claims expired (few,
-    so they are compared in Python, not sorted by SQLite)."""
+    the oldest ready run (its index is in claim order, by queue first) and runs whose claims
+    expired (few, so they are compared in Python, not sorted by SQLite). ``not_in``: the
+    conditions every candidate meets besides (this host's queues, not excluded)."""
     lock = db.lock_rows(skip_locked=True)
     validating = f"""SELECT q.created_at, q.run_id, q.origin_session_id FROM interaction_submissions s
                      JOIN interaction_requests r ON r.request_id = s.request_id
@@ -102,6 +110,15 @@ def _candidates_sql(db: Database, not_in: str) -> tuple[str, str, str]:
     expired = (f"SELECT q.created_at, q.run_id, q.origin_session_id FROM run_queue q "
                f"WHERE {EXPIRED} AND {SESSION_FREE} {not_in}{lock}")
     return validating, ready, expired
+
+
+# Runs this host recorded it cannot load (``placement.release_unloadable``) are not its to claim.
+PLACED = " AND NOT EXISTS (SELECT 1 FROM run_placement p WHERE p.run_id = q.run_id AND p.host_id = :host)"
+
+
+@functools.cache
+def _in_queues(count: int) -> str:
+    return f" AND q.queue IN ({', '.join(f':q{i}' for i in range(count))})"
 
 
 @functools.cache

@@ -43,6 +43,7 @@ _TAKE = f"""DELETE FROM run_queue WHERE run_id IN ({{ids}}) AND status IN ({one_
 _OWN_ROWS = (
     ("worker_messages", "worker_epoch IN (SELECT w.worker_epoch FROM run_workers w WHERE w.run_id IN ({ids}))"),
     ("run_processes", "run_id IN ({ids})"),
+    ("run_placement", "run_id IN ({ids})"),
     ("run_workers", "run_id IN ({ids})"),
     ("interaction_submissions",
      "request_id IN (SELECT i.request_id FROM interaction_requests i WHERE i.run_id IN ({ids}))"),

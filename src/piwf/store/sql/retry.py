@@ -17,6 +17,7 @@ from typing import Any
 
 from piwf.errors import ConstraintViolation, Rejected
 from piwf.status import RunStatus
+from piwf.store.sql import placement
 from piwf.store.sql.base import add_event
 from piwf.store.sql.controller_queue import set_workflow_run
 from piwf.store.sql.controllers import add_resource_event, enqueue
@@ -65,6 +66,7 @@ def retry_run(db: Database, run_id: str, now: int, *, actor: str, expected_revis
                                   revision = revision + 1 WHERE run_id = ? RETURNING revision""", (now, run_id))
         if definition is not None:
             adopt_definition(db, run_id, definition, now)
+        placement.forget_run(db, run_id)  # every host may try it again
         reopened = [key for (key,) in db.execute(
             """UPDATE effects SET status = 'pending', error_json = NULL, settled_at = NULL, updated_at = ?
                WHERE run_id = ? AND status = 'rejected' RETURNING effect_key""", (now, run_id))]

@@ -9,14 +9,14 @@ from typing import Any
 from piwf.errors import Conflict, ConstraintViolation, NotFound, Rejected
 from piwf.protocol import EVENTS_PAGE, RunDetail, RunEvent, RunEventsPage, RunSummary, Step
 from piwf.wire import canonical_json, decode_json
-from piwf.status import ENDED, Hold, RunStatus
+from piwf.status import DEFAULT_QUEUE, ENDED, Hold, QueueStatus, RunStatus
 from piwf.store.api.rules import STEPS_PAGE_BYTES, input_hash  # noqa: F401 (re-exported)
 from piwf.store.sql.database import Database
 from piwf.store.sql.effects import list_effects
-from piwf.store.sql import delivery, updates
+from piwf.store.sql import delivery, placement, updates
 from piwf.store.sql.interactions import count_open, list_requests
 from piwf.store.sql.listing import count_held
-from piwf.store.sql.base import RUN_COLUMNS, add_event, require_claim, revision_of, summary_fields
+from piwf.store.sql.base import RUN_COLUMNS, SUMMARY_COLUMNS, add_event, require_claim, revision_of, summary_fields
 from piwf.store.sql.queue import AT_REVISION, refuse_revision
 from piwf.store.api.types import Definition, NewScope
 from piwf.store.sql.database import lifecycle_contradicts
@@ -29,9 +29,9 @@ from piwf.store.sql.workers import worker_summaries
 def create_run(
     db: Database, *, run_id: str, workflow: str, project_path: str, source: bytes, digest: str,
     input: Any, origin_session_id: str | None, now: int, start_node: str | None = None,
-    settings: NewScope | None = None, graph: bytes | None = None,
+    settings: NewScope | None = None, graph: bytes | None = None, queue: str = DEFAULT_QUEUE,
 ) -> dict[str, Any]:
-    """A new run, queued, its settings scope (``settings``) and its workflow's graph
+    """A new run, queued on ``queue``, its settings scope (``settings``) and its workflow's graph
     (``graph``: canonical JSON, a blob; ``run.graph`` reads it): every run is made here.
 
     Several writers (PostgreSQL): the session's lock (``lock_key("session", ...)``, the one a
@@ -67,9 +67,9 @@ def create_run(
                  origin_session_id, now, now, graph_hash),
             )
             db.execute(
-                """INSERT INTO run_queue (run_id, status, origin_session_id, created_at, updated_at)
-                   VALUES (?, 'queued', ?, ?, ?)""",
-                (run_id, origin_session_id, now, now),
+                """INSERT INTO run_queue (run_id, status, origin_session_id, created_at, updated_at, queue)
+                   VALUES (?, 'queued', ?, ?, ?, ?)""",
+                (run_id, origin_session_id, now, now, queue),
             )
         except ConstraintViolation as exc:
             raise Rejected(f"run {run_id} cannot be queued: {exc}") from exc
@@ -178,6 +178,7 @@ def resume_run(db: Database, run_id: str, now: int, *, definition: Definition | 
                            "(resumed meanwhile); look at it again")
         if definition is not None:
             adopt_definition(db, run_id, definition, now)
+        placement.forget_run(db, run_id)  # every host may try it again
         # a waiting run stays held for its answer
         db.execute("UPDATE run_queue SET hold = NULL, crash_count = 0, not_before = NULL, updated_at = ? "
                    "WHERE run_id = ? AND hold IS DISTINCT FROM 'waiting'", (now, run_id))
@@ -293,7 +294,7 @@ def accepted_steps(db: Database, run_id: str, after_seq: int = -1,
 
 def run_summary(db: Database, run_id: str) -> RunSummary:
     """The status fields of one run, without its input, output or steps."""
-    return RunSummary(*summary_fields(_read_one(db, run_id)[:13]))
+    return RunSummary(*summary_fields(_read_one(db, run_id)[:SUMMARY_COLUMNS]))
 
 
 def get_run(db: Database, run_id: str, now: int = 0) -> RunDetail:
@@ -301,9 +302,11 @@ def get_run(db: Database, run_id: str, now: int = 0) -> RunDetail:
     with db.read():
         row = _read_one(db, run_id, ", project_path, definition_digest, input_json, input_hash, output_json, "
                                     "output_hash, error_json")
-        project, digest, input_json, input_hash, output_json, output_hash, error_json = row[13:]
+        project, digest, input_json, input_hash, output_json, output_hash, error_json = row[SUMMARY_COLUMNS:]
+        summary = summary_fields(row[:SUMMARY_COLUMNS])
         return RunDetail(
-            *summary_fields(row[:13]), projectPath=project, definitionDigest=digest,
+            *summary, projectPath=project, definitionDigest=digest,
+            placement=_placement(db, summary, now),
             input=db.get_json(input_json, input_hash),
             output=db.get_json(output_json, output_hash),
             error=None if error_json is None else decode_json(error_json.encode()),
@@ -326,10 +329,18 @@ def _read_one(db: Database, run_id: str, extra: str = "") -> tuple[Any, ...]:
     with db.read():
         run = db.one(f"""SELECT run_id, workflow, status, paused, status_detail, revision, origin_session_id,
                            created_at, updated_at, finished_at{extra} FROM runs WHERE run_id = ?""", (run_id,))
-        queue = db.one("SELECT status, generation, hold FROM run_queue WHERE run_id = ?", (run_id,))
+        queue = db.one("SELECT status, generation, hold, queue FROM run_queue WHERE run_id = ?", (run_id,))
     if run is None or queue is None:
         raise NotFound(f"run {run_id} not found")
-    return (*run[:3], queue[0], *run[3:10], queue[1], queue[2], *run[10:])
+    return (*run[:3], queue[0], *run[3:10], queue[1], queue[2], queue[3], *run[10:])
+
+
+def _placement(db: Database, summary: tuple[Any, ...], now: int) -> str | None:
+    """Why a run ready to be claimed is not (store/sql/placement.py), read only for such a run."""
+    run_id, queue_status, hold, queue = summary[0], summary[3], summary[5], summary[-1]
+    if queue_status not in (QueueStatus.QUEUED, QueueStatus.PARKED) or hold is not None or now == 0:
+        return None
+    return placement.waiting_because(db, run_id, queue, now)
 
 
 def _step_summaries(db: Database, run_id: str) -> list[Step]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import secrets
 
-from piwf.status import CRASHES, Hold, WorkerStatus
+from piwf.status import CRASHES, DEFAULT_QUEUE, Hold, WorkerStatus
 from piwf.store.api.rules import input_hash
 from piwf.store.sql import interactions, queue, runs, workers
 from piwf.store.sql.database import Database
@@ -13,8 +13,9 @@ from piwf.store.api.types import Claim, Delay, RunLaunch, WorkerEnded
 
 
 def claim_runs(db: Database, *, room: int, exclude: frozenset[str], runner_id: str, lease_ms: int, now: int,
-               epoch: int) -> list[tuple[Claim, str]]:
-    """Claim up to ``room`` runs, oldest first, none in ``exclude``, each with a fresh
+               epoch: int, queues: tuple[str, ...] = (DEFAULT_QUEUE,)) -> list[tuple[Claim, str]]:
+    """Claim up to ``room`` runs of ``queues``, oldest first, none in ``exclude`` nor any
+    ``runner_id`` recorded it cannot load (store/sql/placement.py), each with a fresh
     token, a worker record (its worker id) and what its worker is launched with
     (``Claim.launch``): one transaction, one commit."""
     taken: list[tuple[Claim, str]] = []
@@ -22,7 +23,8 @@ def claim_runs(db: Database, *, room: int, exclude: frozenset[str], runner_id: s
     with db.write():
         while len(taken) < room:
             claim = queue.claim_next_run(db, runner_id=runner_id, token=secrets.token_urlsafe(24),
-                                         lease_ms=lease_ms, now=now, epoch=epoch, exclude=frozenset(skip))
+                                         lease_ms=lease_ms, now=now, epoch=epoch, exclude=frozenset(skip),
+                                         queues=queues)
             if claim is None:
                 break
             worker_id = secrets.token_hex(8)

@@ -8,7 +8,7 @@ from piwf.store.sqlite.schema_features import (
 )
 
 APPLICATION_ID = 0x70697766  # "piwf"
-SCHEMA_VERSION = 14
+SCHEMA_VERSION = 15
 
 
 # The columns named worker_epoch (run_workers, run_processes, worker_messages and the run_processes_live index)
@@ -253,6 +253,33 @@ ALTER TABLE runs ADD COLUMN graph_hash TEXT;
 CREATE INDEX runs_graph_blob ON runs(graph_hash) WHERE graph_hash IS NOT NULL;
 """
 
+# Layout 15: placement and named queues (store/sql/placement.py). A run has a queue (runs made
+# before are on 'default'), and claims read the oldest ready run of a queue from
+# run_queue_ready, now by queue first. A host records the queues it serves (host_queues) and,
+# for a run it claimed and could not load, that it cannot (run_placement): its later claims
+# pass the run over, and once every live host serving the run's queue has said so the run is
+# held. A fresh database adds them the same way.
+PLACEMENT_SQL = """
+ALTER TABLE run_queue ADD COLUMN queue TEXT NOT NULL DEFAULT 'default';
+DROP INDEX run_queue_ready;
+CREATE INDEX run_queue_ready ON run_queue(queue, created_at, run_id)
+  WHERE status IN ('queued', 'parked') AND hold IS NULL;
+CREATE TABLE host_queues (
+  host_id TEXT NOT NULL,
+  queue TEXT NOT NULL,
+  PRIMARY KEY (host_id, queue)
+);
+CREATE TABLE run_placement (
+  run_id TEXT NOT NULL,
+  host_id TEXT NOT NULL,
+  reason TEXT NOT NULL,
+  source_hash TEXT,
+  at INTEGER NOT NULL,
+  PRIMARY KEY (run_id, host_id)
+);
+CREATE INDEX run_placement_host ON run_placement(host_id);
+"""
+
 COUNTED_TRIGGERS = [f"{table}_counted_{event}" for table in ("runs", "run_queue")
                     for event in ("insert", "status", "moved", "delete")] + ["runs_counted_paused"]
 
@@ -368,7 +395,7 @@ CREATE TABLE worker_messages (
   PRIMARY KEY (worker_epoch, message_id)
 );
 """ + EFFECTS_AND_PROCESSES_SQL + RUN_COUNTS_SQL + INTERACTIONS_SQL + CONTROLLERS_SQL + DELIVERY_SQL + SETTINGS_SQL \
-    + NOT_BEFORE_SQL + EFFECT_IDENTITY_SQL + LISTING_SQL + RETENTION_SQL + GRAPH_SQL
+    + NOT_BEFORE_SQL + EFFECT_IDENTITY_SQL + LISTING_SQL + RETENTION_SQL + GRAPH_SQL + PLACEMENT_SQL
 
 
 
@@ -427,4 +454,6 @@ DROP TABLE run_workers_v2;
     12: RETENTION_SQL,
     # 14: the run's workflow graph (runs.graph_hash).
     13: GRAPH_SQL,
+    # 15: placement and named queues (run_queue.queue, host_queues, run_placement).
+    14: PLACEMENT_SQL,
 }
