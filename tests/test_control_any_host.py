@@ -20,7 +20,7 @@ from piwf.paths import StatePaths
 
 from .conftest import config, pg_store_url, wait_for, write_workflow
 from .test_interactions import open_request, start
-from .test_lifecycle import call, group_members, run_status, step_states
+from .test_lifecycle import _shell_group, call, group_members, run_status, step_states
 from .test_settings import SLOW, TUNED, change, submit
 
 HOURS = 3 * 3600.0  # the poll, and a third of the claims' lease: never, within a test
@@ -57,11 +57,13 @@ async def test_a_cancel_through_another_host_stops_the_owners_worker_and_its_pro
     front, owner = await two_hosts(nursery, tmp_path, store_url)
     run_id = await start(front, project, "sleepy")
     worker_pid = await wait_for(lambda: _worker_of(front, run_id))
-    await wait_for(lambda: len(group_members(worker_pid)) >= 1)
+    shell_pid = await wait_for(lambda: _shell_group(worker_pid))
+    # sh and its two sleeps, in their own group: the worker is in its node and says nothing more
+    await wait_for(lambda: len(group_members(shell_pid)) >= 3)
     receipt = await call(front, "run.cancel", run_id=run_id)
     assert receipt["status"] == "cancelled"
     with trio.fail_after(15):  # the owner hears of it and stops the worker, its shell and its sleeps
-        await wait_for(lambda: not group_members(worker_pid))
+        await wait_for(lambda: not group_members(worker_pid) and not group_members(shell_pid))
 
     async def recorded() -> bool:
         return (await run_status(front, run_id))["workers"][-1]["status"] == "cancelled"

@@ -146,6 +146,8 @@ class RunLane(lane.Lane[Claim, WorkerEnd]):
         host, active = self.host, end.active
         now = host.now()
         try:
+            if end.status is WorkerStatus.CLAIM_LOST and (await self.lost_reasons([active.claim.run_id])):
+                end.status = WorkerStatus.CANCELLED  # its claim ended with the run, cancelled through another host
             if end.over_limit is None:
                 ended = await self._end_worker(host.store.supervision, end, now)
             else:
