@@ -14,11 +14,13 @@ from typing import Any
 import pytest
 import trio
 
+from piwf.client import AsyncClient
 from piwf.host.host import Host
 from piwf.host.state import HostState
 from piwf.paths import StatePaths
 
 from .conftest import config, pg_store_url, wait_for, write_workflow
+from .test_controllers import ctl, get, mirror, ready  # noqa: F401 (mirror: a fixture)
 from .test_interactions import open_request, start
 from .test_lifecycle import _shell_group, call, group_members, run_status, step_states
 from .test_settings import SLOW, TUNED, change, submit
@@ -142,3 +144,72 @@ async def test_a_watch_through_another_host_sees_the_owners_events_in_order(
         events = (await call(owner, "run.events", run_id=run_id))["events"]
         assert [(e["type"], e["eventId"]) for e in events][:len(mine)] == mine
         assert mine[0][0] == "created" and "completed" in [t for t, _ in mine]
+
+
+NOTIFYING = """
+    import time
+    from pathlib import Path
+    from piwf import Workflow, compute
+
+    def work(ctx):
+        ctx.notify("halfway")
+        while not Path(ctx.project_path, "gate").exists():
+            time.sleep(0.02)
+        return "done"
+
+    workflow = Workflow(name="notifying", start_at="work", nodes={"work": compute(work)})
+"""
+
+
+async def agent(paths: StatePaths, operation: str, **kwargs: Any) -> Any:
+    """A call by one client (delivery claims are held by the client that took them)."""
+    async with AsyncClient(paths, client_id="agent-client") as client:
+        response = await client.call(operation, **kwargs)
+    assert response.outcome == "accepted", response
+    return response.receipt
+
+
+async def test_notifications_follow_ups_and_turns_through_another_host(
+        nursery: trio.Nursery, tmp_path: Path, project: Path, store_url: str) -> None:
+    front, _ = await two_hosts(nursery, tmp_path, store_url)
+    write_workflow(project, "notifying", NOTIFYING)
+    run_id = await start(front, project, "notifying", originSessionId="agent-1")
+
+    async def claimed_notification() -> dict[str, Any] | None:
+        claim = await agent(front, "notification.claim", payload={"sessionId": "agent-1"})
+        return claim if claim["notification"] is not None else None
+    claim = await wait_for(claimed_notification, timeout=15)  # sent by the owner's worker
+    assert claim["notification"]["content"] == "halfway"
+    await agent(front, "notification.deliver", payload={"notificationId": claim["notification"]["notificationId"],
+                                                       "claimId": claim["claimId"]})
+    await call(front, "followup.queue", run_id=run_id, payload={"requestKey": "k1", "prompt": "then ship it"})
+    (project / "gate").touch()
+
+    async def claimed_turn() -> dict[str, Any] | None:
+        claim = await agent(front, "turn.claim", payload={"sessionId": "agent-1"})
+        return claim if claim["turn"] is not None else None
+    turn = await wait_for(claimed_turn, timeout=15)  # the owner ended the run: its turn
+    assert turn["turn"]["runId"] == run_id and turn["turn"]["cause"] == "completed"
+    assert [f["prompt"] for f in turn["turn"]["followUps"]] == ["then ship it"]
+    resolved = await agent(front, "turn.resolve", payload={"turnId": turn["turn"]["turnId"],
+                                                          "claimId": turn["claimId"], "resolution": "presented"})
+    assert resolved["followUpsDelivered"] == 1
+
+
+async def test_a_resource_deleted_through_another_host_is_finalized_by_the_one_that_reconciles(
+        nursery: trio.Nursery, tmp_path: Path, mirror: Path, store_url: str) -> None:  # noqa: F811
+    front = await serve(nursery, tmp_path, "front", store_url, max_controller_workers=0)
+    await serve(nursery, tmp_path, "owner", store_url)
+    await ctl(front, "apply", mirror, "mirror", "a", spec={"text": "hi"})
+
+    async def reconciled() -> bool:
+        return ready(await get(front, mirror, "mirror", "a"))
+    await wait_for(reconciled, timeout=15)
+    assert (mirror / "out" / "a.txt").read_text() == "hi"
+    await ctl(front, "reconcile", mirror, "mirror", "a")
+    await ctl(front, "delete", mirror, "mirror", "a")
+
+    async def gone() -> bool:
+        return await get(front, mirror, "mirror", "a") is None
+    await wait_for(gone, timeout=15)  # its finalizer ran on the other host
+    assert not (mirror / "out" / "a.txt").exists()
