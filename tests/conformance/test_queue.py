@@ -164,6 +164,19 @@ async def test_cancel_of_a_claimed_run_by_its_runner_needs_no_token_and_fences_t
         await store.queue.fenced_revision("r1", got.token, clock.now_ms())
 
 
+async def test_cancel_through_any_host_ends_another_runners_live_claim(store: Any, clock: ManualClock) -> None:
+    """``any_claim``: an operator's cancel through a host that does not hold the claim ends
+    the run and the claim with it (the holder's next write, or renewal, finds it gone)."""
+    await new_run(store, clock)
+    got = await claim(store, clock)
+    assert await store.queue.cancel_run("r1", clock.now_ms(), any_claim=True)
+    assert await statuses(store) == ("cancelled", "cancelled")
+    with pytest.raises(ClaimLost):
+        await store.queue.fenced_revision("r1", got.token, clock.now_ms())
+    assert await store.queue.renew_claims([("r1", got.token)], 30_000, clock.now_ms()) == {"r1"}
+    assert not await store.queue.cancel_run("r1", clock.now_ms(), any_claim=True)  # ended already
+
+
 async def test_cancel_of_a_run_whose_claim_expired_needs_no_token_and_fences_the_old_one(
         store: Any, clock: ManualClock) -> None:
     await new_run(store, clock)

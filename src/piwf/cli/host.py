@@ -44,7 +44,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
                         delivery_lease_ms=max(1, int(args.delivery_lease * 1000)), retain_ms=args.retain,
                         host_lease_ms=max(1, int(args.lease * 1000)), run_lease_ms=max(1, int(args.lease * 1000)),
                         node_time_limit_s=args.node_time_limit, socket_check_s=args.socket_check,
-                        host_lease_ms=max(1, int(args.lease * 1000)), run_lease_ms=max(1, int(args.lease * 1000)),
                         **service_manager_settings())
     try:
         trio.run(Host(config).serve)

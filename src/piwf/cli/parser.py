@@ -287,13 +287,10 @@ def _add_host_options(parser: argparse.ArgumentParser, *, service: bool) -> None
         ("--presentation-lease", 10.0, "a client presenting a decision or ask holds it"),
         ("--socket-check", 1.0, "between looks at the socket's path (a deleted socket is bound again)"),
         ("--delivery-lease", 10.0, "a client delivering a notification or turn holds it"),
-        ("--lease", 30.0, "the host's lease and its runs' claims last past each renewal (a dead host on "
-         "another machine is taken over once they expire)"),
+        ("--lease", 30.0, "the host's lease and its runs' claims last past each renewal (without one its "
+         "work stops at 2/3 of it; a dead host on another machine is taken over once they expire)"),
     ):
         add(flag, type=_seconds, default=default, metavar="S", help=f"seconds {text} (default {default:g})")
-    add("--lease", type=_seconds, default=30.0, metavar="S",
-        help="seconds the host lease and its run claims live unrenewed (default 30): on a shared store, "
-             "the host's work stops at 2/3 of it without a renewal, and others take it over once it expires")
     add("--max-controller-workers", type=_positive, default=4, metavar="N", help="concurrent reconciles (default 4)")
     add("--node-time-limit", type=_seconds, default=None, metavar="S",
         help="stop any node's worker after S seconds in one attempt, whatever the node's own time_limit "

@@ -116,6 +116,7 @@ async def _delete(host: HostState, tx: UnitOfWork, request: DeleteResource, prep
     if p.force:
         log.warning("resource %s/%s in %s deleted by force: its finalizers did not run", p.controller, p.key,
                     p.projectPath)
+        after.append(host.claims_changed)  # a pass running for it, here or on another host, is stopped now
     after.append(host.controllers.wake)
     return HostResponse(request.requestId, Outcome.ACCEPTED, revision=ref.resourceVersion, receipt=ref)
 

@@ -20,7 +20,6 @@ interrupt the record; an end the store refused (a full disk) is kept and retried
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
@@ -28,7 +27,6 @@ from typing import Any, Generic
 
 import msgspec
 import trio
-import trio_util
 
 from piwf.errors import PiwfError, ProtocolError
 from piwf.protocol.worker import MAX_WORKER_LINE, HostHeartbeat, WorkerMessage, WorkerResponse
@@ -117,6 +115,11 @@ class Lane(ABC, Generic[C, E]):
     def recorded(self, active: Active[C]) -> None:
         """The end was recorded (its fault point), before the work leaves ``state.active``."""
 
+    async def lost_reasons(self, keys: list[str]) -> dict[str, StopReason]:
+        """Why the claims of ``keys`` are gone, where it is not simply lost (``claimLost``):
+        a run cancelled by a client, say, through another host."""
+        return {}
+
     def left(self, active: Active[C]) -> None:
         """The work left ``state.active`` (its dispatcher is woken already)."""
 
@@ -164,28 +167,46 @@ async def serve(lane: Lane[Any, Any], *, also: Sequence[Callable[[], Awaitable[N
 
 async def renew_claims(lane: Lane[Any, Any]) -> None:
     """One renewer for all of a lane's work: every claim renewed in one transaction each
-    tick. Work whose claim is lost has its scope cancelled; a failed renewal is retried at
-    the next tick (the claims stay live for a few more)."""
-    async with contextlib.aclosing(trio_util.periodic(lane.renew_period_s)) as ticks:
-        async for _ in ticks:
-            active = list(lane.state.active.values())
-            if not active:
-                continue
-            began = trio.current_time()  # the renewed expiry is this transaction's now + the lease
-            try:
-                lost = await lane.renew([(lane.key(work.claim), work.claim.token) for work in active])
-            except PiwfError as exc:
-                log.warning("%s claim renewal failed (%s); will retry", lane.kind, exc)
-                continue
-            for work in active:
-                if lane.key(work.claim) not in lost:
-                    work.good_until = max(work.good_until, fence.good_until(began, lane.lease_ms))
-            lane.host.fence_changed.set()
-            for work in active:
-                # A worker whose own message ended its part released the claim.
-                if lane.key(work.claim) in lost and work.conclusion is None:
-                    log.warning("%s: claim lost; stopping its worker", work.label)
-                    work.stop(StopReason.CLAIM_LOST)
+    tick, and at once when ``state.recheck`` is set (a client ended claimed work, on this
+    host or another: ``HostState.claims_changed``, ``Wakeup.CLAIMS``). Work whose claim is
+    lost has its scope cancelled; a failed renewal is retried at the next tick (the claims
+    stay live for a few more)."""
+    state = lane.state
+    next_tick = trio.current_time()
+    while True:
+        with trio.move_on_at(next_tick):
+            await state.recheck.wait()
+        state.recheck = trio.Event()  # set again during the renewal: one more at once
+        if trio.current_time() >= next_tick:
+            next_tick = trio.current_time() + lane.renew_period_s
+        await _renew(lane)
+
+
+async def _renew(lane: Lane[Any, Any]) -> None:
+    active = list(lane.state.active.values())
+    if not active:
+        return
+    began = trio.current_time()  # the renewed expiry is this transaction's now + the lease
+    try:
+        lost = await lane.renew([(lane.key(work.claim), work.claim.token) for work in active])
+    except PiwfError as exc:
+        log.warning("%s claim renewal failed (%s); will retry", lane.kind, exc)
+        return
+    for work in active:
+        if lane.key(work.claim) not in lost:
+            work.good_until = max(work.good_until, fence.good_until(began, lane.lease_ms))
+    lane.host.fence_changed.set()
+    # A worker whose own message ended its part released the claim.
+    gone = [work for work in active
+            if lane.key(work.claim) in lost and work.conclusion is None and work.stop_reason is None]
+    if not gone:
+        return
+    reasons = await lane.lost_reasons([lane.key(work.claim) for work in gone])
+    for work in gone:
+        reason = reasons.get(lane.key(work.claim), StopReason.CLAIM_LOST)
+        log.warning("%s: %s; stopping its worker", work.label,
+                    "claim lost" if reason is StopReason.CLAIM_LOST else reason.value)
+        work.stop(reason)
 
 
 # --- one supervisor per claim -----------------------------------------------------------------

@@ -151,6 +151,8 @@ class LaneState(Generic[C, E]):
     # Stops of work whose claim committed while the dispatcher had not yet taken it up (its
     # claim round still awaiting the store): applied as it does, at the end of that round.
     early_stops: dict[str, StopReason] = field(default_factory=dict)
+    # Set to have the claim renewer look now (a client ended claimed work, maybe on another host).
+    recheck: trio.Event = field(default_factory=trio.Event)
 
     def stop(self, key: str, reason: StopReason) -> None:
         """Stop the active work of ``key``; or, if it is not active here yet, as soon as the
@@ -166,6 +168,10 @@ class LaneState(Generic[C, E]):
         self.wake_event.set()
         if self.announce is not None:
             self.announce()
+
+    def check_claims(self) -> None:
+        """Renew (and so check) every claim now: work whose claim is gone is stopped."""
+        self.recheck.set()
 
     def woken(self) -> None:
         """Another host announced work: wake the dispatcher only (announcing it again

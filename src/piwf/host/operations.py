@@ -16,6 +16,7 @@ request type to its handler.
 
 from __future__ import annotations
 
+import functools
 import os
 import secrets
 from pathlib import PurePosixPath
@@ -34,7 +35,7 @@ from piwf.protocol import (
     StopHost, StopReceipt, SubmitInteraction, UpdateInteraction, WaitReceipt, WaitRun,
 )
 from piwf.status import AT_REST, QueueStatus, RunStatus, StopReason
-from piwf.store.api import UnitOfWork
+from piwf.store.api import UnitOfWork, Wakeup
 from piwf.store.api.record import redact
 from piwf.wire import HostResponse, Outcome, check_id, request_fingerprint
 from piwf.host import controller_operations
@@ -244,14 +245,15 @@ async def _run_start(host: HostState, tx: UnitOfWork, request: StartRun, prepare
 async def _run_cancel(host: HostState, tx: UnitOfWork, request: CancelRun, prepared: None,
                       after: After) -> HostResponse:
     run_id, expected = request.runId, request.expectedRevision  # its compare-and-set is in the store's write
-    # No live claim holds it (queued, parked, a claim that expired), or this host's does:
-    # its worker's, or one whose commit the dispatcher has not taken up yet (its claim round
-    # awaits the store). A live claim of another host's is not this host's to end.
-    if not await tx.queue.cancel_run(run_id, host.now(), runner_id=host.host_id, expected_revision=expected):
+    # Whoever holds its claim: this host (its worker's, or one whose commit the dispatcher
+    # has not taken up yet), another host sharing the store, or nobody (queued, parked).
+    if not await tx.queue.cancel_run(run_id, host.now(), any_claim=True, expected_revision=expected):
         run = await tx.runs.run_summary(run_id)
         raise Rejected(f"run {run_id} cannot be cancelled: it is {run.status} ({run.queueStatus})")
-    # Its worker stopped, or, not active here yet, as soon as the dispatcher takes it up.
+    # Its worker stopped here, or, not active here yet, as soon as the dispatcher takes it
+    # up; a worker on another host is stopped by that host, told by Wakeup.CLAIMS.
     after.append(lambda: host.runs.stop(run_id, StopReason.CANCELLED))
+    after.append(functools.partial(host.store.announce, Wakeup.CLAIMS))
     return HostResponse(request.requestId, Outcome.ACCEPTED, revision=await tx.runs.revision(run_id),
                         receipt=CancelReceipt(runId=run_id, status="cancelled"))
 

@@ -16,7 +16,7 @@ import trio
 
 from piwf import faults
 from piwf.errors import PiwfError
-from piwf.status import CRASHES, STOPPED_AS, StopReason, WorkerStatus
+from piwf.status import CRASHES, STOPPED_AS, RunStatus, StopReason, WorkerStatus
 from piwf.store.api import Claim, Delay, RunLaunch, SupervisionStore, WorkerEnded
 from piwf.store.api.rules import input_hash
 from piwf.protocol.worker import LaunchEnvelope, Ready, WorkerMessage, WorkerResponse, parse_worker_message
@@ -89,6 +89,19 @@ class RunLane(lane.Lane[Claim, WorkerEnd]):
     async def renew(self, claims: list[tuple[str, str]]) -> set[str]:
         return await self.host.store.queue.renew_claims(claims, self.host.config.run_lease_ms, self.host.now())
 
+    async def lost_reasons(self, keys: list[str]) -> dict[str, StopReason]:
+        """A run cancelled through another host (its claim ended with it) is stopped as
+        cancelled, as a cancel through this host stops it."""
+        reasons = {}
+        for run_id in keys:
+            try:
+                cancelled = (await self.host.store.runs.run_summary(run_id)).status == RunStatus.CANCELLED
+            except PiwfError:  # gone (pruned) or unreadable: a claim lost, as it is
+                continue
+            if cancelled:
+                reasons[run_id] = StopReason.CANCELLED
+        return reasons
+
     async def envelope(self, active: ActiveRun) -> tuple[msgspec.Struct, str]:
         run_id = active.claim.run_id
         launch = active.claim.launch
@@ -153,6 +166,8 @@ class RunLane(lane.Lane[Claim, WorkerEnd]):
                     worker_id=active.worker_id, run_id=active.claim.run_id, status=end.status, now=now,
                     exit_code=process.exit_code, signal=process.signal, diagnostic=process.diagnostic or None)
                 return True
+            if end.status is WorkerStatus.CLAIM_LOST and (await self.lost_reasons([active.claim.run_id])):
+                end.status = WorkerStatus.CANCELLED  # its claim ended with the run, cancelled through another host
             if end.over_limit is None:
                 ended = await self._end_worker(host.store.supervision, end, now)
             else:

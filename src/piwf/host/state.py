@@ -180,6 +180,14 @@ class HostState:
         self.wake_deadlines.set()
         self.store.announce(Wakeup.DEADLINES)
 
+    def claims_changed(self) -> None:
+        """A claimed run (or resource) was ended by a client, whichever host holds its claim:
+        that host checks its claims now instead of at its next renewal, and stops the work
+        whose claim is gone (host/lane.py ``renew_claims``)."""
+        self.runs.check_claims()
+        self.controllers.check_claims()
+        self.store.announce(Wakeup.CLAIMS)
+
     def woken(self, topic: Wakeup) -> None:
         """Another host sharing the store announced ``topic``: wake what acts on it here,
         without announcing it again."""
@@ -189,6 +197,9 @@ class HostState:
             self.controllers.woken()
         elif topic is Wakeup.CHANGES:
             self.run_changed.set()
+        elif topic is Wakeup.CLAIMS:
+            self.runs.check_claims()
+            self.controllers.check_claims()
         else:
             self.wake_deadlines.set()
 

@@ -242,9 +242,11 @@ class QueueStore(Protocol):
 
     async def cancel_run(
             self, run_id: str, now: int, *, token: str | None = None, runner_id: str | None = None,
-            expected_revision: int | None = None) -> bool:
-        """Cancel a run. Without a token only unclaimed runs (queued, parked) can be cancelled, and with
-        ``runner_id`` a run whose live claim that runner holds; False when the run cannot be cancelled so.
+            any_claim: bool = False, expected_revision: int | None = None) -> bool:
+        """Cancel a run. Without a token only unclaimed runs (queued, parked) can be cancelled, with
+        ``runner_id`` also a run whose live claim that runner holds, and with ``any_claim`` a run whose live
+        claim any runner holds (its host learns of it: ``Wakeup.CLAIMS``, or its next renewal, finds the claim
+        gone); False when the run cannot be cancelled so.
         ``expected_revision`` (None: any) is a compare-and-set on the run's revision, checked in the same write.
         Raises NotFound (an unknown run), Conflict (another revision).
         """

@@ -203,6 +203,7 @@ class Wakeup(StrEnum):
     CONTROLLERS = "controllers"  # a resource due for a reconcile
     CHANGES = "changes"  # something a watcher (run.watch, run.wait) waits for
     DEADLINES = "deadlines"  # a request opened, or waits again: its deadline to keep
+    CLAIMS = "claims"  # a claimed run was cancelled (or a resource deleted by force): its host checks its claims
 
 
 class Pruned(NamedTuple):

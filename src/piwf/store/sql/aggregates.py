@@ -193,9 +193,9 @@ class QueueAggregate:
 
     async def cancel_run(
             self, run_id: str, now: int, *, token: str | None = None, runner_id: str | None = None,
-            expected_revision: int | None = None) -> bool:
+            any_claim: bool = False, expected_revision: int | None = None) -> bool:
         return await self.call(_queue.cancel_run, run_id, now, token=token, runner_id=runner_id,
-                               expected_revision=expected_revision)
+                               any_claim=any_claim, expected_revision=expected_revision)
 
 
 class SupervisionAggregate:

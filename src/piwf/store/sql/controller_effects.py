@@ -150,12 +150,18 @@ def sync_children(db: Database, now: int) -> list[str]:
     with db.write():
         rows = sorted(_moved_children(db))  # locked in uid order: two hosts syncing never wait in a cycle
         moved = []
-        for uid, request_key, run_id, attempt, state in rows:
+        for uid, request_key, run_id, attempt, _ in rows:
             lock_resource(db, uid)
-            # still moved, checked in the write: another host may have synced it since the read
+            # Its state read again under the lock: another host may have synced it, to a newer
+            # state than this read saw, since the read (a stale one written now would move it
+            # back). Still moved, checked in the write.
+            state = db.scalar(f"""SELECT {CHILD_STATE} FROM controller_workflows c JOIN runs r ON r.run_id = c.run_id
+                                  JOIN run_queue q ON q.run_id = c.run_id WHERE c.uid = ? AND c.request_key = ?""",
+                              (uid, request_key))
             db.execute("""UPDATE controller_workflows SET state = ?, updated_at = ? WHERE uid = ? AND request_key = ?
-                            AND state != ?""", (state, now, uid, request_key, state))
-            if db.changes() != 1:
+                            AND state IN ('running', 'waiting') AND state != ?""",
+                       (state, now, uid, request_key, state))
+            if state is None or db.changes() != 1:
                 continue
             moved.append(uid)
             set_workflow_run(db, uid, {"requestKey": request_key, "runId": run_id, "state": state,

@@ -302,16 +302,19 @@ def refuse_revision(db: Database, run_id: str, expected: int | None) -> None:
 
 
 def cancel_run(db: Database, run_id: str, now: int, *, token: str | None = None, runner_id: str | None = None,
-               expected_revision: int | None = None) -> bool:
+               any_claim: bool = False, expected_revision: int | None = None) -> bool:
     """Cancel a run. Without a token only runs no live claim holds can be cancelled
     (queued, parked, or claimed with the claim expired: nobody may write for them, and a
     worker still going finds its claim gone), and with ``runner_id`` also a run whose live
     claim that runner holds (whatever its token: a claim its host has committed and not yet
-    taken up); ``expected_revision``, a compare-and-set on the run's revision, is checked in
-    the same UPDATE (NotFound, Conflict)."""
+    taken up); with ``any_claim`` a run whose live claim any runner holds (an operator's
+    cancel through any host: the claim ends with the run, so its worker's next write is
+    refused, and its host stops it when it learns of it). ``expected_revision``, a
+    compare-and-set on the run's revision, is checked in the same UPDATE (NotFound, Conflict)."""
     with db.write():
         unclaimed = f"status IN ('queued', 'parked') OR ({LIVE} AND claim_expires_at <= ?)"
         where, params = ((f"AND claim_token = ? AND {LIVE}", (token,)) if token
+                         else (f"AND (status IN ('queued', 'parked') OR {LIVE})", ()) if any_claim
                          else (f"AND ({unclaimed} OR ({LIVE} AND runner_id = ?))", (now, runner_id)) if runner_id
                          else (f"AND ({unclaimed})", (now,)))
         fence = (f"{where} {AT_REVISION}", (*params, expected_revision, expected_revision))

@@ -29,8 +29,9 @@ from piwf.store.sql.database import Database, one_of
 _ENDED_RUN = one_of(sorted((RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.TIMED_OUT, RunStatus.CANCELLED)))
 
 # Runs that may be deleted: ended before the cut-off, followed by no controller.
-_PRUNABLE = f"""FROM runs r WHERE r.finished_at IS NOT NULL AND r.finished_at < ? AND r.status IN ({_ENDED_RUN})
+_PRUNABLE_WHERE = f"""r.finished_at IS NOT NULL AND r.finished_at < ? AND r.status IN ({_ENDED_RUN})
   AND NOT EXISTS (SELECT 1 FROM controller_workflows c WHERE c.run_id = r.run_id)"""
+_PRUNABLE = f"FROM runs r WHERE {_PRUNABLE_WHERE}"
 
 # The guard, in the write that deletes: the queue row goes only while its run is still ended
 # (a retry meanwhile requeued it) and still followed by no controller.
@@ -92,12 +93,18 @@ def prunable_runs(db: Database, *, ended_before: int, sample: int = 20) -> tuple
 def prune_runs(db: Database, *, ended_before: int, now: int, limit: int = PRUNE_BATCH) -> Pruned:
     """Delete up to ``limit`` of the oldest prunable runs (see the module) in one transaction,
     and the blobs they were the last to use. ``more``: prunable runs remain. A statement per
-    table for the whole batch (the run ids as parameters)."""
+    table for the whole batch (the run ids as parameters).
+
+    Several hosts pruning at once (PostgreSQL) take different runs: the batch's queue rows
+    (each run's lock, locks.py) are locked as they are read, skipping those another
+    transaction holds (another host's batch, a retry), so no host waits for another's batch
+    and none deletes a run twice; a host that dies mid-batch leaves its runs to the next
+    prune, its transaction rolled back."""
     with db.write():
         ids = [run_id for (run_id,) in db.execute(
-            f"SELECT r.run_id {_PRUNABLE} ORDER BY r.finished_at, r.run_id LIMIT ?", (ended_before, limit + 1))]
-        more = len(ids) > limit
-        ids = ids[:limit]
+            f"""SELECT r.run_id FROM runs r JOIN run_queue q ON q.run_id = r.run_id WHERE {_PRUNABLE_WHERE}
+                ORDER BY r.finished_at, r.run_id LIMIT ?{db.lock_rows("q", skip_locked=True)}""",
+            (ended_before, limit))]
         if not ids:
             return Pruned(runs=[], blobs=0, more=False)
         marks = ", ".join("?" * len(ids))
@@ -105,17 +112,24 @@ def prune_runs(db: Database, *, ended_before: int, now: int, limit: int = PRUNE_
         taken = {run_id for (run_id,) in db.execute(_TAKE.format(ids=marks), ids)}
         deleted = [run_id for run_id in ids if run_id in taken]
         if not deleted:
-            return Pruned(runs=[], blobs=0, more=more)
+            return Pruned(runs=[], blobs=0, more=_more(db, ended_before))
         marks = ", ".join("?" * len(deleted))
         candidates = {digest for query in _RUN_BLOBS for (digest,) in db.execute(query.format(ids=marks), deleted)}
         candidates |= commands.forget_runs(db, marks, deleted)
         for table, condition in _OWN_ROWS:
             db.execute(f"DELETE FROM {table} WHERE {condition.format(ids=marks)}", deleted)
+        more = _more(db, ended_before)
         blobs = 0
         for digest in sorted(candidates):
             db.execute(_UNUSED_BLOB, (digest, now - BLOB_GRACE_MS))
             blobs += db.changes()
     return Pruned(runs=deleted, blobs=blobs, more=more)
+
+
+def _more(db: Database, ended_before: int) -> bool:
+    """Whether prunable runs remain, this batch's gone (looked at after its deletes, so no
+    run beyond the batch is locked for it)."""
+    return db.one(f"SELECT 1 {_PRUNABLE} LIMIT 1", (ended_before,)) is not None
 
 
 def sweep_blobs(db: Database, *, after: str, now: int, limit: int = BLOB_SWEEP) -> tuple[int, str | None]:
