@@ -182,7 +182,8 @@ def open_store(paths: Any, *, durability: str = "full", backend: str | None = No
 __all__ = [
     "Actor", "Claim", "CommandKey", "CommandsStore", "ControllerClaim", "ControllerEffectsStore",
     "ControllerQueueStore", "ControllersStore", "Delay", "DeliveryStore", "EffectsStore", "HostClaim", "HostsStore",
-    "InteractionsStore", "LeaseRecord", "NewScope", "PlacementStore", "Pruned", "QueueStore", "RetentionStore", "RunLaunch", "RunsStore",
+    "InteractionsStore", "LeaseRecord", "NewScope", "PlacementStore", "Pruned", "QueueStore", "RetentionStore",
+    "RunLaunch", "RunsStore",
     "SettingsStore", "Store", "SupervisionStore", "UnitOfWork", "UpdatesStore", "Wakeup", "WorkerEnded", "WorkersStore",
     "open_store",
 ]
