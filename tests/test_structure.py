@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 HOST = sorted((ROOT / "src" / "piwf" / "host").glob("*.py"))
 STORE_MODULES = ("hosts", "queue", "runs", "workers", "effects", "commands", "supervision", "controllers",
                  "controller_queue", "controller_effects", "delivery", "updates", "interactions", "settings",
-                 "retention")
+                 "retention", "placement")
 
 
 def _host_source() -> str:

@@ -32,8 +32,8 @@ MAX_BACKOFF_MS = 60_000
 
 
 async def serve_dispatcher(host: HostState, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-    await lane.serve(RunLane(host), also=[functools.partial(_serve_warm, host), functools.partial(serve_placement, host)],
-                     task_status=task_status)
+    also = [functools.partial(_serve_warm, host), functools.partial(serve_placement, host)]
+    await lane.serve(RunLane(host), also=also, task_status=task_status)
 
 
 async def _serve_warm(host: HostState) -> None:

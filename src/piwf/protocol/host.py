@@ -18,7 +18,8 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 
 from piwf.wire import Outcome  # noqa: F401 - part of the host protocol
 from piwf.status import (
-    DEFAULT_QUEUE, QUEUE_PATTERN, EffectStatus, Hold, Provenance, QueueStatus, RequestStatus, RunStatus, SubmissionStatus, WorkerStatus,
+    DEFAULT_QUEUE, QUEUE_PATTERN, EffectStatus, Hold, Provenance, QueueStatus, RequestStatus, RunStatus,
+    SubmissionStatus, WorkerStatus,
 )
 
 WAIT_LIMIT_MS = 600_000

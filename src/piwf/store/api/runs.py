@@ -102,10 +102,10 @@ class RunsStore(Protocol):
             self, *, run_id: str, workflow: str, project_path: str, source: bytes, digest: str, input: Any,
             origin_session_id: str | None, now: int, start_node: str | None = None,
             settings: NewScope | None = None, graph: bytes | None = None, queue: str = "default") -> dict[str, Any]:
-        """A new run, queued on the named ``queue``, with its settings scope (``settings``, for a workflow that declares settings) and
-        its workflow's graph (``graph``, canonical JSON of a ``WorkflowGraph``, which ``run_graph`` serves): the
-        one way a run is made, by ``run.start`` and by a controller's ``ctx.workflows.ensure`` alike. Raises
-        Rejected."""
+        """A new run, queued on the named ``queue``, with its settings scope (``settings``, for a workflow that
+        declares settings) and its workflow's graph (``graph``, canonical JSON of a ``WorkflowGraph``, which
+        ``run_graph`` serves): the one way a run is made, by ``run.start`` and by a controller's
+        ``ctx.workflows.ensure`` alike. Raises Rejected."""
 
     async def revision(self, run_id: str) -> int:
         """Raises NotFound."""

@@ -88,7 +88,10 @@ RUN_COLUMNS = """r.run_id, r.workflow, r.status, q.status, r.paused, r.status_de
 SUMMARY_COLUMNS = 14  # how many RUN_COLUMNS names
 
 
-def summary_fields(row: tuple[Any, ...]) -> tuple[Any, ...]:
+Summary = tuple[Any, Any, Any, Any, bool, Any, Any, Any, Any, Any, Any, Any, Any, Any]
+
+
+def summary_fields(row: tuple[Any, ...]) -> Summary:
     """RunSummary's fields, in its order, from a row in RUN_COLUMNS order."""
     (run_id, workflow, status, queue_status, paused, detail, rev, session, created, updated,
      finished, generation, hold, queue) = row

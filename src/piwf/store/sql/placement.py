@@ -141,7 +141,8 @@ def settle(db: Database, now: int) -> list[str]:
         db.execute(f"DELETE FROM run_placement WHERE host_id NOT IN "
                    f"(SELECT h.host_id FROM {_hosts(db)} h WHERE h.host_id IS NOT NULL)")
         db.execute("""DELETE FROM run_placement WHERE NOT EXISTS (SELECT 1 FROM run_queue q
-                        WHERE q.run_id = run_placement.run_id AND q.status IN ('queued', 'starting', 'running', 'parked'))""")
+                        WHERE q.run_id = run_placement.run_id
+                          AND q.status IN ('queued', 'starting', 'running', 'parked'))""")
         return released
 
 

@@ -16,7 +16,9 @@ from piwf.store.sql.effects import list_effects
 from piwf.store.sql import delivery, placement, updates
 from piwf.store.sql.interactions import count_open, list_requests
 from piwf.store.sql.listing import count_held
-from piwf.store.sql.base import RUN_COLUMNS, SUMMARY_COLUMNS, add_event, require_claim, revision_of, summary_fields
+from piwf.store.sql.base import (
+    RUN_COLUMNS, SUMMARY_COLUMNS, Summary, add_event, require_claim, revision_of, summary_fields,
+)
 from piwf.store.sql.queue import AT_REVISION, refuse_revision
 from piwf.store.api.types import Definition, NewScope
 from piwf.store.sql.database import lifecycle_contradicts
@@ -335,7 +337,7 @@ def _read_one(db: Database, run_id: str, extra: str = "") -> tuple[Any, ...]:
     return (*run[:3], queue[0], *run[3:10], queue[1], queue[2], queue[3], *run[10:])
 
 
-def _placement(db: Database, summary: tuple[Any, ...], now: int) -> str | None:
+def _placement(db: Database, summary: Summary, now: int) -> str | None:
     """Why a run ready to be claimed is not (store/sql/placement.py), read only for such a run."""
     run_id, queue_status, hold, queue = summary[0], summary[3], summary[5], summary[-1]
     if queue_status not in (QueueStatus.QUEUED, QueueStatus.PARKED) or hold is not None or now == 0:
