@@ -8,6 +8,8 @@ the run is always the other host's."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ from .test_controllers import ctl, get, mirror, ready, write_controller  # noqa:
 from .test_interactions import open_request, start
 from .test_lifecycle import _shell_group, call, group_members, run_status, step_states
 from .test_settings import SLOW, TUNED, change, submit
+from .test_watch import CRUNCH
 
 HOURS = 3 * 3600.0  # the poll, and a third of the claims' lease: never, within a test
 
@@ -257,3 +260,28 @@ async def test_a_force_delete_stops_the_reconcile_running_for_it_at_once_on_one_
     identity = processes.identity(pid)
     await ctl(paths, "delete", project, "stuck", "a", force=True)
     await wait_for(lambda: not processes.alive(pid, identity), timeout=15)
+
+
+async def test_piwf_watch_through_another_host_follows_the_owners_run(
+        nursery: trio.Nursery, tmp_path: Path, project: Path, store_url: str) -> None:
+    front, _ = await two_hosts(nursery, tmp_path, store_url)
+    watch = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "piwf", "watch", "--state-dir", str(front.root)], stdout=subprocess.PIPE)
+    assert watch.stdout is not None
+    seen = b""
+
+    async def until(*wanted: bytes) -> None:  # the views printed so far (into a pipe: each in whole)
+        nonlocal seen
+        with trio.fail_after(20):
+            while not all(w in seen.rsplit(b"cursor", 1)[-1] for w in wanted):
+                seen += await watch.stdout.receive_some(65536)  # type: ignore[union-attr]
+
+    try:
+        write_workflow(project, "crunch", CRUNCH)
+        run_id = await start(front, project, "crunch")
+        await until(run_id.encode(), b"crunch", b'"done": 7')  # the owner's worker published it
+        (project / "gate").write_text("open")
+        await until(run_id.encode(), b"completed")
+    finally:
+        watch.kill()
+        await watch.wait()
