@@ -8,22 +8,26 @@ the run is always the other host's."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 
+from piwf import processes
 from piwf.client import AsyncClient
 from piwf.host.host import Host
 from piwf.host.state import HostState
 from piwf.paths import StatePaths
 
 from .conftest import config, pg_store_url, wait_for, write_workflow
-from .test_controllers import ctl, get, mirror, ready  # noqa: F401 (mirror: a fixture)
+from .test_controllers import ctl, get, mirror, ready, write_controller  # noqa: F401 (mirror: a fixture)
 from .test_interactions import open_request, start
 from .test_lifecycle import _shell_group, call, group_members, run_status, step_states
 from .test_settings import SLOW, TUNED, change, submit
+from .test_watch import CRUNCH
 
 HOURS = 3 * 3600.0  # the poll, and a third of the claims' lease: never, within a test
 
@@ -213,3 +217,71 @@ async def test_a_resource_deleted_through_another_host_is_finalized_by_the_one_t
         return await get(front, mirror, "mirror", "a") is None
     await wait_for(gone, timeout=15)  # its finalizer ran on the other host
     assert not (mirror / "out" / "a.txt").exists()
+
+
+STUCK = """
+    import os
+    import time
+    from pathlib import Path
+
+    from piwf import Controller, Result
+
+    def reconcile(ctx):
+        Path("stuck.pid").write_text(str(os.getpid()))
+        while True:  # until it is stopped
+            time.sleep(0.02)
+
+    controller = Controller(name="stuck", reconcile=reconcile, initial_status={})
+"""
+
+
+async def test_a_force_delete_through_another_host_stops_the_reconcile_running_for_it(
+        nursery: trio.Nursery, tmp_path: Path, project: Path, store_url: str) -> None:
+    write_controller(project, "stuck", STUCK)
+    front = await serve(nursery, tmp_path, "front", store_url, max_controller_workers=0)
+    # its claims renewed once in hours: only the wake-up can make it look again
+    await serve(nursery, tmp_path, "owner", store_url, controller_lease_ms=int(HOURS * 4000))
+    await ctl(front, "apply", project, "stuck", "a", spec={})
+    pid = int(await wait_for(lambda: (project / "stuck.pid").exists() and (project / "stuck.pid").read_text()))
+    identity = processes.identity(pid)
+    assert processes.alive(pid, identity)
+    await ctl(front, "delete", project, "stuck", "a", force=True)
+    assert await get(front, project, "stuck", "a") is None
+    await wait_for(lambda: not processes.alive(pid, identity), timeout=15)
+
+
+async def test_a_force_delete_stops_the_reconcile_running_for_it_at_once_on_one_host(
+        host: Any, paths: StatePaths, project: Path) -> None:
+    """SQLite, one host: its claims' renewal is 30 s away, so only the check the delete
+    asks for stops the pass within the test's time."""
+    write_controller(project, "stuck", STUCK)
+    await ctl(paths, "apply", project, "stuck", "a", spec={})
+    pid = int(await wait_for(lambda: (project / "stuck.pid").exists() and (project / "stuck.pid").read_text()))
+    identity = processes.identity(pid)
+    await ctl(paths, "delete", project, "stuck", "a", force=True)
+    await wait_for(lambda: not processes.alive(pid, identity), timeout=15)
+
+
+async def test_piwf_watch_through_another_host_follows_the_owners_run(
+        nursery: trio.Nursery, tmp_path: Path, project: Path, store_url: str) -> None:
+    front, _ = await two_hosts(nursery, tmp_path, store_url)
+    watch = await trio.lowlevel.open_process(
+        [sys.executable, "-m", "piwf", "watch", "--state-dir", str(front.root)], stdout=subprocess.PIPE)
+    assert watch.stdout is not None
+    seen = b""
+
+    async def until(*wanted: bytes) -> None:  # the views printed so far (into a pipe: each in whole)
+        nonlocal seen
+        with trio.fail_after(20):
+            while not all(w in seen.rsplit(b"cursor", 1)[-1] for w in wanted):
+                seen += await watch.stdout.receive_some(65536)  # type: ignore[union-attr]
+
+    try:
+        write_workflow(project, "crunch", CRUNCH)
+        run_id = await start(front, project, "crunch")
+        await until(run_id.encode(), b"crunch", b'"done": 7')  # the owner's worker published it
+        (project / "gate").write_text("open")
+        await until(run_id.encode(), b"completed")
+    finally:
+        watch.kill()
+        await watch.wait()
