@@ -146,18 +146,20 @@ async def client(host: HostState, paths: StatePaths) -> AsyncIterator[AsyncClien
 class HostProcess:
     """``piwf serve`` as a real child process."""
 
-    def __init__(self, paths: StatePaths, log: Path, *extra: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, paths: StatePaths, log: Path, *extra: str, env: dict[str, str] | None = None,
+                 module: str = "piwf") -> None:
         self.paths = paths
         self.log = log
         self.extra = extra
         self.env = {**os.environ, **(env or {})}
+        self.module = module  # what `python -m` runs: piwf, or a test's variant of it (tests/newer_piwf.py)
         self.proc: trio.Process | None = None
 
     async def start(self, *, wait: bool = True) -> HostProcess:
         """Start ``piwf serve``; with ``wait``, return once it answers."""
         with open(self.log, "ab") as log:
             self.proc = await trio.lowlevel.open_process(
-                [sys.executable, "-m", "piwf", "serve", "--state-dir", str(self.paths.root), *self.extra],
+                [sys.executable, "-m", self.module, "serve", "--state-dir", str(self.paths.root), *self.extra],
                 stdout=log, stderr=log, start_new_session=True, env=self.env,
             )
         if wait:

@@ -272,13 +272,24 @@ async def test_a_host_stops_when_another_migrates_the_store_past_its_layout(
     from .conftest import config, wait_for
 
     schema = fresh("migrated_under")
-    state = await nursery.start(Host(config(paths, store_url=pg_store_url(postgres, schema),
-                                            host_lease_ms=300)).serve)
+    host = Host(config(paths, store_url=pg_store_url(postgres, schema), host_lease_ms=300))
+    raised: list[SchemaError] = []
+
+    async def serve(task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            await host.serve(task_status=task_status)
+        except SchemaError as exc:  # once drained, the host stops with it (`piwf serve` exits 4)
+            raised.append(exc)
+
+    state = await nursery.start(serve)
     with admin(postgres) as conn:  # a newer piwf's host migrated the shared store
         conn.execute(f"UPDATE {schema}.piwf_layout SET version = version + 1")
     await wait_for(state.stop_requested.is_set, timeout=10)  # at its next renewal, within 100 ms
-    assert (f"the store was migrated to layout {LAYOUT_VERSION + 1} by a newer piwf; this one knows {LAYOUT_VERSION} "
-            "and stops") in caplog.text
+    said = (f"the store was migrated to layout {LAYOUT_VERSION + 1} by a newer piwf; this one knows {LAYOUT_VERSION} "
+            "and stops")
+    assert said in caplog.text
+    await wait_for(lambda: raised, timeout=10)
+    assert said in str(raised[0])
 
 
 async def test_ended_runs_are_counted_from_shards_that_follow_every_change_hand_edits_too(

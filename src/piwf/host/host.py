@@ -99,6 +99,7 @@ class Host:
                     finally:
                         outer.cancel_scope.cancel()
                     log.info("stopped")
+                    refused = host.stopped_on
                 else:
                     outer.cancel_scope.cancel()
         finally:
@@ -299,6 +300,7 @@ async def _renew_lease(host: HostState) -> bool:
         renewed = await host.store.hosts.renew_lease(host.lease, host.config.host_lease_ms, host.now())
     except SchemaError as exc:  # another host migrated the shared store past this piwf's layout
         log.error("%s", exc)
+        host.stopped_on = exc  # it drains (its runs parked for the newer hosts), then exits with it
         host.stop_requested.set()
         return False
     except PiwfError as exc:

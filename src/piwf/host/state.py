@@ -15,6 +15,7 @@ import trio
 import trio_util
 
 from piwf.clock import Clock, WallClock
+from piwf.errors import PiwfError
 from piwf.paths import StatePaths
 from piwf.status import DEFAULT_QUEUE, WorkerStatus
 from piwf.store.api import Claim, HostClaim, Store, UnitOfWork, Wakeup
@@ -123,6 +124,7 @@ class HostState:
     drain_deadline: float = math.inf  # set when a drain starts: every cleanup ends by then
     run_changed: Changes = field(default_factory=lambda: Changes())
     stop_requested: trio.Event = field(default_factory=trio.Event)
+    stopped_on: PiwfError | None = None  # why the host stopped itself, raised once it has drained (its exit code)
     wake_deadlines: trio.Event = field(default_factory=trio.Event)  # a request opened or went back to waiting
     controllers: ControllerState = field(default_factory=ControllerState)
     lease_good_until: float = math.inf  # trio time until which the host lease is vouched for (host/fence.py)

@@ -20,7 +20,7 @@ HINT = "Name another schema in the store URL (?schema=NAME), or use the piwf tha
 
 def prepare(db: PgDatabase, schema: str) -> None:
     with db.write():
-        db.execute("SELECT pg_advisory_xact_lock(hashtext(?))", (f"piwf.layout:{schema}",))
+        _wait_for_layout_lock(db, schema)
         tables = {name for (name,) in db.execute(
             "SELECT table_name FROM information_schema.tables WHERE table_schema = ?", (schema,))}
         if not tables:
@@ -31,6 +31,17 @@ def prepare(db: PgDatabase, schema: str) -> None:
             db.conn.execute(MIGRATIONS[step])
         if version != LAYOUT_VERSION:
             db.execute("UPDATE piwf_layout SET version = ? WHERE id = 1", (LAYOUT_VERSION,))
+
+
+def _wait_for_layout_lock(db: PgDatabase, schema: str) -> None:
+    """Wait for the host creating or migrating the layout, if one is: as long as one of its
+    statements may run (``statement_timeout``, which bounds this wait too), not only the
+    ``lock_timeout`` (5 s) that row locks get, so a host starting during a long migration
+    waits for it rather than failing; the lock timeout is back in force for what follows."""
+    lock_timeout = db.scalar("SELECT current_setting('lock_timeout')")
+    db.execute("SELECT set_config('lock_timeout', '0', true)")
+    db.execute("SELECT pg_advisory_xact_lock(hashtext(?))", (f"piwf.layout:{schema}",))
+    db.execute("SELECT set_config('lock_timeout', ?, true)", (lock_timeout,))
 
 
 def check(db: PgDatabase, schema: str) -> None:
