@@ -1,10 +1,10 @@
 """Operating several real hosts on one PostgreSQL store: `piwf stop` on one hands its runs
 and its place in the host list to the others at once (its lease is an hour, so nothing but
-the release explains it); hosts started at once on a fresh schema wait for the one that
-creates it (longer than the lock timeout) and all serve; an upgrade: a host of the next
-layout (tests/newer_piwf.py) migrates the store, the older host stops with the layout
-error (exit 4) after parking its run, which the newer host finishes exactly once, and an
-older host started after that is refused."""
+the release explains it); hosts started at once on a fresh schema, or on an older layout,
+wait for the one that creates or migrates it (longer than the lock timeout) and all serve;
+an upgrade: a host of the next layout (tests/newer_piwf.py) migrates the store, the older
+host stops with the layout error (exit 4) after parking its run, which the newer host
+finishes exactly once, and an older host started after that is refused."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from piwf.errors import ExitCode
 from piwf.paths import StatePaths
@@ -90,10 +91,24 @@ def _all_running(processes: dict[str, HostProcess]) -> bool:
     return True
 
 
-async def test_hosts_started_at_once_on_a_fresh_schema_wait_for_the_one_creating_it_and_all_serve(
-    postgres: Any, project: Path, tmp_path: Path,
+def _layout_2(postgres: Any, schema: str) -> None:
+    """A schema as piwf made it before named queues (PostgreSQL layout 2)."""
+    from piwf.store.postgres.schema import PLACEMENT_SQL, SCHEMA_SQL
+
+    with admin(postgres) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+        conn.execute(f"SET search_path TO {schema}")
+        conn.execute(SCHEMA_SQL.replace(PLACEMENT_SQL, ""))
+        conn.execute("INSERT INTO piwf_layout (id, application, version) VALUES (1, 'piwf', 2)")
+
+
+@pytest.mark.parametrize("layout", ["fresh", "layout 2"])
+async def test_hosts_started_at_once_wait_for_the_one_creating_or_migrating_the_layout_and_all_serve(
+    postgres: Any, project: Path, tmp_path: Path, layout: str,
 ) -> None:
     schema = fresh("started_at_once")
+    if layout == "layout 2":
+        _layout_2(postgres, schema)
     serve = ("--store", pg_store_url(postgres, schema) + "&lock_timeout=1s")
     async with hosts(tmp_path, "a", "b", "c", a=serve, b=serve, c=serve) as h:
         with psycopg.connect(postgres.url()) as holder:  # as a host creating the layout would, for a while
