@@ -1,10 +1,11 @@
-"""Operating several real hosts on one PostgreSQL store: `piwf stop` on one hands its runs
-and its place in the host list to the others at once (its lease is an hour, so nothing but
-the release explains it); hosts started at once on a fresh schema, or on an older layout,
-wait for the one that creates or migrates it (longer than the lock timeout) and all serve;
-an upgrade: a host of the next layout (tests/newer_piwf.py) migrates the store, the older
-host stops with the layout error (exit 4) after parking its run, which the newer host
-finishes exactly once, and an older host started after that is refused."""
+"""Operating several real hosts on one PostgreSQL store: `piwf stop` on one hands its run,
+its reconcile and its place in the host list to the others at once (its lease is an hour
+and a reconcile's claim 120 s, so nothing but the release explains it); hosts started at
+once on a fresh schema, or on an older layout, wait for the one that creates or migrates
+it (longer than the lock timeout) and all serve; an upgrade: a host of the next layout
+(tests/newer_piwf.py) migrates the store, the older host stops with the layout error
+(exit 4) after parking its run, which the newer host finishes exactly once, and an older
+host started after that is refused."""
 
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from piwf.paths import StatePaths
 from piwf.store.postgres.schema import LAYOUT_VERSION
 
 from .conftest import HostProcess, pg_store_url, piwf, wait_for
+from .test_controllers import ctl, get, ready, write_controller
+from .test_controllers_failures import SLOW, event_types
 from .test_lifecycle import call, start, step_states
 from .test_peers import hosts, status_of
 from .test_store_postgres import admin, fresh
@@ -49,7 +52,7 @@ async def newer_host(tmp_path: Path, name: str, *extra: str) -> AsyncIterator[Ho
             await process.proc.wait()
 
 
-async def test_piwf_stop_on_one_host_hands_its_run_and_its_lease_to_the_others_at_once(
+async def test_piwf_stop_on_one_host_hands_its_run_reconcile_and_lease_to_the_others_at_once(
     postgres: Any, project: Path, tmp_path: Path,
 ) -> None:
     serve = ("--store", pg_store_url(postgres), "--lease", "3600")  # no expiry within the test
@@ -58,6 +61,9 @@ async def test_piwf_stop_on_one_host_hands_its_run_and_its_lease_to_the_others_a
         await a.start()
         run_id = await start(a.paths, project, "gated")
         await wait_for(lambda: (project / "wait.log").exists())  # 'once' accepted, 'wait' running on a
+        write_controller(project, "slow", SLOW)
+        await ctl(a.paths, "apply", project, "slow", "r", spec={})
+        await wait_for(lambda: _effect_applied(a.paths, project))  # its reconcile (a 120 s claim) waits on a
         await b.start()
         assert len((await status_of(b.paths))["hosts"]) == 2
 
@@ -72,6 +78,24 @@ async def test_piwf_stop_on_one_host_hands_its_run_and_its_lease_to_the_others_a
         assert (project / "once.log").read_text().splitlines() == [run_id]  # its accepted step was not redone
         assert step_states(done) == [("once", "accepted"), ("wait", "interrupted"), ("wait", "accepted"),
                                      ("done", "accepted")]
+        await wait_for(lambda: _ready_on(b.paths, project))  # a queued the reconcile again: b took it up
+        assert _reconciles_started(project) == 2
+        assert (project / "ledger.txt").read_text().split() == ["r"]  # its effect applied once
+
+
+def _reconciles_started(project: Path) -> int:
+    trace = project / "trace.txt"
+    return trace.read_text().count("start") if trace.exists() else 0
+
+
+async def _effect_applied(paths: StatePaths, project: Path) -> bool:
+    """Applied and recorded: a stop mid-apply would leave it ambiguous (another test's case)."""
+    got = await get(paths, project, "slow", "r")
+    return bool(got and event_types(got, "effect_applied"))
+
+
+async def _ready_on(paths: StatePaths, project: Path) -> bool:
+    return ready(await get(paths, project, "slow", "r"))
 
 
 def _waiting_for_the_layout(postgres: Any, longer_than_s: float) -> int:
