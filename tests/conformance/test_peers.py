@@ -71,7 +71,9 @@ async def test_a_peer_proved_dead_is_taken_over_by_one_host_before_its_claims_ar
         assert await claim(store, clock, epoch=mine.epoch) is None  # its claims stay until freed
 
         assert await controllers.claim(store, clock, epoch=mine.epoch) == []
+        assert [w.status for w in (await store.runs.get_run("r1")).workers] == ["starting"]  # until killed
         assert await store.hosts.expire_peer_claims(peer.epoch, clock.now_ms()) == (["r1"], 1)
+        assert [w.status for w in (await store.runs.get_run("r1")).workers] == ["orphaned"]
         [retaken] = await controllers.claim(store, clock, epoch=mine.epoch)
         assert retaken.uid == resource.uid
         again = await claim(store, clock, epoch=mine.epoch)

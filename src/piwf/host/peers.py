@@ -25,7 +25,7 @@ from typing import Any
 import trio
 import trio_util
 
-from piwf import faults, processes
+from piwf import processes
 from piwf.errors import PiwfError
 from piwf.store.api import HostRecord
 from piwf.host.state import HostState, log
@@ -97,7 +97,6 @@ class PeerWatch:
             return False
         log.info("host %s (pid %d, epoch %d) on this machine is dead: taking over its claims", peer.host_id,
                  peer.pid or 0, peer.epoch)
-        faults.point("host.peer.taken")
         for worker_id, pid, identity in remains.workers:
             if processes.kill_recorded_group(pid, identity):
                 log.info("killed orphaned worker %s (pid %d) of host epoch %d", worker_id, pid, peer.epoch)

@@ -58,14 +58,15 @@ class HostsStore(Protocol):
     async def take_over_peer(self, peer: HostRecord, now: int) -> PeerRemains | None:
         """Mark ``peer`` dead (proved so by its caller, on the same machine): one fenced
         write on its epoch, pid and identity that ends its lease now (its token cleared, so
-        no renewal of it succeeds) and marks its active workers orphaned. None when the row
-        has moved on (released, restarted, taken over by another host: one host wins);
-        else what the winner is to kill. Its claims stay until ``expire_peer_claims``, so
-        nothing of it is claimed again before its workers are dead."""
+        no renewal of it succeeds). None when the row has moved on (released, restarted,
+        taken over by another host: one host wins); else what the winner is to kill. Its
+        claims stay until ``expire_peer_claims``, so nothing of it is claimed again before
+        its workers are dead."""
 
     async def expire_peer_claims(self, epoch: int, now: int) -> tuple[list[str], int]:
-        """After ``take_over_peer``: the run and reconcile claims of dead epoch ``epoch``
-        expire now (the runs' ids, the reconciles' count), to be claimed again at once."""
+        """After ``take_over_peer`` and the kill: the run and reconcile claims of dead epoch
+        ``epoch`` expire now (the runs' ids, the reconciles' count), to be claimed again at
+        once, and its workers still recorded active are recorded orphaned."""
 
 
 class CommandsStore(Protocol):

@@ -163,8 +163,8 @@ class HostRecord:
 @dataclass(frozen=True)
 class PeerRemains:
     """What a host proved dead left, for the host that won its clean-up to kill: its run
-    workers (worker id, pid, identity; now marked orphaned), the process groups they
-    registered, and its reconcile workers (resource uid, pid, identity)."""
+    workers (worker id, pid, identity; recorded orphaned by ``expire_peer_claims``), the
+    process groups they registered, and its reconcile workers (resource uid, pid, identity)."""
 
     workers: list[tuple[str, int, str]]
     processes: list[tuple[str, int, str]]

@@ -37,7 +37,9 @@ def take_over(db: Database, peer: HostRecord, now: int) -> PeerRemains | None:
     """End ``peer``'s lease now, fenced on the row as it was read (epoch, machine, pid and
     identity, its token still set): of several hosts doing it at once one changes the row
     (the others wait for its lock, then find the token gone). The winner's transaction also
-    marks the peer's workers orphaned and reads what is left to kill."""
+    reads what is left to kill; its workers stay recorded active until ``expire_claims``
+    (after the kill), so a winner that dies in between leaves them to the next takeover of
+    that state directory, and the claims to their leases."""
     with db.write():
         db.execute("""UPDATE hosts SET token_hash = NULL, expires_at = LEAST(expires_at, ?)
                       WHERE directory = ? AND epoch = ? AND token_hash IS NOT NULL AND boot_id = ? AND pid = ?
@@ -45,5 +47,5 @@ def take_over(db: Database, peer: HostRecord, now: int) -> PeerRemains | None:
                    (now, peer.directory, peer.epoch, peer.machine, peer.pid, peer.identity))
         if db.changes() != 1:
             return None
-        workers = peers.orphan_workers(db, peer.epoch, now)
+        workers = peers.active_workers(db, peer.epoch)
         return PeerRemains(workers, peers.registered_processes(db, peer.epoch), peers.reconcilers(db, peer.epoch))
