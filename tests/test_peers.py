@@ -179,6 +179,32 @@ async def test_a_host_of_another_machine_is_taken_over_by_its_lease_and_its_orph
                 os.killpg(shell_pid, signal.SIGKILL)
 
 
+async def test_a_standby_of_another_host_is_listed_until_it_takes_over(
+    postgres: Any, tmp_path: Path,
+) -> None:
+    url = pg_store_url(postgres)
+    async with hosts(tmp_path, "a", "b", a=("--store", url), b=("--store", url)) as h:
+        a, b = h["a"], h["b"]
+        await a.start()
+        await b.start()
+        spare = HostProcess(a.paths, tmp_path / "host-a-standby.log", "--store", url, "--standby")
+        h["a-standby"] = spare  # stopped with the others
+        await spare.start(wait=False)
+
+        async def standbys() -> list[dict[str, Any]]:
+            return [row for row in (await status_of(b.paths))["hosts"] if row["standby"]]
+
+        [row] = await wait_for(standbys)
+        assert row["pid"] == spare.proc.pid and row["epoch"] == 0 and not row["this"]  # type: ignore[union-attr]
+        assert ", 1 standby(s)" in (await piwf(b.paths, "status")).stdout.decode()
+        a.signal(signal.SIGKILL)
+        await a.wait()
+        await wait_for(spare.answers)  # it took the lock
+        listed = (await status_of(b.paths))["hosts"]
+        assert not [r for r in listed if r["standby"]]
+        assert spare.proc.pid in {r["pid"] for r in listed}  # type: ignore[union-attr]
+
+
 async def test_status_on_sqlite_lists_its_one_host(
     host_process: Callable[..., HostProcess], paths: StatePaths,
 ) -> None:

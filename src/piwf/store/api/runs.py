@@ -49,7 +49,16 @@ class HostsStore(Protocol):
 
     async def live_hosts(self, now: int) -> list[HostRecord]:
         """The hosts sharing the store whose lease is live at ``now``, with the runs and
-        reconciles each holds a live claim on, by epoch. SQLite: its one host (or none)."""
+        reconciles each holds a live claim on, by epoch, then the standbys recorded and not
+        expired (``standby``). SQLite: its one host (or none); its standbys are files."""
+
+    async def record_standby(self, *, pid: int, identity: str, lease_ms: int, now: int) -> None:
+        """A standby of this state directory waits for its lock: say so until ``now +
+        lease_ms`` (renewed while it waits). SQLite: nothing (``piwf status`` reads the
+        standbys' files)."""
+
+    async def forget_standby(self, pid: int) -> None:
+        """The standby ``pid`` stopped waiting (it took over, or stopped)."""
 
     async def peers(self) -> list[HostRecord]:
         """Every other host holding a lease (expired or not; no counts): one read, for a
