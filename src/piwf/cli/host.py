@@ -349,7 +349,6 @@ def _format_status(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-
 def _host_lines(hosts: list[dict[str, Any]]) -> list[str]:
     """One line per live host sharing the store: the one that answered marked ``*``."""
     waiting = [h for h in hosts if h.get("standby")]
