@@ -218,6 +218,13 @@ class PgHostsStore:
     async def peers(self) -> list[HostRecord]:
         return await self.call(peers.others, self.directory)
 
+    async def record_standby(self, *, pid: int, identity: str, lease_ms: int, now: int) -> None:
+        return await self.call(peers.record_standby, self.directory, pid=pid, identity=identity, lease_ms=lease_ms,
+                               now=now)
+
+    async def forget_standby(self, pid: int) -> None:
+        return await self.call(peers.forget_standby, self.directory, pid)
+
     async def take_over_peer(self, peer: HostRecord, now: int) -> PeerRemains | None:
         return await self.call(peers.take_over, peer, now)
 
