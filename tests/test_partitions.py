@@ -132,6 +132,12 @@ async def claimed_epochs(paths: StatePaths, run_id: str) -> list[int]:
     return [e["epoch"] for e in events if e["type"] == "claimed"]
 
 
+async def first_worker(host: HostProcess, run_id: str, says: str) -> dict[str, Any] | None:
+    """The run's first worker record, once it is recorded ended with ``says`` in it."""
+    worker = (await call(host.paths, "run.status", run_id=run_id))["workers"][0]
+    return worker if worker["status"] == "claimLost" and says in (worker["diagnostic"] or "") else None
+
+
 async def run_begun_on_first(project: Path, first: HostProcess, second: HostProcess) -> tuple[str, int]:
     """A run started on ``first`` and its step begun there, then ``second`` started; the
     run's id and the pid of its step."""
@@ -174,6 +180,8 @@ async def test_a_host_cut_off_from_postgresql_stops_its_worker_before_the_claim_
         await finished_once_on_second(project, other, run_id, pid)
         proxy.heal()
         await wait_for(lambda: "joined again at epoch" in cut_off.log.read_text(), timeout=30)
+        # the end its host could not record during the cut, recorded once it is back: why it stopped
+        await wait_for(lambda: first_worker(other, run_id, "could not be renewed for"), timeout=30)
         first, second = await claimed_epochs(other.paths, run_id)
         assert first != second
         assert (await call(cut_off.paths, "host.status"))["epoch"] not in (first, second)  # a new epoch
@@ -198,6 +206,7 @@ async def test_the_worker_of_a_frozen_host_stops_itself_before_the_claim_expires
         finally:
             frozen.signal(signal.SIGCONT)
         await wait_for(lambda: "joined again at epoch" in frozen.log.read_text(), timeout=30)
+        await wait_for(lambda: first_worker(other, run_id, "has not vouched for this worker's claim"), timeout=30)
         assert (await call(frozen.paths, "host.status"))["epoch"] not in await claimed_epochs(other.paths, run_id)
     finally:
         other.signal(signal.SIGTERM)
