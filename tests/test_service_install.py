@@ -174,7 +174,7 @@ def test_systemd_quoting_keeps_arguments_whole() -> None:
 GIVEN = {"--max-workers": "3", "--durability": "normal", "--store": "postgresql://piwf@db.example/piwf?schema=s1",
          "--poll-only": None, "--worker-startup-timeout": "20", "--drain-timeout": "40.5", "--kill-grace": "3",
          "--request-timeout": "11", "--reply-timeout": "12", "--presentation-lease": "13", "--socket-check": "2",
-         "--delivery-lease": "14", "--max-controller-workers": "5", "--node-time-limit": "600",
+         "--delivery-lease": "14", "--lease": "7", "--max-controller-workers": "5", "--node-time-limit": "600",
          "--worker-start": "spawn", "--worker-nice": "5", "--log-level": "debug", "--retain": "30d"}
 
 
