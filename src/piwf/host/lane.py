@@ -182,8 +182,9 @@ async def renew_claims(lane: Lane[Any, Any]) -> None:
                     work.good_until = max(work.good_until, fence.good_until(began, lane.lease_ms))
             lane.host.fence_changed.set()
             for work in active:
-                # A worker whose own message ended its part released the claim.
-                if lane.key(work.claim) in lost and work.conclusion is None:
+                # A worker whose own message ended its part released the claim; one already
+                # stopped (the fence's, say) is not stopped again.
+                if lane.key(work.claim) in lost and work.conclusion is None and work.stop_reason is None:
                     log.warning("%s: claim lost; stopping its worker", work.label)
                     work.stop(StopReason.CLAIM_LOST)
 
