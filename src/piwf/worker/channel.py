@@ -13,8 +13,8 @@ the host goes away (the pipe's hang-up), or stays silent past the time its last 
 vouched for the claim (a frozen host, or one that cannot renew the claim), the worker's
 registered process groups and its whole own group are killed at once, even while user
 code runs: a run must never go on without its host, nor past its claim. Before the first
-heartbeat the claim is taken to be good for a third of its lease from the worker's start
-(the host sends one at once). Without a lease the main thread reads its own answers and a
+heartbeat the claim is good until the time its launch envelope says (else a third of its
+lease from the worker's start). Without a lease the main thread reads its own answers and a
 thread only waits for the hang-up.
 """
 
@@ -45,7 +45,7 @@ R = TypeVar("R")
 
 class Channel:
     def __init__(self, read_fd: int, write_fd: int, *, worker_id: str, generation: int,
-                 lease_ms: int = 0) -> None:
+                 lease_ms: int = 0, until_ms: int = 0) -> None:
         self._read_fd = read_fd
         self._write_fd = write_fd
         self._buffer = LineBuffer(MAX_WORKER_LINE)
@@ -59,17 +59,21 @@ class Channel:
         self._turn = threading.Lock()  # one request and its answer at a time, whichever thread asks
         self.children: set[int] = set()  # process groups of registered shell processes
         self.vouched_until: float | None = None  # monotonic seconds; None: no bound (idle, or no lease given)
-        self.arm(lease_ms)
+        self.arm(lease_ms, until_ms)
         # With no lease (a store only this host uses) the main thread reads its answers itself, as
         # fast as it can, and the thread only hears the hang-up; with one, the thread reads it all.
         self._reader = lease_ms > 0
         threading.Thread(target=self._read if self._reader else self._watch, daemon=True,
                          name="piwf-host-watch").start()
 
-    def arm(self, lease_ms: int) -> None:
+    def arm(self, lease_ms: int, until_ms: int = 0) -> None:
         """A claim of ``lease_ms`` begins (the worker's start, a warm worker's next run):
-        good for a third of it until the host's first heartbeat says more."""
-        self.vouched_until = time.monotonic() + lease_ms / 3000 if lease_ms > 0 else None
+        vouched for until ``until_ms`` (the launch envelope's), else for a third of the
+        lease, until the host's first heartbeat says more."""
+        if lease_ms <= 0:
+            self.vouched_until = None
+        else:
+            self.vouched_until = until_ms / 1000 if until_ms else time.monotonic() + lease_ms / 3000
 
     def _read(self) -> None:
         """The pipe's one reader: answers go to ``_lines``, heartbeats move ``vouched_until``;
@@ -147,12 +151,12 @@ class Channel:
                 self._arrived.wait()
             return self._lines.popleft()
 
-    def rebind(self, worker_id: str, generation: int, lease_ms: int = 0) -> None:
+    def rebind(self, worker_id: str, generation: int, lease_ms: int = 0, until_ms: int = 0) -> None:
         """A warm worker's next run: its messages carry that run's claim from here on."""
         with self._turn:
             self.worker_id, self.generation, self.revision = worker_id, generation, 0
             self.children.clear()
-            self.arm(lease_ms)
+            self.arm(lease_ms, until_ms)
 
     def tell(self, message: msgspec.Struct, *, idle: bool = False) -> None:
         """Send one line that is not a request (a warm worker's ``worker.idle``); ``idle``:
