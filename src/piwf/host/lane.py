@@ -266,11 +266,12 @@ async def pump(lane: Lane[C, Any], active: Active[C], receive: trio.lowlevel.FdS
             now = trio.current_time()
             if clock is not None and now >= clock.deadline:
                 _over_time_limit(active, clock)
-            elif deadline is not None and now >= deadline:
+            elif beat_at is not None and (deadline is None or now < deadline):  # not a timeout: a heartbeat
+                if await _beat(send, host, active):
+                    beat_at = now + fence.beat_period_s(host, lane.lease_ms)
+                    continue
+            else:
                 _timed_out(lane, active)
-            elif beat_at is not None and await _beat(send, host, active):
-                beat_at = now + fence.beat_period_s(host, lane.lease_ms)
-                continue
             return
         if not chunk:
             return
