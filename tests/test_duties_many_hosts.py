@@ -80,7 +80,7 @@ async def test_three_hosts_retaining_runs_delete_each_once(
         nursery: trio.Nursery, tmp_path: Path, project: Path, store_url: str,  # noqa: F811
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="piwf.host")
-    hosts = [await serve(nursery, tmp_path, f"h{n}", store_url, retain_ms=1500) for n in range(3)]
+    hosts = [await serve(nursery, tmp_path, f"h{n}", store_url, retain_ms=3000) for n in range(3)]
     run_ids = [await start(hosts[n % 3], project, "greet") for n in range(RUNS)]
 
     async def all_gone() -> bool:
