@@ -204,8 +204,10 @@ async def _renew(lane: Lane[Any, Any]) -> None:
     reasons = await lane.lost_reasons([lane.key(work.claim) for work in gone])
     for work in gone:
         reason = reasons.get(lane.key(work.claim), StopReason.CLAIM_LOST)
-        log.warning("%s: %s; stopping its worker", work.label,
-                    "claim lost" if reason is StopReason.CLAIM_LOST else reason.value)
+        if reason is StopReason.CLAIM_LOST:
+            log.warning("%s: claim lost; stopping its worker", work.label)
+        else:  # a client's request, through another host: as expected as one through this one
+            log.info("%s: %s through another host; stopping its worker", work.label, reason.value)
         work.stop(reason)
 
 
