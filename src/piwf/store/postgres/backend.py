@@ -80,7 +80,7 @@ class PgStore(Aggregates):
 
     async def run_unit(self, work: Callable[[api.UnitOfWork], Awaitable[_T]]) -> _T:
         """The whole unit of work in one thread hop (``_unit_in_thread``), in its turn."""
-        if self.current.get() is not None:
+        if self.current.get() is not None or self.inline.get() is not None:
             raise StoreError("a unit of work is open already: units of work do not nest")
         async with self.turn:
             return await self.in_thread(functools.partial(self._unit_in_thread, work))
