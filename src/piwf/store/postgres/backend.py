@@ -123,7 +123,7 @@ class PgStore(Aggregates):
         await self.wakeups.serve(wake, task_status=task_status)
 
     def _connect_autocommit(self) -> psycopg.Connection[Any]:
-        conn = psycopg.connect(self.url.conninfo, autocommit=True, connect_timeout=self.url.connect_timeout_s)
+        conn = psycopg.connect(self.url.conninfo, autocommit=True, **self.url.connect_kwargs)
         conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.url.schema)))
         return conn
 
@@ -311,7 +311,7 @@ def read_status(root: Path, url: str, now: int) -> tuple[LeaseRecord, dict[str, 
 
     parsed = parse(url)
     try:
-        with psycopg.connect(parsed.conninfo, connect_timeout=parsed.connect_timeout_s) as conn:
+        with psycopg.connect(parsed.conninfo, **parsed.connect_kwargs) as conn:
             _configure(parsed.schema, "full", parsed.limits)(conn)
             db = PgDatabase(conn, parsed.redacted, parsed.schema)
             layout.check(db, parsed.schema)
@@ -364,14 +364,14 @@ def open_store(paths: Any, *, durability: str = "full", url: str, directory: str
     configure = _configure(parsed.schema, durability, limits or parsed.limits)
     timeout = parsed.connect_timeout_s
     try:  # one connection first: a server that cannot be reached is said at once, with libpq's reason
-        with psycopg.connect(parsed.conninfo, connect_timeout=timeout) as conn:
+        with psycopg.connect(parsed.conninfo, **parsed.connect_kwargs) as conn:
             configure(conn)
             layout.prepare(PgDatabase(conn, parsed.redacted, parsed.schema), parsed.schema)
     except psycopg.Error as exc:
         raise _connect_error(exc, parsed.redacted) from exc
     pool: ConnectionPool[Any] = ConnectionPool(
         parsed.conninfo, min_size=1, max_size=pool_size or parsed.pool_size, open=False, timeout=timeout,
-        configure=configure, kwargs={"connect_timeout": timeout}, name="piwf")
+        configure=configure, kwargs=parsed.connect_kwargs, name="piwf")
     try:
         pool.open(wait=True, timeout=timeout)
     except PoolTimeout as exc:
