@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from piwf.errors import StoreError
@@ -71,7 +72,7 @@ class StoreUrl:
     tcp: dict[str, str] = field(default_factory=dict)  # TCP_DEFAULTS the URL does not set
 
     @property
-    def connect_kwargs(self) -> dict[str, object]:
+    def connect_kwargs(self) -> dict[str, Any]:
         """What every connection is opened with besides the conninfo."""
         return {"connect_timeout": self.connect_timeout_s, **self.tcp}
 
