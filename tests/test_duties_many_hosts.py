@@ -1,5 +1,5 @@
 """The duties every host does, done once with three hosts on one PostgreSQL store (issue
-21): deadline expiry, pruning (``--retain``) and reconcile claims. No leader: each host
+21): deadline expiry, pruning (``--retain``), reconcile claims and child-run watching. No leader: each host
 runs each duty, and each due item is taken by one of them (the store's locks:
 tests/conformance/test_interleavings_duties.py and test_interleavings_people.py show the
 interleavings one by one). Real in-process hosts with real workers; what each host did
@@ -19,7 +19,8 @@ from piwf.client import AsyncClient
 
 from .conftest import wait_for, write_workflow
 from .test_control_any_host import serve, store_url  # noqa: F401 (store_url: a fixture)
-from .test_controllers import ctl, get, mirror, ready  # noqa: F401 (mirror: a fixture)
+from .test_controllers import ctl, get, mirror, ready, write_controller  # noqa: F401 (mirror: a fixture)
+from .test_controllers_lifecycle import CHILDISH
 from .test_interactions import start
 from .test_lifecycle import call
 
@@ -79,7 +80,7 @@ async def test_three_hosts_retaining_runs_delete_each_once(
         nursery: trio.Nursery, tmp_path: Path, project: Path, store_url: str,  # noqa: F811
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="piwf.host")
-    hosts = [await serve(nursery, tmp_path, f"h{n}", store_url, retain_ms=1500) for n in range(3)]
+    hosts = [await serve(nursery, tmp_path, f"h{n}", store_url, retain_ms=3000) for n in range(3)]
     run_ids = [await start(hosts[n % 3], project, "greet") for n in range(RUNS)]
 
     async def all_gone() -> bool:
@@ -112,3 +113,23 @@ async def test_three_hosts_take_each_reconcile_once(
     assert {label for label, _ in passes} == {f"resource mirror/{key}" for key in keys}
     for key in keys:
         assert (mirror / "out" / f"{key}.txt").read_text() == key
+
+
+async def test_three_hosts_watching_child_runs_record_each_move_once(
+        nursery: trio.Nursery, tmp_path: Path, project: Path, store_url: str) -> None:  # noqa: F811
+    write_controller(project, "childish", CHILDISH)
+    hosts = [await serve(nursery, tmp_path, f"h{n}", store_url) for n in range(3)]
+    keys = [f"k{n}" for n in range(RUNS)]
+    for n, key in enumerate(keys):
+        await ctl(hosts[n % 3], "apply", project, "childish", key, spec={"workflow": "greet"})
+
+    async def settled(key: str) -> dict[str, Any] | None:
+        got = await get(hosts[0], project, "childish", key)
+        done = (got is not None and not got["reconciling"]
+                and got["status"]["controllerStatus"].get("child") == "succeeded")
+        return got if done else None
+
+    for key in keys:  # every host watches the children; each move is recorded by one of them
+        got = await wait_for(lambda key=key: settled(key), timeout=30)
+        moves = [e["detail"]["state"] for e in got["events"] if e["type"] == "workflow_changed"]
+        assert moves == ["succeeded"], got["events"]

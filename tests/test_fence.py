@@ -118,7 +118,8 @@ WORKER = textwrap.dedent("""
     import os, sys
     from piwf.worker.channel import Channel
 
-    channel = Channel(int(sys.argv[1]), int(sys.argv[2]), worker_id="w", generation=1, lease_ms=int(sys.argv[3]))
+    channel = Channel(int(sys.argv[1]), int(sys.argv[2]), worker_id="w", generation=1, lease_ms=int(sys.argv[3]),
+                      until_ms=int(sys.argv[4]))
     while True:
         print(channel.next_line().decode(), flush=True)  # what reaches the main thread
 """)
@@ -127,11 +128,11 @@ WORKER = textwrap.dedent("""
 class _Worker:
     """A process holding a worker's channel, in a process group of its own."""
 
-    def __init__(self, lease_ms: int) -> None:
+    def __init__(self, lease_ms: int, until_ms: int = 0) -> None:
         self.to_r, self.to_w = os.pipe()
         self.from_r, self.from_w = os.pipe()
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", WORKER, str(self.to_r), str(self.from_w), str(lease_ms)],
+            [sys.executable, "-c", WORKER, str(self.to_r), str(self.from_w), str(lease_ms), str(until_ms)],
             pass_fds=(self.to_r, self.from_w), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True)
         os.close(self.to_r)
@@ -154,6 +155,14 @@ def test_a_worker_that_hears_no_heartbeat_stops_itself_at_a_third_of_its_lease()
     worker = _Worker(lease_ms=300)
     code, _, err = worker.end()
     assert code == -signal.SIGKILL and "the host has not vouched for this worker's claim in time" in err
+
+
+def test_a_worker_started_past_the_bound_its_launch_envelope_gave_stops_at_once() -> None:
+    """The envelope says until when the host vouched for the claim when it launched the
+    worker: a worker slow to start counts from then, not from its own start."""
+    worker = _Worker(lease_ms=60_000, until_ms=int(time.monotonic() * 1000) - 1)
+    code, _, err = worker.end()
+    assert code == -signal.SIGKILL and "has not vouched" in err
 
 
 def test_heartbeats_keep_a_worker_going_and_one_already_past_stops_it() -> None:

@@ -194,7 +194,8 @@ async def test_a_changed_workflow_parks_the_run_until_resumed_on_the_new_source(
     await host_process().start()
     held = await call(paths, "run.wait", run_id=run_id, payload={"timeoutMs": 20_000})
     assert (held["status"], held["queueStatus"], held["hold"]) == ("running", "parked", "source")
-    assert held["statusDetail"].startswith("workflow source changed")
+    assert held["statusDetail"].startswith("no live host can load its workflow: host-")
+    assert "workflow source changed" in held["statusDetail"]
     assert await contradictions(paths) == 0
     await piwf(paths, "run", "resume", run_id)
     done = await call(paths, "run.wait", run_id=run_id, payload={"timeoutMs": 20_000})

@@ -41,15 +41,18 @@ STEPS = """
 
 
 class PartitionProxy:
-    """A Unix-socket proxy in front of PostgreSQL that a host connects through: ``cut()``
-    drops every connection and refuses new ones (a partition, as the host sees it);
-    ``heal()`` lets them through again."""
+    """A Unix-socket proxy in front of PostgreSQL that a host connects through. ``cut()``
+    is a partition as the host sees it: ``refuse`` drops every connection and refuses new
+    ones; ``stall`` keeps them open but passes nothing either way (nor for new ones: a
+    black hole, where a call waits with no answer). ``heal()`` lets connections through
+    again; a stalled one is reset then, as a healed network resets what it had lost."""
 
     def __init__(self, server: Path) -> None:
         self.server = server
         self.directory = Path(tempfile.mkdtemp(prefix="piwf-cut-"))  # short: a socket path has ~100 bytes
         self.passing = threading.Event()
         self.passing.set()
+        self.mode = "refuse"
         self._lock = threading.Lock()
         self._sockets: list[socket.socket] = []
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -60,22 +63,28 @@ class PartitionProxy:
     def url(self) -> str:
         return f"postgresql://piwf@/postgres?host={self.directory}&port=5432&connect_timeout=2"
 
-    def cut(self) -> None:
+    def cut(self, mode: str = "refuse") -> None:
+        self.mode = mode
         self.passing.clear()
+        if mode == "refuse":
+            self._drop_all()
+
+    def heal(self) -> None:
+        self._drop_all()
+        self.passing.set()
+
+    def close(self) -> None:
+        self._drop_all()
+        self.listener.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _drop_all(self) -> None:
         with self._lock:
             for sock in self._sockets:
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
                 sock.close()
             self._sockets.clear()
-
-    def heal(self) -> None:
-        self.passing.set()
-
-    def close(self) -> None:
-        self.cut()
-        self.listener.close()
-        shutil.rmtree(self.directory, ignore_errors=True)
 
     def _accept(self) -> None:
         while True:
@@ -84,7 +93,11 @@ class PartitionProxy:
             except OSError:
                 return
             if not self.passing.is_set():
-                client.close()
+                if self.mode == "refuse":
+                    client.close()
+                else:
+                    with self._lock:
+                        self._sockets.append(client)  # held open, never answered
                 continue
             upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             upstream.connect(str(self.server))
@@ -96,7 +109,8 @@ class PartitionProxy:
     def _pump(self, source: socket.socket, sink: socket.socket) -> None:
         with contextlib.suppress(OSError):
             while data := source.recv(65536):
-                sink.sendall(data)
+                if self.passing.is_set():
+                    sink.sendall(data)  # while cut, what either side sends is lost
         for end in (source, sink):
             with contextlib.suppress(OSError):
                 end.shutdown(socket.SHUT_RDWR)
@@ -132,6 +146,12 @@ async def claimed_epochs(paths: StatePaths, run_id: str) -> list[int]:
     return [e["epoch"] for e in events if e["type"] == "claimed"]
 
 
+async def first_worker(host: HostProcess, run_id: str, says: str) -> dict[str, Any] | None:
+    """The run's first worker record, once it is recorded ended with ``says`` in it."""
+    worker = (await call(host.paths, "run.status", run_id=run_id))["workers"][0]
+    return worker if worker["status"] == "claimLost" and says in (worker["diagnostic"] or "") else None
+
+
 async def run_begun_on_first(project: Path, first: HostProcess, second: HostProcess) -> tuple[str, int]:
     """A run started on ``first`` and its step begun there, then ``second`` started; the
     run's id and the pid of its step."""
@@ -158,22 +178,27 @@ async def finished_once_on_second(project: Path, second: HostProcess, run_id: st
     assert ends == [f"end {runs[1]}"]  # the step's end: once, by the second execution
 
 
+@pytest.mark.parametrize("cut", ["refuse", "stall"])
 async def test_a_host_cut_off_from_postgresql_stops_its_worker_before_the_claim_expires(
     postgres: Any, proxy: PartitionProxy, project: Path, tmp_path: Path,
-    host_process: Callable[..., HostProcess],
+    host_process: Callable[..., HostProcess], cut: str,
 ) -> None:
+    """``refuse``: every store call fails at once; ``stall``: the host's calls wait for
+    answers that never come (its renewals included), so only its own clock can tell."""
     schema = pg_store_url(postgres).rsplit("schema=", 1)[1]
     cut_off = host_process("--store", f"{proxy.url()}&schema={schema}", "--lease", LEASE)
     other = HostProcess(StatePaths.resolve(tmp_path / "state-b"), tmp_path / "host-b.log",
                         "--store", pg_store_url(postgres, schema), "--lease", LEASE)
     try:
         run_id, pid = await run_begun_on_first(project, cut_off, other)
-        proxy.cut()
+        proxy.cut(cut)
         await wait_for(lambda: not alive(pid), timeout=15)
         assert "could not be renewed" in cut_off.log.read_text()
         await finished_once_on_second(project, other, run_id, pid)
         proxy.heal()
         await wait_for(lambda: "joined again at epoch" in cut_off.log.read_text(), timeout=30)
+        # the end its host could not record during the cut, recorded once it is back: why it stopped
+        await wait_for(lambda: first_worker(other, run_id, "could not be renewed for"), timeout=30)
         first, second = await claimed_epochs(other.paths, run_id)
         assert first != second
         assert (await call(cut_off.paths, "host.status"))["epoch"] not in (first, second)  # a new epoch
@@ -198,6 +223,7 @@ async def test_the_worker_of_a_frozen_host_stops_itself_before_the_claim_expires
         finally:
             frozen.signal(signal.SIGCONT)
         await wait_for(lambda: "joined again at epoch" in frozen.log.read_text(), timeout=30)
+        await wait_for(lambda: first_worker(other, run_id, "has not vouched for this worker's claim"), timeout=30)
         assert (await call(frozen.paths, "host.status"))["epoch"] not in await claimed_epochs(other.paths, run_id)
     finally:
         other.signal(signal.SIGTERM)

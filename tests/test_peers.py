@@ -16,7 +16,7 @@ from typing import Any
 
 from piwf.paths import StatePaths
 
-from .conftest import HostProcess, pg_store_url, piwf, wait_for, write_workflow
+from .conftest import WORKFLOWS, HostProcess, pg_store_url, piwf, wait_for, write_workflow
 from .test_lifecycle import call, group_members, run_status, start, step_states
 
 ORPHANING = """
@@ -97,14 +97,17 @@ async def test_a_killed_host_is_proved_dead_and_taken_over_at_once_by_a_host_on_
         a, b, c = h["a"], h["b"], h["c"]
         await a.start()
         run_id = await start(a.paths, project, "orphaning")
-        await wait_for(lambda: _shell_started(project))  # on a: the others are not up yet
+        other = tmp_path / "project-2"  # a second run on a, in a project of its own
+        write_workflow(other, "gated", WORKFLOWS["gated"])
+        second = await start(a.paths, other, "gated")
+        await wait_for(lambda: _shell_started(project) and (other / "wait.log").exists())  # both running on a
         await b.start()
         await c.start()
 
         status = await status_of(b.paths)
         listed = {row["pid"]: row for row in status["hosts"]}
         assert sorted(listed) == sorted(p.proc.pid for p in (a, b, c) if p.proc)
-        assert listed[a.proc.pid]["activeRuns"] == 1 and not listed[a.proc.pid]["this"]  # type: ignore[union-attr]
+        assert listed[a.proc.pid]["activeRuns"] == 2 and not listed[a.proc.pid]["this"]  # type: ignore[union-attr]
         assert listed[b.proc.pid]["this"] and listed[b.proc.pid]["hostname"]  # type: ignore[union-attr]
         assert len({row["machine"] for row in status["hosts"]}) == 1
         text = (await piwf(b.paths, "status")).stdout.decode()
@@ -113,11 +116,13 @@ async def test_a_killed_host_is_proved_dead_and_taken_over_at_once_by_a_host_on_
         shell_pid = await orphan_the_shell(a, project, run_id)
         await wait_for(lambda: not group_members(shell_pid))  # reaped by the host that won the clean-up
         (project / "gate").touch()
-        done = await call(b.paths, "run.wait", run_id=run_id, payload={"timeoutMs": 20_000})
-        assert done["status"] == "completed", done
-        assert (project / "once.log").read_text().splitlines() == [run_id]  # 'once' ran exactly once
-        assert step_states(done) == [("once", "accepted"), ("wait", "interrupted"), ("wait", "accepted"),
-                                     ("done", "accepted")]
+        (other / "gate").touch()
+        for rid, root in ((run_id, project), (second, other)):
+            done = await call(b.paths, "run.wait", run_id=rid, payload={"timeoutMs": 20_000})
+            assert done["status"] == "completed", done
+            assert (root / "once.log").read_text().splitlines() == [rid]  # 'once' ran exactly once
+            assert step_states(done) == [("once", "accepted"), ("wait", "interrupted"), ("wait", "accepted"),
+                                         ("done", "accepted")]
         assert [taken_over_in(b), taken_over_in(c)].count(True) == 1  # one host won the clean-up
         assert len((await status_of(c.paths))["hosts"]) == 2
         offline = await status_of(a.paths)  # no host answers there: read from the store
@@ -172,6 +177,32 @@ async def test_a_host_of_another_machine_is_taken_over_by_its_lease_and_its_orph
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(shell_pid, signal.SIGKILL)
+
+
+async def test_a_standby_of_another_host_is_listed_until_it_takes_over(
+    postgres: Any, tmp_path: Path,
+) -> None:
+    url = pg_store_url(postgres)
+    async with hosts(tmp_path, "a", "b", a=("--store", url), b=("--store", url)) as h:
+        a, b = h["a"], h["b"]
+        await a.start()
+        await b.start()
+        spare = HostProcess(a.paths, tmp_path / "host-a-standby.log", "--store", url, "--standby")
+        h["a-standby"] = spare  # stopped with the others
+        await spare.start(wait=False)
+
+        async def standbys() -> list[dict[str, Any]]:
+            return [row for row in (await status_of(b.paths))["hosts"] if row["standby"]]
+
+        [row] = await wait_for(standbys)
+        assert row["pid"] == spare.proc.pid and row["epoch"] == 0 and not row["this"]  # type: ignore[union-attr]
+        assert ", 1 standby(s)" in (await piwf(b.paths, "status")).stdout.decode()
+        a.signal(signal.SIGKILL)
+        await a.wait()
+        await wait_for(spare.answers)  # it took the lock
+        listed = (await status_of(b.paths))["hosts"]
+        assert not [r for r in listed if r["standby"]]
+        assert spare.proc.pid in {r["pid"] for r in listed}  # type: ignore[union-attr]
 
 
 async def test_status_on_sqlite_lists_its_one_host(

@@ -132,7 +132,8 @@ async def test_a_run_no_live_host_can_load_is_held_and_goes_on_when_a_capable_ho
         listed = json.loads((await piwf(paths, "run", "list", "--held", "--json")).stdout)
         assert [r["runId"] for r in listed] == [run_id]
         shown = (await piwf(paths, "run", "show", run_id)).stdout.decode()
-        assert "held (source)" in shown and "queue:    gpu" in shown and "start a host that has it" in shown
+        assert "held (source)" in shown and "queue:    gpu" in shown
+        assert "start a host of queue gpu that has it" in shown
         capable = other_host(tmp_path, "capable", "--store", url, "--queue", "gpu")
         hosts.append(capable)
         await capable.start()  # joins: the run is released for it, and it runs it

@@ -338,8 +338,10 @@ def test_a_value_stored_again_while_its_last_user_is_pruned_stays(db: Any) -> No
 def test_every_column_naming_a_blob_is_one_retention_checks(db: Any) -> None:
     """A new column holding a blob's hash must be in BLOB_REFERENCES, or retention would
     delete a value it still names."""
-    # a fingerprint of the input, and of the host lease token: not stored values
-    not_blobs = {("controller_workflows", "input_hash"), ("host_lease", "token_hash")}
+    # a fingerprint of the input, of the host lease token, and of a workflow file a host could not load: not
+    # stored values
+    not_blobs = {("controller_workflows", "input_hash"), ("host_lease", "token_hash"),
+                 ("run_placement", "source_hash")}
     columns = {(table, col[1]) for (table,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
                for col in db.execute(f"PRAGMA table_info({table})").fetchall() if col[1].endswith("_hash")}
     assert columns - not_blobs == set(BLOB_REFERENCES)

@@ -280,3 +280,12 @@ async def test_a_store_url_with_a_password_is_refused_and_piwf_store_is_carried(
     assert exec_start(planned, "linux")[-2:] == ["--store", "postgresql://piwf@db/piwf"]
     bad = await service_cli(paths, "install", "--platform", "linux", "--retain", "5x")
     assert bad.returncode == 2 and "is not a length of time" in bad.stderr.decode() and files_under(home) == {}
+
+
+async def test_install_carries_every_queue_given(paths: StatePaths, home: Path) -> None:
+    planned = await report(paths, "install", "--dry-run", "--platform", "linux", "--queue", "gpu", "--queue", "batch")
+    _, *argv = exec_start(planned, "linux")
+    assert argv[5:] == ["--queue", "gpu", "--queue", "batch"] == planned["serveOptions"]
+    from piwf.cli.parser import build_parser
+
+    assert build_parser().parse_args(argv).queue == ["gpu", "batch"]

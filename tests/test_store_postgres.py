@@ -190,23 +190,27 @@ async def test_each_pool_and_time_limit_setting_of_the_url_reaches_the_server(po
         try:
             settings = {name: db.scalar(f"SHOW {name}") for name in
                         ("statement_timeout", "lock_timeout", "idle_in_transaction_session_timeout")}
-            return {**settings, "connect_timeout": db.conn.info.get_parameters().get("connect_timeout", "")}
+            given = db.conn.info.get_parameters()
+            return {**settings, **{name: given.get(name, "") for name in ("connect_timeout", "tcp_user_timeout",
+                                                                           "keepalives_idle")}}
         finally:
             store.give_back(db)
 
     default = open_store(tmp_path, url=pg_store_url(postgres, fresh("limits")), directory="d")
     try:
         assert show(default) == {"statement_timeout": "30s", "lock_timeout": "5s",
-                                 "idle_in_transaction_session_timeout": "1min", "connect_timeout": "10"}
+                                 "idle_in_transaction_session_timeout": "1min", "connect_timeout": "10",
+                                 "tcp_user_timeout": "10000", "keepalives_idle": "5"}  # a silent peer: ~10 s
         assert default.pool.max_size == 8
     finally:
         await default.close()
     url = (pg_store_url(postgres, fresh("limits")) + "&pool_size=2&connect_timeout=1&statement_timeout=12s"
-           "&lock_timeout=250&idle_in_transaction_session_timeout=2min")
+           "&lock_timeout=250&idle_in_transaction_session_timeout=2min&tcp_user_timeout=2500")
     store = open_store(tmp_path, url=url, directory="d")
     try:
         assert show(store) == {"statement_timeout": "12s", "lock_timeout": "250ms",
-                               "idle_in_transaction_session_timeout": "2min", "connect_timeout": "1"}
+                               "idle_in_transaction_session_timeout": "2min", "connect_timeout": "1",
+                               "tcp_user_timeout": "2500", "keepalives_idle": "5"}  # the URL's own wins
         held = [store.connection(), store.connection()]  # the pool's two: two sessions on the server
         with admin(postgres) as conn:
             pids = {db.conn.info.backend_pid for db in held}

@@ -1,8 +1,8 @@
-"""The duties every host does that must happen once (issue 21: pruning, child-run watching;
-deadline expiry and reconcile claims are in test_interleavings_people.py), with two
-stores on one PostgreSQL database as two hosts, as deterministic interleavings: A's
-transaction is open, B does the same duty meanwhile, A commits. Each item is handled by one
-of them, never twice, and none is lost.
+"""The duties every host does that must happen once (issue 21: pruning, child-run watching,
+housekeeping; deadline expiry and reconcile claims are in test_interleavings_people.py),
+with two stores on one PostgreSQL database as two hosts, as deterministic interleavings:
+A's transaction is open, B does the same duty meanwhile, A commits. Each item is handled by
+one of them, never twice, and none is lost.
 
 PostgreSQL only: SQLite has one writer at a time and one host per database.
 """
@@ -14,8 +14,10 @@ from typing import Any
 import pytest
 import trio
 
+from piwf.client import make_request
 from piwf.clock import ManualClock
 from piwf.protocol.worker import InteractionOpenPayload
+from piwf.wire import HostResponse, request_fingerprint
 
 from .controllers import C, P, detail, fenced, reconciled
 from .helpers import claim, new_run
@@ -101,3 +103,24 @@ async def test_a_child_run_synced_by_two_hosts_never_moves_back(
     got = await detail(a, clock)
     assert got.status["workflowRun"]["state"] == "failed"
     assert [e.type for e in got.events].count("workflow_changed") == 1
+
+
+async def test_housekeeping_prunes_are_done_by_one_host_at_a_time(
+        two: Any, backend: Any, clock: ManualClock) -> None:  # noqa: F811
+    """The command log's prune (and delivery's, and stored worker answers'): while one host
+    does it, another skips it at once instead of waiting for its deletes."""
+    a, b = two
+    request = make_request("run.pause", client_id="c", run_id="r1", request_id="req-1")
+    async with a.transaction() as tx:
+        await tx.commands.record(request, request_fingerprint(request), HostResponse(request.requestId, "accepted",
+                                                                                     receipt={"n": 1}), 1, 0)
+    now = clock.now_ms() + 10_000
+    async with a.transaction() as tx:
+        assert await tx.commands.prune(now, 1000) == 1
+        with trio.fail_after(10):  # B does not wait for A's open prune: it leaves it to A
+            assert await b.commands.prune(now, 1000) == 0
+            assert await b.delivery.prune(now, 1000) == 0
+            assert await b.workers.prune_messages() == 0
+        assert await tx.delivery.prune(now, 1000) == 0
+    assert await b.commands.prune(now, 1000) == 0  # done once, by A
+    assert await b.commands.lookup(request, request_fingerprint(request)) is None

@@ -71,7 +71,9 @@ async def test_a_peer_proved_dead_is_taken_over_by_one_host_before_its_claims_ar
         assert await claim(store, clock, epoch=mine.epoch) is None  # its claims stay until freed
 
         assert await controllers.claim(store, clock, epoch=mine.epoch) == []
+        assert [w.status for w in (await store.runs.get_run("r1")).workers] == ["starting"]  # until killed
         assert await store.hosts.expire_peer_claims(peer.epoch, clock.now_ms()) == (["r1"], 1)
+        assert [w.status for w in (await store.runs.get_run("r1")).workers] == ["orphaned"]
         [retaken] = await controllers.claim(store, clock, epoch=mine.epoch)
         assert retaken.uid == resource.uid
         again = await claim(store, clock, epoch=mine.epoch)
@@ -79,3 +81,24 @@ async def test_a_peer_proved_dead_is_taken_over_by_one_host_before_its_claims_ar
         assert await store.hosts.expire_peer_claims(peer.epoch, clock.now_ms()) == ([], 0)  # mine are not its
     finally:
         await backend.close(peer_store)
+
+
+async def test_a_standby_is_listed_while_its_row_is_live_and_is_never_a_peer(
+        store: Any, backend: Any, clock: ManualClock) -> None:
+    await store.hosts.record_standby(pid=7, identity="id7", lease_ms=LEASE, now=clock.now_ms())
+    if backend.name == "sqlite":  # its standbys are the state directory's files
+        assert await store.hosts.live_hosts(clock.now_ms()) == []
+        await store.hosts.forget_standby(7)
+        return
+    [standby] = await store.hosts.live_hosts(clock.now_ms())
+    assert standby.standby and (standby.pid, standby.identity, standby.epoch, standby.active_runs) == (7, "id7", 0, 0)
+    assert await store.hosts.peers() == []  # it holds no lease: nothing to take over
+    lease = await take(store, clock)
+    assert [(h.standby, h.pid) for h in await store.hosts.live_hosts(clock.now_ms())] == [(False, 1), (True, 7)]
+    await store.hosts.record_standby(pid=8, identity="id8", lease_ms=LEASE, now=clock.now_ms())
+    await store.hosts.forget_standby(7)  # it took over, or stopped
+    clock.advance(LEASE)  # standby 8 was killed: its row expires
+    assert await store.hosts.renew_lease(lease, LEASE, clock.now_ms()) is not None
+    assert [h.standby for h in await store.hosts.live_hosts(clock.now_ms())] == [False]
+    await store.hosts.record_standby(pid=9, identity="id9", lease_ms=LEASE, now=clock.now_ms())  # forgets 8's row
+    assert [h.pid for h in await store.hosts.live_hosts(clock.now_ms()) if h.standby] == [9]

@@ -46,7 +46,7 @@ import psutil
 from piwf.chaos import ledger, people
 from piwf.chaos.common import Tally
 from piwf.chaos.controllers import ControllerChaos, bad as controllers_bad
-from piwf.chaos.hosts import Fleet
+from piwf.chaos.hosts import Fleet, workers_of
 from piwf.chaos.people import Person
 from piwf.client import Client, Reply, make_request
 from piwf.errors import HostUnavailable
@@ -250,11 +250,7 @@ class Chaos:
 
     def kill_worker(self) -> bool:
         assert self.host is not None
-        try:
-            workers = [p for p in psutil.Process(self.host.pid).children(recursive=True)
-                       if _is_worker(p, self.host.pid)]
-        except psutil.Error:
-            return False
+        workers = workers_of(self.host.pid)
         if not workers:
             return False
         with contextlib.suppress(psutil.Error):
@@ -537,15 +533,6 @@ def _held_or_failed_with_reason(run: dict[str, Any]) -> bool:
     if run["status"] == "failed":
         return bool(run["error"] and run["error"].get("message"))
     return run["hold"] == "crashed" and bool(run["statusDetail"])
-
-
-def _is_worker(process: psutil.Process, host_pid: int) -> bool:
-    """A worker, spawned by the host or forked by its template (not the template itself)."""
-    try:
-        command = " ".join(process.cmdline())
-        return "piwf.worker" in command and not ("forkserver" in command and process.ppid() == host_pid)
-    except psutil.Error:
-        return False
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -136,7 +136,7 @@ class Fleet:
 
     def strike_worker(self, primary: subprocess.Popen[bytes], *, freeze: bool) -> bool:
         hosts = [primary, *(p.proc for p in self.peers if p.proc is not None)]
-        workers = [w for host in hosts for w in _workers_of(host.pid)]
+        workers = [w for host in hosts for w in workers_of(host.pid)]
         if not workers:
             return False
         worker = self.rng.choice(workers)
@@ -206,7 +206,7 @@ def _resume(worker: psutil.Process) -> None:
         worker.resume()
 
 
-def _workers_of(host_pid: int) -> list[psutil.Process]:
+def workers_of(host_pid: int) -> list[psutil.Process]:
     """A host's workers, spawned by it or forked by its template (not the template itself)."""
     try:
         children = psutil.Process(host_pid).children(recursive=True)

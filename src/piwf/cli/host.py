@@ -353,11 +353,14 @@ def _format_status(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-
 def _host_lines(hosts: list[dict[str, Any]]) -> list[str]:
     """One line per live host sharing the store: the one that answered marked ``*``."""
-    lines = [f"hosts:     {len(hosts)} live sharing the store"]
+    waiting = [h for h in hosts if h.get("standby")]
+    lines = [f"hosts:     {len(hosts) - len(waiting)} live sharing the store"
+             + (f", {len(waiting)} standby(s)" if waiting else "")]
     for h in hosts:
+        if h.get("standby"):
+            continue
         # how long its lease has left, by the answering host's clock (its heartbeat's age is its own)
         now = (h["heartbeatAt"] or 0) + (h["heartbeatAgeMs"] or 0)
         left = "" if h["expiresAt"] is None else f", lease {max(0, h['expiresAt'] - now) / 1000:.0f} s left"
@@ -366,4 +369,7 @@ def _host_lines(hosts: list[dict[str, Any]]) -> list[str]:
         lines.append(f"  {'*' if h['this'] else ' '} {h['hostId']}  epoch {h['epoch']}  pid {h['pid']}  "
                      f"{machine.strip() or 'machine unknown'}{age}{left}; {h['activeRuns']} run(s), "
                      f"{h['activeReconciles']} reconcile(s)")
+    for h in waiting:
+        machine = f"boot {h['machine'][:8]}" if h.get("machine") else "machine unknown"
+        lines.append(f"    standby  pid {h['pid']}  {machine}, waiting for its state directory's lock")
     return lines

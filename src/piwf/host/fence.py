@@ -69,6 +69,16 @@ def monotonic_ms(at: float) -> int:
     return int((time.monotonic() + (at - trio.current_time())) * 1000)
 
 
+def launch_bound(host: HostState, active: Active[Any], lease_ms: int) -> tuple[int, int]:
+    """What the launch envelope says to bound a worker's wait for its host (0, 0 when not
+    fenced): the claim's lease (``claimLeaseMs``), and until when the host vouches for the
+    claim now (``vouchedUntilMs``), however long the worker then takes to start."""
+    if not host.fenced:
+        return 0, 0
+    until = vouched_until(host, active)
+    return lease_ms, max(1, monotonic_ms(until)) if until < math.inf else 0
+
+
 def unrenewed_note(host: HostState, active: Active[Any], lease_ms: int) -> str:
     if trio.current_time() >= host.lease_good_until:
         what, lease = "the host lease", host.config.host_lease_ms

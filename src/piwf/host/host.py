@@ -47,7 +47,7 @@ from piwf.host.fork_launcher import ForkLauncher
 from piwf.host.launcher import fork_available
 from piwf.host.lock import HostLock, standing_by
 from piwf.host.notify import Notifier, open_notifier
-from piwf.host.peers import serve_peers
+from piwf.host.peers import recorded_standby, serve_peers
 from piwf.host import fence
 from piwf.host.deadlines import serve_deadlines
 from piwf.host.reconcile_lane import serve_controllers
@@ -146,7 +146,8 @@ class Host:
         """The host lock; a standby waits for it (None if it is told to stop first)."""
         if not self.config.standby:
             return HostLock.acquire(paths, record)
-        return await _stand_by(paths, record)
+        async with recorded_standby(self.config, self.clock, int(str(record["pid"])), str(record["identity"])):
+            return await _stand_by(paths, record)
 
     async def _serve_runs(self, host: HostState, task_status: trio.TaskStatus[HostState],
                           inherited: Listening | None) -> None:

@@ -204,8 +204,10 @@ async def _renew(lane: Lane[Any, Any]) -> None:
     reasons = await lane.lost_reasons([lane.key(work.claim) for work in gone])
     for work in gone:
         reason = reasons.get(lane.key(work.claim), StopReason.CLAIM_LOST)
-        log.warning("%s: %s; stopping its worker", work.label,
-                    "claim lost" if reason is StopReason.CLAIM_LOST else reason.value)
+        if reason is StopReason.CLAIM_LOST:
+            log.warning("%s: claim lost; stopping its worker", work.label)
+        else:  # a client's request, through another host: as expected as one through this one
+            log.info("%s: %s through another host; stopping its worker", work.label, reason.value)
         work.stop(reason)
 
 
@@ -266,11 +268,12 @@ async def pump(lane: Lane[C, Any], active: Active[C], receive: trio.lowlevel.FdS
             now = trio.current_time()
             if clock is not None and now >= clock.deadline:
                 _over_time_limit(active, clock)
-            elif deadline is not None and now >= deadline:
+            elif beat_at is not None and (deadline is None or now < deadline):  # not a timeout: a heartbeat
+                if await _beat(send, host, active):
+                    beat_at = now + fence.beat_period_s(host, lane.lease_ms)
+                    continue
+            else:
                 _timed_out(lane, active)
-            elif beat_at is not None and await _beat(send, host, active):
-                beat_at = now + fence.beat_period_s(host, lane.lease_ms)
-                continue
             return
         if not chunk:
             return

@@ -20,15 +20,17 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+from collections.abc import AsyncIterator
 from typing import Any
 
 import trio
 import trio_util
 
-from piwf import faults, processes
+from piwf import processes
 from piwf.errors import PiwfError
-from piwf.store.api import HostRecord
-from piwf.host.state import HostState, log
+from piwf.clock import Clock
+from piwf.store.api import HostRecord, Store, open_store
+from piwf.host.state import HostConfig, HostState, log
 from piwf.host.worker_process import reap_registered
 
 
@@ -97,7 +99,6 @@ class PeerWatch:
             return False
         log.info("host %s (pid %d, epoch %d) on this machine is dead: taking over its claims", peer.host_id,
                  peer.pid or 0, peer.epoch)
-        faults.point("host.peer.taken")
         for worker_id, pid, identity in remains.workers:
             if processes.kill_recorded_group(pid, identity):
                 log.info("killed orphaned worker %s (pid %d) of host epoch %d", worker_id, pid, peer.epoch)
@@ -150,3 +151,43 @@ async def live_hosts(host: HostState) -> list[dict[str, Any]]:
     own = host.lease.epoch if host.lease is not None else None
     return [r.as_json(now, this=r.epoch == own, hostname=socket.gethostname() if r.epoch == own else None)
             for r in await host.store.hosts.live_hosts(now)]
+
+
+@contextlib.asynccontextmanager
+async def recorded_standby(config: HostConfig, clock: Clock, pid: int, identity: str) -> AsyncIterator[None]:
+    """While a standby waits for its state directory's lock, with a PostgreSQL store: a row
+    there says so (``piwf status`` through any host lists it), renewed every third of the
+    lease and removed when it stops waiting. A store it cannot reach costs only the row."""
+    if config.store_url is None:  # SQLite: its standbys are the state directory's files
+        yield
+        return
+    url = config.store_url
+    try:
+        store = await trio.to_thread.run_sync(lambda: open_store(
+            config.state_dir, durability=config.durability, url=url, listen=False, pool_size=1))
+    except PiwfError as exc:
+        log.warning("standing by unrecorded in the store: %s", exc)
+        yield
+        return
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_renew_standby, store, config, clock, pid, identity)
+            yield
+            nursery.cancel_scope.cancel()
+    finally:
+        with trio.CancelScope(shield=True):
+            try:
+                await store.hosts.forget_standby(pid)
+            except PiwfError as exc:  # it expires with its lease
+                log.warning("could not remove this standby's row from the store: %s", exc)
+            await store.close()
+
+
+async def _renew_standby(store: Store, config: HostConfig, clock: Clock, pid: int, identity: str) -> None:
+    async with contextlib.aclosing(trio_util.periodic(config.host_lease_ms / 3000)) as ticks:
+        async for _ in ticks:
+            try:
+                await store.hosts.record_standby(pid=pid, identity=identity, lease_ms=config.host_lease_ms,
+                                                 now=clock.now_ms())
+            except PiwfError as exc:
+                log.warning("could not record this standby in the store (retrying): %s", exc)

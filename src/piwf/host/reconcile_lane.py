@@ -26,7 +26,7 @@ from piwf.protocol.reconcile import LAUNCH_VAR, ReconcileLaunch, parse_reconcile
 from piwf.protocol.worker import WorkerMessage, WorkerResponse
 from piwf.status import StopReason
 from piwf.store.api import ControllerClaim, Delay
-from piwf.host import lane
+from piwf.host import fence, lane
 from piwf.host.controller_state import ActiveReconcile, ReconcileEnd
 from piwf.host.reconcile_messages import handle
 from piwf.host.state import Active, Conclusion, HostState, ProcessEnd, log
@@ -110,9 +110,10 @@ class ReconcileLane(lane.Lane[ControllerClaim, ReconcileEnd]):
     async def envelope(self, active: ActiveReconcile) -> tuple[msgspec.Struct, str]:
         claim = active.claim
         log.info("%s: reconciling (claim %d)", active.label, claim.claim_number)
+        lease_ms, until_ms = fence.launch_bound(self.host, active, self.lease_ms)
         return ReconcileLaunch(uid=claim.uid, generation=claim.claim_number, workerEpoch=active.worker_id,
                                projectPath=claim.project, controller=claim.controller,
-                               claimLeaseMs=self.lease_ms if self.host.fenced else 0), claim.project
+                               claimLeaseMs=lease_ms, vouchedUntilMs=until_ms), claim.project
 
     async def attach(self, active: ActiveReconcile, pid: int, identity: str) -> None:
         await self.host.store.controller_queue.attach_worker(active.claim.uid, active.claim.token, pid, identity)

@@ -21,7 +21,7 @@ from piwf.store.api import Claim, Delay, RunLaunch, SupervisionStore, WorkerEnde
 from piwf.store.api.rules import input_hash
 from piwf.protocol.worker import LaunchEnvelope, Ready, WorkerMessage, WorkerResponse, parse_worker_message
 from piwf.wire import LineBuffer
-from piwf.host import lane, time_limits
+from piwf.host import fence, lane, time_limits
 from piwf.host.lane_state import Backoff
 from piwf.host.placement import serve_placement
 from piwf.host.warm import WarmTicket, hear_idle
@@ -109,10 +109,11 @@ class RunLane(lane.Lane[Claim, WorkerEnd]):
             workflow, project, digest, run_input, _ = await self.host.store.runs.run_source(run_id)
             launch = RunLaunch(workflow, project, digest, input_hash(run_input))
         project = launch.project_path
+        lease_ms, until_ms = fence.launch_bound(self.host, active, self.lease_ms)
         envelope = LaunchEnvelope(
             runId=run_id, generation=active.claim.generation, workerEpoch=active.worker_id, projectPath=project,
             workflow=launch.workflow, definitionDigest=launch.definition_digest, inputHash=launch.input_hash,
-            nice=self.host.config.worker_nice, claimLeaseMs=self.lease_ms if self.host.fenced else 0,
+            nice=self.host.config.worker_nice, claimLeaseMs=lease_ms, vouchedUntilMs=until_ms,
         )
         log.info("run %s: claimed (generation %d)", run_id, active.claim.generation)
         active.warm = WarmTicket(project, launch.workflow, launch.definition_digest)

@@ -239,6 +239,8 @@ class LiveHost(Struct):
     this: Annotated[bool, Meta(description="the host that answered")]
     hostname: Annotated[str | None, Meta(description="the answering host's; null for the others (not in the "
                                                      "store)")] = None
+    standby: Annotated[bool, Meta(description="a `piwf serve --standby` waiting for its state directory's lock "
+                                              "(epoch 0, no claims)")] = False
 
 
 class HostStatus(Struct):

@@ -33,6 +33,7 @@ class ReconcileLaunch(msgspec.Struct, forbid_unknown_fields=True):
     schema: str = RECONCILE_LAUNCH_SCHEMA
     protocolVersion: int = WORKER_PROTOCOL_VERSION
     claimLeaseMs: int = 0  # the reconcile claim's lease: bounds the worker's wait for the host (0: unbounded)
+    vouchedUntilMs: int = 0  # until when (the machine's monotonic clock, ms) the host vouches for the claim
 
 
 # --- payloads --------------------------------------------------------------------------------

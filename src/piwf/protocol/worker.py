@@ -333,6 +333,7 @@ class LaunchEnvelope(msgspec.Struct, forbid_unknown_fields=True):
     protocolVersion: int = WORKER_PROTOCOL_VERSION
     nice: Annotated[int, msgspec.Meta(ge=0, le=19)] = 0  # added to the worker's nice value once it is ready
     claimLeaseMs: Count = 0  # the run claim's lease: bounds the worker's wait for the host (0: unbounded)
+    vouchedUntilMs: Count = 0  # until when (the machine's monotonic clock, ms) the host vouches for the claim
 
 
 class LaunchRefused(ValueError):

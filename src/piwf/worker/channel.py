@@ -6,14 +6,16 @@ corrupt it. A node may call ``ctx`` from several threads: one request and its an
 one turn under a lock, so each answer reaches the call that asked (and says so: its
 ``messageId`` is the request's, else the worker stops with a protocol error).
 
-A reader thread is the pipe's only reader, whatever the main thread is doing (user code
-runs there): it hands answers to the call waiting for one, and keeps the host's
-heartbeats (``host.heartbeat``) to itself. If the host goes away (the pipe's hang-up), or
-stays silent past the time its last heartbeat vouched for the claim (a frozen host, or
-one that cannot renew the claim), the worker's registered process groups and its whole
-own group are killed at once, even while user code runs: a run must never go on without
-its host, nor past its claim. Before the first heartbeat the claim is taken to be good
-for a third of its lease from the worker's start (the host sends one at once).
+Given the claim's lease (a store several hosts share), a reader thread is the pipe's only
+reader, whatever the main thread is doing (user code runs there): it hands answers to the
+call waiting for one, and keeps the host's heartbeats (``host.heartbeat``) to itself. If
+the host goes away (the pipe's hang-up), or stays silent past the time its last heartbeat
+vouched for the claim (a frozen host, or one that cannot renew the claim), the worker's
+registered process groups and its whole own group are killed at once, even while user
+code runs: a run must never go on without its host, nor past its claim. Before the first
+heartbeat the claim is good until the time its launch envelope says (else a third of its
+lease from the worker's start). Without a lease the main thread reads its own answers and a
+thread only waits for the hang-up.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ R = TypeVar("R")
 
 class Channel:
     def __init__(self, read_fd: int, write_fd: int, *, worker_id: str, generation: int,
-                 lease_ms: int = 0) -> None:
+                 lease_ms: int = 0, until_ms: int = 0) -> None:
         self._read_fd = read_fd
         self._write_fd = write_fd
         self._buffer = LineBuffer(MAX_WORKER_LINE)
@@ -57,13 +59,21 @@ class Channel:
         self._turn = threading.Lock()  # one request and its answer at a time, whichever thread asks
         self.children: set[int] = set()  # process groups of registered shell processes
         self.vouched_until: float | None = None  # monotonic seconds; None: no bound (idle, or no lease given)
-        self.arm(lease_ms)
-        threading.Thread(target=self._read, daemon=True, name="piwf-host-watch").start()
+        self.arm(lease_ms, until_ms)
+        # With no lease (a store only this host uses) the main thread reads its answers itself, as
+        # fast as it can, and the thread only hears the hang-up; with one, the thread reads it all.
+        self._reader = lease_ms > 0
+        threading.Thread(target=self._read if self._reader else self._watch, daemon=True,
+                         name="piwf-host-watch").start()
 
-    def arm(self, lease_ms: int) -> None:
+    def arm(self, lease_ms: int, until_ms: int = 0) -> None:
         """A claim of ``lease_ms`` begins (the worker's start, a warm worker's next run):
-        good for a third of it until the host's first heartbeat says more."""
-        self.vouched_until = time.monotonic() + lease_ms / 3000 if lease_ms > 0 else None
+        vouched for until ``until_ms`` (the launch envelope's), else for a third of the
+        lease, until the host's first heartbeat says more."""
+        if lease_ms <= 0:
+            self.vouched_until = None
+        else:
+            self.vouched_until = until_ms / 1000 if until_ms else time.monotonic() + lease_ms / 3000
 
     def _read(self) -> None:
         """The pipe's one reader: answers go to ``_lines``, heartbeats move ``vouched_until``;
@@ -84,6 +94,15 @@ class Channel:
             until = self.vouched_until  # after what was read: a stale heartbeat vouches for nothing now
             if until is not None and time.monotonic() >= until:
                 self._host_silent()
+
+    def _watch(self) -> None:
+        """Wait for the host's end of the pipe to close (the main thread reads the answers)."""
+        poller = select.poll()
+        poller.register(self._read_fd, 0)  # no events asked: only hang-up and errors wake it
+        while True:
+            for _, event in poller.poll():
+                if event & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
+                    self._host_gone()
 
     def _take(self, chunk: bytes) -> None:
         try:
@@ -117,6 +136,14 @@ class Channel:
         raise AssertionError("unreachable")
 
     def _next_answer(self) -> bytes:
+        if not self._reader:
+            while not self._lines:
+                chunk = os.read(self._read_fd, 65536)
+                if not chunk:
+                    self._host_gone()
+                lines = self._buffer.feed(chunk)
+                self._lines.extend(line for line in lines if not line.startswith(HEARTBEAT_PREFIX))
+            return self._lines.popleft()
         with self._arrived:
             while not self._lines:
                 if self._broken is not None:
@@ -124,12 +151,12 @@ class Channel:
                 self._arrived.wait()
             return self._lines.popleft()
 
-    def rebind(self, worker_id: str, generation: int, lease_ms: int = 0) -> None:
+    def rebind(self, worker_id: str, generation: int, lease_ms: int = 0, until_ms: int = 0) -> None:
         """A warm worker's next run: its messages carry that run's claim from here on."""
         with self._turn:
             self.worker_id, self.generation, self.revision = worker_id, generation, 0
             self.children.clear()
-            self.arm(lease_ms)
+            self.arm(lease_ms, until_ms)
 
     def tell(self, message: msgspec.Struct, *, idle: bool = False) -> None:
         """Send one line that is not a request (a warm worker's ``worker.idle``); ``idle``:

@@ -143,7 +143,7 @@ def main() -> int:
         return EXIT_LAUNCH
     read_fd, write_fd = (int(fd) for fd in os.environ["PIWF_WORKER_FDS"].split(","))
     channel = Channel(read_fd, write_fd, worker_id=envelope.workerEpoch, generation=envelope.generation,
-                      lease_ms=envelope.claimLeaseMs)
+                      lease_ms=envelope.claimLeaseMs, until_ms=envelope.vouchedUntilMs)
     try:
         serve(envelope, channel)
     except ClaimLost:  # told so by the host: nothing more to do here

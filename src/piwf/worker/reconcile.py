@@ -195,7 +195,7 @@ def main() -> int:
         return EXIT_LAUNCH
     read_fd, write_fd = (int(fd) for fd in os.environ["PIWF_WORKER_FDS"].split(","))
     channel = Channel(read_fd, write_fd, worker_id=launch.workerEpoch, generation=launch.generation,
-                      lease_ms=launch.claimLeaseMs)
+                      lease_ms=launch.claimLeaseMs, until_ms=launch.vouchedUntilMs)
     try:
         run(launch, channel)
     except ClaimLost:

@@ -63,7 +63,7 @@ def next_run(channel: Channel, baseline: Baseline, reuse: WorkerReuse, runs: int
         return None
     channel.tell(WorkerIdle(workerEpoch=channel.worker_id, runs=runs), idle=True)
     launch = parse_next_run(channel.next_line()).launch
-    channel.rebind(launch.workerEpoch, launch.generation, launch.claimLeaseMs)
+    channel.rebind(launch.workerEpoch, launch.generation, launch.claimLeaseMs, launch.vouchedUntilMs)
     return launch
 
 

@@ -49,7 +49,16 @@ class HostsStore(Protocol):
 
     async def live_hosts(self, now: int) -> list[HostRecord]:
         """The hosts sharing the store whose lease is live at ``now``, with the runs and
-        reconciles each holds a live claim on, by epoch. SQLite: its one host (or none)."""
+        reconciles each holds a live claim on, by epoch, then the standbys recorded and not
+        expired (``standby``). SQLite: its one host (or none); its standbys are files."""
+
+    async def record_standby(self, *, pid: int, identity: str, lease_ms: int, now: int) -> None:
+        """A standby of this state directory waits for its lock: say so until ``now +
+        lease_ms`` (renewed while it waits). SQLite: nothing (``piwf status`` reads the
+        standbys' files)."""
+
+    async def forget_standby(self, pid: int) -> None:
+        """The standby ``pid`` stopped waiting (it took over, or stopped)."""
 
     async def peers(self) -> list[HostRecord]:
         """Every other host holding a lease (expired or not; no counts): one read, for a
@@ -58,14 +67,15 @@ class HostsStore(Protocol):
     async def take_over_peer(self, peer: HostRecord, now: int) -> PeerRemains | None:
         """Mark ``peer`` dead (proved so by its caller, on the same machine): one fenced
         write on its epoch, pid and identity that ends its lease now (its token cleared, so
-        no renewal of it succeeds) and marks its active workers orphaned. None when the row
-        has moved on (released, restarted, taken over by another host: one host wins);
-        else what the winner is to kill. Its claims stay until ``expire_peer_claims``, so
-        nothing of it is claimed again before its workers are dead."""
+        no renewal of it succeeds). None when the row has moved on (released, restarted,
+        taken over by another host: one host wins); else what the winner is to kill. Its
+        claims stay until ``expire_peer_claims``, so nothing of it is claimed again before
+        its workers are dead."""
 
     async def expire_peer_claims(self, epoch: int, now: int) -> tuple[list[str], int]:
-        """After ``take_over_peer``: the run and reconcile claims of dead epoch ``epoch``
-        expire now (the runs' ids, the reconciles' count), to be claimed again at once."""
+        """After ``take_over_peer`` and the kill: the run and reconcile claims of dead epoch
+        ``epoch`` expire now (the runs' ids, the reconciles' count), to be claimed again at
+        once, and its workers still recorded active are recorded orphaned."""
 
 
 class CommandsStore(Protocol):

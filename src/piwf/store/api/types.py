@@ -148,6 +148,7 @@ class HostRecord:
     expires_at: int | None
     active_runs: int = 0
     active_reconciles: int = 0
+    standby: bool = False  # a `piwf serve --standby` waiting for its state directory's lock (no epoch, no claims)
 
     def as_json(self, now: int, *, this: bool = False, hostname: str | None = None) -> dict[str, Any]:
         """As ``host.status`` lists it (``LiveHost``), seen at ``now`` by the host ``this`` names."""
@@ -156,15 +157,15 @@ class HostRecord:
             "startedAt": self.started_at, "heartbeatAt": self.heartbeat_at, "expiresAt": self.expires_at,
             "heartbeatAgeMs": None if self.heartbeat_at is None else max(0, now - self.heartbeat_at),
             "activeRuns": self.active_runs, "activeReconciles": self.active_reconciles,
-            "this": this, "hostname": hostname,
+            "this": this, "hostname": hostname, "standby": self.standby,
         }
 
 
 @dataclass(frozen=True)
 class PeerRemains:
     """What a host proved dead left, for the host that won its clean-up to kill: its run
-    workers (worker id, pid, identity; now marked orphaned), the process groups they
-    registered, and its reconcile workers (resource uid, pid, identity)."""
+    workers (worker id, pid, identity; recorded orphaned by ``expire_peer_claims``), the
+    process groups they registered, and its reconcile workers (resource uid, pid, identity)."""
 
     workers: list[tuple[str, int, str]]
     processes: list[tuple[str, int, str]]

@@ -80,7 +80,7 @@ class PgStore(Aggregates):
 
     async def run_unit(self, work: Callable[[api.UnitOfWork], Awaitable[_T]]) -> _T:
         """The whole unit of work in one thread hop (``_unit_in_thread``), in its turn."""
-        if self.current.get() is not None:
+        if self.current.get() is not None or self.inline.get() is not None:
             raise StoreError("a unit of work is open already: units of work do not nest")
         async with self.turn:
             return await self.in_thread(functools.partial(self._unit_in_thread, work))
@@ -123,7 +123,7 @@ class PgStore(Aggregates):
         await self.wakeups.serve(wake, task_status=task_status)
 
     def _connect_autocommit(self) -> psycopg.Connection[Any]:
-        conn = psycopg.connect(self.url.conninfo, autocommit=True, connect_timeout=self.url.connect_timeout_s)
+        conn = psycopg.connect(self.url.conninfo, autocommit=True, **self.url.connect_kwargs)
         conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.url.schema)))
         return conn
 
@@ -218,6 +218,13 @@ class PgHostsStore:
     async def peers(self) -> list[HostRecord]:
         return await self.call(peers.others, self.directory)
 
+    async def record_standby(self, *, pid: int, identity: str, lease_ms: int, now: int) -> None:
+        return await self.call(peers.record_standby, self.directory, pid=pid, identity=identity, lease_ms=lease_ms,
+                               now=now)
+
+    async def forget_standby(self, pid: int) -> None:
+        return await self.call(peers.forget_standby, self.directory, pid)
+
     async def take_over_peer(self, peer: HostRecord, now: int) -> PeerRemains | None:
         return await self.call(peers.take_over, peer, now)
 
@@ -304,7 +311,7 @@ def read_status(root: Path, url: str, now: int) -> tuple[LeaseRecord, dict[str, 
 
     parsed = parse(url)
     try:
-        with psycopg.connect(parsed.conninfo, connect_timeout=parsed.connect_timeout_s) as conn:
+        with psycopg.connect(parsed.conninfo, **parsed.connect_kwargs) as conn:
             _configure(parsed.schema, "full", parsed.limits)(conn)
             db = PgDatabase(conn, parsed.redacted, parsed.schema)
             layout.check(db, parsed.schema)
@@ -357,14 +364,14 @@ def open_store(paths: Any, *, durability: str = "full", url: str, directory: str
     configure = _configure(parsed.schema, durability, limits or parsed.limits)
     timeout = parsed.connect_timeout_s
     try:  # one connection first: a server that cannot be reached is said at once, with libpq's reason
-        with psycopg.connect(parsed.conninfo, connect_timeout=timeout) as conn:
+        with psycopg.connect(parsed.conninfo, **parsed.connect_kwargs) as conn:
             configure(conn)
             layout.prepare(PgDatabase(conn, parsed.redacted, parsed.schema), parsed.schema)
     except psycopg.Error as exc:
         raise _connect_error(exc, parsed.redacted) from exc
     pool: ConnectionPool[Any] = ConnectionPool(
         parsed.conninfo, min_size=1, max_size=pool_size or parsed.pool_size, open=False, timeout=timeout,
-        configure=configure, kwargs={"connect_timeout": timeout}, name="piwf")
+        configure=configure, kwargs=parsed.connect_kwargs, name="piwf")
     try:
         pool.open(wait=True, timeout=timeout)
     except PoolTimeout as exc:

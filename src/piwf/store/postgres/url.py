@@ -6,7 +6,11 @@ a host's pool holds; ``statement_timeout``, ``lock_timeout`` and
 ``idle_in_transaction_session_timeout`` (milliseconds, or with a unit: ``500ms``, ``30s``,
 ``2min``, ``1h``) are the time limits every connection of the pool sets. piwf's parameters
 are taken out before the URL reaches libpq; libpq's ``connect_timeout`` (seconds) stays in
-it and is also how long piwf waits for a connection from its pool. The password comes from
+it and is also how long piwf waits for a connection from its pool. Over TCP a connection
+whose peer has gone silent (a partition, a black-holed link) fails within about 10 s
+instead of TCP's quarter of an hour: unless the URL sets them, piwf passes libpq
+``keepalives_idle=5``, ``keepalives_interval=2``, ``keepalives_count=3`` and
+``tcp_user_timeout=10000`` (ignored over a Unix socket). The password comes from
 where libpq finds it (the URL, ``PGPASSWORD``, ``~/.pgpass``); ``redacted`` is the URL
 without any password, the only form piwf ever writes or prints.
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
 from piwf.errors import StoreError
@@ -32,6 +37,10 @@ IDLE_IN_TRANSACTION_MS = 60_000
 POOL_SIZE = 8
 MAX_POOL_SIZE = 1000
 CONNECT_TIMEOUT_S = 10
+# libpq's TCP settings, unless the URL gives its own: a silent peer is found within ~10 s,
+# so a host cut off mid-call gets its call back (and can join again) soon after its fence.
+TCP_DEFAULTS = {"keepalives": "1", "keepalives_idle": "5", "keepalives_interval": "2", "keepalives_count": "3",
+                "tcp_user_timeout": "10000"}
 _DURATION = re.compile(r"^(\d{1,10})\s*(ms|s|min|h)?$")
 _UNIT_MS = {"ms": 1, "s": 1000, "min": 60_000, "h": 3_600_000}
 _MAX_MS = 2**31 - 1  # PostgreSQL's limit for these settings
@@ -60,6 +69,12 @@ class StoreUrl:
     pool_size: int = POOL_SIZE
     connect_timeout_s: int = CONNECT_TIMEOUT_S
     limits: Limits = field(default_factory=Limits)  # the URL's time limits, else the defaults
+    tcp: dict[str, str] = field(default_factory=dict)  # TCP_DEFAULTS the URL does not set
+
+    @property
+    def connect_kwargs(self) -> dict[str, Any]:
+        """What every connection is opened with besides the conninfo."""
+        return {"connect_timeout": self.connect_timeout_s, **self.tcp}
 
 
 def is_postgres(url: str) -> bool:
@@ -82,7 +97,8 @@ def parse(url: str) -> StoreUrl:
     rest = [(key, value) for key, value in parse_qsl(parts.query, keep_blank_values=True)
             if key not in PIWF_PARAMETERS]
     conninfo = _join(parts.scheme, parts.netloc, parts.path, rest)
-    return StoreUrl(conninfo, schema, redact(url), pool_size, connect_timeout, limits)
+    tcp = {key: value for key, value in TCP_DEFAULTS.items() if key not in query}
+    return StoreUrl(conninfo, schema, redact(url), pool_size, connect_timeout, limits, tcp)
 
 
 def _count(key: str, value: str | None, default: int, lowest: int, highest: int) -> int:

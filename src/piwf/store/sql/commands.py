@@ -104,6 +104,11 @@ def _receipt_run(receipt: Any) -> str | None:
 
 
 def prune(db: Database, now: int, retention_ms: int = RETENTION_MS) -> int:
+    """Forget the commands logged before the retention window. Several hosts (PostgreSQL):
+    one at a time does it, the others skip it (a transaction-scoped lock: the next prune
+    does what a host that died meanwhile rolled back)."""
     with db.write():
+        if not db.try_lock_key("duty", "commands.prune"):
+            return 0
         db.execute("DELETE FROM host_commands WHERE created_at < ?", (now - retention_ms,))
         return db.changes()

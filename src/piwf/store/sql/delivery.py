@@ -510,6 +510,8 @@ def prune(db: Database, now: int, retention_ms: int) -> int:
     before = now - retention_ms
     ended = "run_id IN (SELECT run_id FROM run_queue WHERE status IN ('done', 'failed', 'cancelled'))"
     with db.write():
+        if not db.try_lock_key("duty", "delivery.prune"):  # another host is at it (commands.prune)
+            return 0
         db.execute(f"DELETE FROM notifications WHERE delivered_at < ? AND {ended}", (before,))
         deleted = db.changes()
         db.execute(f"DELETE FROM turns WHERE resolved_at < ? AND {ended}", (before,))

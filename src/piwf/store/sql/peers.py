@@ -34,13 +34,10 @@ def activity(db: Database, epochs: list[int], now: int) -> dict[int, tuple[int, 
     return {epoch: (runs, reconciles) for epoch, (runs, reconciles) in counts.items()}
 
 
-def orphan_workers(db: Database, epoch: int, now: int) -> list[tuple[str, int, str]]:
-    """Mark orphaned the active run workers of dead host ``epoch``; (worker id, pid,
-    identity) of those that had a process."""
-    rows = db.execute(
-        """UPDATE run_workers SET status = 'orphaned', finished_at = ?
-           WHERE status IN ('starting', 'running') AND host_epoch = ?
-           RETURNING worker_epoch, pid, process_start_identity""", (now, epoch)).fetchall()
+def active_workers(db: Database, epoch: int) -> list[tuple[str, int, str]]:
+    """(worker id, pid, identity) of the run workers of host ``epoch`` still recorded active."""
+    rows = db.execute("""SELECT worker_epoch, pid, process_start_identity FROM run_workers
+                         WHERE status IN ('starting', 'running') AND host_epoch = ?""", (epoch,)).fetchall()
     return sorted((worker, pid, identity) for worker, pid, identity in rows if pid is not None and identity)
 
 
@@ -62,8 +59,11 @@ def reconcilers(db: Database, epoch: int) -> list[tuple[str, int, str]]:
 def expire_claims(db: Database, epoch: int, now: int) -> tuple[list[str], int]:
     """The claims of dead host ``epoch`` end now: its runs are claimable at once, its
     reconciles due at once (each counted as an error, as on a takeover of one's own
-    directory). Returns the runs' ids and the reconciles' count."""
+    directory), and its workers still recorded active are orphaned (the caller killed
+    them). Returns the runs' ids and the reconciles' count."""
     with db.write():
+        db.execute("""UPDATE run_workers SET status = 'orphaned', finished_at = ?
+                      WHERE status IN ('starting', 'running') AND host_epoch = ?""", (now, epoch))
         run_ids = sorted(run_id for (run_id,) in db.execute(
             f"""UPDATE run_queue SET claim_expires_at = ?
                 WHERE {LIVE} AND owner_epoch = ? AND claim_expires_at > ? RETURNING run_id""",

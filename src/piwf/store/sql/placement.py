@@ -30,7 +30,8 @@ from piwf.store.sql.base import add_event
 from piwf.store.sql.database import Database
 from piwf.store.sql.listing import HELD
 
-DETAIL_LIMIT = 2000
+REASON_LIMIT = 8_500  # one host's reason: a worker's load error (8,192 characters) and what it says around it
+DETAIL_LIMIT = 65_536  # a run's detail: every live host's reason
 HELD_PREFIX = "no live host can load its workflow"
 
 
@@ -70,7 +71,7 @@ def release_unloadable(db: Database, run_id: str, token: str, *, host_id: str, r
         db.execute("""INSERT INTO run_placement (run_id, host_id, reason, source_hash, at) VALUES (?, ?, ?, ?, ?)
                       ON CONFLICT (run_id, host_id) DO UPDATE SET reason = excluded.reason,
                         source_hash = excluded.source_hash, at = excluded.at""",
-                   (run_id, host_id, reason[:DETAIL_LIMIT], source_hash, now))
+                   (run_id, host_id, reason[:REASON_LIMIT], source_hash, now))
         return bool(_hold(db, now, run_id))
 
 

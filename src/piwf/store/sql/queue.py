@@ -99,10 +99,12 @@ def _candidates_sql(db: Database, not_in: str) -> tuple[str, str, str]:
     expired (few, so they are compared in Python, not sorted by SQLite). ``not_in``: the
     conditions every candidate meets besides (this host's queues, not excluded)."""
     lock = db.lock_rows(skip_locked=True)
+    # From the few submissions being validated to their runs (CROSS JOIN: SQLite keeps this
+    # order instead of scanning the ready runs; PostgreSQL plans it as an inner join).
     validating = f"""SELECT q.created_at, q.run_id, q.origin_session_id FROM interaction_submissions s
-                     JOIN interaction_requests r ON r.request_id = s.request_id
-                     JOIN run_queue q ON q.run_id = r.run_id
-                     WHERE s.status = 'validating' AND {READY} AND {SESSION_FREE} {not_in}
+                     CROSS JOIN interaction_requests r CROSS JOIN run_queue q
+                     WHERE r.request_id = s.request_id AND q.run_id = r.run_id
+                       AND s.status = 'validating' AND {READY} AND {SESSION_FREE} {not_in}
                      ORDER BY q.created_at, q.run_id LIMIT 1{db.lock_rows("q", skip_locked=True)}"""
     ready = f"""SELECT q.created_at, q.run_id, q.origin_session_id FROM run_queue q INDEXED BY run_queue_ready
                 WHERE {READY} AND {SESSION_FREE} {not_in}

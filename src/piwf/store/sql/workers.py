@@ -134,8 +134,10 @@ def prune_messages(db: Database, batch: int = 500) -> int:
     """Delete the answers of up to ``batch`` ended workers of ended runs (those
     ``forget_messages`` missed: runs that ended while no worker of theirs was recorded
     ending, and answers stored before layout 4). Returns how many answers were deleted;
-    call again until it returns 0."""
+    call again until it returns 0 (0 too while another host sharing the store does it)."""
     with db.write():
+        if not db.try_lock_key("duty", "workers.prune_messages"):
+            return 0
         db.execute(f"""DELETE FROM worker_messages WHERE worker_epoch IN (
                          {ENDED_RUN_WORKER} AND w.worker_epoch IN (SELECT DISTINCT worker_epoch FROM worker_messages)
                          LIMIT ?)""", (batch,))

@@ -102,6 +102,12 @@ class SqliteHostsStore:
     async def peers(self) -> list[HostRecord]:
         return []  # one host per state directory, and its database is its own
 
+    async def record_standby(self, *, pid: int, identity: str, lease_ms: int, now: int) -> None:
+        return None  # its standbys are files in the state directory (host/standby-PID.json)
+
+    async def forget_standby(self, pid: int) -> None:
+        return None
+
     async def take_over_peer(self, peer: HostRecord, now: int) -> PeerRemains | None:
         return None
 
