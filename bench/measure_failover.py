@@ -12,6 +12,10 @@ time from the kill to the node beginning again under B (the same machine's clock
 - lease: A made to look like another machine's (``PIWF_BOOT_ID``) with ``--lease S``
   (default 5 s, so trials stay short): B waits for A's claim to expire, then for its next
   poll (2 s). With the default 30 s lease this path takes about 30 s more.
+- stop (``--stop``): A, looking like another machine's with the default 30 s lease, is
+  sent SIGTERM (what ``piwf stop`` sends a host that does not answer; a drain either
+  way) instead: it parks the run and releases its lease, and B claims the run on the
+  wake-up. The figure is from the SIGTERM to the node beginning under B.
 """
 
 from __future__ import annotations
@@ -59,8 +63,8 @@ GOAL_MS = 1000.0  # issue 21: same machine, p50 at most 1 s
 WARM_S = 1.0  # after B answers, as a host serving for a while would be
 
 
-def trial(url: str, root: Path, *, elsewhere: bool, lease_s: float) -> float:
-    """Milliseconds from A's SIGKILL to its run's node beginning again under B."""
+def trial(url: str, root: Path, *, elsewhere: bool, lease_s: float, stop: bool = False) -> float:
+    """Milliseconds from A's SIGKILL (``stop``: SIGTERM) to its run's node beginning again under B."""
     schema = f"failover_{secrets.token_hex(4)}"
     store = ("--store", f"{url}&schema={schema}")
     project = root / schema
@@ -68,7 +72,7 @@ def trial(url: str, root: Path, *, elsewhere: bool, lease_s: float) -> float:
     (project / ".piwf" / "workflows" / "failover.py").write_text(textwrap.dedent(WORKFLOW))
     starts = project / "starts.log"
     a_env = {"PIWF_BOOT_ID": "bench-elsewhere"} if elsewhere else {}
-    a_args = ("--lease", f"{lease_s:g}") if elsewhere else ()
+    a_args = ("--lease", f"{lease_s:g}") if elsewhere and not stop else ()
     with _host(root / f"{schema}-a", *store, *a_args, env=a_env) as (a, a_paths):
         with Client(a_paths, timeout=10) as client:
             client.call("run.start", payload={"workflow": "failover", "projectPath": str(project)})
@@ -76,7 +80,7 @@ def trial(url: str, root: Path, *, elsewhere: bool, lease_s: float) -> float:
         with _host(root / f"{schema}-b", *store) as _:
             time.sleep(WARM_S)  # B's fork server starting beside it is not on the clock
             killed = time.time()
-            a.send_signal(signal.SIGKILL)
+            a.send_signal(signal.SIGTERM if stop else signal.SIGKILL)
             a.wait()
             _wait(lambda: starts.read_text().count("\n") >= 2, 120, interval=0.001)
             began = float(starts.read_text().split()[1])
@@ -124,7 +128,7 @@ def _wait(predicate: Any, timeout: float, interval: float = 0.01) -> None:
         time.sleep(interval)
 
 
-def measure(trials: int, lease_s: float) -> dict[str, Any]:
+def measure(trials: int, lease_s: float, stop: bool = False) -> dict[str, Any]:
     server = start_server(fsync=True)
     if server is None:
         raise SystemExit("no PostgreSQL found (tests/postgres_server.py)")
@@ -133,22 +137,27 @@ def measure(trials: int, lease_s: float) -> dict[str, Any]:
             root, url = Path(tmp), server.url()
             proof = [trial(url, root, elsewhere=False, lease_s=lease_s) for _ in range(trials)]
             lease = [trial(url, root, elsewhere=True, lease_s=lease_s) for _ in range(trials)]
+            stopped = [trial(url, root, elsewhere=True, lease_s=lease_s, stop=True)
+                       for _ in range(trials if stop else 0)]
     finally:
         server.stop("fast")
         server.remove()
     return {"trials": trials, "lease_s": lease_s,
             "proof": {"p50_ms": percentile(proof, 0.5), "max_ms": max(proof), "all_ms": proof},
             "lease": {"p50_ms": percentile(lease, 0.5), "max_ms": max(lease), "all_ms": lease},
-            "goal": {"proof_p50_ms": GOAL_MS, "met": percentile(proof, 0.5) <= GOAL_MS}}
+            "goal": {"proof_p50_ms": GOAL_MS, "met": percentile(proof, 0.5) <= GOAL_MS},
+            **({"stop": {"p50_ms": percentile(stopped, 0.5), "max_ms": max(stopped), "all_ms": stopped}}
+               if stopped else {})}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=7)
     parser.add_argument("--lease", type=float, default=5.0, help="the lease path's --lease (seconds)")
+    parser.add_argument("--stop", action="store_true", help="also: a host stopped (SIGTERM) hands its run over")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    results = measure(args.trials, args.lease)
+    results = measure(args.trials, args.lease, args.stop)
     if args.json:
         print(json.dumps(results))
         return
@@ -158,6 +167,9 @@ def main() -> None:
           f"{'met' if results['goal']['met'] else 'NOT met'}")
     print(f"  another machine, by lease (--lease {args.lease:g}):  p50 {results['lease']['p50_ms']:8.0f} ms "
           f"(max {results['lease']['max_ms']:.0f})")
+    if "stop" in results:
+        print(f"  another machine, stopped (SIGTERM, drain): p50 {results['stop']['p50_ms']:8.0f} ms "
+              f"(max {results['stop']['max_ms']:.0f})")
 
 
 if __name__ == "__main__":
