@@ -14,7 +14,9 @@ every piwf process (hosts, fork servers, workers), the PostgreSQL server (all it
 processes; not known for a PIWF_TEST_STORE server), and this client. The spread is which
 host ran each run (its worker's host epoch). Every configuration and DBOS run once per
 round, the order turning each round (the machine's load falls on all alike); the table
-shows medians. Every figure is from this one run on this machine.
+shows medians; "cores used" is runs/s times all that CPU per run (how much of the machine the
+runs got), "cores cap/s" the runs/s the machine's cores would give at that CPU per run.
+Every figure is from this one run on this machine.
 """
 
 from __future__ import annotations
@@ -233,14 +235,15 @@ def table(results: dict[str, Any]) -> str:
              f"{results['cpus']} cpus, load average {load['before'][0]:.1f} before, {load['after'][0]:.1f} after; "
              f"PostgreSQL: {results['postgres']}", "",
              f"{'hosts':>5} {'workers':>7} {'runs/s':>8} {'vs DBOS':>8} {'p50 ms':>7} "
-             f"{'CPU ms per run: hosts':>22} {'piwf':>6} {'postgres':>9} {'client':>7} {'all':>6} {'cores cap/s':>12}"
-             "  runs each host ran (round 1)"]
+             f"{'CPU ms per run: hosts':>22} {'piwf':>6} {'postgres':>9} {'client':>7} {'all':>6} {'cores used':>10} "
+             f"{'cores cap/s':>11}  runs each host ran (round 1)"]
     for row in results["configurations"]:
         lines.append(f"{row['hosts']:5d} {row['workers']:7d} {row['per_s']:8.1f} {_num(row.get('vs_dbos'), 'x'):>8} "
                      f"{row['latency_p50_ms']:7.0f} {row['host_cpu_ms_per_run']:22.2f} "
                      f"{row['piwf_cpu_ms_per_run']:6.2f} {_num(row['postgres_cpu_ms_per_run'], ''):>9} "
                      f"{row['client_cpu_ms_per_run']:7.2f} {row['cpu_ms_per_run']:6.2f} "
-                     f"{row['cores_bound_per_s']:12.0f}  {'/'.join(map(str, row['spread_rounds'][0]))}")
+                     f"{row['per_s'] * row['cpu_ms_per_run'] / 1000:10.2f} {row['cores_bound_per_s']:11.0f}  "
+                     f"{'/'.join(map(str, row['spread_rounds'][0]))}")
     dbos = results["dbos"]
     lines += ["", "DBOS on the same PostgreSQL server (a database of its own; one-step workflows): "
               + (f"{dbos['per_s']:.1f} runs/s" if "per_s" in dbos else dbos["not_measured"])]
