@@ -87,7 +87,7 @@ def postmaster_pid(server: Any) -> int | None:
 
 
 @contextlib.contextmanager
-def running_hosts(url: str, count: int, workers: int, root: Path
+def running_hosts(url: str, count: int, workers: int, root: Path, extra: tuple[str, ...] = ()
                   ) -> Iterator[list[tuple[subprocess.Popen[bytes], StatePaths]]]:
     """``count`` hosts on the store ``url``, each on a state directory of its own, started at
     once; yielded once every one answers."""
@@ -99,7 +99,7 @@ def running_hosts(url: str, count: int, workers: int, root: Path
             with open(root / f"host-{i}.log", "wb") as log:
                 process = subprocess.Popen(
                     [sys.executable, "-m", "piwf", "serve", "--state-dir", str(state), "--store", url,
-                     "--max-workers", str(workers)], stdout=log, stderr=log, start_new_session=True)
+                     "--max-workers", str(workers), *extra], stdout=log, stderr=log, start_new_session=True)
             hosts.append((process, StatePaths.resolve(state)))
         for process, paths in hosts:
             _wait_answering(process, paths)
@@ -131,7 +131,8 @@ def _wait_answering(process: subprocess.Popen[bytes], paths: StatePaths) -> None
     raise RuntimeError("piwf serve did not answer within 60 s")
 
 
-def configuration(base: str, postmaster: int | None, hosts: int, workers: int, n: int) -> dict[str, Any]:
+def configuration(base: str, postmaster: int | None, hosts: int, workers: int, n: int,
+                  extra: tuple[str, ...] = ()) -> dict[str, Any]:
     """N one-node runs through ``hosts`` hosts of ``workers`` workers each, on a fresh schema."""
     schema = f"hosts_{secrets.token_hex(4)}"
     url = f"{base}{'&' if '?' in base else '?'}schema={schema}"
@@ -141,7 +142,7 @@ def configuration(base: str, postmaster: int | None, hosts: int, workers: int, n
         (project / ".piwf" / "workflows").mkdir(parents=True)
         (project / ".piwf" / "workflows" / "noop.py").write_text(textwrap.dedent(NOOP))
         payload = {"workflow": "noop", "projectPath": str(project)}
-        with running_hosts(url, hosts, workers, root) as running, contextlib.ExitStack() as stack:
+        with running_hosts(url, hosts, workers, root, extra) as running, contextlib.ExitStack() as stack:
             clients = [stack.enter_context(Client(paths, timeout=300)) for _, paths in running]
             warm = [client.call("run.start", payload=payload).receipt["runId"] for client in clients]
             for client, run_id in zip(clients, warm, strict=True):  # each catalog has the workflow
@@ -192,7 +193,7 @@ def measure(args: argparse.Namespace, base: str, postmaster: int | None) -> dict
     import measure_pg
 
     sides: dict[str, Callable[[], Any]] = {
-        f"{h}x{w}": (lambda h=h, w=w: configuration(base, postmaster, h, w, args.runs))
+        f"{h}x{w}": (lambda h=h, w=w: configuration(base, postmaster, h, w, args.runs, args.serve))
         for h in args.hosts for w in args.workers}
     sides[DBOS] = lambda: measure_pg._dbos(base, args.runs)
     got: dict[str, list[Any]] = {side: [] for side in sides}
@@ -211,7 +212,8 @@ def measure(args: argparse.Namespace, base: str, postmaster: int | None) -> dict
         for row in rows:
             row["vs_dbos"] = row["per_s"] / dbos["per_s"]
     return {"runs": args.runs, "rounds": args.rounds, "cpus": os.cpu_count(), "configurations": rows,
-            "dbos": dbos, "load_average": {"before": args.load_before, "after": list(os.getloadavg())},
+            "dbos": dbos, "serve_options": list(args.serve),
+            "load_average": {"before": args.load_before, "after": list(os.getloadavg())},
             "postgres": "throwaway (tests/postgres_server.py, fsync on)" if postmaster else "PIWF_TEST_STORE"}
 
 
@@ -233,7 +235,9 @@ def table(results: dict[str, Any]) -> str:
     load = results["load_average"]
     lines = [f"{results['runs']} one-node runs per configuration, {results['rounds']} rounds (medians), "
              f"{results['cpus']} cpus, load average {load['before'][0]:.1f} before, {load['after'][0]:.1f} after; "
-             f"PostgreSQL: {results['postgres']}", "",
+             f"PostgreSQL: {results['postgres']}"
+             + (f"; hosts started with {' '.join(results['serve_options'])}" if results.get("serve_options") else ""),
+             "",
              f"{'hosts':>5} {'workers':>7} {'runs/s':>8} {'vs DBOS':>8} {'p50 ms':>7} "
              f"{'CPU ms per run: hosts':>22} {'piwf':>6} {'postgres':>9} {'client':>7} {'all':>6} {'cores used':>10} "
              f"{'cores cap/s':>11}  runs each host ran (round 1)"]
@@ -319,6 +323,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--workers", type=_counts, help=f"--max-workers of each host (default {FULL['workers']})")
     parser.add_argument("--plot", type=Path, metavar="FILE.png", help="draw runs/s and CPU per run")
     parser.add_argument("--json", action="store_true", help="print one JSON document and nothing else")
+    parser.add_argument("--poll-only", dest="serve", action="store_const", const=("--poll-only",), default=(),
+                        help="start the hosts with --poll-only (no wake-ups from the others: what they cost)")
     parser.add_argument("--quick", action="store_true",
                         help=f"small counts: {QUICK['runs']} runs, hosts {QUICK['hosts']}, workers {QUICK['workers']}, "
                              "1 round")
