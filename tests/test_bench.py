@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -57,3 +58,30 @@ def test_the_warm_worker_bench_prints_its_figures_against_their_goals() -> None:
             assert results["claim_to_ready"][section][kind]["claim_to_ready_p50_ms"] >= 0, (section, kind)
     assert results["claim_to_ready"]["saturated"]["spinners"] == 8
     assert set(results["goals"]) == {"warm_runs_per_s", "fresh_ready_saturated_ms", "warm_ready_saturated_ms"}
+
+
+def test_the_several_hosts_bench_prints_every_configuration_beside_dbos(tmp_path: Path) -> None:
+    """bench/measure_hosts.py --quick: 1 and 2 hosts on one throwaway PostgreSQL, DBOS on
+    the same server, the table's figures as JSON and the plot drawn (shape only, no speed)."""
+    from tests.conftest import no_postgres
+    from tests.postgres_server import find_bindir
+
+    if find_bindir() is None and not os.environ.get("PIWF_TEST_STORE"):
+        no_postgres(os.environ)
+    image = tmp_path / "hosts.png"
+    done = subprocess.run([sys.executable, str(BENCH.parent / "measure_hosts.py"), "--quick", "--json",
+                           "--plot", str(image)], capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout)
+    rows = results["configurations"]
+    assert [(row["hosts"], row["workers"]) for row in rows] == [(1, 2), (2, 2)]
+    for row in rows:
+        assert row["per_s"] > 0 and row["n"] == results["runs"]
+        assert row["host_cpu_ms_per_run"] > 0 and row["piwf_cpu_ms_per_run"] >= row["host_cpu_ms_per_run"]
+        (spread,) = row["spread_rounds"]  # one round: the runs each host ran, every run counted once
+        assert len(spread) == row["hosts"] and sum(spread) == row["n"]
+        assert (row["postgres_cpu_ms_per_run"] is None) == bool(os.environ.get("PIWF_TEST_STORE"))
+    dbos = importlib.util.find_spec("dbos") is not None
+    assert ("per_s" in results["dbos"]) == dbos
+    assert all(("vs_dbos" in row) == dbos for row in rows)
+    assert image.read_bytes().startswith(b"\x89PNG")

@@ -116,3 +116,31 @@ async def test_two_hosts_on_one_postgresql_store_share_the_runs_and_run_each_onc
     finally:
         second.signal(signal.SIGTERM)
         await second.wait()
+
+
+async def test_three_hosts_spread_the_work_each_up_to_its_max_workers(
+    postgres: Any, host_process: Callable[..., HostProcess], paths: StatePaths, project: Path, tmp_path: Path,
+) -> None:
+    """Six runs that wait at a gate, all started through one host of three, each host
+    allowed two at once: the work can only be held by spreading it over all three."""
+    url = pg_store_url(postgres)
+    await host_process("--store", url, "--max-workers", "2").start()
+    others = [HostProcess(StatePaths.resolve(tmp_path / f"state-{name}"), tmp_path / f"host-{name}.log",
+                          "--store", url, "--max-workers", "2") for name in ("b", "c")]
+    for other in others:
+        await other.start()
+    try:
+        run_ids = [await start(paths, project, "gated") for _ in range(6)]
+        await wait_for(lambda: (project / "wait.log").exists()
+                       and len((project / "wait.log").read_text().splitlines()) == 6)  # all six at the gate
+        status = json.loads((await piwf(paths, "status", "--json")).stdout)
+        assert sorted(h["activeRuns"] for h in status["hosts"]) == [2, 2, 2]
+        (project / "gate").touch()
+        for run_id in run_ids:
+            done = await call(paths, "run.wait", run_id=run_id, payload={"timeoutMs": 20_000})
+            assert done["status"] == "completed"
+        assert sorted((project / "once.log").read_text().splitlines()) == sorted(run_ids)  # each ran once
+    finally:
+        for other in others:
+            other.signal(signal.SIGTERM)
+            await other.wait()

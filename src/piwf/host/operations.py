@@ -32,9 +32,9 @@ from piwf.protocol import (
     AnswerDecision, CancelReceipt, CancelRun, GetHostStatus, GetRun, GetRunEvents, GetRunGraph, GetRunSteps,
     HoldReceipt, HostStatus, InteractionsPage, ListInteractions, ListRuns, PauseRun, Request, ResolveEffect,
     ResolveReceipt, ResumeRun, RunDetail, RunEventsPage, RunGraph, RunStepsPage, RunSummary, StartReceipt, StartRun,
-    StopHost, StopReceipt, SubmitInteraction, UpdateInteraction, WaitReceipt, WaitRun,
+    StopHost, StopReceipt, SubmitInteraction, UpdateInteraction, WaitReceipt, WaitRun, WorkerSummary,
 )
-from piwf.status import AT_REST, QueueStatus, RunStatus, StopReason
+from piwf.status import AT_REST, QueueStatus, RunStatus, StopReason, WorkerStatus
 from piwf.store.api import UnitOfWork, Wakeup
 from piwf.store.api.record import redact
 from piwf.wire import HostResponse, Outcome, check_id, request_fingerprint
@@ -134,18 +134,30 @@ async def status_receipt(host: HostState) -> HostStatus:
 
 
 async def _run_status(host: HostState, request: GetRun) -> RunDetail:
-    return _stopped_workers(host, await host.store.runs.get_run(request.runId, host.now()))
+    return _live_workers(host, await host.store.runs.get_run(request.runId, host.now()))
 
 
-def _stopped_workers(host: HostState, run: RunDetail) -> RunDetail:
-    """Say so when the run's live worker is stopped: a SIGSTOPped worker holds its slot,
-    making no progress, until it is continued or its node's time limit stops it."""
+def _live_workers(host: HostState, run: RunDetail) -> RunDetail:
+    """The record of the run's live worker, as this host sees it now: stopped when it is
+    SIGSTOPped (it holds its slot, making no progress, until it is continued or its node's
+    time limit stops it); still running when its end was written ahead with the message
+    that ended its run (run_lane.end_of) but its process has not ended yet."""
     active = host.active.get(run.runId)
-    if active is None or active.pid is None or not processes.is_stopped(active.pid):
+    if active is None or active.pid is None:
         return run
-    workers = [msgspec.structs.replace(w, stopped=True) if w.workerEpoch == active.worker_id else w
-               for w in run.workers]
-    return msgspec.structs.replace(run, workers=workers)
+    stopped = processes.is_stopped(active.pid)
+    ahead = active.end_recorded is not None and active.process_end is None
+    if not (stopped or ahead):
+        return run
+
+    def live(worker: WorkerSummary) -> WorkerSummary:
+        if worker.workerEpoch != active.worker_id:
+            return worker
+        if ahead:
+            worker = msgspec.structs.replace(worker, status=WorkerStatus.RUNNING, exitCode=None, signal=None)
+        return msgspec.structs.replace(worker, stopped=stopped)
+
+    return msgspec.structs.replace(run, workers=[live(worker) for worker in run.workers])
 
 
 async def _run_list(host: HostState, request: ListRuns) -> list[RunSummary]:
@@ -179,7 +191,7 @@ async def _run_wait(host: HostState, request: WaitRun) -> WaitReceipt:
     with WATCH_ENDS_EARLY.get() or trio.CancelScope(), trio.move_on_after(request.payload.timeoutMs / 1000):
         # asked again on every change, and when a run leaves host.active
         await until_changed(host, lambda: _summary_settled(host, run_id))
-    run = await host.store.runs.get_run(run_id, host.now())
+    run = _live_workers(host, await host.store.runs.get_run(run_id, host.now()))
     return WaitReceipt(**msgspec.structs.asdict(run), atRest=_settled(host, run))
 
 
