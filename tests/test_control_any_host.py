@@ -29,7 +29,7 @@ from .test_lifecycle import _shell_group, call, group_members, run_status, step_
 from .test_settings import SLOW, TUNED, change, submit
 from .test_watch import CRUNCH
 
-HOURS = 3 * 3600.0  # the poll, and a third of the claims' lease: never, within a test
+HOURS = 3 * 3600.0  # the poll, and (at least) the claims' renewal period: never, within a test
 
 
 @pytest.fixture
@@ -77,6 +77,22 @@ async def test_a_cancel_through_another_host_stops_the_owners_worker_and_its_pro
     run = await run_status(owner, run_id)
     assert (run["status"], run["queueStatus"]) == ("cancelled", "cancelled")
     assert (await call(owner, "host.status"))["activeWorkers"] == 0
+
+
+async def test_a_poll_only_owner_hears_of_a_cancel_through_another_host_at_its_next_poll(
+        nursery: trio.Nursery, tmp_path: Path, project: Path, store_url: str) -> None:
+    """An owner without LISTEN (``--poll-only``) gets no CLAIMS wake-up: its renewer checks
+    its claims at every poll (1 s here; its renewals alone would come in hours)."""
+    front = await serve(nursery, tmp_path, "front", store_url, max_workers=0)
+    paths = StatePaths.resolve(tmp_path / "owner")
+    await nursery.start(Host(config(paths, store_url=store_url, store_listen=False, poll_s=1.0,
+                                    run_lease_ms=int(HOURS * 6000))).serve)
+    run_id = await start(front, project, "sleepy")
+    worker_pid = await wait_for(lambda: _worker_of(front, run_id), timeout=20)
+    receipt = await call(front, "run.cancel", run_id=run_id)
+    assert receipt["status"] == "cancelled"
+    with trio.fail_after(15):
+        await wait_for(lambda: not group_members(worker_pid))
 
 
 async def test_pause_and_resume_through_another_host(

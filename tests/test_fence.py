@@ -16,6 +16,7 @@ import msgspec
 import pytest
 import trio
 
+from piwf.errors import StorageUnavailable
 from piwf.host import fence
 from piwf.host.host import _rejoin
 from piwf.host.lane import renew_claims
@@ -74,6 +75,32 @@ async def test_renewals_move_the_bound_from_when_they_began_and_it_holds_once_th
         nursery.cancel_scope.cancel()
     # within 2/3 of a lease of the last renewal, which began at most a renewal period before the cut
     assert cut < stopped <= cut + 2.0 + 0.02 and active.stop_reason is StopReason.UNRENEWED
+
+
+async def test_two_renewals_in_a_row_may_fail_and_the_work_goes_on(
+    tmp_path: Path, autojump_clock: trio.abc.Clock
+) -> None:
+    """A blip of the store (a lock timeout, a dropped connection) costs a renewal or two,
+    not the host's work: renewals come every sixth of a lease, the bound is four of them."""
+    host = _fenced(tmp_path)
+    active = host.active["r"]
+    active.good_until = fence.good_until(trio.current_time(), host.config.run_lease_ms)
+    calls: list[float] = []
+
+    class Blipping(RunLane):
+        async def renew(self, claims: list[tuple[str, str]]) -> set[str]:
+            calls.append(trio.current_time())
+            if len(calls) % 4 in (2, 3):  # the 2nd and 3rd of every four fail
+                raise StorageUnavailable("the store did not answer")
+            return await super().renew(claims)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(fence.serve_fence, host, host.active, host.config.run_lease_ms, "run")
+        nursery.start_soon(renew_claims, Blipping(host))
+        await trio.sleep(host.config.run_lease_ms / 1000 * 10)  # ten leases, half the renewals failing
+        nursery.cancel_scope.cancel()
+    assert not active.scope.cancel_called and active.stop_reason is None
+    assert len(calls) >= 55  # every sixth of a lease
 
 
 async def _until_cancelled(scope: trio.CancelScope, function: object, *args: object) -> None:

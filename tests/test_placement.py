@@ -199,10 +199,16 @@ async def test_a_bad_queue_name_is_refused_in_one_line_and_changes_nothing(
     refused = await piwf(StatePaths.resolve(tmp_path / "never"), "serve", "--queue", "a b", check=False)
     assert refused.returncode != 0 and "is not a short identifier" in refused.stderr.decode()
     assert len(refused.stderr.decode().strip().splitlines()) == 1 and not (tmp_path / "never").exists()
+    for lease in ("0.5", "0"):  # a lease too short to renew and fence sensibly: refused the same way
+        refused = await piwf(StatePaths.resolve(tmp_path / "never"), "serve", "--lease", lease, check=False)
+        said = refused.stderr.decode()
+        assert refused.returncode == 2 and "argument --lease: must" in said and len(said.strip().splitlines()) == 1
+        assert not (tmp_path / "never").exists()
     from piwf.client import AsyncClient
 
-    async with AsyncClient(paths) as client:  # the protocol refuses it too
-        response = await client.call("run.start", payload={"workflow": "greet", "projectPath": str(project),
-                                                           "queue": "a b"})
-    assert response.outcome == "rejected" and "queue" in response.error
+    async with AsyncClient(paths) as client:  # the protocol refuses it too, a final newline as well
+        for bad in ("a b", "gpu\n"):
+            response = await client.call("run.start", payload={"workflow": "greet", "projectPath": str(project),
+                                                               "queue": bad})
+            assert response.outcome == "rejected" and "queue" in response.error, bad
     assert await call(paths, "run.list") == []

@@ -166,7 +166,7 @@ LIVE_WORKER = (WorkerStatus.STARTING, WorkerStatus.RUNNING)
 # serving its queue. A name is a short identifier, so it prints, logs and goes in a unit
 # file as it is.
 DEFAULT_QUEUE = "default"
-QUEUE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+QUEUE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}(?!\n)$"  # (?!\n): Python's $ also matches before a final newline
 
 
 def queue_problem(name: str) -> str | None:

@@ -35,6 +35,15 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _lease(text: str) -> float:
+    """A lease: renewed every sixth of it and its work fenced at two thirds, so at least a
+    second (less would have the host renew in a loop and fence its work in milliseconds)."""
+    value = _seconds(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1 second")
+    return value
+
+
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 7 * 86_400_000}
 
 

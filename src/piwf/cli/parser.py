@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 from piwf import __version__
-from piwf.cli.common import DEFAULT_TIMEOUT_S, _duration_ms, _seconds
+from piwf.cli.common import DEFAULT_TIMEOUT_S, _duration_ms, _lease, _seconds
 from piwf.errors import UsageError
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing: one-shot commands start without it
@@ -290,7 +290,8 @@ def _add_host_options(parser: argparse.ArgumentParser, *, service: bool) -> None
         ("--lease", 30.0, "the host's lease and its runs' claims last past each renewal (without one its "
          "work stops at 2/3 of it; a dead host on another machine is taken over once they expire)"),
     ):
-        add(flag, type=_seconds, default=default, metavar="S", help=f"seconds {text} (default {default:g})")
+        add(flag, type=_lease if flag == "--lease" else _seconds, default=default, metavar="S",
+            help=f"seconds {text} (default {default:g})")
     add("--max-controller-workers", type=_positive, default=4, metavar="N", help="concurrent reconciles (default 4)")
     add("--node-time-limit", type=_seconds, default=None, metavar="S",
         help="stop any node's worker after S seconds in one attempt, whatever the node's own time_limit "

@@ -39,6 +39,14 @@ from piwf.host.lane_state import Active
 from piwf.host.state import HostState, log
 
 FRACTION = 2 / 3  # of a lease: how long after its renewal began the host still vouches for a claim
+RENEWALS = 6  # per lease: claims and the host lease are renewed every sixth of theirs
+
+
+def renew_period_s(lease_ms: int) -> float:
+    """How often a claim or lease of ``lease_ms`` is renewed: a sixth of it, so that two
+    renewals in a row may fail (a blip of the store, a lock timeout) and the work is still
+    vouched for by the one before (``FRACTION`` is four periods)."""
+    return lease_ms / 1000 / RENEWALS
 BEATS = 12  # heartbeats to a worker per (shortest) lease: a few missed ones do not stop it
 
 

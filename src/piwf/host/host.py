@@ -284,7 +284,7 @@ async def _first_signal(signals: AsyncIterator[int], host: HostState) -> None:
 
 
 async def _heartbeat(host: HostState) -> None:
-    async with contextlib.aclosing(trio_util.periodic(host.config.host_lease_ms / 3000)) as ticks:
+    async with contextlib.aclosing(trio_util.periodic(fence.renew_period_s(host.config.host_lease_ms))) as ticks:
         async for _ in ticks:
             if not fence.lease_good(host):
                 await _rejoin(host)

@@ -169,16 +169,20 @@ async def renew_claims(lane: Lane[Any, Any]) -> None:
     """One renewer for all of a lane's work: every claim renewed in one transaction each
     tick, and at once when ``state.recheck`` is set (a client ended claimed work, on this
     host or another: ``HostState.claims_changed``, ``Wakeup.CLAIMS``). Work whose claim is
-    lost has its scope cancelled; a failed renewal is retried at the next tick (the claims
-    stay live for a few more)."""
+    lost has its scope cancelled; a failed renewal is retried at the next tick (two may
+    fail in a row before the fence stops the work: ``fence.renew_period_s``). A host that
+    does not listen (``--poll-only``) hears no ``Wakeup.CLAIMS``: it ticks at least every
+    poll, so a cancel sent through another host reaches its worker within one."""
     state = lane.state
+    config = lane.host.config
+    period = lane.renew_period_s if config.store_listen else min(lane.renew_period_s, config.poll_s)
     next_tick = trio.current_time()
     while True:
         with trio.move_on_at(next_tick):
             await state.recheck.wait()
         state.recheck = trio.Event()  # set again during the renewal: one more at once
         if trio.current_time() >= next_tick:
-            next_tick = trio.current_time() + lane.renew_period_s
+            next_tick = trio.current_time() + period
         await _renew(lane)
 
 

@@ -97,7 +97,7 @@ class ReconcileLane(lane.Lane[ControllerClaim, ReconcileEnd]):
 
     @property
     def renew_period_s(self) -> float:
-        return self.host.config.controller_lease_ms / 4000  # a quarter of a lease
+        return fence.renew_period_s(self.host.config.controller_lease_ms)
 
     @property
     def lease_ms(self) -> int:

@@ -80,7 +80,7 @@ class RunLane(lane.Lane[Claim, WorkerEnd]):
 
     @property
     def renew_period_s(self) -> float:
-        return self.host.config.run_lease_ms / 3000  # a third of a lease: two more ticks before it expires
+        return fence.renew_period_s(self.host.config.run_lease_ms)
 
     @property
     def lease_ms(self) -> int:
