@@ -186,3 +186,39 @@ async def test_an_upgrade_the_newer_host_migrates_the_older_stops_with_the_layou
             late.log.read_text()
     with admin(postgres) as conn:
         assert conn.execute(f"SELECT version FROM {schema}.piwf_layout").fetchall() == [(LAYOUT_VERSION + 1,)]
+
+
+async def test_a_newer_standby_waits_without_migrating_and_migrates_once_it_is_the_host(
+    postgres: Any, project: Path, tmp_path: Path,
+) -> None:
+    """A standby of the next piwf beside a live older host: migrating while it only waits
+    would stop every older host; it stands by unrecorded, and migrates once it takes over."""
+    schema = fresh("standby")
+    url = pg_store_url(postgres, schema)
+    async with hosts(tmp_path, "old", old=("--store", url)) as h:
+        old = h["old"]
+        await old.start()
+        spare = HostProcess(old.paths, tmp_path / "host-spare.log", "--store", url, "--standby",
+                            env={"PYTHONPATH": str(ROOT)}, module="tests.newer_piwf")
+        await spare.start(wait=False)
+        try:
+            await wait_for(lambda: spare.log.exists() and "standing by unrecorded" in spare.log.read_text())
+            assert "older layout" in spare.log.read_text()
+            with admin(postgres) as conn:  # untouched, and the older host serves on
+                assert conn.execute(f"SELECT version FROM {schema}.piwf_layout").fetchall() == [(LAYOUT_VERSION,)]
+            run_id = await start(old.paths, project, "greet")
+            assert (await wait_run(old.paths, run_id))["status"] == "completed"
+            old.signal(signal.SIGTERM)
+            assert await old.wait(30) == 0
+
+            async def migrated() -> bool:
+                with admin(postgres) as conn:
+                    return conn.execute(f"SELECT version FROM {schema}.piwf_layout").fetchall() == [
+                        (LAYOUT_VERSION + 1,)]
+            await wait_for(migrated, timeout=30)  # the standby took the lock, became the host, migrated
+        finally:
+            if spare.proc is not None and spare.proc.returncode is None:
+                spare.signal(signal.SIGTERM)
+                with contextlib.suppress(Exception):
+                    await spare.wait(10)
+                spare.kill_group()

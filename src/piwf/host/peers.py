@@ -157,14 +157,16 @@ async def live_hosts(host: HostState) -> list[dict[str, Any]]:
 async def recorded_standby(config: HostConfig, clock: Clock, pid: int, identity: str) -> AsyncIterator[None]:
     """While a standby waits for its state directory's lock, with a PostgreSQL store: a row
     there says so (``piwf status`` through any host lists it), renewed every third of the
-    lease and removed when it stops waiting. A store it cannot reach costs only the row."""
+    lease and removed when it stops waiting. A store it cannot reach costs only the row; so
+    does one of an older layout: a standby never migrates it (a newer standby waiting beside
+    older live hosts would stop them all), the host it becomes does."""
     if config.store_url is None:  # SQLite: its standbys are the state directory's files
         yield
         return
     url = config.store_url
     try:
         store = await trio.to_thread.run_sync(lambda: open_store(
-            config.state_dir, durability=config.durability, url=url, listen=False, pool_size=1))
+            config.state_dir, durability=config.durability, url=url, listen=False, pool_size=1, migrate=False))
     except PiwfError as exc:
         log.warning("standing by unrecorded in the store: %s", exc)
         yield

@@ -348,14 +348,17 @@ def directory_id(root: Path) -> str:
 
 
 def open_store(paths: Any, *, durability: str = "full", url: str, directory: str | None = None,
-               pool_size: int | None = None, listen: bool = True, limits: Limits | None = None) -> PgStore:
+               pool_size: int | None = None, listen: bool = True, limits: Limits | None = None,
+               migrate: bool = True) -> PgStore:
     """Open the PostgreSQL store at ``url`` for the host of state directory ``paths``
     (``directory``: its lease row's id, else kept in the state directory). Creates the
     schema's tables when it has none, migrates an older layout, and refuses a schema that is
     not piwf's or is of a newer layout, untouched (SchemaError); StorageUnavailable when the
     server cannot be reached. ``pool_size`` and ``limits``: the URL's (``pool_size=``,
     ``statement_timeout=``...: url.py) unless given. ``listen=False``: poll-only mode (no
-    LISTEN: for a pooler in transaction mode; wake-ups are still sent)."""
+    LISTEN: for a pooler in transaction mode; wake-ups are still sent). ``migrate=False``:
+    the layout is checked only (an older one is refused, SchemaError), for a standby that
+    records itself while it waits: only a host that takes its lease migrates the store."""
     if durability not in SYNCHRONOUS_COMMIT:
         raise StoreError(f"durability must be 'full' or 'normal', not {durability!r}")
     parsed = parse(url)
@@ -366,7 +369,8 @@ def open_store(paths: Any, *, durability: str = "full", url: str, directory: str
     try:  # one connection first: a server that cannot be reached is said at once, with libpq's reason
         with psycopg.connect(parsed.conninfo, **parsed.connect_kwargs) as conn:
             configure(conn)
-            layout.prepare(PgDatabase(conn, parsed.redacted, parsed.schema), parsed.schema)
+            (layout.prepare if migrate else layout.check)(PgDatabase(conn, parsed.redacted, parsed.schema),
+                                                          parsed.schema)
     except psycopg.Error as exc:
         raise _connect_error(exc, parsed.redacted) from exc
     pool: ConnectionPool[Any] = ConnectionPool(
