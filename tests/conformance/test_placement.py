@@ -48,6 +48,20 @@ async def test_a_host_claims_only_runs_of_the_queues_it_serves(store: Any, clock
     assert [c.run_id for c, _ in got] == ["gpu-1"]
 
 
+async def test_a_host_serving_several_queues_claims_the_oldest_of_all_first(store: Any, clock: ManualClock) -> None:
+    """Read per queue, in each queue's index order: the oldest over all of them still wins."""
+    for run_id, queue in (("a1", "a"), ("b1", "b"), ("a2", "a"), ("c1", "c"), ("b2", "b")):
+        await store.runs.create_run(run_id=run_id, workflow="w", project_path="/p", source=b"s", digest="d1",
+                                    input={}, origin_session_id=None, now=clock.now_ms(), queue=queue)
+        clock.advance(1)
+    claimed = []
+    for _ in range(4):
+        got = await store.supervision.claim_runs(room=1, exclude=frozenset(), runner_id=RUNNER, lease_ms=LEASE,
+                                                 now=clock.now_ms(), epoch=1, queues=("b", "a"))
+        claimed += [c.run_id for c, _ in got]
+    assert claimed == ["a1", "b1", "a2", "b2"]  # c1 is no queue of this host's
+
+
 async def test_a_run_released_as_unloadable_is_passed_over_by_that_host_only(store: Any, clock: ManualClock) -> None:
     await new_run(store, clock)
     # No live host serves the queue: nobody is known to be left to try, so it is not held.

@@ -72,13 +72,17 @@ def _candidate(db: Database, now: int, exclude: frozenset[str], runner_id: str =
     params: dict[str, Any] = {"now": now, "host": runner_id, **excluded, **{f"q{i}": q for i, q in enumerate(served)}}
     not_in = _not_in(len(padded)) + PLACED
     in_queues = _in_queues(len(served))
-    validating, ready, expired = _candidates_sql(db, not_in + in_queues)
+    validating, _, expired = _candidates_sql(db, not_in + in_queues)
     if db.dialect != "sqlite":
-        # One round trip for the three (each CTE locks what it returns, as the three
-        # statements below do): a validating run first, then the oldest of the rest.
-        row = db.one(f"""WITH v AS ({validating}), r AS ({ready}), e AS ({expired})
+        # One round trip for all (each CTE locks what it returns, as the statements below
+        # do): a validating run first, then the oldest of the rest. The oldest ready run is
+        # read per queue, each in the index's order (one ORDER BY over several queues would
+        # sort every ready run of them), as SQLite does below.
+        readies = [f"r{i} AS ({_candidates_sql(db, f'{not_in} AND q.queue = :q{i}')[1]})" for i in range(len(served))]
+        union = "".join(f" UNION ALL SELECT 1, * FROM r{i}" for i in range(len(served)))
+        row = db.one(f"""WITH v AS ({validating}), {", ".join(readies)}, e AS ({expired})
                          SELECT created_at, run_id, origin_session_id FROM (
-                           SELECT 0 AS rank, * FROM v UNION ALL SELECT 1, * FROM r UNION ALL SELECT 1, * FROM e) c
+                           SELECT 0 AS rank, * FROM v{union} UNION ALL SELECT 1, * FROM e) c
                          ORDER BY rank, created_at, run_id LIMIT 1""", params)
         return None if row is None else (row[0], row[1], row[2])
     found = db.one(validating, params)
