@@ -42,7 +42,7 @@ def check(summary: dict) -> None:
     assert summary["lifecycle_contradictions"] == 0, seed
     assert summary["integrity_check"] == "ok", seed
     strikes = ("host_kills", "worker_kills", "power_cuts", "peer_kills", "host_freezes", "worker_freezes",
-               "peer_worker_kills")  # the last four with --hosts
+               "peer_worker_kills", "strikes_skipped")  # the last five with --hosts (skipped: all frozen)
     assert sum(summary.get(key, 0) for key in strikes) >= summary["kills"], seed
     assert summary["power_cut_failures"] == 0, seed
     # controllers under the same kills: every resource converges, no reconcile effect twice

@@ -39,6 +39,7 @@ class Strikes:
     worker_freezes: int = 0
     peer_worker_kills: int = 0
     unexpected_peer_exits: int = 0
+    skipped: int = 0  # strikes that found nothing to strike (every host frozen, say)
 
 
 class Fleet:
@@ -91,6 +92,8 @@ class Fleet:
         thawed = [proc for proc in self.hosts(primary) if not self.is_frozen(proc) and proc.poll() is None]
         if thawed:
             self.freeze_host(self.rng.choice(thawed), long=long)
+        else:
+            self.strikes.skipped += 1
 
     def is_frozen(self, proc: subprocess.Popen[bytes]) -> bool:
         with self._lock:
@@ -100,6 +103,7 @@ class Fleet:
         """SIGKILL a peer (not a frozen one: it is left to join again) and start it again."""
         live = [p for p in self.peers if p.proc is not None and not self.is_frozen(p.proc)]
         if not live:
+            self.strikes.skipped += 1
             return
         peer = self.rng.choice(live)
         assert peer.proc is not None
@@ -117,9 +121,11 @@ class Fleet:
         themselves in time, the others take its runs, and it joins again with a new epoch);
         else up to half a lease."""
         if proc.poll() is not None:
+            self.strikes.skipped += 1
             return
         with self._lock:
             if proc.pid in self.frozen:
+                self.strikes.skipped += 1
                 return
             self.frozen.add(proc.pid)
         proc.send_signal(signal.SIGSTOP)
@@ -189,7 +195,8 @@ class Fleet:
         text = "".join(log.read_text(errors="replace") for log in logs if log.exists())
         return {"hosts": len(self.peers) + 1, "peer_kills": s.peer_kills, "host_freezes": s.host_freezes,
                 "worker_freezes": s.worker_freezes, "peer_worker_kills": s.peer_worker_kills,
-                "unexpected_peer_exits": s.unexpected_peer_exits, "fenced": text.count("could not be renewed for"),
+                "unexpected_peer_exits": s.unexpected_peer_exits, "strikes_skipped": s.skipped,
+                "fenced": text.count("could not be renewed for"),
                 "rejoined": text.count("joined again at epoch")}
 
 
