@@ -37,10 +37,12 @@ async def wait_run(paths: StatePaths, run_id: str) -> dict[str, Any]:
 
 
 @contextlib.asynccontextmanager
-async def newer_host(tmp_path: Path, name: str, *extra: str) -> AsyncIterator[HostProcess]:
-    """A host of the next piwf (one layout ahead), stopped at the end."""
-    process = HostProcess(StatePaths.resolve(tmp_path / f"state-{name}"), tmp_path / f"host-{name}.log", *extra,
-                          env={"PYTHONPATH": str(ROOT)}, module="tests.newer_piwf")
+async def newer_host(tmp_path: Path, name: str, *extra: str, paths: StatePaths | None = None,
+                     ) -> AsyncIterator[HostProcess]:
+    """A host of the next piwf (one layout ahead), on ``paths`` (default: a state directory
+    of its own), stopped at the end."""
+    process = HostProcess(paths or StatePaths.resolve(tmp_path / f"state-{name}"), tmp_path / f"host-{name}.log",
+                          *extra, env={"PYTHONPATH": str(ROOT)}, module="tests.newer_piwf")
     try:
         yield process
     finally:
@@ -198,10 +200,8 @@ async def test_a_newer_standby_waits_without_migrating_and_migrates_once_it_is_t
     async with hosts(tmp_path, "old", old=("--store", url)) as h:
         old = h["old"]
         await old.start()
-        spare = HostProcess(old.paths, tmp_path / "host-spare.log", "--store", url, "--standby",
-                            env={"PYTHONPATH": str(ROOT)}, module="tests.newer_piwf")
-        await spare.start(wait=False)
-        try:
+        async with newer_host(tmp_path, "spare", "--store", url, "--standby", paths=old.paths) as spare:
+            await spare.start(wait=False)
             await wait_for(lambda: spare.log.exists() and "standing by unrecorded" in spare.log.read_text())
             assert "older layout" in spare.log.read_text()
             with admin(postgres) as conn:  # untouched, and the older host serves on
@@ -216,9 +216,3 @@ async def test_a_newer_standby_waits_without_migrating_and_migrates_once_it_is_t
                     return conn.execute(f"SELECT version FROM {schema}.piwf_layout").fetchall() == [
                         (LAYOUT_VERSION + 1,)]
             await wait_for(migrated, timeout=30)  # the standby took the lock, became the host, migrated
-        finally:
-            if spare.proc is not None and spare.proc.returncode is None:
-                spare.signal(signal.SIGTERM)
-                with contextlib.suppress(Exception):
-                    await spare.wait(10)
-                spare.kill_group()
