@@ -62,15 +62,18 @@ def test_the_warm_worker_bench_prints_its_figures_against_their_goals() -> None:
 
 def test_the_several_hosts_bench_prints_every_configuration_beside_dbos(tmp_path: Path) -> None:
     """bench/measure_hosts.py --quick: 1 and 2 hosts on one throwaway PostgreSQL, DBOS on
-    the same server, the table's figures as JSON and the plot drawn (shape only, no speed)."""
+    the same server, the table's figures as JSON and, where matplotlib is installed (the
+    `bench` extra; CI installs `test` only), the plot drawn (shape only, no speed)."""
     from tests.conftest import no_postgres
     from tests.postgres_server import find_bindir
 
     if find_bindir() is None and not os.environ.get("PIWF_TEST_STORE"):
         no_postgres(os.environ)
     image = tmp_path / "hosts.png"
-    done = subprocess.run([sys.executable, str(BENCH.parent / "measure_hosts.py"), "--quick", "--json",
-                           "--plot", str(image)], capture_output=True, text=True, timeout=240, check=False)
+    drawn = importlib.util.find_spec("matplotlib") is not None
+    command = [sys.executable, str(BENCH.parent / "measure_hosts.py"), "--quick", "--json"]
+    done = subprocess.run(command + (["--plot", str(image)] if drawn else []),
+                          capture_output=True, text=True, timeout=240, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads(done.stdout)
     rows = results["configurations"]
@@ -84,4 +87,4 @@ def test_the_several_hosts_bench_prints_every_configuration_beside_dbos(tmp_path
     dbos = importlib.util.find_spec("dbos") is not None
     assert ("per_s" in results["dbos"]) == dbos
     assert all(("vs_dbos" in row) == dbos for row in rows)
-    assert image.read_bytes().startswith(b"\x89PNG")
+    assert image.read_bytes().startswith(b"\x89PNG") if drawn else not image.exists()
