@@ -28,6 +28,14 @@ NOOP = """
 
     workflow = Workflow(name="noop", start_at="only", nodes={"only": compute(lambda ctx: {})})
 """
+# The same one-node workflow run by warm workers (issue 24's reuse_worker=True): one
+# worker process runs run after run instead of a fresh fork per run.
+NOOP_WARM = """
+    from piwf import Workflow, compute
+
+    workflow = Workflow(name="noop_warm", start_at="only", nodes={"only": compute(lambda ctx: {})},
+                        reuse_worker=True)
+"""
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -44,6 +52,7 @@ def running_host(durability: str, max_workers: int, worker_start: str = "fork", 
         project = root / "project"
         (project / ".piwf" / "workflows").mkdir(parents=True)
         (project / ".piwf" / "workflows" / "noop.py").write_text(textwrap.dedent(NOOP))
+        (project / ".piwf" / "workflows" / "noop_warm.py").write_text(textwrap.dedent(NOOP_WARM))
         paths = StatePaths.resolve(root / "state")
         host = subprocess.Popen(
             [sys.executable, "-m", "piwf", "serve", "--state-dir", str(paths.root), "--durability", durability,
@@ -76,14 +85,15 @@ def _iso_ms(text: str) -> float:
 
 
 def end_to_end(durability: str, max_workers: int, n: int, worker_start: str = "fork",
-               extra: tuple[str, ...] = ()) -> dict[str, Any]:
-    """N one-node runs started over the socket and completed by workers.
+               extra: tuple[str, ...] = (), workflow: str = "noop") -> dict[str, Any]:
+    """N one-node runs started over the socket and completed by workers (``workflow``:
+    ``noop``, a fresh process per run, or ``noop_warm``, warm workers).
 
     Throughput is N over the span from the first run's creation to the last one's
     completion, both stamped by the host; latency is each run's creation to completion.
     """
     with running_host(durability, max_workers, worker_start, extra) as (paths, project, host):
-        payload = {"workflow": "noop", "projectPath": str(project)}
+        payload = {"workflow": workflow, "projectPath": str(project)}
         with Client(paths, timeout=120) as client:
             warm = client.call("run.start", payload=payload).receipt["runId"]  # the catalog caches the workflow
             client.call("run.wait", run_id=warm)

@@ -250,41 +250,51 @@ async def main_async(args: argparse.Namespace, base: str) -> dict[str, Any]:
     return result
 
 
+# Issue 20's goal is one host end to end; this row says its worker mode (issue 24).
+WARM = "piwf on PostgreSQL, warm workers (reuse_worker=True)"
+
+
 def end_to_end(base: str, n: int, rounds: int) -> dict[str, float | str]:
     """N runs on each side, in ``rounds`` rounds whose order turns (the machine's load falls
     on all alike); medians."""
     import measure_host
 
-    def piwf_on(extra: tuple[str, ...]) -> tuple[float, float]:
-        figures = measure_host.end_to_end("full", 8, n, extra=extra)
+    def piwf_on(extra: tuple[str, ...], workflow: str = "noop") -> tuple[float, float]:
+        figures = measure_host.end_to_end("full", 8, n, extra=extra, workflow=workflow)
         return figures["per_s"], figures["host_cpu_ms_per_run"]
 
+    def store() -> tuple[str, ...]:
+        return ("--store", f"{base}{'&' if '?' in base else '?'}schema=bench_{secrets.token_hex(4)}")
+
     sides: dict[str, Callable[[], tuple[float, float] | float | str]] = {
-        "piwf on PostgreSQL": lambda: piwf_on(
-            ("--store", f"{base}{'&' if '?' in base else '?'}schema=bench_{secrets.token_hex(4)}")),
+        "piwf on PostgreSQL": lambda: piwf_on(store()),
+        WARM: lambda: piwf_on(store(), "noop_warm"),
         "piwf on SQLite (full)": lambda: piwf_on(()),
         "DBOS on the same PostgreSQL server": lambda: _dbos(base, n),
     }
     got: dict[str, list[Any]] = {side: [] for side in sides}
     order = list(sides)
     for round_ in range(rounds):
-        for side in order[round_ % 3:] + order[:round_ % 3]:
+        for side in order[round_ % len(order):] + order[:round_ % len(order)]:
             got[side].append(sides[side]())
     if any(isinstance(value, str) for value in got["DBOS on the same PostgreSQL server"]):
         dbos: float | str = next(v for v in got["DBOS on the same PostgreSQL server"] if isinstance(v, str))
     else:
         dbos = statistics.median(got["DBOS on the same PostgreSQL server"])
     pg = statistics.median(rate for rate, _ in got["piwf on PostgreSQL"])
+    warm = statistics.median(rate for rate, _ in got[WARM])
     sqlite = statistics.median(rate for rate, _ in got["piwf on SQLite (full)"])
     figures: dict[str, float | str] = {
         "piwf on PostgreSQL, runs/s": pg, "piwf on SQLite (full), runs/s": sqlite,
         "DBOS on the same PostgreSQL server, runs/s": dbos,
         "piwf on PostgreSQL: host CPU ms per run": statistics.median(c for _, c in got["piwf on PostgreSQL"]),
+        f"{WARM}: host CPU ms per run": statistics.median(c for _, c in got[WARM]),
         "piwf on SQLite: host CPU ms per run": statistics.median(c for _, c in got["piwf on SQLite (full)"]),
         "rounds": float(rounds),
     }
     if isinstance(dbos, float):
         figures["piwf on PostgreSQL / DBOS"] = pg / dbos
+        figures[f"{WARM} / DBOS"] = warm / dbos
         figures["piwf on SQLite / DBOS"] = sqlite / dbos
     return figures
 
