@@ -76,7 +76,7 @@ class PgDatabase(Blobs):
 
     dialect = DIALECT
 
-    __slots__ = ("_depth", "_rowcount", "conn", "schema", "where")
+    __slots__ = ("_cursor", "_depth", "_rowcount", "conn", "schema", "where")
 
     def __init__(self, conn: psycopg.Connection[Any], where: str, schema: str = "piwf") -> None:
         self.conn = conn
@@ -84,6 +84,9 @@ class PgDatabase(Blobs):
         self.schema = schema
         self._depth = 0
         self._rowcount = 0
+        # One cursor for every statement of this checkout: ``conn.execute`` made a cursor per
+        # statement, 40 % of psycopg's CPU for a one-row statement (bench/README.md, part 3).
+        self._cursor: psycopg.Cursor[Any] | None = None
 
     # --- transactions -----------------------------------------------------------------
 
@@ -114,7 +117,7 @@ class PgDatabase(Blobs):
             raise StoreError("a statement of this transaction failed (its error was handled), so PostgreSQL "
                              "rolled the whole transaction back: nothing of it was committed")
         try:
-            self.conn.execute("COMMIT")
+            self._statement("COMMIT", None)
         except psycopg.OperationalError as exc:
             raise StorageUnavailable(
                 f"the connection to {self.where} was lost during COMMIT: the change may or may not have been "
@@ -127,23 +130,40 @@ class PgDatabase(Blobs):
         if self.conn.closed:
             return
         with contextlib.suppress(psycopg.Error):  # the connection is gone: the server rolled back
-            self.conn.execute("ROLLBACK")
+            self._statement("ROLLBACK", None)
 
     # --- statements -------------------------------------------------------------------
 
     def execute(self, sql: str, params: Any = ()) -> Any:
+        """The statement's rows, all fetched (``Rows``): the cursor is this checkout's one,
+        which the next statement reuses, so no result may stay on it."""
+        cursor = self._run(sql, params)
+        result = cursor.pgresult
+        if result is None or result.status != _TUPLES_OK:
+            return Rows([])
+        return Rows(cursor.fetchall())
+
+    def one(self, sql: str, params: Any = ()) -> Any:
+        cursor = self._run(sql, params)
+        result = cursor.pgresult
+        return cursor.fetchone() if result is not None and result.status == _TUPLES_OK else None
+
+    def _run(self, sql: str, params: Any) -> psycopg.Cursor[Any]:
         text, numbered = translate(sql)
         if numbered:
             params = {f"p{index}": value for index, value in enumerate(params, 1)}
         try:
-            cursor = self.conn.execute(text, params or None)
+            cursor = self._statement(text, params or None)
         except psycopg.Error as exc:
             raise translate_error(exc, self.where) from exc
         self._rowcount = cursor.rowcount
         return cursor
 
-    def one(self, sql: str, params: Any = ()) -> Any:
-        return self.execute(sql, params).fetchone()
+    def _statement(self, text: str, params: Any) -> psycopg.Cursor[Any]:
+        cursor = self._cursor
+        if cursor is None or cursor.closed:
+            cursor = self._cursor = self.conn.cursor()
+        return cursor.execute(text, params)
 
     def scalar(self, sql: str, params: Any = ()) -> Any:
         row = self.one(sql, params)
@@ -180,6 +200,35 @@ class PgDatabase(Blobs):
 
     # --- blobs ------------------------------------------------------------------------
 
+
+
+_TUPLES_OK = psycopg.pq.ExecStatus.TUPLES_OK
+
+
+class Rows:
+    """A statement's rows, fetched: what ``PgDatabase.execute`` returns (a cursor's reading
+    side: iteration, ``fetchone``, ``fetchall``, each going on from where the last stopped)."""
+
+    __slots__ = ("at", "rows")
+
+    def __init__(self, rows: list[Any]) -> None:
+        self.rows = rows
+        self.at = 0
+
+    def fetchone(self) -> Any:
+        at = self.at
+        if at >= len(self.rows):
+            return None
+        self.at = at + 1
+        return self.rows[at]
+
+    def fetchall(self) -> list[Any]:
+        rest = self.rows[self.at:] if self.at else self.rows
+        self.at = len(self.rows)
+        return rest
+
+    def __iter__(self) -> Any:
+        return iter(self.fetchall())
 
 
 class _Write:
