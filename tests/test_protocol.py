@@ -50,6 +50,23 @@ async def test_retry_under_a_new_request_id_with_the_same_key_is_adopted(client:
     assert retry.outcome == "adopted" and retry.receipt == first.receipt and retry.requestId == "b"
 
 
+async def test_a_retry_whose_workflow_has_gone_is_answered_from_the_log(client: AsyncClient, project: Path) -> None:
+    # A write is prepared before the unit of work that looks its request up: a retry whose
+    # prepare no longer passes is still answered from what was recorded, not refused.
+    request = make_request("run.start", client_id="c1", payload=start_payload(project), request_id="req-1")
+    first = await client.send(request)
+    for source in (project / ".piwf" / "workflows").glob("greet*"):
+        source.unlink()
+    again = await client.send(request)
+    assert (first.outcome, again.outcome, again.receipt) == ("accepted", "adopted", first.receipt)
+    reused = await client.send(make_request("run.start", client_id="c1", request_id="req-1",
+                                            payload=start_payload(project, "ghost")))
+    assert reused.outcome == "conflict"
+    new = await client.send(make_request("run.start", client_id="c1", request_id="req-2",
+                                         payload=start_payload(project)))
+    assert new.outcome == "rejected" and "no workflow 'greet'" in new.error
+
+
 async def test_reused_ids_with_another_body_are_conflicts(client: AsyncClient, project: Path) -> None:
     await client.send(make_request("run.start", client_id="c1", request_id="a", idempotency_key="k",
                                    payload=start_payload(project)))

@@ -66,19 +66,22 @@ async def handle_request(host: HostState, request: Request) -> tuple[HostRespons
 
 
 async def _write(host: HostState, request: Request) -> tuple[HostResponse, After]:
+    """A write request, answered from the command log when it was carried out before: the
+    unit of work's lookup (one hop on PostgreSQL) answers a retry; a retry whose prepare no
+    longer passes (its workflow gone or changed, its run deleted) is answered from the log
+    too (``_prepare_and_commit``). A retry is prepared again before its lookup: a workflow
+    file read, which spares every new request a lookup of its own (bench/README.md, part 3)."""
     fingerprint = request_fingerprint(request)
-    stored = await host.store.commands.lookup(request, fingerprint)
-    if stored is not None:
-        await host.durable()  # the first answer may still be waiting for its fsync
-        return stored, []
     for attempt in range(1, settings_operations.REBASES + 1):  # prepared again when it went stale
         try:
-            response, after = await _prepare_and_commit(host, request, fingerprint)
+            response, after, carried_out = await _prepare_and_commit(host, request, fingerprint)
             break
         except Stale:  # what it was prepared from moved before the write: prepare it again from what is now
             if WRITES[type(request)][0] is None or attempt == settings_operations.REBASES:
                 raise
-    await host.durable()
+    await host.durable()  # an answer from the log: the first answer may still be waiting for its fsync
+    if not carried_out:
+        return response, []
     faults.point("host.command.committed")
     if response.outcome != Outcome.ACCEPTED:
         after = []
@@ -86,20 +89,33 @@ async def _write(host: HostState, request: Request) -> tuple[HostResponse, After
     return response, after
 
 
-async def _prepare_and_commit(host: HostState, request: Request, fingerprint: bytes) -> tuple[HostResponse, After]:
+async def _prepare_and_commit(host: HostState, request: Request,
+                              fingerprint: bytes) -> tuple[HostResponse, After, bool]:
+    """The response, what to do after it, and whether this call carried the request out
+    (False: answered from the command log, ``adopted`` or ``conflict``)."""
     prepare, apply = WRITES[type(request)]
-    prepared = await prepare(host, request) if prepare else None
+    try:
+        prepared = await prepare(host, request) if prepare else None
+    except PiwfError:
+        stored = await host.store.commands.lookup(request, fingerprint)  # a retry of one carried out before?
+        if stored is None:
+            raise
+        return stored, [], False
     after: After = []
+    carried_out = False
 
     async def unit(tx: UnitOfWork) -> HostResponse:  # store calls only (run_unit: one hop on PostgreSQL)
+        nonlocal carried_out
         now = host.now()
-        response = await tx.commands.lookup(request, fingerprint)  # answered meanwhile, while prepare awaited
+        response = await tx.commands.lookup(request, fingerprint)  # a retry, or answered while prepare awaited
         if response is None:
             response = await apply(host, tx, request, prepared, after)
             await tx.commands.record(request, fingerprint, response, host.epoch, now)
+            carried_out = True
         return response
 
-    return await host.run_unit(unit), after
+    response = await host.run_unit(unit)
+    return response, after, carried_out
 
 
 # --- reads ---------------------------------------------------------------------------------
