@@ -1,6 +1,6 @@
 """What the PostgreSQL store sends for a call: the statements (each a round trip to the
 server) of the calls a run makes most, and when a unit of work begins its transaction.
-The statements are counted on a real server, as they leave PgDatabase.execute."""
+The statements are counted on a real server, as they leave PgDatabase._run (execute, one and scalar all send through it)."""
 
 from __future__ import annotations
 
@@ -27,13 +27,13 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """The statements the store sends, in order (observed, not replaced); COMMIT and
     ROLLBACK, sent by PgDatabase.finish itself, are not among them."""
     statements: list[str] = []
-    execute = PgDatabase.execute
+    run = PgDatabase._run
 
-    def counted(self: PgDatabase, sql: str, params: Any = ()) -> Any:
+    def counted(self: PgDatabase, sql: str, params: Any) -> Any:
         statements.append(" ".join(sql.split())[:60])
-        return execute(self, sql, params)
+        return run(self, sql, params)
 
-    monkeypatch.setattr(PgDatabase, "execute", counted)
+    monkeypatch.setattr(PgDatabase, "_run", counted)
     yield statements
 
 
