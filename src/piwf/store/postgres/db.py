@@ -84,8 +84,7 @@ class PgDatabase(Blobs):
         self.schema = schema
         self._depth = 0
         self._rowcount = 0
-        # One cursor for every statement of this checkout: ``conn.execute`` made a cursor per
-        # statement, 40 % of psycopg's CPU for a one-row statement (bench/README.md, part 3).
+        # The connection's one cursor, for every statement (``_cursor_of``).
         self._cursor: psycopg.Cursor[Any] | None = None
 
     # --- transactions -----------------------------------------------------------------
@@ -161,8 +160,8 @@ class PgDatabase(Blobs):
 
     def _statement(self, text: str, params: Any) -> psycopg.Cursor[Any]:
         cursor = self._cursor
-        if cursor is None or cursor.closed:
-            cursor = self._cursor = self.conn.cursor()
+        if cursor is None:
+            cursor = self._cursor = _cursor_of(self.conn)
         return cursor.execute(text, params)
 
     def scalar(self, sql: str, params: Any = ()) -> Any:
@@ -203,6 +202,19 @@ class PgDatabase(Blobs):
 
 
 _TUPLES_OK = psycopg.pq.ExecStatus.TUPLES_OK
+_CURSOR = "_piwf_cursor"
+
+
+def _cursor_of(conn: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
+    """The one cursor every statement on ``conn`` goes through, kept with the connection
+    across the pool's checkouts: ``conn.execute`` made a cursor per statement, 40 % of
+    psycopg's CPU for a one-row statement (bench/README.md, part 3). A connection is used
+    by one thread at a time, and every result is fetched before the next statement."""
+    cursor: psycopg.Cursor[Any] | None = getattr(conn, _CURSOR, None)
+    if cursor is None or cursor.closed:
+        cursor = conn.cursor()
+        setattr(conn, _CURSOR, cursor)
+    return cursor
 
 
 class Rows:
