@@ -1,6 +1,7 @@
 """What the PostgreSQL store sends for a call: the statements (each a round trip to the
 server) of the calls a run makes most, and when a unit of work begins its transaction.
-The statements are counted on a real server, as they leave PgDatabase._run (execute, one and scalar all send through it)."""
+The statements are counted on a real server, as they leave PgDatabase._run (execute, one
+and scalar all send through it)."""
 
 from __future__ import annotations
 
