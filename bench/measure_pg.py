@@ -285,7 +285,8 @@ def end_to_end(base: str, n: int, rounds: int) -> dict[str, float | str]:
     warm = statistics.median(rate for rate, _ in got[WARM])
     sqlite = statistics.median(rate for rate, _ in got["piwf on SQLite (full)"])
     figures: dict[str, float | str] = {
-        "piwf on PostgreSQL, runs/s": pg, "piwf on SQLite (full), runs/s": sqlite,
+        "piwf on PostgreSQL (a fresh process per run), runs/s": pg, f"{WARM}, runs/s": warm,
+        "piwf on SQLite (full), runs/s": sqlite,
         "DBOS on the same PostgreSQL server, runs/s": dbos,
         "piwf on PostgreSQL: host CPU ms per run": statistics.median(c for _, c in got["piwf on PostgreSQL"]),
         f"{WARM}: host CPU ms per run": statistics.median(c for _, c in got[WARM]),
