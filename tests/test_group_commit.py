@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -104,3 +105,36 @@ async def test_at_normal_durability_nothing_waits_for_an_fsync(
     assert "host.worker.answered" in reached
     assert not {"host.group.syncing", "host.group.synced"} & reached
 
+
+
+def test_the_wal_is_synced_through_one_descriptor_kept_until_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from piwf.store.sqlite import Database
+
+    db = Database.open(tmp_path / "state.db", durability="full")
+    db.defer_sync()
+    with db.write():
+        db.execute("INSERT INTO blobs (hash, content, created_at) VALUES ('a', x'00', 0)")
+    wal = Path(f"{tmp_path / 'state.db'}-wal")
+    synced: list[int] = []
+    real_fdatasync = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        synced.append(os.fstat(fd).st_ino)
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    db.sync_wal()
+    opened_once = wal.stat().st_ino
+    wal.rename(tmp_path / "moved-wal")  # the path now names nothing: the kept descriptor still names SQLite's WAL
+    with db.write():
+        db.execute("INSERT INTO blobs (hash, content, created_at) VALUES ('b', x'00', 0)")
+    db.sync_wal()
+    assert synced == [opened_once, opened_once]
+    kept = db._wal_fd
+    assert kept is not None
+    (tmp_path / "moved-wal").rename(wal)
+    db.close()
+    with pytest.raises(OSError):
+        os.fstat(kept)
