@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from piwf import faults
 from piwf.client import AsyncClient
@@ -138,3 +139,54 @@ def test_the_wal_is_synced_through_one_descriptor_kept_until_close(
     db.close()
     with pytest.raises(OSError):
         os.fstat(kept)
+
+
+async def test_commits_made_during_an_fsync_share_the_next_one_and_wait_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from piwf.store.sqlite import Database
+    from piwf.store.sqlite.group import GroupCommit
+
+    db = Database.open(tmp_path / "state.db", durability="full")
+    group = GroupCommit(db)
+    in_sync, release = threading.Event(), threading.Event()
+    synced: list[int] = []
+    real_sync = Database.sync_wal
+
+    def held_sync(self: Database) -> None:
+        in_sync.set()
+        release.wait()
+        real_sync(self)
+        synced.append(self.written())
+
+    monkeypatch.setattr(Database, "sync_wal", held_sync)
+    answered: list[str] = []
+
+    def commit(name: str) -> None:
+        with db.write():
+            db.execute("INSERT INTO blobs (hash, content, created_at) VALUES (?, x'00', 0)", (name,))
+
+    async def answer(name: str) -> None:
+        commit(name)
+        await group.durable()
+        answered.append(name)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(group.serve)
+        nursery.start_soon(answer, "a")
+        await trio.to_thread.run_sync(in_sync.wait)  # the first fsync is under way, covering "a" only
+        in_sync.clear()
+        nursery.start_soon(answer, "b")
+        nursery.start_soon(answer, "c")
+        await trio.testing.wait_all_tasks_blocked()
+        assert answered == []  # "a" waits for its fsync, "b" and "c" for the one after it
+        release.set()
+        while len(answered) < 3:
+            await trio.testing.wait_all_tasks_blocked()
+            await trio.to_thread.run_sync(lambda: None)
+        nursery.cancel_scope.cancel()
+    assert answered[0] == "a" and sorted(answered[1:]) == ["b", "c"]
+    assert group.fsyncs == 2 and len(synced) == 2  # "b" and "c" shared the second fsync
+    db.close()
