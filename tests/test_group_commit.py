@@ -187,6 +187,6 @@ async def test_commits_made_during_an_fsync_share_the_next_one_and_wait_for_it(
             await trio.testing.wait_all_tasks_blocked()
             await trio.to_thread.run_sync(lambda: None)
         nursery.cancel_scope.cancel()
-    assert answered[0] == "a" and sorted(answered[1:]) == ["b", "c"]
-    assert group.fsyncs == 2 and len(synced) == 2  # "b" and "c" shared the second fsync
+    assert answered[0] == "a" and sorted(answered[1:]) == ["b", "c"], answered
+    assert (group.fsyncs, len(synced)) == (2, 2), (group.fsyncs, synced)  # "b" and "c" shared the second fsync
     db.close()
