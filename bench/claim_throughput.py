@@ -40,6 +40,7 @@ COUNTS = {  # (quick, full)
     "takeover": (3, 10),
 }
 BATCH = 100
+CLIENTS = 4  # the extra end-to-end row: runs started over this many connections at once
 TARGETS = {
     "store_vs_limit": 0.5,
     "e2e_vs_dbos": 3.0,
@@ -101,6 +102,8 @@ def measure_durability(root: Path, durability: str, args: argparse.Namespace) ->
         "store_path": measure_store.store_path(root / "store.db", durability, n),
         "store_path_batched": measure_store.store_path(root / "batched.db", durability, n, batch=BATCH),
         "end_to_end": measure_host.end_to_end(durability, args.max_workers, count("e2e", args.quick)),
+        "end_to_end_clients": measure_host.end_to_end(durability, args.max_workers, count("e2e", args.quick),
+                                                      clients=CLIENTS),
         "one_at_a_time": measure_host.one_at_a_time(durability, count("single", args.quick)),
         "huey": peer("huey", count("huey", args.quick), root, durability),
         "dbos": peer("dbos", count("dbos", args.quick), root, durability),
@@ -108,10 +111,10 @@ def measure_durability(root: Path, durability: str, args: argparse.Namespace) ->
     limit = figures["limit_raw_claim"]["per_s"]
     for name in ("store_claim", "store_path", "store_path_batched"):
         figures[name]["vs_limit"] = figures[name]["per_s"] / limit
-    e2e = figures["end_to_end"]
-    for name in ("huey", "dbos"):
-        if "per_s" in figures[name]:
-            e2e[f"vs_{name}"] = e2e["per_s"] / figures[name]["per_s"]
+    for e2e in (figures["end_to_end"], figures["end_to_end_clients"]):
+        for name in ("huey", "dbos"):
+            if "per_s" in figures[name]:
+                e2e[f"vs_{name}"] = e2e["per_s"] / figures[name]["per_s"]
     return figures
 
 
@@ -178,6 +181,9 @@ def table(results: dict[str, Any]) -> str:
         ("  host CPU per run", "end_to_end", "host_cpu_ms_per_run", "ms"),
         ("  ratio to Huey", "end_to_end", "vs_huey", "x"),
         ("  ratio to DBOS", "end_to_end", "vs_dbos", "x"),
+        (f"extra: the same, started by {CLIENTS} clients at once", "end_to_end_clients", "per_s", "/s"),
+        ("  host CPU per run", "end_to_end_clients", "host_cpu_ms_per_run", "ms"),
+        ("  ratio to DBOS (DBOS: one caller)", "end_to_end_clients", "vs_dbos", "x"),
         ("piwf one run at a time: start to completed", "one_at_a_time", "start_to_completed_p50_ms", "ms"),
         ("  worker claim to ready p50", "one_at_a_time", "claim_to_ready_p50_ms", "ms"),
         ("Huey SqliteHuey: dequeue + execute", "huey", "per_s", "/s"),

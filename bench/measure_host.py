@@ -8,6 +8,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -85,12 +86,15 @@ def _iso_ms(text: str) -> float:
 
 
 def end_to_end(durability: str, max_workers: int, n: int, worker_start: str = "fork",
-               extra: tuple[str, ...] = (), workflow: str = "noop") -> dict[str, Any]:
+               extra: tuple[str, ...] = (), workflow: str = "noop", clients: int = 1) -> dict[str, Any]:
     """N one-node runs started over the socket and completed by workers (``workflow``:
     ``noop``, a fresh process per run, or ``noop_warm``, warm workers).
 
     Throughput is N over the span from the first run's creation to the last one's
     completion, both stamped by the host; latency is each run's creation to completion.
+    One client (the default) sends each ``run.start`` after the reply to the one before;
+    ``clients`` > 1 starts the runs over that many connections at once, each starting its
+    share one after another (as several agents would), so starts can share an fsync.
     """
     with running_host(durability, max_workers, worker_start, extra) as (paths, project, host):
         payload = {"workflow": workflow, "projectPath": str(project)}
@@ -98,7 +102,7 @@ def end_to_end(durability: str, max_workers: int, n: int, worker_start: str = "f
             warm = client.call("run.start", payload=payload).receipt["runId"]  # the catalog caches the workflow
             client.call("run.wait", run_id=warm)
             cpu_before = _cpu_s(host.pid)
-            ids = [client.call("run.start", payload=payload).receipt["runId"] for _ in range(n)]
+            ids = _start_runs(paths, payload, n, clients, client)
             finished = [client.call("run.wait", run_id=run_id).receipt for run_id in ids]
             host_cpu_ms = (_cpu_s(host.pid) - cpu_before) * 1000 / n
         claim_to_ready = {} if extra else _claim_to_ready(paths, set(ids))  # from the SQLite file
@@ -107,8 +111,22 @@ def end_to_end(durability: str, max_workers: int, n: int, worker_start: str = "f
     ended = [_iso_ms(run["finishedAt"]) for run in finished]
     latency = [e - c for c, e in zip(created, ended, strict=True)]
     span_s = (max(ended) - min(created)) / 1000
-    return {"per_s": n / span_s, "n": n, "max_workers": max_workers, "latency_p50_ms": percentile(latency, 0.5),
-            "latency_p99_ms": percentile(latency, 0.99), "host_cpu_ms_per_run": host_cpu_ms, **claim_to_ready}
+    return {"per_s": n / span_s, "n": n, "max_workers": max_workers, "clients": clients,
+            "latency_p50_ms": percentile(latency, 0.5), "latency_p99_ms": percentile(latency, 0.99),
+            "host_cpu_ms_per_run": host_cpu_ms, **claim_to_ready}
+
+
+def _start_runs(paths: StatePaths, payload: dict[str, Any], n: int, clients: int, client: Client) -> list[str]:
+    if clients <= 1:
+        return [client.call("run.start", payload=payload).receipt["runId"] for _ in range(n)]
+
+    def share(count: int) -> list[str]:
+        with Client(paths, timeout=120) as own:
+            return [own.call("run.start", payload=payload).receipt["runId"] for _ in range(count)]
+
+    counts = [n // clients + (1 if i < n % clients else 0) for i in range(clients)]
+    with ThreadPoolExecutor(max_workers=clients) as pool:
+        return [run_id for ids in pool.map(share, counts) for run_id in ids]
 
 
 def _cpu_s(pid: int) -> float:

@@ -23,6 +23,9 @@ def test_quick_json_prints_every_figure_as_one_document() -> None:
             assert figures[name]["per_s"] > 0, (durability, name)
         assert figures["end_to_end"]["latency_p50_ms"] > 0
         assert figures["end_to_end"]["claim_to_ready_p50_ms"] >= 0
+        several = figures["end_to_end_clients"]  # the extra row: the same runs started over 4 connections
+        assert several["per_s"] > 0 and several["clients"] == 4 and figures["end_to_end"]["clients"] == 1
+        assert ("vs_dbos" in several) == (importlib.util.find_spec("dbos") is not None)
         assert figures["one_at_a_time"]["start_to_completed_p50_ms"] > 0
         for peer, module in (("huey", "huey"), ("dbos", "dbos")):
             installed = importlib.util.find_spec(module) is not None

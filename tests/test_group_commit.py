@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from piwf import faults
 from piwf.client import AsyncClient
@@ -104,3 +106,87 @@ async def test_at_normal_durability_nothing_waits_for_an_fsync(
     assert "host.worker.answered" in reached
     assert not {"host.group.syncing", "host.group.synced"} & reached
 
+
+
+def test_the_wal_is_synced_through_one_descriptor_kept_until_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from piwf.store.sqlite import Database
+
+    db = Database.open(tmp_path / "state.db", durability="full")
+    db.defer_sync()
+    with db.write():
+        db.execute("INSERT INTO blobs (hash, content, created_at) VALUES ('a', x'00', 0)")
+    wal = Path(f"{tmp_path / 'state.db'}-wal")
+    synced: list[int] = []
+    real_fdatasync = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        synced.append(os.fstat(fd).st_ino)
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    db.sync_wal()
+    opened_once = wal.stat().st_ino
+    wal.rename(tmp_path / "moved-wal")  # the path now names nothing: the kept descriptor still names SQLite's WAL
+    with db.write():
+        db.execute("INSERT INTO blobs (hash, content, created_at) VALUES ('b', x'00', 0)")
+    db.sync_wal()
+    assert synced == [opened_once, opened_once]
+    kept = db._wal_fd
+    assert kept is not None
+    (tmp_path / "moved-wal").rename(wal)
+    db.close()
+    with pytest.raises(OSError):
+        os.fstat(kept)
+
+
+async def test_commits_made_during_an_fsync_share_the_next_one_and_wait_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from piwf.store.sqlite import Database
+    from piwf.store.sqlite.group import GroupCommit
+
+    db = Database.open(tmp_path / "state.db", durability="full")
+    group = GroupCommit(db)
+    in_sync, release = threading.Event(), threading.Event()
+    synced: list[int] = []
+    real_sync = Database.sync_wal
+
+    def held_sync(self: Database) -> None:
+        in_sync.set()
+        release.wait()
+        real_sync(self)
+        synced.append(self.written())
+
+    monkeypatch.setattr(Database, "sync_wal", held_sync)
+    answered: list[str] = []
+
+    def commit(name: str) -> None:
+        with db.write():
+            db.execute("INSERT INTO blobs (hash, content, created_at) VALUES (?, x'00', 0)", (name,))
+
+    async def answer(name: str) -> None:
+        commit(name)
+        await group.durable()
+        answered.append(name)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(group.serve)
+        nursery.start_soon(answer, "a")
+        await trio.to_thread.run_sync(in_sync.wait)  # the first fsync is under way, covering "a" only
+        in_sync.clear()
+        nursery.start_soon(answer, "b")
+        nursery.start_soon(answer, "c")
+        await trio.testing.wait_all_tasks_blocked()
+        assert answered == []  # "a" waits for its fsync, "b" and "c" for the one after it
+        release.set()
+        while len(answered) < 3:
+            await trio.testing.wait_all_tasks_blocked()
+            await trio.to_thread.run_sync(lambda: None)
+        nursery.cancel_scope.cancel()
+    assert answered[0] == "a" and sorted(answered[1:]) == ["b", "c"], answered
+    assert (group.fsyncs, len(synced)) == (2, 2), (group.fsyncs, synced)  # "b" and "c" shared the second fsync
+    db.close()

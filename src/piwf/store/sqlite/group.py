@@ -37,6 +37,7 @@ class GroupCommit:
         if self.enabled:
             db.defer_sync()
         self._synced = db.written()  # every commit up to this mark is durable
+        self._syncing = self._synced  # every commit up to this mark is durable once the fsync under way returns
         self._fsynced = trio.Event()  # set after each fsync (then replaced): waiters look at the mark again
         self._wanted = trio.Event()
         self.failure: StorageUnavailable | None = None
@@ -51,7 +52,8 @@ class GroupCommit:
             return
         target = self.db.written()
         while self._synced < target:  # (an Event, not an AsyncValue and its predicates: 4 waits a run)
-            self._wanted.set()
+            if self._syncing < target:  # no fsync under way covers it: ask for the next one
+                self._wanted.set()
             await self._fsynced.wait()
         if self.failure is not None:
             raise self.failure
@@ -64,10 +66,13 @@ class GroupCommit:
         with _SyncThread(self.db) as thread:
             task_status.started()
             while True:
-                await self._wanted.wait()
+                if not self._wanted.is_set():  # idle: wait for a commit, then for this tick's others
+                    await self._wanted.wait()
+                    await trio.sleep(0)  # the tasks ready to run now commit first and share this fsync
+                # (else commits came during the last fsync and have waited for it: sync them at once,
+                # not two loop ticks later; what commits meanwhile shares the fsync after)
                 self._wanted = trio.Event()
-                await trio.sleep(0)  # the tasks ready to run now commit first and share this fsync
-                target = self.db.written()
+                target = self._syncing = self.db.written()
                 faults.point("host.group.syncing")
                 error = await thread.sync()
                 if error is not None:
