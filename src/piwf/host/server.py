@@ -372,14 +372,27 @@ def _displaced(host: HostState) -> str:
 
 async def _receive(connection: Connection, stream: trio.SocketStream, deadline: float) -> bytes | None:
     """The next chunk (b"" at the end), or None if the deadline passed or the connection
-    was displaced first."""
+    was displaced first. Read straight from the socket once it is readable, as ``_send``
+    writes (trio's ``receive_some`` would first try a read that finds nothing, the client
+    waiting for the last reply before it sends its next request, and then wait all the same)."""
     connection.reading = trio.CancelScope(deadline=deadline)
     try:
         with connection.reading:
-            return await stream.receive_some(READ_CHUNK)
+            return await _read_chunk(stream.socket)
         return None
     finally:
         connection.reading = None
+
+
+async def _read_chunk(sock: trio.socket.SocketType) -> bytes:
+    while True:
+        await trio.lowlevel.wait_readable(sock)  # a checkpoint: the deadline and displacement end it
+        try:
+            return os.read(sock.fileno(), READ_CHUNK)  # trio's sockets are non-blocking
+        except BlockingIOError:
+            continue  # readable, and read meanwhile: wait again
+        except OSError as exc:  # reset by the peer: what receive_some raises for it
+            raise trio.BrokenResourceError(f"the client went away: {exc}") from exc
 
 
 async def _answer(host: HostState, connection: Connection, stream: trio.SocketStream, line: bytes, *,
@@ -393,7 +406,7 @@ async def _answer(host: HostState, connection: Connection, stream: trio.SocketSt
         return sent and exc.request_id is not None
     response, after = await _handle(host, connection, stream, request, behind)
     try:
-        sent = await _send(host, stream, response)
+        sent = await _send(host, stream, response, schedule=behind)
         if sent:
             faults.point("host.reply.sent")
     finally:  # committed is committed: a client gone before the reply changes nothing
@@ -452,14 +465,17 @@ async def _until_client_leaves(stream: trio.SocketStream, scope: trio.CancelScop
 
 
 async def _send(host: HostState, stream: trio.SocketStream, response: HostResponse,
-                timeout: float | None = None) -> bool:
+                timeout: float | None = None, *, schedule: bool = True) -> bool:
     """Send one reply; False if the client did not take it within the reply timeout.
 
     A reply the socket takes whole at once (nearly every one: the client reads as it
     waits) has met its deadline without one being set; only the rest of a longer one is
     sent under the deadline. The checkpoints are trio's own socket send's: cancelled
     before any byte leaves, never after, and a schedule point either way (a client
-    pipelining requests does not hold the loop)."""
+    pipelining requests does not hold the loop) but for a whole reply sent with
+    ``schedule`` False: the connection's next step is then to wait for its client
+    (``_read_chunk``), a schedule point of its own, so a second one here would only cost a
+    turn of trio's loop per request."""
     data = encode_line(response)
     await trio.lowlevel.checkpoint_if_cancelled()
     try:
@@ -469,7 +485,8 @@ async def _send(host: HostState, stream: trio.SocketStream, response: HostRespon
     except OSError as exc:  # reset, a broken pipe: what send_all raises for them
         raise trio.BrokenResourceError(f"the client went away: {exc}") from exc
     if sent == len(data):
-        await trio.lowlevel.cancel_shielded_checkpoint()
+        if schedule:
+            await trio.lowlevel.cancel_shielded_checkpoint()
         return True
     timeout = host.config.reply_timeout_s if timeout is None else timeout
     with trio.move_on_after(timeout):
