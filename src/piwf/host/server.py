@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import math
 import os
 import socket
 import stat
@@ -242,7 +243,12 @@ class Connection:
     """One client connection, as the connection cap sees it."""
 
     waiting_since: float  # when the host last began to wait for this client's next request
-    reading: trio.CancelScope | None = None  # set while the host waits for bytes: it may be displaced
+    # The connection's one scope (``_serve_lines``): its deadline is the read deadline while
+    # the host waits for the client's bytes, and none otherwise (one scope a connection, not
+    # one a request). ``reading`` is it while the host waits: the connection may be displaced.
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    reading: trio.CancelScope | None = None
+    request_since: float | None = None  # when the request being received began to arrive
     long_poll: trio.CancelScope | None = None  # set while it answers a long poll: displacing ends it early
     long_poll_since: float = 0.0
     displaced: bool = False
@@ -318,17 +324,23 @@ async def _connection(host: HostState, connections: Connections, stream: trio.So
 
 
 async def _serve_lines(host: HostState, connection: Connection, stream: trio.SocketStream) -> None:
+    with connection.scope:
+        await _lines(host, connection, stream)
+    if not connection.scope.cancel_called:
+        return
+    if connection.displaced:  # while it waited for its client
+        await _refuse(host, stream, Outcome.UNAVAILABLE, _displaced(host), timeout=DISPLACED_NOTICE_S)
+    else:  # the read deadline passed
+        await _refuse(host, stream, Outcome.REJECTED, _timed_out(host, connection.request_since))
+
+
+async def _lines(host: HostState, connection: Connection, stream: trio.SocketStream) -> None:
+    """Answer the client's lines until it closes its end, a line is refused, or (the
+    connection's scope cancelled) the read deadline passes or a newcomer displaces it."""
     buffer = LineBuffer()
-    request_since: float | None = None  # when the request being received began to arrive
     while True:
-        chunk = await _receive(connection, stream, _read_deadline(host, connection, request_since))
-        if connection.displaced:
-            await _refuse(host, stream, Outcome.UNAVAILABLE, _displaced(host), timeout=DISPLACED_NOTICE_S)
-            return
-        if chunk is None:
-            await _refuse(host, stream, Outcome.REJECTED, _timed_out(host, request_since))
-            return
-        if not chunk:
+        chunk = await _receive(connection, stream, _read_deadline(host, connection, connection.request_since))
+        if not chunk:  # its end closed, or (None) the deadline passed as the chunk came
             return
         try:
             lines = buffer.feed(chunk)
@@ -342,7 +354,7 @@ async def _serve_lines(host: HostState, connection: Connection, stream: trio.Soc
                 return
         if lines:
             connection.waiting_since = trio.current_time()
-        request_since = _request_since(buffer, bool(lines), request_since)
+        connection.request_since = _request_since(buffer, bool(lines), connection.request_since)
 
 
 def _request_since(buffer: LineBuffer, answered: bool, since: float | None) -> float | None:
@@ -371,17 +383,19 @@ def _displaced(host: HostState) -> str:
 
 
 async def _receive(connection: Connection, stream: trio.SocketStream, deadline: float) -> bytes | None:
-    """The next chunk (b"" at the end), or None if the deadline passed or the connection
-    was displaced first. Read straight from the socket once it is readable, as ``_send``
-    writes (trio's ``receive_some`` would first try a read that finds nothing, the client
-    waiting for the last reply before it sends its next request, and then wait all the same)."""
-    connection.reading = trio.CancelScope(deadline=deadline)
+    """The next chunk (b"" at the end), under the connection's scope with the read
+    deadline; None if the scope was cancelled (the deadline passed, or the connection was
+    displaced) as the chunk came: the chunk is then not answered. Once this returns, the
+    scope has no deadline and cannot be displaced: nothing cancels an answer."""
+    scope = connection.scope
+    scope.deadline = deadline
+    connection.reading = scope
     try:
-        with connection.reading:
-            return await _read_chunk(stream.socket)
-        return None
+        chunk = await _read_chunk(stream.socket)
     finally:
         connection.reading = None
+        scope.deadline = math.inf
+    return None if scope.cancel_called else chunk
 
 
 async def _read_chunk(sock: trio.socket.SocketType) -> bytes:
