@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import math
 import os
 import socket
 import stat
@@ -242,7 +243,12 @@ class Connection:
     """One client connection, as the connection cap sees it."""
 
     waiting_since: float  # when the host last began to wait for this client's next request
-    reading: trio.CancelScope | None = None  # set while the host waits for bytes: it may be displaced
+    # The connection's one scope (``_serve_lines``): its deadline is the read deadline while
+    # the host waits for the client's bytes, and none otherwise (one scope a connection, not
+    # one a request). ``reading`` is it while the host waits: the connection may be displaced.
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    reading: trio.CancelScope | None = None
+    request_since: float | None = None  # when the request being received began to arrive
     long_poll: trio.CancelScope | None = None  # set while it answers a long poll: displacing ends it early
     long_poll_since: float = 0.0
     displaced: bool = False
@@ -318,17 +324,23 @@ async def _connection(host: HostState, connections: Connections, stream: trio.So
 
 
 async def _serve_lines(host: HostState, connection: Connection, stream: trio.SocketStream) -> None:
+    with connection.scope:
+        await _lines(host, connection, stream)
+    if not connection.scope.cancel_called:
+        return
+    if connection.displaced:  # while it waited for its client
+        await _refuse(host, stream, Outcome.UNAVAILABLE, _displaced(host), timeout=DISPLACED_NOTICE_S)
+    else:  # the read deadline passed
+        await _refuse(host, stream, Outcome.REJECTED, _timed_out(host, connection.request_since))
+
+
+async def _lines(host: HostState, connection: Connection, stream: trio.SocketStream) -> None:
+    """Answer the client's lines until it closes its end, a line is refused, or (the
+    connection's scope cancelled) the read deadline passes or a newcomer displaces it."""
     buffer = LineBuffer()
-    request_since: float | None = None  # when the request being received began to arrive
     while True:
-        chunk = await _receive(connection, stream, _read_deadline(host, connection, request_since))
-        if connection.displaced:
-            await _refuse(host, stream, Outcome.UNAVAILABLE, _displaced(host), timeout=DISPLACED_NOTICE_S)
-            return
-        if chunk is None:
-            await _refuse(host, stream, Outcome.REJECTED, _timed_out(host, request_since))
-            return
-        if not chunk:
+        chunk = await _receive(connection, stream, _read_deadline(host, connection, connection.request_since))
+        if not chunk:  # its end closed, or (None) the deadline passed as the chunk came
             return
         try:
             lines = buffer.feed(chunk)
@@ -342,7 +354,7 @@ async def _serve_lines(host: HostState, connection: Connection, stream: trio.Soc
                 return
         if lines:
             connection.waiting_since = trio.current_time()
-        request_since = _request_since(buffer, bool(lines), request_since)
+        connection.request_since = _request_since(buffer, bool(lines), connection.request_since)
 
 
 def _request_since(buffer: LineBuffer, answered: bool, since: float | None) -> float | None:
@@ -371,15 +383,30 @@ def _displaced(host: HostState) -> str:
 
 
 async def _receive(connection: Connection, stream: trio.SocketStream, deadline: float) -> bytes | None:
-    """The next chunk (b"" at the end), or None if the deadline passed or the connection
-    was displaced first."""
-    connection.reading = trio.CancelScope(deadline=deadline)
+    """The next chunk (b"" at the end), under the connection's scope with the read
+    deadline; None if the scope was cancelled (the deadline passed, or the connection was
+    displaced) as the chunk came: the chunk is then not answered. Once this returns, the
+    scope has no deadline and cannot be displaced: nothing cancels an answer."""
+    scope = connection.scope
+    scope.deadline = deadline
+    connection.reading = scope
     try:
-        with connection.reading:
-            return await stream.receive_some(READ_CHUNK)
-        return None
+        chunk = await _read_chunk(stream.socket)
     finally:
         connection.reading = None
+        scope.deadline = math.inf
+    return None if scope.cancel_called else chunk
+
+
+async def _read_chunk(sock: trio.socket.SocketType) -> bytes:
+    while True:
+        await trio.lowlevel.wait_readable(sock)  # a checkpoint: the deadline and displacement end it
+        try:
+            return os.read(sock.fileno(), READ_CHUNK)  # trio's sockets are non-blocking
+        except BlockingIOError:
+            continue  # readable, and read meanwhile: wait again
+        except OSError as exc:  # reset by the peer: what receive_some raises for it
+            raise trio.BrokenResourceError(f"the client went away: {exc}") from exc
 
 
 async def _answer(host: HostState, connection: Connection, stream: trio.SocketStream, line: bytes, *,
@@ -393,7 +420,7 @@ async def _answer(host: HostState, connection: Connection, stream: trio.SocketSt
         return sent and exc.request_id is not None
     response, after = await _handle(host, connection, stream, request, behind)
     try:
-        sent = await _send(host, stream, response)
+        sent = await _send(host, stream, response, schedule=behind)
         if sent:
             faults.point("host.reply.sent")
     finally:  # committed is committed: a client gone before the reply changes nothing
@@ -452,14 +479,17 @@ async def _until_client_leaves(stream: trio.SocketStream, scope: trio.CancelScop
 
 
 async def _send(host: HostState, stream: trio.SocketStream, response: HostResponse,
-                timeout: float | None = None) -> bool:
+                timeout: float | None = None, *, schedule: bool = True) -> bool:
     """Send one reply; False if the client did not take it within the reply timeout.
 
     A reply the socket takes whole at once (nearly every one: the client reads as it
     waits) has met its deadline without one being set; only the rest of a longer one is
     sent under the deadline. The checkpoints are trio's own socket send's: cancelled
     before any byte leaves, never after, and a schedule point either way (a client
-    pipelining requests does not hold the loop)."""
+    pipelining requests does not hold the loop) but for a whole reply sent with
+    ``schedule`` False: the connection's next step is then to wait for its client
+    (``_read_chunk``), a schedule point of its own, so a second one here would only cost a
+    turn of trio's loop per request."""
     data = encode_line(response)
     await trio.lowlevel.checkpoint_if_cancelled()
     try:
@@ -469,7 +499,8 @@ async def _send(host: HostState, stream: trio.SocketStream, response: HostRespon
     except OSError as exc:  # reset, a broken pipe: what send_all raises for them
         raise trio.BrokenResourceError(f"the client went away: {exc}") from exc
     if sent == len(data):
-        await trio.lowlevel.cancel_shielded_checkpoint()
+        if schedule:
+            await trio.lowlevel.cancel_shielded_checkpoint()
         return True
     timeout = host.config.reply_timeout_s if timeout is None else timeout
     with trio.move_on_after(timeout):

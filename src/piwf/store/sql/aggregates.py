@@ -16,6 +16,7 @@ from piwf.store.api.retention import BLOB_SWEEP, PRUNE_BATCH
 from piwf.store.api.rules import RETENTION_MS
 from piwf.store.sql import commands as _commands
 from piwf.store.sql import runs as _runs
+from piwf.store.sql import run_detail
 from piwf.store.sql import graph as _graph
 from piwf.store.sql import retry as _retry
 from piwf.store.sql import retention as _retention
@@ -138,7 +139,7 @@ class RunsAggregate:
         return await self.call(_runs.run_source, run_id)
 
     async def get_run(self, run_id: str, now: int = 0) -> RunDetail:
-        return await self.call(_runs.get_run, run_id, now)
+        return await self.call(run_detail.get_run, run_id, now)
 
     async def run_graph(self, run_id: str) -> RunGraph:
         return await self.call(_graph.run_graph, run_id)

@@ -7,17 +7,16 @@ from collections.abc import Callable
 from typing import Any
 
 from piwf.errors import Conflict, ConstraintViolation, NotFound, Rejected
-from piwf.protocol import EVENTS_PAGE, RunDetail, RunEvent, RunEventsPage, RunSummary, Step
+from piwf.protocol import EVENTS_PAGE, RunEvent, RunEventsPage, RunSummary
 from piwf.wire import canonical_json, decode_json
-from piwf.status import DEFAULT_QUEUE, ENDED, Hold, QueueStatus, RunStatus
+from piwf.status import DEFAULT_QUEUE, ENDED, Hold, RunStatus
 from piwf.store.api.rules import STEPS_PAGE_BYTES, input_hash  # noqa: F401 (re-exported)
 from piwf.store.sql.database import Database
-from piwf.store.sql.effects import list_effects
-from piwf.store.sql import delivery, placement, updates
-from piwf.store.sql.interactions import count_open, list_requests
+from piwf.store.sql import delivery, placement
+from piwf.store.sql.interactions import count_open
 from piwf.store.sql.listing import count_held
 from piwf.store.sql.base import (
-    RUN_COLUMNS, SUMMARY_COLUMNS, Summary, add_event, require_claim, revision_of, summary_fields,
+    SUMMARY_COLUMNS, add_event, require_claim, revision_of, summary_fields,
 )
 from piwf.store.sql.queue import AT_REVISION, refuse_revision
 from piwf.store.api.types import Definition, NewScope
@@ -25,7 +24,7 @@ from piwf.store.sql.database import lifecycle_contradicts
 from piwf.store.sql.database import one_of
 from piwf.store.sql.settings import ensure_scope
 from piwf.store.sql.timefmt import iso
-from piwf.store.sql.workers import worker_summaries
+from piwf.store.sql.run_detail import _read_one, get_run  # noqa: F401 (get_run re-exported)
 
 
 def create_run(
@@ -297,66 +296,6 @@ def accepted_steps(db: Database, run_id: str, after_seq: int = -1,
 def run_summary(db: Database, run_id: str) -> RunSummary:
     """The status fields of one run, without its input, output or steps."""
     return RunSummary(*summary_fields(_read_one(db, run_id)[:SUMMARY_COLUMNS]))
-
-
-def get_run(db: Database, run_id: str, now: int = 0) -> RunDetail:
-    """One run with its steps, workers and effects, read from one snapshot."""
-    with db.read():
-        row = _read_one(db, run_id, ", project_path, definition_digest, input_json, input_hash, output_json, "
-                                    "output_hash, error_json")
-        project, digest, input_json, input_hash, output_json, output_hash, error_json = row[SUMMARY_COLUMNS:]
-        summary = summary_fields(row[:SUMMARY_COLUMNS])
-        return RunDetail(
-            *summary, projectPath=project, definitionDigest=digest,
-            placement=_placement(db, summary, now),
-            input=db.get_json(input_json, input_hash),
-            output=db.get_json(output_json, output_hash),
-            error=None if error_json is None else decode_json(error_json.encode()),
-            steps=_step_summaries(db, run_id), workers=worker_summaries(db, run_id), effects=list_effects(db, run_id),
-            waitingFor=list_requests(db, run_id=run_id, now=now), updates=updates.list_updates(db, run_id),
-        )
-
-
-def _read_one(db: Database, run_id: str, extra: str = "") -> tuple[Any, ...]:
-    """One run's row in RUN_COLUMNS order, then ``extra`` columns of ``runs``. Two primary-key
-    reads cost less than SQLite's join of the same two rows (measured: 6 µs against 14); on
-    PostgreSQL the join is one round trip where the two reads take four (a read-only
-    snapshot's BEGIN and COMMIT around them), and one statement reads from one snapshot."""
-    if db.dialect != "sqlite":
-        joined = db.one(f"SELECT {RUN_COLUMNS}{extra.replace(', ', ', r.')} FROM runs r "
-                        "JOIN run_queue q ON q.run_id = r.run_id WHERE r.run_id = ?", (run_id,))
-        if joined is None:
-            raise NotFound(f"run {run_id} not found")
-        return tuple(joined)
-    with db.read():
-        run = db.one(f"""SELECT run_id, workflow, status, paused, status_detail, revision, origin_session_id,
-                           created_at, updated_at, finished_at{extra} FROM runs WHERE run_id = ?""", (run_id,))
-        queue = db.one("SELECT status, generation, hold, queue FROM run_queue WHERE run_id = ?", (run_id,))
-    if run is None or queue is None:
-        raise NotFound(f"run {run_id} not found")
-    return (*run[:3], queue[0], *run[3:10], queue[1], queue[2], queue[3], *run[10:])
-
-
-def _placement(db: Database, summary: Summary, now: int) -> str | None:
-    """Why a run ready to be claimed is not (store/sql/placement.py), read only for such a run."""
-    run_id, queue_status, hold, queue = summary[0], summary[3], summary[5], summary[-1]
-    if queue_status not in (QueueStatus.QUEUED, QueueStatus.PARKED) or hold is not None or now == 0:
-        return None
-    return placement.waiting_because(db, run_id, queue, now)
-
-
-def _step_summaries(db: Database, run_id: str) -> list[Step]:
-    # Sorted here, not by SQLite: for one run's few rows its sorter costs more than the
-    # query itself (measured 5 µs a call), and every run.status pays it.
-    rows = sorted(db.execute(
-        """SELECT seq, started_at, node_id, status, generation, exit_name, finished_at, settings_change
-           FROM node_attempts WHERE run_id = ?""",
-        (run_id,),
-    ), key=lambda row: (row[0], row[1]))
-    return [
-        Step(seq, node, status, gen, exit_name, iso(started), iso(finished), change)
-        for seq, started, node, status, gen, exit_name, finished, change in rows
-    ]
 
 
 def run_source(db: Database, run_id: str) -> tuple[str, str, str, Any, str | None]:
