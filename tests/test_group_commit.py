@@ -151,13 +151,14 @@ async def test_commits_made_during_an_fsync_share_the_next_one_and_wait_for_it(
 
     db = Database.open(tmp_path / "state.db", durability="full")
     group = GroupCommit(db)
-    in_sync, release = threading.Event(), threading.Event()
+    in_sync = threading.Semaphore(0)  # released as each fsync begins
+    releases = [threading.Event(), threading.Event()]  # each fsync is held until its own is set
     synced: list[int] = []
     real_sync = Database.sync_wal
 
     def held_sync(self: Database) -> None:
-        in_sync.set()
-        release.wait()
+        in_sync.release()
+        releases[len(synced)].wait()
         real_sync(self)
         synced.append(self.written())
 
@@ -173,20 +174,30 @@ async def test_commits_made_during_an_fsync_share_the_next_one_and_wait_for_it(
         await group.durable()
         answered.append(name)
 
-    async with trio.open_nursery() as nursery:
-        await nursery.start(group.serve)
-        nursery.start_soon(answer, "a")
-        await trio.to_thread.run_sync(in_sync.wait)  # the first fsync is under way, covering "a" only
-        in_sync.clear()
-        nursery.start_soon(answer, "b")
-        nursery.start_soon(answer, "c")
+    async def settle() -> None:  # the loop idle, every thread but a held fsync done
         await trio.testing.wait_all_tasks_blocked()
-        assert answered == []  # "a" waits for its fsync, "b" and "c" for the one after it
-        release.set()
-        while len(answered) < 3:
-            await trio.testing.wait_all_tasks_blocked()
-            await trio.to_thread.run_sync(lambda: None)
-        nursery.cancel_scope.cancel()
-    assert answered[0] == "a" and sorted(answered[1:]) == ["b", "c"], answered
+        await trio.to_thread.run_sync(lambda: None)
+        await trio.testing.wait_all_tasks_blocked()
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(group.serve)
+            nursery.start_soon(answer, "a")
+            await trio.to_thread.run_sync(in_sync.acquire)  # the first fsync is under way, covering "a" only
+            nursery.start_soon(answer, "b")
+            nursery.start_soon(answer, "c")
+            await settle()
+            assert answered == []  # "a" waits for its fsync, "b" and "c" for the one after it
+            releases[0].set()
+            await trio.to_thread.run_sync(in_sync.acquire)  # the second fsync has begun, held
+            while not answered:
+                await settle()
+            assert answered == ["a"], answered  # "a" did not wait for the fsync of "b" and "c"
+            releases[1].set()
+            while len(answered) < 3:
+                await settle()
+            nursery.cancel_scope.cancel()
+    assert sorted(answered[1:]) == ["b", "c"], answered
     assert (group.fsyncs, len(synced)) == (2, 2), (group.fsyncs, synced)  # "b" and "c" shared the second fsync
+    monkeypatch.undo()  # closing syncs the WAL once more, unheld
     db.close()
