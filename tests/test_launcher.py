@@ -150,3 +150,14 @@ async def test_a_worker_refuses_a_launch_envelope_it_does_not_know(
     assert done.returncode == 5, done.stderr
     [line] = done.stderr.decode().splitlines()
     assert line.startswith("piwf ") and message in line, line
+
+
+def test_a_forked_child_gets_exactly_the_runs_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The template's environment is changed in place into the run's: what the run does
+    not have goes, what differs is replaced, what is the same stays."""
+    from piwf.worker import forkserver
+
+    template = {"KEPT": "1", "CHANGED": "old", "GONE": "x"}
+    monkeypatch.setattr(os, "environ", template)
+    forkserver._set_environment({"KEPT": "1", "CHANGED": "new", "ADDED": "y"})
+    assert template == {"KEPT": "1", "CHANGED": "new", "ADDED": "y"}

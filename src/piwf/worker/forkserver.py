@@ -32,6 +32,7 @@ when the host's end of the socket closes (its zombies are then reaped by init).
 from __future__ import annotations
 
 import array
+import base64
 import contextlib
 import gc
 import os
@@ -44,8 +45,8 @@ import msgspec
 
 from piwf.wire import canonical_json, decode_as, encode_line
 from piwf.protocol.worker import (
-    Exited, Fork, Forked, ForkFailed, LaunchEnvelope, Ready, Reap, TemplateMessage, TemplateReady, WorkerResponse,
-    parse_worker_response, to_template,
+    WORKER_LAUNCH_SCHEMA, Exited, Fork, Forked, ForkFailed, LaunchEnvelope, Ready, Reap, TemplateMessage, TemplateReady,
+    WorkerResponse, decode_launch, parse_worker_response, to_template,
 )
 from piwf.worker import main as worker_main
 
@@ -130,8 +131,7 @@ def _child(control: socket.socket, request: Fork, fds: list[int]) -> None:
         os.close(devnull)
         os.close(output_w)
         os.chdir(request.cwd)
-        os.environ.clear()
-        os.environ.update(request.env)
+        _set_environment(request.env)
         os.environ["PIWF_WORKER_FDS"] = f"{to_worker_r},{from_worker_w}"
         if request.execWorker:  # --worker-start spawn: a fresh interpreter, still our child
             for fd in (to_worker_r, from_worker_w):
@@ -145,6 +145,18 @@ def _child(control: socket.socket, request: Fork, fds: list[int]) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def _set_environment(wanted: dict[str, str]) -> None:
+    """Make ``os.environ`` (and so the C environment) exactly ``wanted``, touching only what
+    differs: a run's environment is mostly the template's own (the host's), and clearing
+    and refilling it cost each child 0.8 ms and a hundred page copies."""
+    env = os.environ
+    for key in [key for key in env if key not in wanted]:
+        del env[key]
+    for key, value in wanted.items():
+        if env.get(key) != value:
+            env[key] = value
 
 
 def _close_all_but(*keep: int) -> None:
@@ -199,6 +211,9 @@ def _warm_up() -> None:
     envelope = LaunchEnvelope(runId="r", generation=1, workerEpoch="e", projectPath="/", workflow="w",
                               definitionDigest="d", inputHash="h")
     decode_as(canonical_json(envelope), LaunchEnvelope, "launch envelope")
+    # the worker's own reading of it (its header first): 0.6 ms and 140 page copies a child less
+    raw = base64.urlsafe_b64encode(canonical_json(envelope)).decode().rstrip("=")
+    decode_launch(raw, WORKER_LAUNCH_SCHEMA, LaunchEnvelope)
     parse_worker_response(encode_line(WorkerResponse("m", "accepted", revision=1, result={})))
     encode_line(Ready("m", "e", 1, 0))
 
