@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -238,16 +239,23 @@ PROBE = """
 import json, sys
 sys.path.insert(0, {bench!r})
 import measure_warm
-print(json.dumps(measure_warm.claim_to_ready({probes}, saturated=True)))
+result = measure_warm.claim_to_ready({probes}, saturated=True)
+if {cpu_runs}:
+    fresh = measure_warm.end_to_end("noop", {cpu_runs}, measure_warm.idle_host_cpu_s())
+    result["outside_host_cpu_ms_per_run"] = fresh["piwf_cpu_ms_per_run"] - fresh["host_cpu_ms_per_run"]
+print(json.dumps(result))
 """
 
 
-def _probe_tree(tree: Path, probes: int) -> dict[str, Any]:
+def _probe_tree(tree: Path, probes: int, cpu_runs: int) -> dict[str, Any]:
     """One saturated claim-to-ready probe in a child process whose piwf (and so the host's,
-    the fork server's and the workers') is ``tree``'s src/; this bench's code either way."""
+    the fork server's and the workers') is ``tree``'s src/; this bench's code either way.
+    With ``cpu_runs``, then that many fresh one-node runs end to end, for the CPU per run
+    of every piwf process but the host (the fork server and the workers: a figure other
+    load moves far less than wall time)."""
     bench = str(Path(__file__).resolve().parent)
     env = {**os.environ, "PYTHONPATH": str(tree / "src")}
-    done = subprocess.run([sys.executable, "-c", PROBE.format(bench=bench, probes=probes)], env=env,
+    done = subprocess.run([sys.executable, "-c", PROBE.format(bench=bench, probes=probes, cpu_runs=cpu_runs)], env=env,
                           capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"{tree}: {(done.stderr.strip().splitlines() or ['failed'])[-1]}")
@@ -255,21 +263,27 @@ def _probe_tree(tree: Path, probes: int) -> dict[str, Any]:
     return result
 
 
-def compare_trees(other: Path, rounds: int, probes: int) -> dict[str, Any]:
+def compare_trees(other: Path, rounds: int, probes: int, cpu_runs: int = 0) -> dict[str, Any]:
     """The saturated claim-to-ready probe, this tree and ``other`` in turns (this, other,
     other, this, ...): p50 and p99 over every probe of each side's rounds."""
     this = Path(__file__).resolve().parents[1]
     values: dict[str, dict[str, list[float]]] = {"this": {"fresh": [], "warm": []}, "other": {"fresh": [], "warm": []}}
+    outside: dict[str, list[float]] = {"this": [], "other": []}
     for round_ in range(rounds):
         order = (("this", this), ("other", other)) if round_ % 2 == 0 else (("other", other), ("this", this))
         for side, tree in order:
-            result = _probe_tree(tree, probes)
+            result = _probe_tree(tree, probes, cpu_runs)
+            if cpu_runs:
+                outside[side].append(result["outside_host_cpu_ms_per_run"])
             for kind in ("fresh", "warm"):
                 values[side][kind] += result[f"{kind}_ms"]
             print(f"round {round_ + 1}/{rounds} {side}: fresh p50 {result['fresh']['claim_to_ready_p50_ms']} "
                   f"p99 {result['fresh']['claim_to_ready_p99_ms']}", file=sys.stderr)
     summary = {side: {kind: {"p50_ms": measure_host.percentile(v, 0.5), "p99_ms": measure_host.percentile(v, 0.99),
                              "n": len(v)} for kind, v in kinds.items()} for side, kinds in values.items()}
+    for side, figures in outside.items():
+        if figures:
+            summary[side]["outside_host_cpu_ms_per_run"] = {"median": statistics.median(figures), "rounds": figures}
     return {"this": str(this), "other": str(other), "rounds": rounds, "probes": probes, **summary}
 
 
@@ -280,9 +294,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tree", type=Path, help="compare the saturated claim to ready with this tree's src/")
     parser.add_argument("--rounds", type=int, default=6, help="with --tree: rounds per side")
     parser.add_argument("--probes", type=int, default=30, help="with --tree: probes of each kind per round")
+    parser.add_argument("--cpu-runs", type=int, default=0,
+                        help="with --tree: also this many fresh runs per round, for the CPU outside the host")
     args = parser.parse_args(argv)
     if args.tree is not None:
-        print(json.dumps(compare_trees(args.tree.resolve(), args.rounds, args.probes), indent=2))
+        print(json.dumps(compare_trees(args.tree.resolve(), args.rounds, args.probes, args.cpu_runs), indent=2))
         return 0
     results = measure(args.quick)
     print(json.dumps(results, indent=2) if args.json else table(results))
