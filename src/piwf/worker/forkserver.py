@@ -53,6 +53,7 @@ from piwf.worker import main as worker_main
 
 MAX_MESSAGE = 1 << 20  # the environment of a run fits easily
 FD_COUNT = 3
+SPARE_IDLE_S = 0.05  # a used spare's successor is forked once no message came for this long
 MAX_FD = 2**31 - 1  # closerange's end: every descriptor above the kept ones
 
 
@@ -68,7 +69,10 @@ def serve(control: socket.socket) -> None:
     _send(control, TemplateReady())
     spare = _fork_spare(control, children)
     while True:
-        for key, _ in selector.select():
+        events = selector.select(SPARE_IDLE_S if spare is None else None)
+        if not events:  # quiet since the last worker started: its spare's fork no longer competes with it
+            spare = _fork_spare(control, children)
+        for key, _ in events:
             if key.data == "child":
                 _empty_pipe(wakeup_r)
                 _report_exits(control, children)
@@ -110,8 +114,8 @@ def _handle(control: socket.socket, children: dict[int, bool], spare: Spare | No
     finally:
         for fd in fds:
             os.close(fd)
-    if spare is None or spare[1].fileno() == -1:  # the spare was used, or there was none
-        spare = _fork_spare(control, children)
+    if spare is not None and spare[1].fileno() == -1:  # used (or gone): the next once the template is idle
+        spare = None
     return True, spare
 
 
@@ -141,11 +145,12 @@ def _fork(control: socket.socket, children: dict[int, bool], child: Callable[[],
 def _fork_spare(control: socket.socket, children: dict[int, bool]) -> Spare | None:
     """Fork the next worker ahead of its run: it does what no run decides (its own process
     group, default signals, only its own descriptors) and waits for a Fork on a socket of
-    its own. The fork, and the child's first page copies, are then off the next claim's
-    path. It knows nothing of any run until it is handed one (and is used for one only); it
-    exits when the template goes (its socket's end). Its pid reaches the host only in the
-    Forked of that run; a spare that dies unused is reported as any child (the host reaps
-    a pid it does not know at once)."""
+    its own, so the fork and the child's first page copies are off the next claim's path.
+    (Not at once after the last spare took its run: the fork would take CPU from that
+    worker's start.) It knows nothing of any run until it is handed one, and is used for
+    one only; it exits when the template goes (its socket's end). Its pid reaches the host
+    only in that run's Forked; a spare that dies unused is reported as any child (the host
+    reaps a pid it does not know at once)."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         pid = _fork(control, children, lambda: _spare(control, theirs))
