@@ -9,7 +9,9 @@ its project as cwd and its environment, and runs the worker (or, with ``exec``, 
 a fresh ``python -m piwf.worker``: ``--worker-start spawn``). A run still gets a new
 process and a new process group; only the start-up is shared. Either way the worker's
 parent is this template, never the host: a node that kills its parent kills only the
-template, which the host starts again.
+template, which the host starts again. Once idle for ``SPARE_IDLE_S`` the template forks
+the next child ahead of its run (a spare, ``_fork_spare``), so that a claim's worker
+needs no fork: the spare is handed the Fork and its descriptors on a socket of its own.
 
 The template is single-threaded (forking a threaded process is unsafe). It speaks to the
 host over a SOCK_SEQPACKET socket (descriptor ``$PIWF_FORKSERVER_FD``), one JSON message
@@ -87,8 +89,8 @@ Spare = tuple[int, socket.socket]  # a child forked ahead of the next Fork, and 
 
 def _handle(control: socket.socket, children: dict[int, bool], spare: Spare | None) -> tuple[bool, Spare | None]:
     """Start one worker, or reap one the host is done with; False once the host has gone.
-    A worker is the spare when it takes the run (a new spare is forked after the answer),
-    else a child forked now."""
+    The worker is the spare when there is one that takes the run (the next is forked once
+    the template is idle), else a child forked now."""
     fds = array.array("i")
     try:
         data = _receive(control, fds)
