@@ -284,7 +284,7 @@ def compare_trees(other: Path, rounds: int, probes: int, cpu_runs: int = 0) -> d
     for side, figures in outside.items():
         if figures:
             summary[side]["outside_host_cpu_ms_per_run"] = {"median": statistics.median(figures), "rounds": figures}
-    return {"this": str(this), "other": str(other), "rounds": rounds, "probes": probes, **summary}
+    return {"this_tree": str(this), "other_tree": str(other), "rounds": rounds, "probes": probes, **summary}
 
 
 def main(argv: list[str] | None = None) -> int:
