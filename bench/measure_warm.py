@@ -3,6 +3,8 @@
     python bench/measure_warm.py            # the table (a few minutes)
     python bench/measure_warm.py --quick    # smaller counts
     python bench/measure_warm.py --json     # the same figures as one JSON document
+    python bench/measure_warm.py --tree PATH [--rounds 6] [--probes 30]
+        # only the saturated claim-to-ready probe, this tree and PATH's src/ in turns
 
 - end to end: N one-node runs on a real `piwf serve --max-workers 8 --durability normal`,
   a fresh process per run (the plain workflow) and warm workers (the same workflow with
@@ -19,7 +21,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
+import statistics
+import subprocess
 import sys
 import tempfile
 import textwrap
@@ -139,8 +144,18 @@ def claim_to_ready(probes: int, saturated: bool, worker_nice: int = 10) -> dict[
             for run_id in spinning:
                 client.call("run.cancel", run_id=run_id)
         figures = {workflow: measure_host._claim_to_ready(paths, set(run_ids)) for workflow, run_ids in ids.items()}
+        values = {workflow: _ready_values(paths, set(run_ids)) for workflow, run_ids in ids.items()}
     return {"fresh": figures["noop"], "warm": figures["noop_warm"], "probes": probes, "spinners": len(spinning),
-            "worker_nice": worker_nice}
+            "worker_nice": worker_nice, "fresh_ms": values["noop"], "warm_ms": values["noop_warm"]}
+
+
+def _ready_values(paths: StatePaths, run_ids: set[str]) -> list[float]:
+    db = Database.open_readonly(paths.db)
+    try:
+        rows = db.execute("SELECT run_id, ready_at - started_at FROM run_workers WHERE ready_at IS NOT NULL")
+        return [float(delta) for run_id, delta in rows if run_id in run_ids]
+    finally:
+        db.close()
 
 
 def _wait_running(client: Client, run_ids: list[str]) -> None:
@@ -220,11 +235,71 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+PROBE = """
+import json, sys
+sys.path.insert(0, {bench!r})
+import measure_warm
+result = measure_warm.claim_to_ready({probes}, saturated=True)
+if {cpu_runs}:
+    fresh = measure_warm.end_to_end("noop", {cpu_runs}, measure_warm.idle_host_cpu_s())
+    result["outside_host_cpu_ms_per_run"] = fresh["piwf_cpu_ms_per_run"] - fresh["host_cpu_ms_per_run"]
+print(json.dumps(result))
+"""
+
+
+def _probe_tree(tree: Path, probes: int, cpu_runs: int) -> dict[str, Any]:
+    """One saturated claim-to-ready probe in a child process whose piwf (and so the host's,
+    the fork server's and the workers') is ``tree``'s src/; this bench's code either way.
+    With ``cpu_runs``, then that many fresh one-node runs end to end, for the CPU per run
+    of every piwf process but the host (the fork server and the workers: a figure other
+    load moves far less than wall time)."""
+    bench = str(Path(__file__).resolve().parent)
+    env = {**os.environ, "PYTHONPATH": str(tree / "src")}
+    done = subprocess.run([sys.executable, "-c", PROBE.format(bench=bench, probes=probes, cpu_runs=cpu_runs)], env=env,
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"{tree}: {(done.stderr.strip().splitlines() or ['failed'])[-1]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def compare_trees(other: Path, rounds: int, probes: int, cpu_runs: int = 0) -> dict[str, Any]:
+    """The saturated claim-to-ready probe, this tree and ``other`` in turns (this, other,
+    other, this, ...): p50 and p99 over every probe of each side's rounds."""
+    this = Path(__file__).resolve().parents[1]
+    values: dict[str, dict[str, list[float]]] = {"this": {"fresh": [], "warm": []}, "other": {"fresh": [], "warm": []}}
+    outside: dict[str, list[float]] = {"this": [], "other": []}
+    for round_ in range(rounds):
+        order = (("this", this), ("other", other)) if round_ % 2 == 0 else (("other", other), ("this", this))
+        for side, tree in order:
+            result = _probe_tree(tree, probes, cpu_runs)
+            if cpu_runs:
+                outside[side].append(result["outside_host_cpu_ms_per_run"])
+            for kind in ("fresh", "warm"):
+                values[side][kind] += result[f"{kind}_ms"]
+            print(f"round {round_ + 1}/{rounds} {side}: fresh p50 {result['fresh']['claim_to_ready_p50_ms']} "
+                  f"p99 {result['fresh']['claim_to_ready_p99_ms']}", file=sys.stderr)
+    summary = {side: {kind: {"p50_ms": measure_host.percentile(v, 0.5), "p99_ms": measure_host.percentile(v, 0.99),
+                             "n": len(v)} for kind, v in kinds.items()} for side, kinds in values.items()}
+    for side, figures in outside.items():
+        if figures:
+            summary[side]["outside_host_cpu_ms_per_run"] = {"median": statistics.median(figures), "rounds": figures}
+    return {"this_tree": str(this), "other_tree": str(other), "rounds": rounds, "probes": probes, **summary}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--tree", type=Path, help="compare the saturated claim to ready with this tree's src/")
+    parser.add_argument("--rounds", type=int, default=6, help="with --tree: rounds per side")
+    parser.add_argument("--probes", type=int, default=30, help="with --tree: probes of each kind per round")
+    parser.add_argument("--cpu-runs", type=int, default=0,
+                        help="with --tree: also this many fresh runs per round, for the CPU outside the host")
     args = parser.parse_args(argv)
+    if args.tree is not None:
+        print(json.dumps(compare_trees(args.tree.resolve(), args.rounds, args.probes, args.cpu_runs), indent=2))
+        return 0
     results = measure(args.quick)
     print(json.dumps(results, indent=2) if args.json else table(results))
     return 0

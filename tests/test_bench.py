@@ -63,6 +63,21 @@ def test_the_warm_worker_bench_prints_its_figures_against_their_goals() -> None:
     assert set(results["goals"]) == {"warm_runs_per_s", "fresh_ready_saturated_ms", "warm_ready_saturated_ms"}
 
 
+def test_the_warm_worker_bench_compares_the_saturated_claim_to_ready_with_another_tree() -> None:
+    """--tree: the same probe with another tree's src/ (here this one's), side by side."""
+    root = BENCH.parent.parent
+    done = subprocess.run([sys.executable, str(BENCH.parent / "measure_warm.py"), "--tree", str(root),
+                           "--rounds", "1", "--probes", "2", "--cpu-runs", "5"],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout)
+    assert results["other_tree"] == str(root.resolve())
+    for side in ("this", "other"):
+        assert results[side]["fresh"]["n"] == results[side]["warm"]["n"] == 2
+        assert results[side]["fresh"]["p50_ms"] >= 0
+        assert len(results[side]["outside_host_cpu_ms_per_run"]["rounds"]) == 1
+
+
 def test_the_several_hosts_bench_prints_every_configuration_beside_dbos(tmp_path: Path) -> None:
     """bench/measure_hosts.py --quick: 1 and 2 hosts on one throwaway PostgreSQL, DBOS on
     the same server, the table's figures as JSON and, where matplotlib is installed (the

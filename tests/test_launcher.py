@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -27,7 +28,8 @@ WHOAMI = """
         fds = sorted(int(fd) for fd in os.listdir("/proc/self/fd"))
         return {"pid": os.getpid(), "ppid": os.getppid(), "pgid": os.getpgid(0), "sid": os.getsid(0),
                 "cwd": os.getcwd(), "marker": os.environ.get("PIWF_TEST_MARKER"), "fds": fds,
-                "template": os.environ.get("PIWF_FORKSERVER_FD")}
+                "template": os.environ.get("PIWF_FORKSERVER_FD"),
+                "pipes": [int(fd) for fd in os.environ["PIWF_WORKER_FDS"].split(",")]}
 
     workflow = Workflow(name="whoami", start_at="who", nodes={"who": compute(whoami)})
 """
@@ -67,7 +69,9 @@ async def test_each_run_gets_a_fresh_process_in_its_own_process_group(
         assert seen["cwd"] == str(project)
         assert seen["marker"] == mode  # the host's environment, passed on
         assert seen["template"] is None
-        assert seen["fds"][:3] == [0, 1, 2] and len(seen["fds"]) <= 8  # its pipes, no template leftovers
+        assert seen["fds"][:3] == [0, 1, 2]
+        leftovers = set(seen["fds"]) - {0, 1, 2, *seen["pipes"]}
+        assert len(leftovers) <= 1  # its pipes, and the listing's own descriptor: no template leftovers
     [template] = templates(host.proc.pid)
     assert first["ppid"] == second["ppid"] == template  # never the host: a node cannot signal it as its parent
 
@@ -147,3 +151,67 @@ async def test_a_worker_refuses_a_launch_envelope_it_does_not_know(
     assert done.returncode == 5, done.stderr
     [line] = done.stderr.decode().splitlines()
     assert line.startswith("piwf ") and message in line, line
+
+
+def test_a_forked_child_gets_exactly_the_runs_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The template's environment is changed in place into the run's: what the run does
+    not have goes, what differs is replaced, what is the same stays."""
+    from piwf.worker import forkserver
+
+    template = {"KEPT": "1", "CHANGED": "old", "GONE": "x"}
+    monkeypatch.setattr(os, "environ", template)
+    forkserver._set_environment({"KEPT": "1", "CHANGED": "new", "ADDED": "y"})
+    assert template == {"KEPT": "1", "CHANGED": "new", "ADDED": "y"}
+
+
+def waiting_children(template: int) -> list[int]:
+    """The template's live children: with no run going, its spare."""
+    found = []
+    for child in psutil.Process(template).children():
+        with contextlib.suppress(psutil.Error):
+            if child.status() != psutil.STATUS_ZOMBIE:
+                found.append(child.pid)
+    return found
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.parametrize("mode", ["fork", "spawn"])
+async def test_a_worker_forked_ahead_takes_the_next_run_and_only_that_one(
+    host_process: Callable[..., HostProcess], paths: StatePaths, project: Path, mode: str
+) -> None:
+    write_workflow(project, "whoami", WHOAMI)
+    host = await host_process("--worker-start", mode).start()
+    assert host.proc is not None
+    first = await run_whoami(paths, project)
+    [template] = templates(host.proc.pid)
+    [spare] = await wait_for(lambda: waiting_children(template))
+    assert spare != first["pid"]
+    seen = await run_whoami(paths, project)
+    assert seen["pid"] == spare == seen["pgid"] and seen["ppid"] == template
+    assert seen["cwd"] == str(project) and len(set(seen["fds"]) - {0, 1, 2, *seen["pipes"]}) <= 1
+    [after] = await wait_for(lambda: waiting_children(template))  # another spare, never the used one
+    assert after != spare
+    os.kill(template, signal.SIGKILL)
+    await wait_for(lambda: gone(after))  # a spare ends with its template
+
+
+async def test_a_spare_that_dies_before_its_run_is_reaped_and_the_run_gets_a_fresh_child(
+    host_process: Callable[..., HostProcess], paths: StatePaths, project: Path
+) -> None:
+    write_workflow(project, "whoami", WHOAMI)
+    host = await host_process().start()
+    assert host.proc is not None
+    await run_whoami(paths, project)
+    [template] = templates(host.proc.pid)
+    [spare] = await wait_for(lambda: waiting_children(template))
+    os.kill(spare, signal.SIGKILL)
+    await wait_for(lambda: gone(spare))  # dead: handing it a run fails, so the template forks one
+    seen = await run_whoami(paths, project)
+    assert seen["pid"] != spare and seen["ppid"] == template
+    await wait_for(lambda: not psutil.pid_exists(spare))  # its exit reported, and reaped at the host's word

@@ -9,7 +9,9 @@ its project as cwd and its environment, and runs the worker (or, with ``exec``, 
 a fresh ``python -m piwf.worker``: ``--worker-start spawn``). A run still gets a new
 process and a new process group; only the start-up is shared. Either way the worker's
 parent is this template, never the host: a node that kills its parent kills only the
-template, which the host starts again.
+template, which the host starts again. Once idle for ``SPARE_IDLE_S`` the template forks
+the next child ahead of its run (a spare, ``_fork_spare``), so that a claim's worker
+needs no fork: the spare is handed the Fork and its descriptors on a socket of its own.
 
 The template is single-threaded (forking a threaded process is unsafe). It speaks to the
 host over a SOCK_SEQPACKET socket (descriptor ``$PIWF_FORKSERVER_FD``), one JSON message
@@ -32,6 +34,7 @@ when the host's end of the socket closes (its zombies are then reaped by init).
 from __future__ import annotations
 
 import array
+import base64
 import contextlib
 import gc
 import os
@@ -39,18 +42,21 @@ import selectors
 import signal
 import socket
 import sys
+from collections.abc import Callable
 
 import msgspec
 
 from piwf.wire import canonical_json, decode_as, encode_line
 from piwf.protocol.worker import (
-    Exited, Fork, Forked, ForkFailed, LaunchEnvelope, Ready, Reap, TemplateMessage, TemplateReady, WorkerResponse,
-    parse_worker_response, to_template,
+    WORKER_LAUNCH_SCHEMA, Exited, Fork, Forked, ForkFailed, LaunchEnvelope, Ready, Reap, TemplateMessage, TemplateReady,
+    WorkerResponse, decode_launch, parse_worker_response, to_template,
 )
 from piwf.worker import main as worker_main
 
 MAX_MESSAGE = 1 << 20  # the environment of a run fits easily
 FD_COUNT = 3
+SPARE_IDLE_S = 0.05  # a used spare's successor is forked once no message came for this long
+MAX_FD = 2**31 - 1  # closerange's end: every descriptor above the kept ones
 
 
 def serve(control: socket.socket) -> None:
@@ -63,81 +69,128 @@ def serve(control: socket.socket) -> None:
     selector.register(control, selectors.EVENT_READ, "control")
     selector.register(wakeup_r, selectors.EVENT_READ, "child")
     _send(control, TemplateReady())
+    spare = _fork_spare(control, children)
     while True:
-        for key, _ in selector.select():
+        events = selector.select(SPARE_IDLE_S if spare is None else None)
+        if not events:  # quiet since the last worker started: its spare's fork no longer competes with it
+            spare = _fork_spare(control, children)
+        for key, _ in events:
             if key.data == "child":
                 _empty_pipe(wakeup_r)
                 _report_exits(control, children)
-            elif not _handle(control, children):
+                continue
+            handled, spare = _handle(control, children, spare)
+            if not handled:
                 return
 
 
-def _handle(control: socket.socket, children: dict[int, bool]) -> bool:
-    """Fork one worker, or reap one the host is done with; False once the host has gone."""
+Spare = tuple[int, socket.socket]  # a child forked ahead of the next Fork, and our end of its socket
+
+
+def _handle(control: socket.socket, children: dict[int, bool], spare: Spare | None) -> tuple[bool, Spare | None]:
+    """Start one worker, or reap one the host is done with; False once the host has gone.
+    The worker is the spare when there is one that takes the run (the next is forked once
+    the template is idle), else a child forked now."""
     fds = array.array("i")
     try:
-        data, ancdata, _, _ = control.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(FD_COUNT * fds.itemsize))
+        data = _receive(control, fds)
     except (ConnectionResetError, BrokenPipeError):
-        return False
+        return False, spare
     if not data:
-        return False
-    for level, kind, payload in ancdata:
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+        return False, spare
     request = to_template.decode(data)
     if isinstance(request, Reap):
         _reap(request.pid, children)
-        return True
+        return True, spare
     try:
         if len(fds) != FD_COUNT:
             raise ValueError(f"expected {FD_COUNT} descriptors, got {len(fds)}")
         if not os.path.isdir(request.cwd):
             raise FileNotFoundError(f"the project directory {request.cwd} does not exist")
-        sys.stdout.flush()
-        sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            _child(control, request, list(fds))  # never returns
-        children[pid] = False
-        # The child makes itself a process group leader too; whichever runs first creates
-        # the group, so it exists before the host hears the pid (and may signal it).
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.setpgid(pid, pid)
+        pid = _hand_over(spare, data, fds)
+        if pid is None:
+            pid = _fork(control, children, lambda: _child(control, request, list(fds)))
         _send(control, Forked(id=request.id, pid=pid))
     except (OSError, ValueError) as exc:
         _send(control, ForkFailed(id=request.id, error=str(exc)))
     finally:
         for fd in fds:
             os.close(fd)
-    return True
+    if spare is not None and spare[1].fileno() == -1:  # used (or gone): the next once the template is idle
+        spare = None
+    return True, spare
 
 
-def _child(control: socket.socket, request: Fork, fds: list[int]) -> None:
+def _receive(sock: socket.socket, fds: array.array[int]) -> bytes:
+    """One message; the descriptors it carries are added to ``fds``."""
+    data, ancdata, _, _ = sock.recvmsg(MAX_MESSAGE, socket.CMSG_SPACE(FD_COUNT * fds.itemsize))
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+    return data
+
+
+def _fork(control: socket.socket, children: dict[int, bool], child: Callable[[], None]) -> int:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        child()  # never returns
+    children[pid] = False
+    # The child makes itself a process group leader too; whichever runs first creates
+    # the group, so it exists before the host hears the pid (and may signal it).
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.setpgid(pid, pid)
+    return pid
+
+
+def _fork_spare(control: socket.socket, children: dict[int, bool]) -> Spare | None:
+    """Fork the next worker ahead of its run: it does what no run decides (its own process
+    group, default signals, only its own descriptors) and waits for a Fork on a socket of
+    its own, so the fork and the child's first page copies are off the next claim's path.
+    (Not at once after the last spare took its run: the fork would take CPU from that
+    worker's start.) It knows nothing of any run until it is handed one, and is used for
+    one only; it exits when the template goes (its socket's end). Its pid reaches the host
+    only in that run's Forked; a spare that dies unused is reported as any child (the host
+    reaps a pid it does not know at once)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        pid = _fork(control, children, lambda: _spare(control, theirs))
+    except OSError:
+        ours.close()
+        return None
+    finally:
+        theirs.close()
+    return pid, ours
+
+
+def _hand_over(spare: Spare | None, data: bytes, fds: array.array[int]) -> int | None:
+    """The spare's pid once it has the request and its descriptors; None (and a child is
+    forked instead) when there is none or it has gone."""
+    if spare is None:
+        return None
+    pid, sock = spare
+    try:
+        sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+    except OSError:
+        return None
+    finally:
+        sock.close()  # used once either way: the next Fork forks another spare
+    return pid
+
+
+def _spare(control: socket.socket, sock: socket.socket) -> None:
     code = 70
     try:
-        os.setpgid(0, 0)
-        for signum in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
-            signal.signal(signum, signal.SIG_DFL)
-        signal.set_wakeup_fd(-1)
-        control.detach()
-        _close_all_but(0, 1, 2, *fds)  # the template's socket, selector and wake-up pipe
-        to_worker_r, from_worker_w, output_w = fds
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
-        os.dup2(output_w, 1)
-        os.dup2(output_w, 2)
-        os.close(devnull)
-        os.close(output_w)
-        os.chdir(request.cwd)
-        os.environ.clear()
-        os.environ.update(request.env)
-        os.environ["PIWF_WORKER_FDS"] = f"{to_worker_r},{from_worker_w}"
-        if request.execWorker:  # --worker-start spawn: a fresh interpreter, still our child
-            for fd in (to_worker_r, from_worker_w):
-                os.set_inheritable(fd, True)
-            os.execv(sys.executable, [sys.executable, "-m", "piwf.worker"])
-        sys.argv = ["piwf-worker"]
-        code = worker_main.main()
+        _leave_template(control, sock.fileno())
+        fds = array.array("i")
+        data = _receive(sock, fds)
+        sock.close()
+        request = to_template.decode(data) if data else None
+        if not isinstance(request, Fork):  # the template has gone
+            code = 0
+            return
+        code = _become_worker(request, list(fds))
     except BaseException as exc:  # the child must end here, whatever happened
         print(f"piwf worker: {type(exc).__name__}: {exc}", file=sys.stderr)
     finally:
@@ -146,11 +199,72 @@ def _child(control: socket.socket, request: Fork, fds: list[int]) -> None:
         os._exit(code)
 
 
+def _leave_template(control: socket.socket, *keep: int) -> None:
+    """A child's first steps: a process group of its own, default signals, and none of the
+    template's descriptors (its socket, selector and wake-up pipe)."""
+    os.setpgid(0, 0)
+    for signum in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.set_wakeup_fd(-1)
+    control.detach()
+    _close_all_but(0, 1, 2, *keep)
+
+
+def _child(control: socket.socket, request: Fork, fds: list[int]) -> None:
+    code = 70
+    try:
+        _leave_template(control, *fds)
+        code = _become_worker(request, fds)
+    except BaseException as exc:  # the child must end here, whatever happened
+        print(f"piwf worker: {type(exc).__name__}: {exc}", file=sys.stderr)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _become_worker(request: Fork, fds: list[int]) -> int:
+    """Take the run's descriptors, directory and environment, and run the worker (or exec
+    one); its exit code."""
+    to_worker_r, from_worker_w, output_w = fds
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(output_w, 1)
+    os.dup2(output_w, 2)
+    os.close(devnull)
+    os.close(output_w)
+    os.chdir(request.cwd)
+    _set_environment(request.env)
+    os.environ["PIWF_WORKER_FDS"] = f"{to_worker_r},{from_worker_w}"
+    if request.execWorker:  # --worker-start spawn: a fresh interpreter, still our child
+        for fd in (to_worker_r, from_worker_w):
+            os.set_inheritable(fd, True)
+        os.execv(sys.executable, [sys.executable, "-m", "piwf.worker"])
+    sys.argv = ["piwf-worker"]
+    return worker_main.main()
+
+
+def _set_environment(wanted: dict[str, str]) -> None:
+    """Make ``os.environ`` (and so the C environment) exactly ``wanted``, touching only what
+    differs: a run's environment is mostly the template's own (the host's), and clearing
+    and refilling it cost each child 0.8 ms and a hundred page copies."""
+    env = os.environ
+    for key in [key for key in env if key not in wanted]:
+        del env[key]
+    for key, value in wanted.items():
+        if env.get(key) != value:
+            env[key] = value
+
+
 def _close_all_but(*keep: int) -> None:
-    for fd in sorted(int(name) for name in os.listdir("/proc/self/fd")):
-        if fd not in keep:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+    """Close every descriptor but ``keep``: ``os.closerange`` over the gaps (close_range(2)
+    where the kernel has it), not a listing of /proc/self/fd."""
+    low = 0
+    for fd in sorted(set(keep)):
+        if fd > low:  # never an empty range: closerange(n, n) is close_range(n, n - 1), every fd from n
+            os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, MAX_FD)
 
 
 def _report_exits(control: socket.socket, children: dict[int, bool]) -> None:
@@ -194,6 +308,9 @@ def _warm_up() -> None:
     envelope = LaunchEnvelope(runId="r", generation=1, workerEpoch="e", projectPath="/", workflow="w",
                               definitionDigest="d", inputHash="h")
     decode_as(canonical_json(envelope), LaunchEnvelope, "launch envelope")
+    # the worker's own reading of it (its header first): 0.6 ms and 140 page copies a child less
+    raw = base64.urlsafe_b64encode(canonical_json(envelope)).decode().rstrip("=")
+    decode_launch(raw, WORKER_LAUNCH_SCHEMA, LaunchEnvelope)
     parse_worker_response(encode_line(WorkerResponse("m", "accepted", revision=1, result={})))
     encode_line(Ready("m", "e", 1, 0))
 
