@@ -248,10 +248,22 @@ async def _end_process(host: HostState, active: Active[Any], proc: WorkerHandle,
             with cleanup_scope(host, REAP_S):
                 await _reap_groups_of(host, active.worker_id)
     finally:
+        await _close_streams(host, streams)
+
+
+async def _close_streams(host: HostState, streams: tuple[trio.abc.AsyncResource | None, ...]) -> None:
+    """Close the worker's pipes: at once (a pipe's close does not wait), any other stream
+    under a shielded deadline."""
+    others = []
+    for stream in streams:
+        if isinstance(stream, trio.lowlevel.FdStream):
+            stream.close()
+        elif stream is not None:
+            others.append(stream)
+    if others:
         with cleanup_scope(host, 1):
-            for stream in streams:
-                if stream is not None:
-                    await stream.aclose()
+            for stream in others:
+                await stream.aclose()
 
 
 async def _reap_groups_of(host: HostState, worker_id: str) -> None:

@@ -76,7 +76,7 @@ class PgDatabase(Blobs):
 
     dialect = DIALECT
 
-    __slots__ = ("_depth", "_rowcount", "conn", "schema", "where")
+    __slots__ = ("_depth", "_rowcount", "conn", "fenced", "schema", "where")
 
     def __init__(self, conn: psycopg.Connection[Any], where: str, schema: str = "piwf") -> None:
         self.conn = conn
@@ -84,6 +84,7 @@ class PgDatabase(Blobs):
         self.schema = schema
         self._depth = 0
         self._rowcount = 0
+        self.fenced: tuple[str, str, int] | None = None  # see store/sql/database.py
 
     # --- transactions -----------------------------------------------------------------
 
@@ -93,15 +94,20 @@ class PgDatabase(Blobs):
     def read(self) -> _Read:
         return _Read(self)
 
+    def in_write(self) -> bool:
+        return self._depth > 0
+
     def begin(self) -> None:
         self.execute("BEGIN")
         self._depth = 1
+        self.fenced = None
 
     def finish(self, commit: bool) -> None:
         """End the transaction ``begin`` opened. A COMMIT whose answer was lost (the
         connection broke) may or may not have committed: StorageUnavailable says so, and the
         retry finds out from the command log or its fence."""
         self._depth = 0
+        self.fenced = None
         if self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
             return
         if not commit:
@@ -132,6 +138,8 @@ class PgDatabase(Blobs):
     # --- statements -------------------------------------------------------------------
 
     def execute(self, sql: str, params: Any = ()) -> Any:
+        if self.fenced is not None and "run_queue" in sql:
+            self.fenced = None  # the claim's row may change: the next fence runs again
         text, numbered = translate(sql)
         if numbered:
             params = {f"p{index}": value for index, value in enumerate(params, 1)}

@@ -65,9 +65,24 @@ def revision_of(db: Database, run_id: str) -> int | None:
 
 def holds_claim(db: Database, run_id: str, token: str, now: int) -> bool:
     """Whether the claim is live, checked by the fence (``FENCE``): call inside the write
-    transaction it guards."""
-    db.execute(FENCE, (run_id, token, now))
-    return db.changes() == 1
+    transaction it guards. A fence of the same claim earlier in that transaction, with no
+    statement naming run_queue since (``db.fenced``), already holds its row for the rest of
+    the transaction: it is not run again."""
+    claim = (run_id, token, now)
+    if db.fenced == claim:
+        return True
+    db.execute(FENCE, claim)
+    held = db.changes() == 1
+    if held:
+        fenced(db, claim)
+    return held
+
+
+def fenced(db: Database, claim: tuple[str, str, int]) -> None:
+    """Note that a statement just run in the open write transaction held ``claim``'s row
+    as the fence does (``Database.fenced``)."""
+    if db.in_write():
+        db.fenced = claim
 
 
 def require_claim(db: Database, run_id: str, token: str, now: int) -> None:

@@ -14,7 +14,7 @@ from piwf.wire import canonical_json
 from piwf.status import DEFAULT_QUEUE, QueueStatus
 from piwf.store.sql import ending
 from piwf.store.sql.base import (  # noqa: F401 (FENCE, holds_claim: re-exported)
-    FENCE, LIVE, add_event, earlier_epoch, holds_claim, interrupt_attempts, require_claim, revision_of,
+    FENCE, LIVE, add_event, earlier_epoch, fenced, holds_claim, interrupt_attempts, require_claim, revision_of,
 )
 from piwf.store.sql.database import Database
 from piwf.store.api.types import Claim
@@ -201,6 +201,7 @@ def fenced_revision(db: Database, run_id: str, token: str, now: int) -> int:
                          (run_id, token, now))
     if revision is None:
         raise ClaimLost(f"the claim on run {run_id} is no longer live")
+    fenced(db, (run_id, token, now))
     result: int = revision
     return result
 
@@ -213,7 +214,8 @@ def mark_running(db: Database, run_id: str, token: str, now: int) -> bool:
                WHERE run_id = ? AND claim_token = ? AND status = 'starting' AND claim_expires_at > ?""",
             (now, run_id, token, now),
         )
-        if db.changes() == 1:
+        if db.changes() == 1:  # the claim is live, and its row written: as the fence does
+            fenced(db, (run_id, token, now))
             return True
         require_claim(db, run_id, token, now)
         return False

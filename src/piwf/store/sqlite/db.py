@@ -54,6 +54,7 @@ class Database(Blobs):
         self.conn = conn
         self.path = path
         self._depth = 0
+        self.fenced: tuple[str, str, int] | None = None  # see store/sql/database.py
         self.durability = "full"
         self.sync_deferred = False  # see defer_sync
         self.file_id: tuple[int, int] | None = None  # (device, inode) of the file opened; see check_file
@@ -261,11 +262,16 @@ class Database(Blobs):
             return
         self.conn.execute("ROLLBACK")
 
+    def in_write(self) -> bool:
+        return self._depth > 0
+
     def read(self) -> _Read:
         """Several reads from one snapshot of the database (and one WAL read lock, not one each)."""
         return _Read(self)
 
     def execute(self, sql: str, params: Any = ()) -> Any:  # an apsw.Cursor; its rows are untyped SQL values
+        if self.fenced is not None and "run_queue" in sql:
+            self.fenced = None  # the claim's row may change: the next fence runs again
         try:
             return self.conn.execute(sql, params)
         except apsw.Error as exc:
@@ -317,6 +323,7 @@ class _Write:
             db._depth += 1
             return db
         db.check_file()
+        db.fenced = None
         try:
             db.conn.execute("BEGIN IMMEDIATE")
         except apsw.Error as exc:
@@ -331,6 +338,7 @@ class _Write:
             db._depth -= 1
             return
         db._depth = 0
+        db.fenced = None
         if exc_type is not None:
             db._rollback()
             return
