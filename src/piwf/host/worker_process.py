@@ -10,6 +10,7 @@ how the process ended in ``active.process_end``.
 from __future__ import annotations
 
 import base64
+import errno
 import os
 import signal
 import weakref
@@ -308,6 +309,22 @@ async def _read_output(stream: trio.abc.ReceiveStream | None, diagnostics: Diagn
     except (trio.ClosedResourceError, trio.BrokenResourceError):
         return
     diagnostics.complete = True
+
+
+async def send_answer(stream: trio.lowlevel.FdStream, data: bytes) -> None:
+    """Send ``data`` on the worker's pipe. What the pipe takes at once (an answer nearly
+    always is: the worker waits for it) is written without trio's schedule point before
+    it, since the pump's next read is one; the rest is sent as ``send_all`` sends it."""
+    try:
+        sent = os.write(stream.fileno(), data)
+    except BlockingIOError:
+        sent = 0
+    except OSError as exc:
+        if exc.errno == errno.EBADF:
+            raise trio.ClosedResourceError("the worker's pipe was closed") from None
+        raise trio.BrokenResourceError(f"the worker's pipe broke: {exc}") from exc
+    if sent < len(data):
+        await stream.send_all(data[sent:])
 
 
 async def receive_before(stream: trio.lowlevel.FdStream, deadline: float | None) -> bytes | None:

@@ -170,7 +170,8 @@ def _take(db: Database, run_id: str, runner_id: str, token: str, lease_ms: int, 
     # a waiting run is claimed once a submission to it awaits validation
     db.execute("UPDATE runs SET status = 'running', updated_at = ? "
                "WHERE run_id = ? AND status IN ('queued', 'waiting')", (now, run_id))
-    interrupt_attempts(db, run_id, now)  # whatever a previous generation left running
+    if generation > 1:  # whatever a previous generation left running (the first claim has none before it)
+        interrupt_attempts(db, run_id, now)
     add_event(db, run_id, "claimed", {"generation": generation, "epoch": epoch}, now)
     return Claim(run_id, token, generation, now + lease_ms)
 
