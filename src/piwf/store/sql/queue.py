@@ -170,10 +170,11 @@ def _take(db: Database, run_id: str, runner_id: str, token: str, lease_ms: int, 
     # a waiting run is claimed once a submission to it awaits validation
     db.execute("UPDATE runs SET status = 'running', updated_at = ? "
                "WHERE run_id = ? AND status IN ('queued', 'waiting')", (now, run_id))
-    if generation > 1:  # whatever a previous generation left running (the first claim has none before it)
+    claim = Claim(run_id, token, generation, now + lease_ms)
+    if not claim.first:  # whatever a previous generation left running
         interrupt_attempts(db, run_id, now)
     add_event(db, run_id, "claimed", {"generation": generation, "epoch": epoch}, now)
-    return Claim(run_id, token, generation, now + lease_ms)
+    return claim
 
 
 def renew_claim(db: Database, run_id: str, token: str, lease_ms: int, now: int) -> bool:
