@@ -167,3 +167,24 @@ async def test_a_fence_earlier_in_the_unit_is_not_trusted_once_the_claim_moved_i
         return revision
 
     assert await store.run_unit(fenced_twice) > before[0].revision
+
+
+async def test_a_revision_returned_earlier_in_the_unit_is_read_again_once_another_write_moved_it(
+        store: Any, clock: ManualClock) -> None:
+    """``revision_of`` answers from the revision a write of the same unit returned
+    (store/sql/base.py ``revised``) only while nothing naming a revision ran since."""
+    await new_run(store, clock, session="s1")
+    live = await claim(store, clock)
+    now = clock.now_ms()
+
+    async def work(tx: Any) -> tuple[int, int, int]:
+        attempt, started = await tx.runs.start_attempt("r1", live.token, seq=0, node="a",
+                                                       generation=live.generation, now=now)
+        right_after = await tx.queue.revision_of("r1")
+        await tx.interactions.open_request("r1", live.token, InteractionOpenPayload(
+            attemptId=attempt, kind="ask", title="?"), now)  # moves the revision by a write of its own
+        return started, right_after, await tx.queue.revision_of("r1")
+
+    started, right_after, after_open = await store.run_unit(work)
+    assert right_after == started
+    assert after_open == (await store.runs.run_summary("r1")).revision > started

@@ -76,7 +76,7 @@ class PgDatabase(Blobs):
 
     dialect = DIALECT
 
-    __slots__ = ("_depth", "_rowcount", "conn", "fenced", "schema", "where")
+    __slots__ = ("_depth", "_rowcount", "conn", "fenced", "revised", "schema", "where")
 
     def __init__(self, conn: psycopg.Connection[Any], where: str, schema: str = "piwf") -> None:
         self.conn = conn
@@ -85,6 +85,7 @@ class PgDatabase(Blobs):
         self._depth = 0
         self._rowcount = 0
         self.fenced: tuple[str, str, int] | None = None  # see store/sql/database.py
+        self.revised: tuple[str, int] | None = None  # likewise
 
     # --- transactions -----------------------------------------------------------------
 
@@ -100,14 +101,14 @@ class PgDatabase(Blobs):
     def begin(self) -> None:
         self.execute("BEGIN")
         self._depth = 1
-        self.fenced = None
+        self.fenced = self.revised = None
 
     def finish(self, commit: bool) -> None:
         """End the transaction ``begin`` opened. A COMMIT whose answer was lost (the
         connection broke) may or may not have committed: StorageUnavailable says so, and the
         retry finds out from the command log or its fence."""
         self._depth = 0
-        self.fenced = None
+        self.fenced = self.revised = None
         if self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
             return
         if not commit:
@@ -140,6 +141,8 @@ class PgDatabase(Blobs):
     def execute(self, sql: str, params: Any = ()) -> Any:
         if self.fenced is not None and "run_queue" in sql:
             self.fenced = None  # the claim's row may change: the next fence runs again
+        if self.revised is not None and ("revision" in sql or "DELETE" in sql):
+            self.revised = None  # a revision may change: read it again
         text, numbered = translate(sql)
         if numbered:
             params = {f"p{index}": value for index, value in enumerate(params, 1)}

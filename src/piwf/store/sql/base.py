@@ -58,8 +58,20 @@ def store_update(db: Database, run_id: str, type: str, key: str, data: Any, now:
 
 
 def revision_of(db: Database, run_id: str) -> int | None:
-    """The run's revision, None for an unknown run."""
+    """The run's revision, None for an unknown run; not read again when a statement of
+    this write transaction returned it and none naming a revision ran since (``revised``)."""
+    known = db.revised
+    if known is not None and known[0] == run_id:
+        return known[1]
     revision: int | None = db.scalar("SELECT revision FROM runs WHERE run_id = ?", (run_id,))
+    return revision
+
+
+def revised(db: Database, run_id: str, revision: int) -> int:
+    """Note ``revision``, just returned by the statement that wrote it (``Database.revised``);
+    returns it."""
+    if db.in_write():
+        db.revised = (run_id, revision)
     return revision
 
 

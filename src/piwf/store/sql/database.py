@@ -28,6 +28,11 @@ class Database(Protocol):
     # The backend resets it when a transaction begins or ends, and on any statement that
     # names run_queue.
     fenced: tuple[str, str, int] | None
+    # A run's revision (run id, revision) as the last statement that wrote it in the open
+    # write transaction returned it, while no statement naming a revision has run since
+    # (``revision_of`` answers from it). Reset as ``fenced`` is, and on any statement that
+    # names a revision or deletes.
+    revised: tuple[str, int] | None
 
     def write(self) -> AbstractContextManager[Any]:
         """A write transaction; nested calls join the outer one."""

@@ -14,7 +14,8 @@ from piwf.wire import canonical_json
 from piwf.status import DEFAULT_QUEUE, QueueStatus
 from piwf.store.sql import ending
 from piwf.store.sql.base import (  # noqa: F401 (FENCE, holds_claim: re-exported)
-    FENCE, LIVE, add_event, earlier_epoch, fenced, holds_claim, interrupt_attempts, require_claim, revision_of,
+    FENCE, LIVE, add_event, earlier_epoch, fenced, holds_claim, interrupt_attempts, require_claim, revised,
+    revision_of,
 )
 from piwf.store.sql.database import Database
 from piwf.store.api.types import Claim
@@ -261,30 +262,28 @@ def complete_run(db: Database, run_id: str, token: str, output: Any, now: int) -
     with db.write():
         _end_claimed(db, run_id, token, QueueStatus.DONE, now)
         inline, digest = db.put_json(output, now)
-        revision = db.scalar(
+        revision = revised(db, run_id, db.scalar(
             """UPDATE runs SET status = 'completed', output_json = ?, output_hash = ?,
                  status_detail = NULL, finished_at = ?, updated_at = ?, revision = revision + 1
                WHERE run_id = ? RETURNING revision""",
             (inline, digest, now, now, run_id),
-        )
+        ))
         add_event(db, run_id, "completed", {}, now)
         ending.cascade(db, run_id, now, ended=QueueStatus.DONE)
-        result: int = revision
-        return result
+        return revision
 
 
 def fail_run(db: Database, run_id: str, token: str, error: dict[str, Any], now: int) -> int:
     with db.write():
         _end_claimed(db, run_id, token, QueueStatus.FAILED, now, error)
-        revision = db.scalar(
+        revision = revised(db, run_id, db.scalar(
             """UPDATE runs SET status = 'failed', error_json = ?, status_detail = NULL,
                  finished_at = ?, updated_at = ?, revision = revision + 1 WHERE run_id = ? RETURNING revision""",
             (canonical_json(error).decode(), now, now, run_id),
-        )
+        ))
         add_event(db, run_id, "failed", {"error": error.get("message")}, now)
         ending.cascade(db, run_id, now, ended=QueueStatus.FAILED)
-        result: int = revision
-        return result
+        return revision
 
 
 def _end_claimed(db: Database, run_id: str, token: str, status: str, now: int,

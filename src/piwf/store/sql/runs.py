@@ -17,7 +17,7 @@ from piwf.store.sql import delivery, placement, updates
 from piwf.store.sql.interactions import count_open, list_requests
 from piwf.store.sql.listing import count_held
 from piwf.store.sql.base import (
-    RUN_COLUMNS, SUMMARY_COLUMNS, Summary, add_event, require_claim, revision_of, summary_fields,
+    RUN_COLUMNS, SUMMARY_COLUMNS, Summary, add_event, require_claim, revised, revision_of, summary_fields,
 )
 from piwf.store.sql.queue import AT_REVISION, refuse_revision
 from piwf.store.api.types import Definition, NewScope
@@ -267,7 +267,7 @@ def fail_attempt(db: Database, run_id: str, token: str, *, attempt_id: str, erro
 def _bump(db: Database, run_id: str, now: int) -> int:
     result: int = db.scalar(
         "UPDATE runs SET revision = revision + 1, updated_at = ? WHERE run_id = ? RETURNING revision", (now, run_id))
-    return result
+    return revised(db, run_id, result)
 
 
 

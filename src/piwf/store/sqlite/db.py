@@ -55,6 +55,7 @@ class Database(Blobs):
         self.path = path
         self._depth = 0
         self.fenced: tuple[str, str, int] | None = None  # see store/sql/database.py
+        self.revised: tuple[str, int] | None = None  # likewise
         self.durability = "full"
         self.sync_deferred = False  # see defer_sync
         self.file_id: tuple[int, int] | None = None  # (device, inode) of the file opened; see check_file
@@ -272,6 +273,8 @@ class Database(Blobs):
     def execute(self, sql: str, params: Any = ()) -> Any:  # an apsw.Cursor; its rows are untyped SQL values
         if self.fenced is not None and "run_queue" in sql:
             self.fenced = None  # the claim's row may change: the next fence runs again
+        if self.revised is not None and ("revision" in sql or "DELETE" in sql):
+            self.revised = None  # a revision may change: read it again
         try:
             return self.conn.execute(sql, params)
         except apsw.Error as exc:
@@ -323,7 +326,7 @@ class _Write:
             db._depth += 1
             return db
         db.check_file()
-        db.fenced = None
+        db.fenced = db.revised = None
         try:
             db.conn.execute("BEGIN IMMEDIATE")
         except apsw.Error as exc:
@@ -338,7 +341,7 @@ class _Write:
             db._depth -= 1
             return
         db._depth = 0
-        db.fenced = None
+        db.fenced = db.revised = None
         if exc_type is not None:
             db._rollback()
             return
