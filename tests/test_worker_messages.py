@@ -193,6 +193,30 @@ def test_ready_starts_a_fresh_runs_first_attempt(tmp_path: Path) -> None:
     db.close()
 
 
+def test_a_second_ready_under_the_first_claim_reads_the_steps_accepted_since(tmp_path: Path) -> None:
+    """A run's first claim reads neither accepted nor waiting attempts at ready (there are
+    none yet); a worker that says ready again after a step was accepted is answered from
+    the store: the step, and no attempt started again."""
+    host, db, clock = new_host(tmp_path)
+    runs.create_run(db, run_id="r", workflow="w", project_path="/", source=b"", digest="d", input={},
+                    origin_session_id=None, now=clock.now_ms(), start_node="first")
+    claim = queue.claim_run(db, "r", runner_id=host.host_id, token="tok", lease_ms=LEASE, now=clock.now_ms(),
+                            epoch=host.epoch)
+    assert claim is not None and claim.first
+    workers.record_start(db, worker_id="w1", run_id="r", generation=claim.generation, host_epoch=host.epoch,
+                         now=clock.now_ms())
+    active = ActiveRun(claim, worker_id="w1")
+    ready = handle(host, active, message("m1", "worker.ready", 0))
+    attempt = ready.result.attempt
+    accepted = handle(host, active, message("m2", "attempt.accept", ready.revision, attemptId=attempt.attemptId,
+                                            output=1, exit="next"))
+    again = handle(host, active, message("m3", "worker.ready", accepted.revision))
+    assert again.outcome == "accepted" and [s.node for s in again.result.steps] == ["first"]
+    assert again.result.attempt is None
+    assert [(s.node, s.status) for s in runs.get_run(db, "r").steps] == [("first", "accepted")]
+    db.close()
+
+
 def test_a_worker_that_cannot_load_the_run_releases_it_for_another_host_while_one_may(tmp_path: Path) -> None:
     """Another live host of the run's queue has not tried it: the run is released, not held,
     and recorded as not loadable here (this host's claims pass it over)."""

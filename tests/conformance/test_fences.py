@@ -133,3 +133,58 @@ async def test_a_stale_reconcile_claim_changes_nothing(store: Any, clock: Manual
         result = await write(store, old.token, old.uid, clock.now)
         assert result == ({old.uid} if declined == {"uid"} else declined)
     assert await resource_snapshot(store, clock) == before
+
+
+# --- a fence held earlier in the same transaction ----------------------------------------------
+
+
+async def test_a_fence_earlier_in_the_unit_is_not_trusted_once_the_claim_moved_in_it(
+        store: Any, clock: ManualClock) -> None:
+    """A fence already held in a unit of work is not run again for the same claim
+    (store/sql/base.py ``holds_claim``), but only while nothing has written run_queue since:
+    a claim released earlier in the same unit refuses the writes after it, and the unit
+    rolls back."""
+    await new_run(store, clock, session="s1")
+    live = await claim(store, clock)
+    attempt, _ = await store.runs.start_attempt("r1", live.token, seq=0, node="a", generation=live.generation,
+                                                now=clock.now_ms())
+    before = await snapshot(store, clock)
+    now = clock.now_ms()
+
+    async def work(tx: Any) -> None:
+        await tx.queue.fenced_revision("r1", live.token, now)
+        assert await tx.queue.park_run("r1", live.token, now)  # the claim is gone within this unit
+        await tx.runs.accept_attempt("r1", live.token, attempt_id=attempt, output=1, exit_name="next", now=now)
+
+    with pytest.raises(ClaimLost):
+        await store.run_unit(work)
+    assert await snapshot(store, clock) == before
+
+    async def fenced_twice(tx: Any) -> int:  # the same claim, fenced and then written: accepted
+        await tx.queue.fenced_revision("r1", live.token, now)
+        revision: int = await tx.runs.accept_attempt("r1", live.token, attempt_id=attempt, output=1,
+                                                     exit_name="next", now=now)
+        return revision
+
+    assert await store.run_unit(fenced_twice) > before[0].revision
+
+
+async def test_a_revision_returned_earlier_in_the_unit_is_read_again_once_another_write_moved_it(
+        store: Any, clock: ManualClock) -> None:
+    """``revision_of`` answers from the revision a write of the same unit returned
+    (store/sql/base.py ``revised``) only while nothing naming a revision ran since."""
+    await new_run(store, clock, session="s1")
+    live = await claim(store, clock)
+    now = clock.now_ms()
+
+    async def work(tx: Any) -> tuple[int, int, int]:
+        attempt, started = await tx.runs.start_attempt("r1", live.token, seq=0, node="a",
+                                                       generation=live.generation, now=now)
+        right_after = await tx.queue.revision_of("r1")
+        await tx.interactions.open_request("r1", live.token, InteractionOpenPayload(
+            attemptId=attempt, kind="ask", title="?"), now)  # moves the revision by a write of its own
+        return started, right_after, await tx.queue.revision_of("r1")
+
+    started, right_after, after_open = await store.run_unit(work)
+    assert right_after == started
+    assert after_open == (await store.runs.run_summary("r1")).revision > started

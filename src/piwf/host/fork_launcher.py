@@ -43,6 +43,7 @@ class ForkLauncher:
         self._drain_deadline = drain_deadline  # closing the template ends by then, too
         self._exec = exec_worker
         self._sock: trio.socket.SocketType | None = None
+        self._raw: socket.socket | None = None  # the same socket, for a send that does not wait (_send)
         self._process: trio.Process | None = None
         self._up = trio_util.AsyncBool(False)  # a template is ready to fork
         self._next_id = 0
@@ -80,7 +81,7 @@ class ForkLauncher:
             return f"cannot start the fork server: {exc}"
         finally:
             template_end.close()
-        self._sock = trio.socket.from_stdlib_socket(host_end)
+        self._sock, self._raw = trio.socket.from_stdlib_socket(host_end), host_end
         reason = await self._read_replies()
         await self._retire(reason)
         return reason
@@ -115,7 +116,7 @@ class ForkLauncher:
             event.set()
         self._pending.clear()
         await self._kill_template()
-        self._sock = self._process = None
+        self._sock = self._raw = self._process = None
 
     async def _close(self) -> None:
         """At host exit: keep reading exit reports while workers are still being stopped
@@ -156,7 +157,13 @@ class ForkLauncher:
         if self._sock is None:
             raise LauncherUnavailable("the fork server is not running")
         ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)] if fds is not None else []
-        await self._sock.sendmsg([msgspec.json.encode(message)], ancillary)
+        data = [msgspec.json.encode(message)]
+        await trio.lowlevel.checkpoint_if_cancelled()  # cancelled: nothing is sent, as trio's sendmsg
+        if self._raw is not None:  # non-blocking (trio's): sent at once unless the socket is full
+            with contextlib.suppress(BlockingIOError):
+                self._raw.sendmsg(data, ancillary)
+                return
+        await self._sock.sendmsg(data, ancillary)
 
     async def _release(self, pid: int) -> None:
         """Tell the template to reap ``pid``: from here on its pid may be reused."""

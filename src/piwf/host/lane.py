@@ -35,7 +35,7 @@ from piwf.wire import LineBuffer, encode_line
 from piwf.host import fence
 from piwf.host.lane_state import Active, C, Conclusion, E, LaneState, NodeClock, ProcessEnd
 from piwf.host.state import HostState, log
-from piwf.host.worker_process import cleanup_scope, receive_before, run_worker
+from piwf.host.worker_process import cleanup_scope, receive_before, run_worker, send_answer
 
 RECORD_S = 5.0  # how long recording a worker's end may take, shielded
 
@@ -297,7 +297,7 @@ async def pump(lane: Lane[C, Any], active: Active[C], receive: trio.lowlevel.FdS
             if not was_ready and active.ready.is_set():
                 deadline = None if active.timeout_s is None else trio.current_time() + active.timeout_s
             try:
-                await send.send_all(encode_line(response))
+                await send_answer(send, encode_line(response))
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 return
             lane.answered()

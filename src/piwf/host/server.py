@@ -33,6 +33,7 @@ from piwf.errors import ProtocolError, ServiceError, StateDirError
 from piwf.protocol.requests import read_request
 from piwf.wire import HostResponse, LineBuffer, Outcome, encode_line
 from piwf.host.delivery import WATCH_ENDS_EARLY
+from piwf.host.departures import Departures
 from piwf.host.operations import handle_request
 from piwf.host.state import HostState, log
 
@@ -204,6 +205,7 @@ async def serve_socket(host: HostState, listening: Listening, *,
     watched (``watch_socket``) and bound again if deleted."""
     connections = Connections(host.config.max_connections)
     async with trio.open_nursery() as nursery:
+        nursery.start_soon(connections.departures.serve)
         def accept(listener: trio.SocketListener) -> None:
             nursery.start_soon(_accept, host, connections, listener, nursery)
 
@@ -243,6 +245,7 @@ class Connection:
     """One client connection, as the connection cap sees it."""
 
     waiting_since: float  # when the host last began to wait for this client's next request
+    departures: Departures  # watches the client while it is in a long poll
     # The connection's one scope (``_serve_lines``): its deadline is the read deadline while
     # the host waits for the client's bytes, and none otherwise (one scope a connection, not
     # one a request). ``reading`` is it while the host waits: the connection may be displaced.
@@ -278,6 +281,7 @@ class Connections:
     def __init__(self, cap: int) -> None:
         self.cap = cap
         self._open: set[Connection] = set()
+        self.departures = Departures()  # the clients of the long polls in progress
 
     async def admit(self, connection: Connection) -> bool:
         while len(self._open) >= self.cap:
@@ -306,7 +310,7 @@ async def _connection(host: HostState, connections: Connections, stream: trio.So
         if not _peer_is_us(stream):
             log.warning("refused a connection from another user")
             return
-        connection = Connection(trio.current_time())
+        connection = Connection(trio.current_time(), connections.departures)
         try:
             if not await connections.admit(connection):
                 await _refuse(host, stream, Outcome.UNAVAILABLE, f"the host serves at most {connections.cap} "
@@ -437,45 +441,31 @@ async def _handle(host: HostState, connection: Connection, stream: trio.SocketSt
     when a newcomer needs its connection slot."""
     if not request.long_poll:
         return await handle_request(host, request)
-    answered: list[tuple[HostResponse, Any]] = []
     ends_early = trio.CancelScope()
     if behind or connection.displaced:
         ends_early.cancel()
     connection.long_poll, connection.long_poll_since = ends_early, trio.current_time()
     try:
-        await _long_poll(host, stream, request, ends_early, answered)
+        return await _long_poll(host, connection.departures, stream, request, ends_early)
     finally:
         connection.long_poll = None
-    if not answered:
-        raise trio.BrokenResourceError("the client went away during a long poll")
-    return answered[0]
 
 
-async def _long_poll(host: HostState, stream: trio.SocketStream, request: Any, ends_early: trio.CancelScope,
-                     answered: list[tuple[HostResponse, Any]]) -> None:
-    async with trio.open_nursery() as nursery:
-        async def answer() -> None:
-            WATCH_ENDS_EARLY.set(ends_early)
-            answered.append(await handle_request(host, request))
-            nursery.cancel_scope.cancel()
-
-        nursery.start_soon(answer)
-        nursery.start_soon(_until_client_leaves, stream, nursery.cancel_scope, ends_early)
-
-
-async def _until_client_leaves(stream: trio.SocketStream, scope: trio.CancelScope,
-                               ends_early: trio.CancelScope) -> None:
-    """Cancel ``scope`` when the client closes its end; a next request pipelined behind
-    this one (bytes to read) ends the watch (``ends_early``: it answers with what it has),
-    leaving those bytes for the connection."""
+async def _long_poll(host: HostState, departures: Departures, stream: trio.SocketStream, request: Any,
+                     ends_early: trio.CancelScope) -> tuple[HostResponse, Any]:
+    """The long poll, in the connection's own task; ``departures`` watches its client
+    meanwhile: its leaving cancels ``gone``, its next request ``ends_early``."""
+    gone = trio.CancelScope()
+    fd = stream.socket.fileno()
+    departures.watch(fd, gone, ends_early)
+    token = WATCH_ENDS_EARLY.set(ends_early)
     try:
-        await trio.lowlevel.wait_readable(stream.socket)
-        if await stream.socket.recv(1, socket.MSG_PEEK):
-            ends_early.cancel()
-            return
-    except OSError:
-        pass  # reset by the peer: gone as well
-    scope.cancel()
+        with gone:
+            return await handle_request(host, request)
+    finally:
+        WATCH_ENDS_EARLY.reset(token)
+        departures.forget(fd)
+    raise trio.BrokenResourceError("the client went away during a long poll")
 
 
 async def _send(host: HostState, stream: trio.SocketStream, response: HostResponse,

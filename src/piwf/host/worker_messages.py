@@ -50,10 +50,13 @@ async def _ready(host: HostState, tx: UnitOfWork, active: ActiveRun, message: Re
         else:
             log.info("%s: released for another host: %s", active.label, unloadable)
         return ReadyResult(stop="source"), Conclusion.DONE
-    steps, more = await tx.runs.accepted_steps(active.claim.run_id, budget=STEPS_PAGE_BYTES)
+    # The run's first claim, and this worker's first ready: no attempt of the run exists yet
+    # (none accepted, none waiting), so neither is read.
+    first = active.claim.first and not active.ready.is_set()
+    steps, more = ([], False) if first else await tx.runs.accepted_steps(active.claim.run_id, budget=STEPS_PAGE_BYTES)
     result = ReadyResult(input=run_input, steps=[AcceptedStep(**step) for step in steps], more=more)
-    if not steps and start is not None and not paused and await tx.interactions.waiting_attempt(
-            active.claim.run_id, 0, start, now) is None:  # a first node that waits is started by the worker
+    if not steps and start is not None and not paused and (first or await tx.interactions.waiting_attempt(
+            active.claim.run_id, 0, start, now) is None):  # a first node that waits is started by the worker
         attempt_id, _ = await tx.runs.start_attempt(active.claim.run_id, active.claim.token, seq=0, node=start,
                                            generation=active.claim.generation, now=now)
         change, value = await tx.settings.attempt_settings(active.claim.run_id, attempt_id)

@@ -10,6 +10,7 @@ how the process ended in ``active.process_end``.
 from __future__ import annotations
 
 import base64
+import errno
 import os
 import signal
 import weakref
@@ -248,10 +249,22 @@ async def _end_process(host: HostState, active: Active[Any], proc: WorkerHandle,
             with cleanup_scope(host, REAP_S):
                 await _reap_groups_of(host, active.worker_id)
     finally:
+        await _close_streams(host, streams)
+
+
+async def _close_streams(host: HostState, streams: tuple[trio.abc.AsyncResource | None, ...]) -> None:
+    """Close the worker's pipes: at once (a pipe's close does not wait), any other stream
+    under a shielded deadline."""
+    others = []
+    for stream in streams:
+        if isinstance(stream, trio.lowlevel.FdStream):
+            stream.close()
+        elif stream is not None:
+            others.append(stream)
+    if others:
         with cleanup_scope(host, 1):
-            for stream in streams:
-                if stream is not None:
-                    await stream.aclose()
+            for stream in others:
+                await stream.aclose()
 
 
 async def _reap_groups_of(host: HostState, worker_id: str) -> None:
@@ -296,6 +309,22 @@ async def _read_output(stream: trio.abc.ReceiveStream | None, diagnostics: Diagn
     except (trio.ClosedResourceError, trio.BrokenResourceError):
         return
     diagnostics.complete = True
+
+
+async def send_answer(stream: trio.lowlevel.FdStream, data: bytes) -> None:
+    """Send ``data`` on the worker's pipe. What the pipe takes at once (an answer nearly
+    always is: the worker waits for it) is written without trio's schedule point before
+    it, since the pump's next read is one; the rest is sent as ``send_all`` sends it."""
+    try:
+        sent = os.write(stream.fileno(), data)
+    except BlockingIOError:
+        sent = 0
+    except OSError as exc:
+        if exc.errno == errno.EBADF:
+            raise trio.ClosedResourceError("the worker's pipe was closed") from None
+        raise trio.BrokenResourceError(f"the worker's pipe broke: {exc}") from exc
+    if sent < len(data):
+        await stream.send_all(data[sent:])
 
 
 async def receive_before(stream: trio.lowlevel.FdStream, deadline: float | None) -> bytes | None:

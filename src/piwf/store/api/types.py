@@ -91,6 +91,12 @@ class Claim:
     def label(self) -> str:  # what the host's logs call the claimed run
         return f"run {self.run_id}"
 
+    @property
+    def first(self) -> bool:
+        """The run's first claim: no attempt of it exists yet (each is started under a claim,
+        and every claim, a retry's included, takes the next generation)."""
+        return self.generation == 1
+
 
 @dataclass(frozen=True)
 class HostClaim:

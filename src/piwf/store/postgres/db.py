@@ -76,7 +76,7 @@ class PgDatabase(Blobs):
 
     dialect = DIALECT
 
-    __slots__ = ("_cursor", "_depth", "_rowcount", "conn", "schema", "where")
+    __slots__ = ("_cursor", "_depth", "_rowcount", "conn", "fenced", "revised", "schema", "where")
 
     def __init__(self, conn: psycopg.Connection[Any], where: str, schema: str = "piwf") -> None:
         self.conn = conn
@@ -86,6 +86,8 @@ class PgDatabase(Blobs):
         self._rowcount = 0
         # The connection's one cursor, for every statement (``_cursor_of``).
         self._cursor: psycopg.Cursor[Any] | None = None
+        self.fenced: tuple[str, str, int] | None = None  # see store/sql/database.py
+        self.revised: tuple[str, int] | None = None  # likewise
 
     # --- transactions -----------------------------------------------------------------
 
@@ -95,15 +97,20 @@ class PgDatabase(Blobs):
     def read(self) -> _Read:
         return _Read(self)
 
+    def in_write(self) -> bool:
+        return self._depth > 0
+
     def begin(self) -> None:
         self.execute("BEGIN")
         self._depth = 1
+        self.fenced = self.revised = None
 
     def finish(self, commit: bool) -> None:
         """End the transaction ``begin`` opened. A COMMIT whose answer was lost (the
         connection broke) may or may not have committed: StorageUnavailable says so, and the
         retry finds out from the command log or its fence."""
         self._depth = 0
+        self.fenced = self.revised = None
         if self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
             return
         if not commit:
@@ -148,6 +155,10 @@ class PgDatabase(Blobs):
         return cursor.fetchone() if result is not None and result.status == _TUPLES_OK else None
 
     def _run(self, sql: str, params: Any) -> psycopg.Cursor[Any]:
+        if self.fenced is not None and "run_queue" in sql:
+            self.fenced = None  # the claim's row may change: the next fence runs again
+        if self.revised is not None and ("revision" in sql or "DELETE" in sql):
+            self.revised = None  # a revision may change: read it again
         text, numbered = translate(sql)
         if numbered:
             params = {f"p{index}": value for index, value in enumerate(params, 1)}

@@ -58,16 +58,43 @@ def store_update(db: Database, run_id: str, type: str, key: str, data: Any, now:
 
 
 def revision_of(db: Database, run_id: str) -> int | None:
-    """The run's revision, None for an unknown run."""
+    """The run's revision, None for an unknown run; not read again when a statement of
+    this write transaction returned it and none naming a revision ran since (``revised``)."""
+    known = db.revised
+    if known is not None and known[0] == run_id:
+        return known[1]
     revision: int | None = db.scalar("SELECT revision FROM runs WHERE run_id = ?", (run_id,))
+    return revision
+
+
+def revised(db: Database, run_id: str, revision: int) -> int:
+    """Note ``revision``, just returned by the statement that wrote it (``Database.revised``);
+    returns it."""
+    if db.in_write():
+        db.revised = (run_id, revision)
     return revision
 
 
 def holds_claim(db: Database, run_id: str, token: str, now: int) -> bool:
     """Whether the claim is live, checked by the fence (``FENCE``): call inside the write
-    transaction it guards."""
-    db.execute(FENCE, (run_id, token, now))
-    return db.changes() == 1
+    transaction it guards. A fence of the same claim earlier in that transaction, with no
+    statement naming run_queue since (``db.fenced``), already holds its row for the rest of
+    the transaction: it is not run again."""
+    claim = (run_id, token, now)
+    if db.fenced == claim:
+        return True
+    db.execute(FENCE, claim)
+    held = db.changes() == 1
+    if held:
+        fenced(db, claim)
+    return held
+
+
+def fenced(db: Database, claim: tuple[str, str, int]) -> None:
+    """Note that a statement just run in the open write transaction held ``claim``'s row
+    as the fence does (``Database.fenced``)."""
+    if db.in_write():
+        db.fenced = claim
 
 
 def require_claim(db: Database, run_id: str, token: str, now: int) -> None:

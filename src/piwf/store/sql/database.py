@@ -22,6 +22,17 @@ class Database(Protocol):
     whose SQL differs between the two (each says why); everything else is SQL both accept."""
 
     dialect: str
+    # The claim (run id, token, now) the fence (store/sql/base.py ``FENCE``) held in the open
+    # write transaction, while no statement naming run_queue has run since: a later fence of
+    # the same claim at the same ``now`` in that transaction is already part of its write.
+    # The backend resets it when a transaction begins or ends, and on any statement that
+    # names run_queue.
+    fenced: tuple[str, str, int] | None
+    # A run's revision (run id, revision) as the last statement that wrote it in the open
+    # write transaction returned it, while no statement naming a revision has run since
+    # (``revision_of`` answers from it). Reset as ``fenced`` is, and on any statement that
+    # names a revision or deletes.
+    revised: tuple[str, int] | None
 
     def write(self) -> AbstractContextManager[Any]:
         """A write transaction; nested calls join the outer one."""
@@ -29,6 +40,10 @@ class Database(Protocol):
 
     def read(self) -> AbstractContextManager[Any]:
         """Several reads from one snapshot."""
+        ...
+
+    def in_write(self) -> bool:
+        """A transaction (``write``) is open."""
         ...
 
     def execute(self, sql: str, params: Any = ()) -> Any: ...  # a cursor: iterable rows, fetchall()

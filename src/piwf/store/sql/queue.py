@@ -14,7 +14,8 @@ from piwf.wire import canonical_json
 from piwf.status import DEFAULT_QUEUE, QueueStatus
 from piwf.store.sql import ending
 from piwf.store.sql.base import (  # noqa: F401 (FENCE, holds_claim: re-exported)
-    FENCE, LIVE, add_event, earlier_epoch, holds_claim, interrupt_attempts, require_claim, revision_of,
+    FENCE, LIVE, add_event, earlier_epoch, fenced, holds_claim, interrupt_attempts, require_claim, revised,
+    revision_of,
 )
 from piwf.store.sql.database import Database
 from piwf.store.api.types import Claim
@@ -170,9 +171,11 @@ def _take(db: Database, run_id: str, runner_id: str, token: str, lease_ms: int, 
     # a waiting run is claimed once a submission to it awaits validation
     db.execute("UPDATE runs SET status = 'running', updated_at = ? "
                "WHERE run_id = ? AND status IN ('queued', 'waiting')", (now, run_id))
-    interrupt_attempts(db, run_id, now)  # whatever a previous generation left running
+    claim = Claim(run_id, token, generation, now + lease_ms)
+    if not claim.first:  # whatever a previous generation left running
+        interrupt_attempts(db, run_id, now)
     add_event(db, run_id, "claimed", {"generation": generation, "epoch": epoch}, now)
-    return Claim(run_id, token, generation, now + lease_ms)
+    return claim
 
 
 def renew_claim(db: Database, run_id: str, token: str, lease_ms: int, now: int) -> bool:
@@ -201,6 +204,7 @@ def fenced_revision(db: Database, run_id: str, token: str, now: int) -> int:
                          (run_id, token, now))
     if revision is None:
         raise ClaimLost(f"the claim on run {run_id} is no longer live")
+    fenced(db, (run_id, token, now))
     result: int = revision
     return result
 
@@ -213,7 +217,8 @@ def mark_running(db: Database, run_id: str, token: str, now: int) -> bool:
                WHERE run_id = ? AND claim_token = ? AND status = 'starting' AND claim_expires_at > ?""",
             (now, run_id, token, now),
         )
-        if db.changes() == 1:
+        if db.changes() == 1:  # the claim is live, and its row written: as the fence does
+            fenced(db, (run_id, token, now))
             return True
         require_claim(db, run_id, token, now)
         return False
@@ -257,30 +262,28 @@ def complete_run(db: Database, run_id: str, token: str, output: Any, now: int) -
     with db.write():
         _end_claimed(db, run_id, token, QueueStatus.DONE, now)
         inline, digest = db.put_json(output, now)
-        revision = db.scalar(
+        revision = revised(db, run_id, db.scalar(
             """UPDATE runs SET status = 'completed', output_json = ?, output_hash = ?,
                  status_detail = NULL, finished_at = ?, updated_at = ?, revision = revision + 1
                WHERE run_id = ? RETURNING revision""",
             (inline, digest, now, now, run_id),
-        )
+        ))
         add_event(db, run_id, "completed", {}, now)
         ending.cascade(db, run_id, now, ended=QueueStatus.DONE)
-        result: int = revision
-        return result
+        return revision
 
 
 def fail_run(db: Database, run_id: str, token: str, error: dict[str, Any], now: int) -> int:
     with db.write():
         _end_claimed(db, run_id, token, QueueStatus.FAILED, now, error)
-        revision = db.scalar(
+        revision = revised(db, run_id, db.scalar(
             """UPDATE runs SET status = 'failed', error_json = ?, status_detail = NULL,
                  finished_at = ?, updated_at = ?, revision = revision + 1 WHERE run_id = ? RETURNING revision""",
             (canonical_json(error).decode(), now, now, run_id),
-        )
+        ))
         add_event(db, run_id, "failed", {"error": error.get("message")}, now)
         ending.cascade(db, run_id, now, ended=QueueStatus.FAILED)
-        result: int = revision
-        return result
+        return revision
 
 
 def _end_claimed(db: Database, run_id: str, token: str, status: str, now: int,

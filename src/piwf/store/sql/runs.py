@@ -16,7 +16,7 @@ from piwf.store.sql import delivery, placement
 from piwf.store.sql.interactions import count_open
 from piwf.store.sql.listing import count_held
 from piwf.store.sql.base import (
-    SUMMARY_COLUMNS, add_event, require_claim, revision_of, summary_fields,
+    SUMMARY_COLUMNS, add_event, require_claim, revised, revision_of, summary_fields,
 )
 from piwf.store.sql.queue import AT_REVISION, refuse_revision
 from piwf.store.api.types import Definition, NewScope
@@ -266,7 +266,7 @@ def fail_attempt(db: Database, run_id: str, token: str, *, attempt_id: str, erro
 def _bump(db: Database, run_id: str, now: int) -> int:
     result: int = db.scalar(
         "UPDATE runs SET revision = revision + 1, updated_at = ? WHERE run_id = ? RETURNING revision", (now, run_id))
-    return result
+    return revised(db, run_id, result)
 
 
 

@@ -54,6 +54,8 @@ class Database(Blobs):
         self.conn = conn
         self.path = path
         self._depth = 0
+        self.fenced: tuple[str, str, int] | None = None  # see store/sql/database.py
+        self.revised: tuple[str, int] | None = None  # likewise
         self.durability = "full"
         self.sync_deferred = False  # see defer_sync
         self._wal_fd: int | None = None  # see sync_wal
@@ -273,11 +275,18 @@ class Database(Blobs):
             return
         self.conn.execute("ROLLBACK")
 
+    def in_write(self) -> bool:
+        return self._depth > 0
+
     def read(self) -> _Read:
         """Several reads from one snapshot of the database (and one WAL read lock, not one each)."""
         return _Read(self)
 
     def execute(self, sql: str, params: Any = ()) -> Any:  # an apsw.Cursor; its rows are untyped SQL values
+        if self.fenced is not None and "run_queue" in sql:
+            self.fenced = None  # the claim's row may change: the next fence runs again
+        if self.revised is not None and ("revision" in sql or "DELETE" in sql):
+            self.revised = None  # a revision may change: read it again
         try:
             return self.conn.execute(sql, params)
         except apsw.Error as exc:
@@ -329,6 +338,7 @@ class _Write:
             db._depth += 1
             return db
         db.check_file()
+        db.fenced = db.revised = None
         try:
             db.conn.execute("BEGIN IMMEDIATE")
         except apsw.Error as exc:
@@ -343,6 +353,7 @@ class _Write:
             db._depth -= 1
             return
         db._depth = 0
+        db.fenced = db.revised = None
         if exc_type is not None:
             db._rollback()
             return
