@@ -165,6 +165,11 @@ async def test_a_long_prune_goes_in_batches_and_the_host_serves_between_them(
                                   payload={"olderThanMs": 1000, "budgetMs": 600_000})
     assert (again.outcome, again.receipt) == ("adopted", pruned[0])
     assert gate.batches == 10
+    async with AsyncClient(paths, client_id="pruner") as client:  # its id with another body: refused, nothing run
+        reused = await client.call("run.prune", request_id="prune-1", payload={"olderThanMs": 1, "budgetMs": 600_000})
+    assert reused.outcome == "conflict"
+    assert gate.batches == 10
+    assert (await call(paths, "host.status"))["cancelledRuns"] == 500
 
 
 class _HeldBeforeBatch:

@@ -66,12 +66,19 @@ async def handle_request(host: HostState, request: Request) -> tuple[HostRespons
 
 
 async def _write(host: HostState, request: Request) -> tuple[HostResponse, After]:
-    """A write request, answered from the command log when it was carried out before: the
-    unit of work's lookup (one hop on PostgreSQL) answers a retry; a retry whose prepare no
-    longer passes (its workflow gone or changed, its run deleted) is answered from the log
-    too (``_prepare_and_commit``). A retry is prepared again before its lookup: a workflow
-    file read, which spares every new request a lookup of its own (bench/README.md, part 3)."""
+    """A write request, answered from the command log when it was carried out before. A
+    request whose prepare does more than read (a prune's batches, a settings validation
+    worker, a controller's load) is looked up first, so a retry never runs it again; the
+    others (no prepare, or a start's cached workflow inspection) are looked up by their unit
+    of work alone, one hop fewer on PostgreSQL (bench/README.md, part 3), and a start whose
+    prepare no longer passes (its workflow gone or changed) is answered from the log too
+    (``_prepare_and_commit``)."""
     fingerprint = request_fingerprint(request)
+    if WRITES[type(request)][0] is not None and type(request) not in _PREPARE_ONLY_READS:
+        stored = await host.store.commands.lookup(request, fingerprint)
+        if stored is not None:
+            await host.durable()  # the first answer may still be waiting for its fsync
+            return stored, []
     for attempt in range(1, settings_operations.REBASES + 1):  # prepared again when it went stale
         try:
             response, after, carried_out = await _prepare_and_commit(host, request, fingerprint)
@@ -384,6 +391,9 @@ READS: Reads = {
     ListInteractions: _interaction_list,
     **delivery.READS,
 }
+# Writes whose prepare only reads (a start's workflow, inspected once by the catalog): a
+# retry may prepare again, and its unit of work's lookup answers it (``_write``).
+_PREPARE_ONLY_READS: frozenset[type[Request]] = frozenset({StartRun})
 WRITES: Writes = {
     StopHost: (None, _host_stop),
     StartRun: (_prepare_start, _run_start),

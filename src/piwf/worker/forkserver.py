@@ -9,7 +9,7 @@ its project as cwd and its environment, and runs the worker (or, with ``exec``, 
 a fresh ``python -m piwf.worker``: ``--worker-start spawn``). A run still gets a new
 process and a new process group; only the start-up is shared. Either way the worker's
 parent is this template, never the host: a node that kills its parent kills only the
-template, which the host starts again. Once idle for ``SPARE_IDLE_S`` the template forks
+template, which the host starts again. At its start, and once idle for ``SPARE_IDLE_S`` after a worker took its spare, the template forks
 the next child ahead of its run (a spare, ``_fork_spare``), so that a claim's worker
 needs no fork: the spare is handed the Fork and its descriptors on a socket of its own.
 
@@ -56,7 +56,7 @@ from piwf.worker import main as worker_main
 MAX_MESSAGE = 1 << 20  # the environment of a run fits easily
 FD_COUNT = 3
 SPARE_IDLE_S = 0.05  # a used spare's successor is forked once no message came for this long
-MAX_FD = 2**31 - 1  # closerange's end: every descriptor above the kept ones
+_fd_ceiling = 3  # above every descriptor the template held at its last fork (``_fork``)
 
 
 def serve(control: socket.socket) -> None:
@@ -131,8 +131,13 @@ def _receive(sock: socket.socket, fds: array.array[int]) -> bytes:
 
 
 def _fork(control: socket.socket, children: dict[int, bool], child: Callable[[], None]) -> int:
+    global _fd_ceiling
     sys.stdout.flush()
     sys.stderr.flush()
+    # The child closes what it does not keep up to here, never up to the largest descriptor
+    # number: where close_range(2) is missing (a kernel before 5.9, a seccomp profile that
+    # denies it, a CPython built without it) closerange calls close() on each number.
+    _fd_ceiling = max(int(name) for name in os.listdir("/proc/self/fd")) + 1
     pid = os.fork()
     if pid == 0:
         child()  # never returns
@@ -257,14 +262,16 @@ def _set_environment(wanted: dict[str, str]) -> None:
 
 
 def _close_all_but(*keep: int) -> None:
-    """Close every descriptor but ``keep``: ``os.closerange`` over the gaps (close_range(2)
-    where the kernel has it), not a listing of /proc/self/fd."""
+    """Close every descriptor but ``keep``: ``os.closerange`` over the gaps up to the
+    template's highest descriptor at the fork (``_fd_ceiling``; the template listed them,
+    so the child does not)."""
     low = 0
     for fd in sorted(set(keep)):
-        if fd > low:  # never an empty range: closerange(n, n) is close_range(n, n - 1), every fd from n
+        if fd > low:  # only a non-empty range: closerange(n, n) is not "nothing" everywhere
             os.closerange(low, fd)
         low = fd + 1
-    os.closerange(low, MAX_FD)
+    if _fd_ceiling > low:
+        os.closerange(low, _fd_ceiling)
 
 
 def _report_exits(control: socket.socket, children: dict[int, bool]) -> None:
