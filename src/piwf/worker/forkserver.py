@@ -9,8 +9,9 @@ its project as cwd and its environment, and runs the worker (or, with ``exec``, 
 a fresh ``python -m piwf.worker``: ``--worker-start spawn``). A run still gets a new
 process and a new process group; only the start-up is shared. Either way the worker's
 parent is this template, never the host: a node that kills its parent kills only the
-template, which the host starts again. At its start, and once idle for ``SPARE_IDLE_S`` after a worker took its spare, the template forks
-the next child ahead of its run (a spare, ``_fork_spare``), so that a claim's worker
+template, which the host starts again. At its start, and once idle for ``SPARE_IDLE_S``
+after a worker took its spare, the template forks the next child ahead of its run (a
+spare, ``_fork_spare``), so that a claim's worker
 needs no fork: the spare is handed the Fork and its descriptors on a socket of its own.
 
 The template is single-threaded (forking a threaded process is unsafe). It speaks to the

@@ -141,8 +141,8 @@ class PgDatabase(Blobs):
     # --- statements -------------------------------------------------------------------
 
     def execute(self, sql: str, params: Any = ()) -> Any:
-        """The statement's rows, all fetched (``Rows``): the cursor is the connection's one (kept across checkouts),
-        which the next statement reuses, so no result may stay on it."""
+        """The statement's rows, all fetched (``Rows``): the cursor is the connection's one
+        (kept across checkouts), which the next statement reuses, so no result may stay on it."""
         cursor = self._run(sql, params)
         result = cursor.pgresult
         if result is None or result.status != _TUPLES_OK:
