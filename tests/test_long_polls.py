@@ -85,3 +85,23 @@ async def test_sixty_four_run_waits_leave_status_served(
 async def _call(paths: StatePaths, operation: str, **kwargs: Any) -> Any:
     async with AsyncClient(paths) as client:
         return await client.call(operation, **kwargs)
+
+
+async def test_a_long_poll_that_begins_as_the_server_ends_ends_at_once() -> None:
+    """The host stopping cancels the departures watcher with the connections; a connection
+    already past its last checkpoint may still begin a long poll: it ends at once (its
+    ``gone`` scope cancelled), rather than registering on a closed epoll set."""
+    import socket
+
+    from piwf.host.departures import Departures
+
+    departures = Departures()
+    with trio.CancelScope() as ended:
+        ended.cancel()
+        await departures.serve()  # cancelled at once: the server ended, its epoll set closed
+    gone, ends_early = trio.CancelScope(), trio.CancelScope()
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        departures.watch(ours.fileno(), gone, ends_early)
+        assert gone.cancel_called and not ends_early.cancel_called
+        departures.forget(ours.fileno())

@@ -217,6 +217,28 @@ def test_a_second_ready_under_the_first_claim_reads_the_steps_accepted_since(tmp
     db.close()
 
 
+def test_a_ready_after_attempts_under_the_first_claim_reads_what_they_accepted(tmp_path: Path) -> None:
+    """A worker that starts and accepts an attempt before its ready (piwf's own never does)
+    is not taken at its word: its ready reads the step accepted, and starts nothing again."""
+    host, db, clock = new_host(tmp_path)
+    runs.create_run(db, run_id="r", workflow="w", project_path="/", source=b"", digest="d", input={},
+                    origin_session_id=None, now=clock.now_ms(), start_node="first")
+    claim = queue.claim_run(db, "r", runner_id=host.host_id, token="tok", lease_ms=LEASE, now=clock.now_ms(),
+                            epoch=host.epoch)
+    assert claim is not None and claim.first
+    workers.record_start(db, worker_id="w1", run_id="r", generation=claim.generation, host_epoch=host.epoch,
+                         now=clock.now_ms())
+    active = ActiveRun(claim, worker_id="w1")
+    started = handle(host, active, message("m1", "attempt.start", runs.revision(db, "r"), seq=0, node="first"))
+    accepted = handle(host, active, message("m2", "attempt.accept", started.revision,
+                                            attemptId=started.result.attemptId, output=1, exit="next"))
+    ready = handle(host, active, message("m3", "worker.ready", accepted.revision))
+    assert ready.outcome == "accepted" and [s.node for s in ready.result.steps] == ["first"]
+    assert ready.result.attempt is None
+    assert [(s.node, s.status) for s in runs.get_run(db, "r").steps] == [("first", "accepted")]
+    db.close()
+
+
 def test_a_worker_that_cannot_load_the_run_releases_it_for_another_host_while_one_may(tmp_path: Path) -> None:
     """Another live host of the run's queue has not tried it: the run is released, not held,
     and recorded as not loadable here (this host's claims pass it over)."""

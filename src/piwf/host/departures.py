@@ -30,9 +30,13 @@ class Departures:
         self._polls: dict[int, tuple[trio.CancelScope, trio.CancelScope]] = {}
 
     def watch(self, fd: int, gone: trio.CancelScope, ends_early: trio.CancelScope) -> None:
-        """Watch the socket ``fd`` until ``forget(fd)``."""
+        """Watch the socket ``fd`` until ``forget(fd)``. Once the server has ended (the
+        host stops: its watcher is cancelled with the connections), the poll ends at once."""
+        if self._epoll.closed:
+            gone.cancel()
+        else:
+            self._epoll.register(fd, _ARMED)
         self._polls[fd] = (gone, ends_early)
-        self._epoll.register(fd, _ARMED)
 
     def forget(self, fd: int) -> None:
         """The poll ended (before its socket closes: the descriptor may be reused after)."""

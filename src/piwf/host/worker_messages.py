@@ -50,9 +50,10 @@ async def _ready(host: HostState, tx: UnitOfWork, active: ActiveRun, message: Re
         else:
             log.info("%s: released for another host: %s", active.label, unloadable)
         return ReadyResult(stop="source"), Conclusion.DONE
-    # The run's first claim, and this worker's first ready: no attempt of the run exists yet
-    # (none accepted, none waiting), so neither is read.
-    first = active.claim.first and not active.ready.is_set()
+    # The run's first claim, and this worker's first message (one that sent attempts before
+    # its ready is not trusted to have sent none): no attempt of the run exists yet (none
+    # accepted, none waiting), so neither is read.
+    first = active.claim.first and not active.ready.is_set() and not active.answered
     steps, more = ([], False) if first else await tx.runs.accepted_steps(active.claim.run_id, budget=STEPS_PAGE_BYTES)
     result = ReadyResult(input=run_input, steps=[AcceptedStep(**step) for step in steps], more=more)
     if not steps and start is not None and not paused and (first or await tx.interactions.waiting_attempt(
