@@ -93,9 +93,19 @@ async def test_a_watch_answers_when_something_changes_and_is_given_up_when_its_c
 
 
 async def test_a_request_pipelined_behind_a_watch_ends_the_watch_and_both_are_answered_in_order(
-        host: Any, paths: StatePaths) -> None:
+        host: Any, paths: StatePaths, monkeypatch: pytest.MonkeyPatch) -> None:
     from piwf.client import _decode, make_request
+    from piwf.host.departures import Departures
     from piwf.wire import encode_line
+
+    watched = trio.Event()  # the watch is waiting, its client watched for leaving or sending more
+    real_watch = Departures.watch
+
+    def watch(self: Departures, fd: int, gone: trio.CancelScope, ends_early: trio.CancelScope) -> None:
+        real_watch(self, fd, gone, ends_early)
+        watched.set()
+
+    monkeypatch.setattr(Departures, "watch", watch)
 
     cursor = (await call(paths, "run.watch"))["cursor"]
     status = encode_line(make_request("host.status", client_id="c", request_id="behind"))
@@ -106,8 +116,10 @@ async def test_a_request_pipelined_behind_a_watch_ends_the_watch_and_both_are_an
     assert watch.outcome == "accepted" and watch.receipt["events"] == []
     assert behind.requestId == "behind" and behind.outcome == "accepted"
     async with AsyncClient(paths) as client:  # the next request comes while the watch waits
+        watched = trio.Event()
         await client._stream.send_all(_watch_line(cursor + 10_000))
-        await wait_for(lambda: host.connections == 1)
+        with trio.fail_after(5):
+            await watched.wait()
         await client._stream.send_all(status)
         with trio.fail_after(5):
             watch, behind = _decode(await client.read_line()), _decode(await client.read_line())
