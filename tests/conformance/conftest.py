@@ -100,6 +100,13 @@ def _selects_part_of_a_file(config: pytest.Config) -> bool:
     return False
 
 
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Under pytest-xdist (``--dist loadgroup``) the whole suite runs in one worker, so that
+    its last test sees what every other one called."""
+    if _inside(item.path):
+        item.add_marker(pytest.mark.xdist_group("conformance"))
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The coverage check runs last; it checks only when every conformance test was selected."""

@@ -6,6 +6,7 @@ markers; tests/test_protocol_types.py fails when the committed block differs.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Set as AbstractSet
@@ -74,7 +75,10 @@ def _receipt(struct: type[Struct]) -> list[str]:
             "| --- | --- | --- |", *_rows(struct, with_default=False, skip=inherited)]
 
 
-def _receipt_structs() -> list[type[Struct]]:
+@functools.cache
+def _receipt_structs() -> tuple[type[Struct], ...]:
+    """Every Struct a receipt holds, bases first (computed once: msgspec's type_info of
+    every receipt, several thousand annotations to evaluate)."""
     found: list[type[Struct]] = []
 
     def visit(t: mi.Type) -> None:
@@ -93,7 +97,7 @@ def _receipt_structs() -> list[type[Struct]]:
 
     for kind in REQUEST_TYPES:
         visit(mi.type_info(kind.receipt_type))
-    return found
+    return tuple(found)
 
 
 _RECEIPT_BASES = (RunSummary, RunDetail)
