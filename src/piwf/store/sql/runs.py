@@ -48,18 +48,18 @@ def create_run(
         inline, input_hash = (data.decode(), None) if len(data) <= INLINE_JSON_LIMIT else (None, sha256_hex(data))
         definition_hash, graph_hash = sha256_hex(source), None if graph is None else sha256_hex(graph)
         try:  # a run id taken is refused by its row's insert (no failed statement, no read before it)
-            created = db.one(
+            db.execute(
                 """INSERT INTO runs (run_id, workflow, project_path, definition_hash,
                      definition_digest, start_node, input_json, input_hash, status, origin_session_id,
                      created_at, updated_at, graph_hash)
                    VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'queued', ?, ?, ?, ?)
-                   ON CONFLICT (run_id) DO NOTHING RETURNING 1""",
+                   ON CONFLICT (run_id) DO NOTHING""",
                 (run_id, workflow, project_path, definition_hash, digest, start_node, inline, input_hash,
                  origin_session_id, now, now, graph_hash),
             )
         except ConstraintViolation as exc:
             raise Rejected(f"run {run_id} cannot be queued: {exc}") from exc
-        if created is None:
+        if db.changes() == 0:
             raise Rejected(f"run id {run_id} is already taken")
         if origin_session_id is not None:
             db.lock_key("session", origin_session_id)
