@@ -46,7 +46,7 @@ def create_run(
         db.lock_key("run", run_id)  # two creators of one run id: the second sees the first's row
         data = canonical_json(input)
         inline, input_hash = (data.decode(), None) if len(data) <= INLINE_JSON_LIMIT else (None, sha256_hex(data))
-        definition_hash, graph_hash = sha256_hex(source), None if graph is None else sha256_hex(graph)
+        definition_hash, graph_hash = _digest(source), None if graph is None else _digest(graph)
         try:  # a run id taken is refused by its row's insert (no failed statement, no read before it)
             db.execute(
                 """INSERT INTO runs (run_id, workflow, project_path, definition_hash,
@@ -71,11 +71,11 @@ def create_run(
             if active is not None:
                 raise Rejected(f"session {origin_session_id} already has an active run {active}")
         # the blobs after the session's lock, as before: its holders may be storing the same ones
-        db.put_blob(source, now)
+        db.put_blob(source, now, definition_hash)
         if graph is not None:
-            db.put_blob(graph, now)
+            db.put_blob(graph, now, graph_hash)
         if inline is None:
-            db.put_blob(data, now)
+            db.put_blob(data, now, input_hash)
         try:
             db.execute(
                 """INSERT INTO run_queue (run_id, status, origin_session_id, created_at, updated_at, queue)
@@ -89,6 +89,23 @@ def create_run(
             ensure_scope(db, run_id, settings=settings.settings, mutable=settings.mutable, patch=settings.patch,
                          actor_id=settings.actor_id, now=now)
     return {"runId": run_id, "status": RunStatus.QUEUED, "revision": 1}
+
+
+_DIGESTS: dict[bytes, str] = {}  # a workflow's source and graph -> sha256_hex: the same bytes at every start
+DIGESTS_CACHED, DIGEST_BYTES = 64, 64 * 1024  # entries (forgotten all at once beyond), the largest kept
+
+
+def _digest(data: bytes) -> str:
+    """``sha256_hex(data)``, remembered for small values (a pure function of them; a bytes
+    object keeps its own hash, so the same one is looked up in a few tens of ns)."""
+    known = _DIGESTS.get(data)
+    if known is None:
+        known = sha256_hex(data)
+        if len(data) <= DIGEST_BYTES:
+            if len(_DIGESTS) >= DIGESTS_CACHED:
+                _DIGESTS.clear()
+            _DIGESTS[data] = known
+    return known
 
 
 def revision(db: Database, run_id: str) -> int:
