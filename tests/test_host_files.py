@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import textwrap
 import threading
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ import pytest
 import trio
 
 from piwf.client import AsyncClient
-from piwf.errors import StorageUnavailable
+from piwf.errors import Rejected, StorageUnavailable
 from piwf.host import isolated
 from piwf.host.isolated import ISOLATED_AT_ONCE, SOURCE_LIMIT
 from piwf.host.state import HostState
@@ -279,3 +280,62 @@ async def test_a_read_that_hangs_holds_the_reader_thread_alone_and_later_reads_g
         for _ in range(3):
             assert (await isolation.read_user_file(ok))[1] == b"fine"  # its own answer, not the hung one's
             assert not isolation._reader.busy
+
+
+# --- what a start sees of its workflow file (isolated.StatKey) ------------------------------------
+
+SAYS = """
+    from piwf import Workflow, compute
+
+    def say(ctx):
+        return {"said": "WORD"}
+
+    workflow = Workflow(name="says", start_at="say", nodes={"say": compute(say)})
+"""
+
+
+async def test_a_rewrite_that_keeps_the_size_and_the_mtime_is_seen_by_the_next_start(
+        client: AsyncClient, host: HostState, project: Path, monkeypatch: Any) -> None:
+    """``cp -p``, ``touch -r`` and ``rsync -t`` set a file's mtime back; its ctime moves all the
+    same, so a start after such a rewrite records the file as it is now."""
+    monkeypatch.setattr(isolated, "RECENT_NS", 0, raising=False)  # keep a key however young the file
+    path = write_workflow(project, "says", SAYS.replace("WORD", "one"))
+    first = await client.call("run.start", payload=start_payload(project, "says"))
+    assert first.outcome == "accepted", first
+    before = os.stat(path)
+    probe = project / "probe"
+    for _ in range(1_000_000):  # until the file system's clock has moved past the first write's
+        probe.write_bytes(b"x")
+        if os.stat(probe).st_ctime_ns > before.st_ctime_ns:
+            break
+    path.write_text(textwrap.dedent(SAYS.replace("WORD", "two")))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    after = os.stat(path)
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (before.st_size, before.st_mtime_ns, before.st_ino)
+    second = await client.call("run.start", payload=start_payload(project, "says"))
+    assert second.outcome == "accepted", second
+    assert second.receipt["definitionDigest"] != first.receipt["definitionDigest"]
+    third = await client.call("run.start", payload=start_payload(project, "says"))  # unchanged: known by its key
+    assert third.receipt["definitionDigest"] == second.receipt["definitionDigest"]
+
+
+async def test_a_file_known_by_its_key_is_looked_at_again_and_one_changed_just_before_its_read_is_not_kept(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """A file read moments after it changed gets no key (another write within the file
+    system's clock tick could give it the same times): it is read again next time. One
+    known by its key is looked at with one stat, and a FIFO put in its place is still
+    refused as one, at once."""
+    path = tmp_path / "flow.py"
+    path.write_bytes(b"first")
+    isolation = isolated.Isolation()
+    with trio.fail_after(10):
+        monkeypatch.setattr(isolated, "RECENT_NS", 3600 * 10**9, raising=False)  # however slow this machine is
+        assert await isolation.read_user_file(path) == (None, b"first")  # just written: no key
+        monkeypatch.setattr(isolated, "RECENT_NS", 0)
+        key, content = await isolation.read_user_file(path)
+        assert key is not None and content == b"first"
+        assert await isolation.read_user_file(path, key) == (key, None)  # unchanged
+        path.unlink()
+        fifo_at(path)
+        with pytest.raises(Rejected, match="is a FIFO"):
+            await isolation.read_user_file(path, key)

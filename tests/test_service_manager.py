@@ -12,6 +12,7 @@ import signal
 import socket
 import stat
 import sys
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -234,6 +235,39 @@ async def test_text_log_format_and_log_level(host_process: Callable[..., HostPro
     host.signal(signal.SIGTERM)
     assert await host.wait() == 0
     assert " INFO serving " in host.log.read_text() and not host.log.read_text().startswith("{")
+
+
+
+def _old_json_line(record: logging.LogRecord) -> str:
+    """The JSON line as the formatter first wrote it: json.dumps of the entry."""
+    created = record.created
+    entry = {"ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)) + f".{int(created % 1 * 1000):03d}Z",
+             "level": record.levelname.lower(), "msg": record.getMessage(), "epoch": getattr(record, "epoch", None),
+             "runId": getattr(record, "runId", None), "logger": record.name, "pid": record.process}
+    if record.exc_info:
+        entry["exc"] = JsonFormatter().formatException(record.exc_info)
+    return json.dumps(entry, ensure_ascii=False, default=str)
+
+
+def test_json_log_lines_are_those_of_json_dumps_byte_for_byte() -> None:
+    try:
+        raise ValueError("caf\u00e9 \"quoted\"")
+    except ValueError:
+        exc_info = sys.exc_info()
+    formatter = JsonFormatter()
+    cases: list[tuple[str, tuple[object, ...], object]] = [
+        ("run %s: claimed (generation %d)", ("run-1", 2), None),
+        ("tabs\tnewlines\n\x00\x1f\x7f quotes \" \\ caf\u00e9 \u2028 \U0001f600", (), None),
+        ("a lone surrogate \udc80 from a file name", (), None),  # json.dumps keeps it; msgspec cannot encode it
+        ("failed: %s", ("x",), exc_info),
+    ]
+    # one second's last millisecond, then the next second's first: each formatted once, never mixed up
+    for created in (1_700_000_000.9995, 1_700_000_001.0004, 1_700_000_001.5, 1_700_000_000.25, 0.001):
+        for epoch, run_id in ((None, None), (7, None), (True, uuid.UUID(int=5)), ("e", b"bytes")):
+            for message, args, exc in cases:
+                record = logging.LogRecord("piwf.host", logging.INFO, __file__, 1, message, args, exc)  # type: ignore[arg-type]
+                record.created, record.epoch, record.runId = created, epoch, run_id
+                assert formatter.format(record) == _old_json_line(record)
 
 
 # --- what piwf serve reads from a service manager ---------------------------------------------------

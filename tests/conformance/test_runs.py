@@ -25,6 +25,27 @@ async def test_a_run_is_created_once(store: Any, clock: ManualClock) -> None:
     assert [e.type for e in (await store.runs.run_events("r1")).events] == ["created"]
 
 
+
+async def test_a_run_id_taken_is_refused_first_and_a_blob_held_input_is_stored(store: Any, clock: ManualClock) -> None:
+    """A run id taken is refused as taken even when its session has an active run (the
+    id's check comes first, as it did when it was a read before the insert), and nothing
+    of the refused start is kept; a large input (a blob) and the source read back whole."""
+    big = {"text": "x" * 5000}  # longer than INLINE_JSON_LIMIT: kept as a blob
+    await store.runs.create_run(run_id="r1", workflow="w", project_path="/p", source=b"src" * 3000, digest="d1",
+                                input=big, origin_session_id="s1", now=clock.now_ms())
+    for session in ("s1", "s2", None):
+        with pytest.raises(Rejected, match="run id r1 is already taken"):
+            await store.runs.create_run(run_id="r1", workflow="w2", project_path="/q", source=b"other", digest="d2",
+                                        input={"n": 2}, origin_session_id=session, now=clock.now_ms())
+    assert await store.runs.run_source("r1") == ("w", "/p", "d1", big, "s1")
+    assert [e.type for e in (await store.runs.run_events("r1")).events] == ["created"]
+    with pytest.raises(Rejected, match="session s1 already has an active run r1"):
+        await store.runs.create_run(run_id="r2", workflow="w", project_path="/p", source=b"src", digest="d1",
+                                    input=None, origin_session_id="s1", now=clock.now_ms())
+    with pytest.raises(NotFound):
+        await store.runs.run_summary("r2")
+
+
 async def test_reads_of_an_unknown_run_are_not_found(store: Any) -> None:
     for read in (store.runs.run_source, store.runs.ready_state, store.runs.get_run, store.runs.run_summary,
                  store.runs.run_events, store.runs.revision):

@@ -1,7 +1,8 @@
 """Workflow lookup for ``run.start``: validate and digest in a throwaway process.
 
 User code never runs inside the host. Results are cached by the file's content hash, and
-the file is not read again while its size, mtime and inode stay as they were.
+the file is not read again while one ``stat`` finds its times, size and inode as they were
+(``isolated.StatKey``); where a project's workflow file is, is worked out once.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -24,6 +26,7 @@ from piwf.host.isolated import Isolation, StatKey
 Check = Callable[[], Awaitable[None]]
 log = logging.getLogger("piwf.host")
 SETTINGS_CACHED = 256  # settings checks remembered (by file content and request), newest kept
+PATHS_CACHED = 1024  # (project, workflow name) -> its file's path, forgotten all at once beyond this
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,7 @@ class WorkflowInfo:
         return Definition(self.digest, self.source, self.start_at, self.graph)
 
 
-Seen = tuple[StatKey, WorkflowInfo]
+Seen = tuple[StatKey | None, WorkflowInfo]
 
 
 class Catalog:
@@ -49,6 +52,7 @@ class Catalog:
         # (path, source hash) -> (digest, start node, settings declaration, graph)
         self._cache: dict[tuple[str, str], tuple[str, str, Any, bytes | None]] = {}
         self._seen: dict[str, Seen] = {}  # path -> (stat key, info)
+        self._paths: dict[tuple[str, str], tuple[Path, str]] = {}  # (project, name) -> its file's path, as str
         self._settings: OrderedDict[tuple[str, str, bytes], tuple[str, Any]] = OrderedDict()
 
     async def inspect(self, project: str, name: str) -> WorkflowInfo:
@@ -65,13 +69,13 @@ class Catalog:
         self._seen[path] = (stat_key, info)
         return info
 
-    async def _source(self, project: str, name: str) -> tuple[tuple[StatKey, str], Seen | None, bytes | None]:
+    async def _source(self, project: str, name: str) -> tuple[tuple[StatKey | None, str], Seen | None, bytes | None]:
         """((stat key, path), what was seen there last, the file's bytes or None when
         unchanged since then), read within the host's bounds; ``Rejected`` saying what
         the file is when it cannot be a workflow file."""
         try:
-            path = workflow_path(project, name)
-            seen = self._seen.get(str(path))
+            path, where = self._path(project, name)
+            seen = self._seen.get(where)
             stat_key, source = await self.isolation.read_user_file(path, None if seen is None else seen[0])
         except (Rejected, StorageUnavailable):
             raise
@@ -79,7 +83,17 @@ class Catalog:
             raise Rejected(str(exc)) from exc
         except OSError as exc:
             raise Rejected(f"no workflow {name!r} in {project}: {path} {(exc.strerror or str(exc)).lower()}") from exc
-        return (stat_key, str(path)), seen, source
+        return (stat_key, where), seen, source
+
+    def _path(self, project: str, name: str) -> tuple[Path, str]:
+        """``workflow_path`` (a pure function of its arguments: a name it refuses is not kept)."""
+        known = self._paths.get((project, name))
+        if known is None:
+            path = workflow_path(project, name)
+            if len(self._paths) >= PATHS_CACHED:
+                self._paths.clear()
+            known = self._paths[(project, name)] = (path, str(path))
+        return known
 
     async def _digest(self, project: str, name: str) -> tuple[str, str, Any, bytes | None]:
         result = await self._inspect(project, name)

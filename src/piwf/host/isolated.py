@@ -28,6 +28,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -59,7 +60,14 @@ class Busy(PiwfError):
     outcome = "unavailable"
 
 
-StatKey = tuple[int, int, int]  # (mtime_ns, size, inode): unchanged means not read again
+# A regular file's (mtime_ns, ctime_ns, size, inode) as read: while one ``os.stat`` finds
+# them unchanged, the file is not opened or read again. ctime cannot be set back (``touch
+# -r``, ``cp -p`` and ``rsync -t`` set mtime), so a rewrite that keeps mtime and size is
+# still seen; and a file changed less than RECENT_NS before it was read gets no key (it is
+# read again next time): a second write within one tick of the file system's clock (a
+# jiffy, or 1-2 s on coarse file systems) could give it the same times again.
+StatKey = tuple[int, int, int, int]
+RECENT_NS = 2_000_000_000
 
 
 def describe(mode: int) -> str:
@@ -72,9 +80,20 @@ def describe(mode: int) -> str:
     return "not a regular file"
 
 
-def _read_bounded(path: Path, limit: int, known: StatKey | None) -> tuple[StatKey, bytes | None]:
-    """(stat key, contents), contents None when the key is ``known``. Raises ``Rejected``
-    for anything but a regular file of at most ``limit`` bytes; ``OSError`` as it comes."""
+def _key(info: os.stat_result) -> StatKey:
+    return info.st_mtime_ns, info.st_ctime_ns, info.st_size, info.st_ino
+
+
+def _read_bounded(path: Path, limit: int, known: StatKey | None) -> tuple[StatKey | None, bytes | None]:
+    """(stat key, contents), contents None when the key is ``known`` (then one ``stat``,
+    which opens nothing); the key None when the file changed too recently to be known by
+    it. Raises ``Rejected`` for anything but a regular file of at most ``limit`` bytes;
+    ``OSError`` as it comes."""
+    if known is not None:
+        info = os.stat(path)
+        if stat.S_ISREG(info.st_mode) and _key(info) == known:
+            return known, None
+    began = time.time_ns()
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     try:
         info = os.fstat(fd)
@@ -82,9 +101,11 @@ def _read_bounded(path: Path, limit: int, known: StatKey | None) -> tuple[StatKe
             raise Rejected(f"{path} is {describe(info.st_mode)}, not a regular file: it is not read")
         if info.st_size > limit:
             raise Rejected(f"{path} is {info.st_size} bytes; a workflow or controller file is at most {limit}")
-        key = (info.st_mtime_ns, info.st_size, info.st_ino)
+        key: StatKey | None = _key(info)
         if key == known:
             return key, None
+        if max(info.st_mtime_ns, info.st_ctime_ns) > began - RECENT_NS:
+            key = None
         chunks, size = [], 0
         while chunk := os.read(fd, min(limit + 1 - size, 1 << 20)):
             chunks.append(chunk)
@@ -180,7 +201,7 @@ class Isolation:
         return self._readers, self._slots
 
     async def read_user_file(self, path: Path, known: StatKey | None = None,
-                             limit: int = SOURCE_LIMIT) -> tuple[StatKey, bytes | None]:
+                             limit: int = SOURCE_LIMIT) -> tuple[StatKey | None, bytes | None]:
         """``_read_bounded`` in a thread, within READ_TIMEOUT_S (then ``unavailable``)."""
         readers, _ = self._limiters()
         with trio.move_on_after(READ_TIMEOUT_S):

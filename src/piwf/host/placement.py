@@ -26,7 +26,7 @@ from piwf.host.isolated import StatKey
 from piwf.host.state import HostState, log
 from piwf.wire import sha256_hex
 
-Seen = dict[str, tuple[StatKey, str]]  # a workflow file's path -> (its stat key, the sha256 of its bytes)
+Seen = dict[str, tuple[StatKey | None, str]]  # a workflow file's path -> (its stat key, the sha256 of its bytes)
 
 
 async def serve_placement(host: HostState) -> None:

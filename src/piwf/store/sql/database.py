@@ -57,7 +57,7 @@ class Database(Protocol):
         """Store a JSON value: inline when small, else as a blob. Returns (inline, hash)."""
         ...
 
-    def put_blob(self, data: bytes, now: int) -> str:
+    def put_blob(self, data: bytes, now: int, digest: str | None = None) -> str:
         """Store bytes as a blob (``PUT_BLOB``: a blob stored again is refreshed, so retention keeps it)."""
         ...
 
@@ -114,10 +114,10 @@ class Blobs:
             return data.decode(), None
         return None, self.put_blob(data, now)
 
-    def put_blob(self, data: bytes, now: int) -> str:
+    def put_blob(self, data: bytes, now: int, digest: str | None = None) -> str:
         """``PUT_BLOB``: two writers storing one blob at once store it once; one stored again
-        is refreshed, so retention keeps it."""
-        digest = sha256_hex(data)
+        is refreshed, so retention keeps it. ``digest``: ``sha256_hex(data)``, when known."""
+        digest = digest or sha256_hex(data)
         self.execute(PUT_BLOB, (digest, data, now, now - BLOB_TOUCH_MS))
         return digest
 

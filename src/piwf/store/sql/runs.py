@@ -8,10 +8,10 @@ from typing import Any
 
 from piwf.errors import Conflict, ConstraintViolation, NotFound, Rejected
 from piwf.protocol import EVENTS_PAGE, RunEvent, RunEventsPage, RunSummary
-from piwf.wire import canonical_json, decode_json
+from piwf.wire import canonical_json, decode_json, sha256_hex
 from piwf.status import DEFAULT_QUEUE, ENDED, Hold, RunStatus
 from piwf.store.api.rules import STEPS_PAGE_BYTES, input_hash  # noqa: F401 (re-exported)
-from piwf.store.sql.database import Database
+from piwf.store.sql.database import INLINE_JSON_LIMIT, Database
 from piwf.store.sql import delivery, placement
 from piwf.store.sql.interactions import count_open
 from piwf.store.sql.listing import count_held
@@ -44,7 +44,22 @@ def create_run(
     a PostgreSQL transaction, and the host records the refusal in the same one)."""
     with db.write():
         db.lock_key("run", run_id)  # two creators of one run id: the second sees the first's row
-        if db.one("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)):
+        data = canonical_json(input)
+        inline, input_hash = (data.decode(), None) if len(data) <= INLINE_JSON_LIMIT else (None, sha256_hex(data))
+        definition_hash, graph_hash = _digest(source), None if graph is None else _digest(graph)
+        try:  # a run id taken is refused by its row's insert (no failed statement, no read before it)
+            db.execute(
+                """INSERT INTO runs (run_id, workflow, project_path, definition_hash,
+                     definition_digest, start_node, input_json, input_hash, status, origin_session_id,
+                     created_at, updated_at, graph_hash)
+                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'queued', ?, ?, ?, ?)
+                   ON CONFLICT (run_id) DO NOTHING""",
+                (run_id, workflow, project_path, definition_hash, digest, start_node, inline, input_hash,
+                 origin_session_id, now, now, graph_hash),
+            )
+        except ConstraintViolation as exc:
+            raise Rejected(f"run {run_id} cannot be queued: {exc}") from exc
+        if db.changes() == 0:
             raise Rejected(f"run id {run_id} is already taken")
         if origin_session_id is not None:
             db.lock_key("session", origin_session_id)
@@ -55,18 +70,13 @@ def create_run(
             )
             if active is not None:
                 raise Rejected(f"session {origin_session_id} already has an active run {active}")
-        definition_hash = db.put_blob(source, now)
-        graph_hash = None if graph is None else db.put_blob(graph, now)
-        inline, input_hash = db.put_json(input, now)
+        # the blobs after the session's lock, as before: its holders may be storing the same ones
+        db.put_blob(source, now, definition_hash)
+        if graph is not None:
+            db.put_blob(graph, now, graph_hash)
+        if inline is None:
+            db.put_blob(data, now, input_hash)
         try:
-            db.execute(
-                """INSERT INTO runs (run_id, workflow, project_path, definition_hash,
-                     definition_digest, start_node, input_json, input_hash, status, origin_session_id,
-                     created_at, updated_at, graph_hash)
-                   VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'queued', ?, ?, ?, ?)""",
-                (run_id, workflow, project_path, definition_hash, digest, start_node, inline, input_hash,
-                 origin_session_id, now, now, graph_hash),
-            )
             db.execute(
                 """INSERT INTO run_queue (run_id, status, origin_session_id, created_at, updated_at, queue)
                    VALUES (?, 'queued', ?, ?, ?, ?)""",
@@ -79,6 +89,23 @@ def create_run(
             ensure_scope(db, run_id, settings=settings.settings, mutable=settings.mutable, patch=settings.patch,
                          actor_id=settings.actor_id, now=now)
     return {"runId": run_id, "status": RunStatus.QUEUED, "revision": 1}
+
+
+_DIGESTS: dict[bytes, str] = {}  # a workflow's source and graph -> sha256_hex: the same bytes at every start
+DIGESTS_CACHED, DIGEST_BYTES = 64, 64 * 1024  # entries (forgotten all at once beyond), the largest kept
+
+
+def _digest(data: bytes) -> str:
+    """``sha256_hex(data)``, remembered for small values (a pure function of them; a bytes
+    object keeps its own hash, so the same one is looked up in a few tens of ns)."""
+    known = _DIGESTS.get(data)
+    if known is None:
+        known = sha256_hex(data)
+        if len(data) <= DIGEST_BYTES:
+            if len(_DIGESTS) >= DIGESTS_CACHED:
+                _DIGESTS.clear()
+            _DIGESTS[data] = known
+    return known
 
 
 def revision(db: Database, run_id: str) -> int:
