@@ -31,7 +31,7 @@ import trio
 from piwf import faults
 from piwf.errors import ProtocolError, ServiceError, StateDirError
 from piwf.protocol.requests import read_request
-from piwf.wire import HostResponse, LineBuffer, Outcome, encode_line
+from piwf.wire import HostResponse, LineBuffer, Outcome, encode_reply
 from piwf.host.delivery import WATCH_ENDS_EARLY
 from piwf.host.departures import Departures
 from piwf.host.operations import handle_request
@@ -517,7 +517,7 @@ async def _send(host: HostState, stream: trio.SocketStream, response: HostRespon
     ``schedule`` False: the connection's next step is then to wait for its client
     (``_read_chunk``), a schedule point of its own, so a second one here would only cost a
     turn of trio's loop per request."""
-    data = encode_line(response)
+    data = encode_reply(response)
     await trio.lowlevel.checkpoint_if_cancelled()
     try:
         sent = os.write(stream.socket.fileno(), data)  # trio's sockets are non-blocking

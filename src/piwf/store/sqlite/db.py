@@ -62,6 +62,7 @@ class Database(Blobs):
         self.file_id: tuple[int, int] | None = None  # (device, inode) of the file opened; see check_file
         self.lost: str | None = None  # what happened to that file, once a write found it gone
         self.kept: dict[str, Any] = {}  # store/sql/run_detail.py: answers kept while the file is unchanged
+        self._versions = conn.cursor()  # others_version's (a cursor of its own: 2 k instructions fewer)
 
     # --- opening ---------------------------------------------------------------------
 
@@ -259,11 +260,10 @@ class Database(Blobs):
         process or any other, made since this connection last read the file (one read
         transaction of its own)."""
         try:
-            for (version,) in self.conn.execute("PRAGMA data_version"):
-                return int(version)
+            (version,), = self._versions.execute("PRAGMA data_version")  # read to its end: nothing left open
         except apsw.Error as exc:
             raise _translate(exc, self.path) from exc
-        raise StoreError("PRAGMA data_version returned no row")
+        return int(version)
 
     # --- statements -------------------------------------------------------------------
 
