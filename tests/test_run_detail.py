@@ -126,3 +126,65 @@ def test_times_read_as_strftime_makes_them(ms: int) -> None:
 
     expected = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
     assert iso(ms) == iso(ms) == expected
+
+
+def claimed_run(db: Database, clock: ManualClock) -> Any:
+    """A claimed run (not ready to be claimed: no placement reason), its claim."""
+    new_run(db, clock, "r1", {"n": 1})
+    got, _ = claimed(db, clock)
+    return got
+
+
+def steps_of(db: Database, now: int) -> list[str]:
+    return [s.status for s in run_detail.get_run(db, "r1", now).steps]
+
+
+def test_an_answer_is_kept_while_nothing_is_committed(db: Database, clock: ManualClock) -> None:
+    claimed_run(db, clock)
+    now = clock.now_ms()
+    first = run_detail.get_run(db, "r1", now)
+    assert run_detail.get_run(db, "r1", now + 1) is first  # given again, not read again
+    assert run_detail.get_run(db, "r1", now + run_detail.KEPT_MS) is not first  # too old: read again
+    assert run_detail.get_run(db, "r1", 0) is not first  # no time given: nothing is kept
+
+
+def test_a_kept_answer_is_read_again_after_this_connections_commit(db: Database, clock: ManualClock) -> None:
+    got = claimed_run(db, clock)
+    assert steps_of(db, clock.now_ms()) == []
+    runs.start_attempt(db, "r1", got.token, seq=0, node="a", generation=got.generation, now=clock.now_ms())
+    assert steps_of(db, clock.now_ms()) == ["running"]
+
+
+def test_a_kept_answer_is_read_again_after_another_connections_commit(db: Database, clock: ManualClock) -> None:
+    got = claimed_run(db, clock)
+    assert steps_of(db, clock.now_ms()) == []
+    other = Database.open(db.path)  # another connection, as another process's would be
+    try:
+        runs.start_attempt(other, "r1", got.token, seq=0, node="a", generation=got.generation, now=clock.now_ms())
+    finally:
+        other.close()
+    assert steps_of(db, clock.now_ms()) == ["running"]
+    other = Database.open(db.path)
+    try:
+        new_run(other, clock, "r2", {"n": 2})  # a commit elsewhere, to another run: read again, then kept
+    finally:
+        other.close()
+    fresh = run_detail.get_run(db, "r1", clock.now_ms())
+    assert run_detail.get_run(db, "r1", clock.now_ms()) is fresh
+
+
+def test_nothing_read_inside_a_transaction_is_kept_or_given(db: Database, clock: ManualClock) -> None:
+    got = claimed_run(db, clock)
+    before = run_detail.get_run(db, "r1", clock.now_ms())
+    with pytest.raises(RuntimeError), db.write():
+        runs.start_attempt(db, "r1", got.token, seq=0, node="a", generation=got.generation, now=clock.now_ms())
+        assert steps_of(db, clock.now_ms()) == ["running"]  # what this transaction wrote, not the kept answer
+        raise RuntimeError("rolled back")
+    after = run_detail.get_run(db, "r1", clock.now_ms())
+    assert after.steps == [] and after == before
+
+
+def test_an_answer_that_depends_on_the_time_is_not_kept(db: Database, clock: ManualClock) -> None:
+    new_run(db, clock, "r1", {"n": 1})  # queued: its placement reason is read at the time given
+    assert run_detail.get_run(db, "r1", clock.now_ms()).placement is not None
+    assert "r1" not in db.kept

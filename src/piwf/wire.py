@@ -23,9 +23,11 @@ T = TypeVar("T")
 
 __all__ = ["HOST_REQUEST", "HOST_RESPONSE", "MAX_ID_BYTES", "MAX_LINE", "MAX_NESTING", "OUTCOMES", "HostRequest",
            "HostResponse", "LineBuffer", "Outcome", "canonical_json", "check_id", "check_nesting", "decode_as",
-           "decode_json", "decode_with", "encode_line", "readable_request_id", "request_fingerprint", "sha256_hex"]
+           "decode_json", "decode_with", "encode_line", "encode_reply", "readable_request_id", "request_fingerprint",
+           "sha256_hex"]
 
 _encoder = msgspec.json.Encoder(order="sorted")
+_reply_encoder = msgspec.json.Encoder()  # fields in their Struct's order, dicts' keys as they are
 _json_decoder = msgspec.json.Decoder()
 
 
@@ -65,6 +67,12 @@ def sha256_hex(data: bytes) -> str:
 
 def encode_line(message: Any) -> bytes:
     return _encoder.encode(message) + b"\n"
+
+
+def encode_reply(response: HostResponse) -> bytes:
+    """A host reply's line. Its keys are not sorted (docs/protocol.md): nothing hashes or
+    compares a reply's bytes, and sorting them was half of encoding a ``run.status`` reply."""
+    return _reply_encoder.encode(response) + b"\n"
 
 
 def decode_json(line: bytes) -> Any:

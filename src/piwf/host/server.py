@@ -31,7 +31,7 @@ import trio
 from piwf import faults
 from piwf.errors import ProtocolError, ServiceError, StateDirError
 from piwf.protocol.requests import read_request
-from piwf.wire import HostResponse, LineBuffer, Outcome, encode_line
+from piwf.wire import HostResponse, LineBuffer, Outcome, encode_reply
 from piwf.host.delivery import WATCH_ENDS_EARLY
 from piwf.host.departures import Departures
 from piwf.host.operations import handle_request
@@ -206,6 +206,7 @@ async def serve_socket(host: HostState, listening: Listening, *,
     connections = Connections(host.config.max_connections)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(connections.departures.serve)
+        nursery.start_soon(connections.watch_deadlines)
         def accept(listener: trio.SocketListener) -> None:
             nursery.start_soon(_accept, host, connections, listener, nursery)
 
@@ -246,11 +247,13 @@ class Connection:
 
     waiting_since: float  # when the host last began to wait for this client's next request
     departures: Departures  # watches the client while it is in a long poll
-    # The connection's one scope (``_serve_lines``): its deadline is the read deadline while
-    # the host waits for the client's bytes, and none otherwise (one scope a connection, not
-    # one a request). ``reading`` is it while the host waits: the connection may be displaced.
+    # The connection's one scope (``_serve_lines``), with no deadline of its own: while the
+    # host waits for the client's bytes it is ``reading``, and is cancelled when the wait
+    # passes ``deadline`` (``Connections.watch_deadlines``) or the connection is displaced;
+    # nothing cancels it otherwise, so nothing cancels an answer.
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     reading: trio.CancelScope | None = None
+    deadline: float = math.inf  # the read deadline of the wait in progress
     request_since: float | None = None  # when the request being received began to arrive
     long_poll: trio.CancelScope | None = None  # set while it answers a long poll: displacing ends it early
     long_poll_since: float = 0.0
@@ -282,6 +285,39 @@ class Connections:
         self.cap = cap
         self._open: set[Connection] = set()
         self.departures = Departures()  # the clients of the long polls in progress
+        self._next_deadline = math.inf  # no wait's read deadline is earlier (watch_deadlines)
+        self._watcher: trio.CancelScope | None = None  # watch_deadlines' sleep, until _next_deadline
+
+    def wait_for_client(self, connection: Connection, deadline: float) -> None:
+        """``connection`` waits for its client's bytes until ``deadline``: two attributes
+        and a comparison, where setting its scope's deadline cost trio's deadline setter
+        twice a request (set and cleared, about 28 k instructions: bench/README.md)."""
+        connection.deadline = deadline
+        connection.reading = connection.scope
+        if deadline < self._next_deadline:
+            self._next_deadline = deadline
+            if deadline <= trio.current_time():
+                connection.scope.cancel()  # passed already: as a scope's deadline in the past would
+            elif self._watcher is not None:
+                self._watcher.deadline = deadline
+
+    async def watch_deadlines(self) -> None:
+        """Cancel each connection whose wait for its client passed its read deadline,
+        waking at the earliest one (a wait that comes later with an earlier deadline
+        wakes it sooner: ``wait_for_client``)."""
+        while True:
+            with trio.CancelScope(deadline=self._next_deadline) as self._watcher:
+                await trio.sleep_forever()
+            self._watcher = None
+            now, earliest = trio.current_time(), math.inf
+            for connection in self._open:
+                if connection.reading is None:
+                    continue
+                if connection.deadline <= now:
+                    connection.reading.cancel()
+                else:
+                    earliest = min(earliest, connection.deadline)
+            self._next_deadline = earliest
 
     async def admit(self, connection: Connection) -> bool:
         while len(self._open) >= self.cap:
@@ -318,7 +354,7 @@ async def _connection(host: HostState, connections: Connections, stream: trio.So
                 return
             host.connections += 1
             try:
-                await _serve_lines(host, connection, stream)
+                await _serve_lines(host, connections, connection, stream)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 pass  # the client went away; its in-flight request was already committed or not
             finally:
@@ -327,9 +363,10 @@ async def _connection(host: HostState, connections: Connections, stream: trio.So
             connections.remove(connection)
 
 
-async def _serve_lines(host: HostState, connection: Connection, stream: trio.SocketStream) -> None:
+async def _serve_lines(host: HostState, connections: Connections, connection: Connection,
+                       stream: trio.SocketStream) -> None:
     with connection.scope:
-        await _lines(host, connection, stream)
+        await _lines(host, connections, connection, stream)
     if not connection.scope.cancel_called:
         return
     if connection.displaced:  # while it waited for its client
@@ -338,12 +375,14 @@ async def _serve_lines(host: HostState, connection: Connection, stream: trio.Soc
         await _refuse(host, stream, Outcome.REJECTED, _timed_out(host, connection.request_since))
 
 
-async def _lines(host: HostState, connection: Connection, stream: trio.SocketStream) -> None:
+async def _lines(host: HostState, connections: Connections, connection: Connection,
+                 stream: trio.SocketStream) -> None:
     """Answer the client's lines until it closes its end, a line is refused, or (the
     connection's scope cancelled) the read deadline passes or a newcomer displaces it."""
     buffer = LineBuffer()
     while True:
-        chunk = await _receive(connection, stream, _read_deadline(host, connection, connection.request_since))
+        chunk = await _receive(connections, connection, stream,
+                               _read_deadline(host, connection, connection.request_since))
         if not chunk:  # its end closed, or (None) the deadline passed as the chunk came
             return
         try:
@@ -386,20 +425,18 @@ def _displaced(host: HostState) -> str:
             f"{host.config.max_connections} connections and this one had waited longest for a request")
 
 
-async def _receive(connection: Connection, stream: trio.SocketStream, deadline: float) -> bytes | None:
-    """The next chunk (b"" at the end), under the connection's scope with the read
-    deadline; None if the scope was cancelled (the deadline passed, or the connection was
-    displaced) as the chunk came: the chunk is then not answered. Once this returns, the
-    scope has no deadline and cannot be displaced: nothing cancels an answer."""
-    scope = connection.scope
-    scope.deadline = deadline
-    connection.reading = scope
+async def _receive(connections: Connections, connection: Connection, stream: trio.SocketStream,
+                   deadline: float) -> bytes | None:
+    """The next chunk (b"" at the end), under the connection's scope, cancelled when the
+    read deadline passes; None if the scope was cancelled (the deadline passed, or the
+    connection was displaced) as the chunk came: the chunk is then not answered. Once this
+    returns, nothing cancels the scope: nothing cancels an answer."""
+    connections.wait_for_client(connection, deadline)
     try:
         chunk = await _read_chunk(stream.socket)
     finally:
         connection.reading = None
-        scope.deadline = math.inf
-    return None if scope.cancel_called else chunk
+    return None if connection.scope.cancel_called else chunk
 
 
 async def _read_chunk(sock: trio.socket.SocketType) -> bytes:
@@ -480,7 +517,7 @@ async def _send(host: HostState, stream: trio.SocketStream, response: HostRespon
     ``schedule`` False: the connection's next step is then to wait for its client
     (``_read_chunk``), a schedule point of its own, so a second one here would only cost a
     turn of trio's loop per request."""
-    data = encode_line(response)
+    data = encode_reply(response)
     await trio.lowlevel.checkpoint_if_cancelled()
     try:
         sent = os.write(stream.socket.fileno(), data)  # trio's sockets are non-blocking

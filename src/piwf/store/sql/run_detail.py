@@ -17,7 +17,7 @@ snapshot; tests/test_run_detail.py holds the two equal on SQLite.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple, Protocol, cast
 
 import msgspec
 
@@ -47,22 +47,67 @@ DETAIL_SQL = f"""SELECT r.run_id, r.workflow, r.status,
      error_json)) FROM effects WHERE run_id = r.run_id),
   (SELECT json_group_array(json_array(type, key, data_json, seq, updated_at)) FROM run_updates
      WHERE run_id = r.run_id),
-  EXISTS (SELECT 1 FROM interaction_requests WHERE run_id = r.run_id AND {OPEN})
+  EXISTS (SELECT 1 FROM interaction_requests WHERE run_id = r.run_id AND {OPEN}),
+  (SELECT data_version FROM pragma_data_version)
 FROM runs r WHERE r.run_id = ?"""
 
 _arrays = msgspec.json.Decoder()
+KEPT_MS = 10_000  # how long an answer is kept at most (a bound on wrapping 32-bit data versions)
+KEPT_RUNS = 256  # answers kept at most (all forgotten when full)
+
+
+class Kept(NamedTuple):
+    """A RunDetail read when the connection's versions were ``others`` and ``own``, at ``at``."""
+
+    others: int
+    own: tuple[int, int]
+    at: int
+    detail: RunDetail
+
+
+class _Versioned(Protocol):
+    """What SQLite's Database (store/sqlite/db.py) adds for ``Kept`` answers."""
+
+    kept: dict[str, Kept]
+
+    def own_version(self) -> tuple[int, int] | None: ...
+    def others_version(self) -> int: ...
 
 
 def get_run(db: Database, run_id: str, now: int = 0) -> RunDetail:
     """One run with its steps, workers, effects, open requests and updates, read from one
-    snapshot (``now``: 0 leaves out the placement reason and every presenter lease)."""
+    snapshot (``now``: 0 leaves out the placement reason and every presenter lease). On
+    SQLite the answer may be one given before, unchanged since (``Kept``): callers must
+    not change what it holds."""
     if db.dialect != "sqlite":
         return _generic(db, run_id, now)
+    versioned = cast(_Versioned, db)
+    kept = _kept(versioned, run_id, now)
+    if kept is not None:
+        return kept
     row = _detail_row(db, run_id)
-    if not _needs_more(row, now):
-        return _detail(db, row, now)
-    with db.read():  # what it needs besides, from the snapshot the run is read from again
-        return _detail(db, _detail_row(db, run_id), now)
+    if _needs_more(row, now):
+        with db.read():  # what it needs besides, from the snapshot the run is read from again
+            return _detail(db, _detail_row(db, run_id), now)
+    own = versioned.own_version()  # right after the read: what it saw, not later
+    detail = _detail(db, row, now)
+    if now and own is not None:
+        if len(versioned.kept) >= KEPT_RUNS:
+            versioned.kept.clear()
+        versioned.kept[run_id] = Kept(row[_DATA_VERSION], own, now, detail)
+    return detail
+
+
+def _kept(db: _Versioned, run_id: str, now: int) -> RunDetail | None:
+    """The answer kept for ``run_id`` if nothing was committed since it was read; it
+    depends on no time (it needed no placement reason and has no open request), so ``now``
+    only bounds its age."""
+    kept = db.kept.get(run_id)
+    if kept is None or not 0 <= now - kept.at < KEPT_MS:
+        return None
+    if db.own_version() != kept.own or db.others_version() != kept.others:
+        return None
+    return kept.detail
 
 
 def _detail_row(db: Database, run_id: str, sql: str = DETAIL_SQL) -> tuple[Any, ...]:
@@ -77,7 +122,7 @@ def _detail_row(db: Database, run_id: str, sql: str = DETAIL_SQL) -> tuple[Any, 
 
 # Indexes into a _detail_row: RUN_COLUMNS (SUMMARY_COLUMNS of them), the detail's columns,
 # then the children.
-_INPUT, _OUTPUT, _EFFECTS, _OPEN_REQUESTS = 16, 18, 23, 25
+_INPUT, _OUTPUT, _EFFECTS, _OPEN_REQUESTS, _DATA_VERSION = 16, 18, 23, 25, 26
 
 
 def _needs_more(row: tuple[Any, ...], now: int) -> bool:
@@ -100,7 +145,7 @@ def _detail(db: Database, row: tuple[Any, ...], now: int) -> RunDetail:
     run_id = row[0]
     summary = summary_fields(row[:SUMMARY_COLUMNS])
     project, digest, input_json, input_hash, output_json, output_hash, error_json = row[SUMMARY_COLUMNS:21]
-    steps, workers, effects, published, open_requests = row[21:]
+    steps, workers, effects, published, open_requests = row[21:_DATA_VERSION]
     return RunDetail(
         *summary, projectPath=project, definitionDigest=digest,
         placement=_placement(db, summary, now),

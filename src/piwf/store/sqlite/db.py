@@ -61,6 +61,8 @@ class Database(Blobs):
         self._wal_fd: int | None = None  # see sync_wal
         self.file_id: tuple[int, int] | None = None  # (device, inode) of the file opened; see check_file
         self.lost: str | None = None  # what happened to that file, once a write found it gone
+        self.kept: dict[str, Any] = {}  # store/sql/run_detail.py: answers kept while the file is unchanged
+        self._versions = conn.cursor()  # others_version's (a cursor of its own: 2 k instructions fewer)
 
     # --- opening ---------------------------------------------------------------------
 
@@ -239,6 +241,29 @@ class Database(Blobs):
     def _tables(self) -> set[str]:
         rows = self.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
         return {name for (name,) in rows}
+
+    # --- what changed: store/sql/run_detail.py keeps an answer while nothing did ------------
+
+    def own_version(self) -> tuple[int, int] | None:
+        """A value that changes with every commit this connection makes, and with every
+        other connection's commit this connection has read past (SQLite's data version of
+        the file as this connection last read it, and the rows it has changed); None while
+        a transaction is open, when what it reads may not be committed. No statement, no
+        system call: the commits of other connections it does not see (``others_version``)."""
+        conn = self.conn
+        if self._depth or conn.in_transaction:
+            return None
+        return conn.data_version(), conn.total_changes()
+
+    def others_version(self) -> int:
+        """``PRAGMA data_version``: changes with every commit another connection, of this
+        process or any other, made since this connection last read the file (one read
+        transaction of its own)."""
+        try:
+            (version,), = self._versions.execute("PRAGMA data_version")  # read to its end: nothing left open
+        except apsw.Error as exc:
+            raise _translate(exc, self.path) from exc
+        return int(version)
 
     # --- statements -------------------------------------------------------------------
 
