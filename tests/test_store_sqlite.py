@@ -13,6 +13,7 @@ from piwf.errors import Conflict
 from piwf.protocol import ChoiceSpec
 from piwf.protocol.worker import InteractionOpenPayload
 from piwf.store.sql import delivery, interactions, queue, runs, supervision
+from piwf.status import WorkerStatus
 from piwf.store.sqlite import Database
 from piwf.store.sql import controllers as res
 from piwf.store.sqlite.schema import SCHEMA_VERSION
@@ -149,6 +150,32 @@ def test_a_claim_round_reads_its_candidates_once_and_each_run_once(db: Database,
     assert len(reads) == 1 and "run_queue_ready" in reads[0], statements
     assert sum(sql.startswith("UPDATE runs SET status = 'running'") and "RETURNING" in sql
                for sql in statements) == 2, statements
+
+
+def test_a_workers_end_after_its_run_ended_releases_nothing(db: Database, clock: ManualClock) -> None:
+    """A worker whose run ended by its own message (a warm worker recorded once idle) ends
+    with its record, its event and its run's answers forgotten: no read of requests to
+    validate, no release of a claim that is gone (each is fenced by the token)."""
+    new_run(db, clock, "a")
+    [(got, worker_id)] = supervision.claim_runs(db, room=1, exclude=frozenset(), runner_id="h", lease_ms=LEASE,
+                                                now=clock.now_ms(), epoch=1)
+    queue.complete_run(db, "a", got.token, None, clock.now_ms())
+    statements: list[str] = []
+
+    def trace(cursor: Any, sql: str, bindings: Any) -> bool:
+        statements.append(" ".join(sql.split()))
+        return True
+
+    db.conn.exec_trace = trace
+    try:
+        ended = supervision.end_worker(db, worker_id=worker_id, run_id="a", token=got.token, status=WorkerStatus.EXITED,
+                                       now=clock.now_ms(), exit_code=0, signal=None, diagnostic=None, park=True,
+                                       max_crashes=3, backoff=1000)
+    finally:
+        db.conn.exec_trace = None
+    assert ended == (0, False, None)
+    assert not [sql for sql in statements if "interaction_requests" in sql or sql.startswith("UPDATE run_queue")]
+    assert db.scalar("SELECT status FROM run_workers WHERE worker_epoch = ?", (worker_id,)) == "exited"
 
 
 @pytest.mark.parametrize("kind", ["decision", "ask"])

@@ -262,6 +262,12 @@ def park_run(db: Database, run_id: str, token: str, now: int, *,
         return True
 
 
+def holds_token(db: Database, run_id: str, token: str) -> bool:
+    """Whether the run's queue row still names the claim ``token`` (live or expired). A
+    token is never given again: once this is False it stays so."""
+    return db.one("SELECT 1 FROM run_queue WHERE run_id = ? AND claim_token = ?", (run_id, token)) is not None
+
+
 def count_crash(db: Database, run_id: str, token: str) -> int:
     """One more crash in a row for a run still claimed with ``token``; the new count (0 when
     the claim is gone)."""

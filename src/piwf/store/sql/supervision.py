@@ -66,6 +66,11 @@ def end_worker(db: Database, *, worker_id: str, run_id: str, token: str, status:
     with db.write():
         workers.finish(db, worker_id, run_id, status, now, exit_code=exit_code, signal=signal,
                        diagnostic=diagnostic)
+        if park and not queue.holds_token(db, run_id, token):
+            # The claim is gone (its run ended or parked by the worker's own message, or it
+            # moved on): each step below is fenced by the token, so none would change a thing.
+            workers.forget_messages(db, run_id)
+            return WorkerEnded(crashes=0, waiting_again=False)
         # A worker that ended while validating a submission: it is rejected and the run waits
         # again; unless its host stopped (a planned stop keeps the value: the next host validates it).
         if park and status != WorkerStatus.STOPPED and interactions.park_if_waiting(db, run_id, token, status, now):
