@@ -128,9 +128,10 @@ def test_the_claims_update_itself_keeps_one_active_run_per_session(db: Database,
 
 
 def test_a_claim_round_reads_its_candidates_once_and_each_run_once(db: Database, clock: ManualClock) -> None:
-    """A round with room for more runs than are claimable reads the candidates in one
-    statement, finds them fewer than asked for, and reads no more; each run's launch comes
-    back with the write that sets it running (no read of the run after it)."""
+    """A round with room for more runs than are claimable reads the candidates once (the
+    validating runs, the oldest ready ones, the expired claims), finds them all there are,
+    and reads no more; each run's launch comes back with the write that sets it running
+    (no read of the run after it)."""
     for run_id in ("a", "b"):
         new_run(db, clock, run_id)
     statements: list[str] = []
@@ -147,7 +148,7 @@ def test_a_claim_round_reads_its_candidates_once_and_each_run_once(db: Database,
         db.conn.exec_trace = None
     assert [c.run_id for c, _ in got] == ["a", "b"]
     reads = [sql for sql in statements if sql.startswith(("SELECT", "WITH"))]
-    assert len(reads) == 1 and "run_queue_ready" in reads[0], statements
+    assert len(reads) == 3 and sum("INDEXED BY run_queue_ready" in sql for sql in reads) == 1, statements
     assert sum(sql.startswith("UPDATE runs SET status = 'running'") and "RETURNING" in sql
                for sql in statements) == 2, statements
 

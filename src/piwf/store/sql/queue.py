@@ -48,7 +48,7 @@ def claim_next_run(
     skip = set(exclude)
     with db.write():
         for _ in range(CANDIDATES):
-            found = candidates(db, now=now, exclude=frozenset(skip), runner_id=runner_id, queues=queues, limit=1)
+            found, _ = candidates(db, now=now, exclude=frozenset(skip), runner_id=runner_id, queues=queues, limit=1)
             if not found:
                 return None
             _, run_id, session = found[0]
@@ -62,43 +62,89 @@ def claim_next_run(
 
 CANDIDATES = 8  # candidates tried by one claim before it gives up for this round
 EXCLUDED_STEP = 16
+Candidate = tuple[Any, str, "str | None"]  # (created_at, run id, session)
 
 
 def candidates(db: Database, *, now: int, exclude: frozenset[str], runner_id: str = "",
-               queues: tuple[str, ...] = (DEFAULT_QUEUE,), limit: int = 1) -> list[tuple[Any, str, str | None]]:
-    """The ``limit`` oldest claimable runs of ``queues`` not in ``exclude`` nor recorded
-    unloadable by ``runner_id``, in claim order: (created_at, run id, session). Runs with a
-    submission being validated come first, and may come again among the rest (callers skip
-    a run id seen before). One statement; a run of them may have been taken by the time it
-    is claimed (another writer, or the session rule after an earlier take of the same
-    transaction): ``take`` checks again. Fewer than ``limit`` rows: these are all there are."""
-    # Padded to a multiple of EXCLUDED_STEP (with '', never a run id): the statements' texts
-    # come in a few lengths, not one per count, and stay in the prepared-statement cache.
-    padded = [*sorted(exclude), *[""] * (-len(exclude) % EXCLUDED_STEP)]
+               queues: tuple[str, ...] = (DEFAULT_QUEUE,), limit: int = 1) -> tuple[list[Candidate], bool]:
+    """Up to ``limit`` of the oldest claimable runs of ``queues`` not in ``exclude`` nor
+    recorded unloadable by ``runner_id``, in claim order (runs with a submission being
+    validated first), each once; and whether they are all there are (False: there may be
+    more). A run of them may have been taken by the time it is claimed (another writer, or
+    the session rule after an earlier take of the same transaction): ``take`` checks again."""
     served = sorted(set(queues))
-    params: dict[str, Any] = {"now": now, "host": runner_id, "n": limit}
-    for i, run_id in enumerate(padded):
-        params[f"x{i}"] = run_id
+    params: dict[str, Any] = {"now": now, "host": runner_id}
     for i, name in enumerate(served):
         params[f"q{i}"] = name
-    key = (db.dialect, len(padded), len(served))
-    sql = _CANDIDATES_SQL.get(key)
+    if db.dialect != "sqlite":
+        return _candidates_at_once(db, params, exclude, len(served), limit)
+    # SQLite: each part is its statement (one compound of them was measured at 4x their
+    # sum), read past the excluded runs (``limit`` more than them), which are left out
+    # here: a NOT IN list builds a temporary index at each execution.
+    over = limit + len(exclude)
+    parts = _CANDIDATES_SQL.get(("sqlite", len(served), over))
+    if parts is None:
+        parts = _CANDIDATES_SQL["sqlite", len(served), over] = _candidates_sql(db, "", len(served), over)
+    validating, readies, expired = parts
+    found = [(0, *row) for row in db.execute(validating, params)]
+    complete = len(found) < over
+    for ready in readies:
+        rows = db.execute(ready, params).fetchall()
+        complete = complete and len(rows) < over
+        found += [(1, *row) for row in rows]
+    found += [(1, *row) for row in db.execute(expired, params)]
+    found.sort(key=lambda row: row[:3])
+    return _first(found, exclude, limit), complete
+
+
+def _candidates_at_once(db: Database, params: dict[str, Any], exclude: frozenset[str], queues: int,
+                        limit: int) -> tuple[list[Candidate], bool]:
+    """PostgreSQL: the parts in one round trip, each locking what it returns (the excluded
+    runs are left out by the statement, so none of them is locked)."""
+    # Padded to a multiple of EXCLUDED_STEP (with '', never a run id): the statements' texts
+    # come in a few lengths, not one per count, and stay prepared.
+    padded = [*sorted(exclude), *[""] * (-len(exclude) % EXCLUDED_STEP)]
+    for i, run_id in enumerate(padded):
+        params[f"x{i}"] = run_id
+    key = (db.dialect, queues, limit, len(padded))
+    sql = _ONE_STATEMENT.get(key)
     if sql is None:
-        sql = _CANDIDATES_SQL[key] = _candidates_sql(db, len(padded), len(served))
-    rows: list[tuple[Any, str, str | None]] = db.execute(sql, params).fetchall()
-    return rows
+        validating, readies, expired = _candidates_sql(db, _not_in(len(padded)), queues, limit)
+        # In CTEs: FOR UPDATE is not allowed in a UNION's arm.
+        parts = [("v", 0, validating), *((f"r{i}", 1, ready) for i, ready in enumerate(readies)), ("e", 1, expired)]
+        union = " UNION ALL ".join(f"SELECT {rank} AS rank, created_at, run_id, origin_session_id FROM {name}"
+                                   for name, rank, _ in parts)
+        sql = _ONE_STATEMENT[key] = (f"WITH {', '.join(f'{name} AS ({part})' for name, _, part in parts)} "
+                                     f"SELECT rank, created_at, run_id, origin_session_id FROM ({union}) c "
+                                     f"ORDER BY rank, created_at, run_id LIMIT {limit:d}")
+    rows = db.execute(sql, params).fetchall()
+    return _first(rows, frozenset(), limit), len(rows) < limit  # fewer: every part returned all it found
 
 
-_CANDIDATES_SQL: dict[tuple[str, int, int], str] = {}  # by (dialect, excluded, queues): built once each
+def _first(rows: list[Any], exclude: frozenset[str], limit: int) -> list[Candidate]:
+    """The first ``limit`` of (rank, created_at, run id, session) rows in order, each run
+    once and none of ``exclude``."""
+    seen = set(exclude)
+    first: list[Candidate] = []
+    for _, created_at, run_id, session in rows:
+        if run_id not in seen and len(first) < limit:
+            seen.add(run_id)
+            first.append((created_at, run_id, session))
+    return first
 
 
-def _candidates_sql(db: Database, excluded: int, queues: int) -> str:
-    """The candidates' read, as one statement: the runs with a submission being validated
-    (rank 0), then, by age, the oldest ready runs of each queue (each read in order from
-    run_queue_ready, by queue first: one ORDER BY over several queues would sort every
-    ready run of them) and the runs whose claims expired (few). On PostgreSQL each part
-    locks what it returns (``FOR UPDATE SKIP LOCKED``)."""
-    not_in = _not_in(excluded) + PLACED
+# Built once each: SQLite's parts by (queues, limit); PostgreSQL's statement by (queues, limit, excluded).
+_CANDIDATES_SQL: dict[tuple[str, int, int], tuple[str, list[str], str]] = {}
+_ONE_STATEMENT: dict[tuple[str, int, int, int], str] = {}
+
+
+def _candidates_sql(db: Database, not_in: str, queues: int, limit: int) -> tuple[str, list[str], str]:
+    """The candidates' three reads: a validating run's, then the two halves of CLAIMABLE:
+    the oldest ready runs of each queue (each read in order from run_queue_ready, by queue
+    first: one ORDER BY over several queues would sort every ready run of them) and the
+    runs whose claims expired (few, so they are sorted with the rest, not by the database).
+    ``not_in``: the excluded runs' condition, if the statements leave them out."""
+    not_in += PLACED
     lock = db.lock_rows(skip_locked=True)
     # From the few submissions being validated to their runs (CROSS JOIN: SQLite keeps this
     # order instead of scanning the ready runs; PostgreSQL plans it as an inner join).
@@ -106,20 +152,13 @@ def _candidates_sql(db: Database, excluded: int, queues: int) -> str:
                      CROSS JOIN interaction_requests r CROSS JOIN run_queue q
                      WHERE r.request_id = s.request_id AND q.run_id = r.run_id
                        AND s.status = 'validating' AND {READY} AND {SESSION_FREE} {not_in}{_in_queues(queues)}
-                     ORDER BY q.created_at, q.run_id LIMIT :n{db.lock_rows("q", skip_locked=True)}"""
+                     ORDER BY q.created_at, q.run_id LIMIT {limit:d}{db.lock_rows("q", skip_locked=True)}"""
     readies = [f"""SELECT q.created_at, q.run_id, q.origin_session_id FROM run_queue q INDEXED BY run_queue_ready
                    WHERE {READY} AND {SESSION_FREE} {not_in} AND q.queue = :q{i}
-                   ORDER BY q.created_at, q.run_id LIMIT :n{lock}""" for i in range(queues)]
+                   ORDER BY q.created_at, q.run_id LIMIT {limit:d}{lock}""" for i in range(queues)]
     expired = (f"SELECT q.created_at, q.run_id, q.origin_session_id FROM run_queue q "
                f"WHERE {EXPIRED} AND {SESSION_FREE} {not_in}{_in_queues(queues)}{lock}")
-    parts = [("v", 0, validating), *((f"r{i}", 1, ready) for i, ready in enumerate(readies)), ("e", 1, expired)]
-    union = " UNION ALL ".join(f"SELECT {rank} AS rank, created_at, run_id, origin_session_id FROM {name}"
-                               for name, rank, _ in parts)
-    # Each part in a CTE of its own (PostgreSQL: FOR UPDATE is not allowed in a UNION's
-    # arm; SQLite: its ORDER BY and LIMIT stay the part's own, read from its index).
-    ctes = ", ".join(f"{name} AS ({sql})" for name, _, sql in parts)
-    return f"""WITH {ctes} SELECT created_at, run_id, origin_session_id FROM ({union}) c
-               ORDER BY rank, created_at, run_id LIMIT :n"""
+    return validating, readies, expired
 
 
 # Runs this host recorded it cannot load (``placement.release_unloadable``) are not its to claim.
@@ -133,7 +172,7 @@ def _in_queues(count: int) -> str:
 
 @functools.cache
 def _not_in(count: int) -> str:
-    return f"AND q.run_id NOT IN ({', '.join(f':x{i}' for i in range(count))})" if count else ""
+    return f" AND q.run_id NOT IN ({', '.join(f':x{i}' for i in range(count))})" if count else ""
 
 
 def claim_run(

@@ -20,19 +20,17 @@ def claim_runs(db: Database, *, room: int, exclude: frozenset[str], runner_id: s
     The candidates are read up to ``room`` at a time (``queue.candidates``) and taken in
     their order; a candidate that cannot be taken (another writer's, or its session's run
     taken just before) is passed over, ``queue.CANDIDATES`` of them in a row at most, as
-    ``queue.claim_next_run`` does. Fewer candidates than asked for are all there are: no
-    read after them to find none."""
+    ``queue.claim_next_run`` does. Once the candidates read are all there are, no read
+    after them finds none."""
     taken: list[tuple[Claim, str]] = []
     skip = set(exclude)
     passed = 0
     with db.write():
         while len(taken) < room and passed < queue.CANDIDATES:
             wanted = room - len(taken)
-            found = queue.candidates(db, now=now, exclude=frozenset(skip), runner_id=runner_id, queues=queues,
-                                     limit=wanted)
+            found, complete = queue.candidates(db, now=now, exclude=frozenset(skip), runner_id=runner_id,
+                                               queues=queues, limit=wanted)
             for _, run_id, session in found:
-                if run_id in skip:  # listed twice (a submission being validated, and among the ready runs)
-                    continue
                 if passed == queue.CANDIDATES:
                     break
                 skip.add(run_id)
@@ -46,7 +44,7 @@ def claim_runs(db: Database, *, room: int, exclude: frozenset[str], runner_id: s
                                      host_epoch=epoch, now=now)
                 taken.append((claim, worker_id))
                 passed = 0  # as many again for the next claim
-            if len(found) < wanted:
+            if complete:
                 break
     return taken
 
