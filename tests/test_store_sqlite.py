@@ -12,7 +12,8 @@ from piwf.clock import ManualClock
 from piwf.errors import Conflict
 from piwf.protocol import ChoiceSpec
 from piwf.protocol.worker import InteractionOpenPayload
-from piwf.store.sql import delivery, interactions, queue, runs
+from piwf.store.sql import delivery, interactions, queue, runs, supervision
+from piwf.status import WorkerStatus
 from piwf.store.sqlite import Database
 from piwf.store.sql import controllers as res
 from piwf.store.sqlite.schema import SCHEMA_VERSION
@@ -111,7 +112,7 @@ def test_status_counts_of_a_layout_6_database_read_as_it_is(tmp_path: Path) -> N
 def test_the_claims_update_itself_keeps_one_active_run_per_session(db: Database, clock: ManualClock) -> None:
     """SESSION_FREE is in the claim's UPDATE, not only its SELECT: a writer that found a
     parked run of a session free takes nothing once another run of that session is active.
-    (Through the interface the SELECT and UPDATE share one transaction; ``_take`` alone is the
+    (Through the interface the SELECT and UPDATE share one transaction; ``take`` alone is the
     UPDATE another writer's claim would race.)"""
     runs.create_run(db, run_id="r1", workflow="w", project_path="/p", source=b"src", digest="d1",
                     input=None, origin_session_id="s", now=clock.now_ms())
@@ -121,8 +122,61 @@ def test_the_claims_update_itself_keeps_one_active_run_per_session(db: Database,
                     input=None, origin_session_id="s", now=clock.now_ms())
     assert claim(db, clock, "t2").run_id == "r2"
     with db.write():
-        assert queue._take(db, "r1", "h", "t3", LEASE, clock.now_ms(), 1, session="s") is None
+        assert queue.take(db, "r1", runner_id="h", token="t3", lease_ms=LEASE, now=clock.now_ms(), epoch=1,
+                          session="s", launch=True) is None
     assert db.scalar("SELECT status FROM run_queue WHERE run_id = 'r1'") == "parked"
+
+
+def test_a_claim_round_reads_its_candidates_once_and_each_run_once(db: Database, clock: ManualClock) -> None:
+    """A round with room for more runs than are claimable reads the candidates once (the
+    validating runs, the oldest ready ones, the expired claims), finds them all there are,
+    and reads no more; each run's launch comes back with the write that sets it running
+    (no read of the run after it)."""
+    for run_id in ("a", "b"):
+        new_run(db, clock, run_id)
+    statements: list[str] = []
+
+    def trace(cursor: Any, sql: str, bindings: Any) -> bool:
+        statements.append(" ".join(sql.split()))
+        return True
+
+    db.conn.exec_trace = trace
+    try:
+        got = supervision.claim_runs(db, room=4, exclude=frozenset(), runner_id="h", lease_ms=LEASE,
+                                     now=clock.now_ms(), epoch=1)
+    finally:
+        db.conn.exec_trace = None
+    assert [c.run_id for c, _ in got] == ["a", "b"]
+    reads = [sql for sql in statements if sql.startswith(("SELECT", "WITH"))]
+    assert len(reads) == 3 and sum("INDEXED BY run_queue_ready" in sql for sql in reads) == 1, statements
+    assert sum(sql.startswith("UPDATE runs SET status = 'running'") and "RETURNING" in sql
+               for sql in statements) == 2, statements
+
+
+def test_a_workers_end_after_its_run_ended_releases_nothing(db: Database, clock: ManualClock) -> None:
+    """A worker whose run ended by its own message (a warm worker recorded once idle) ends
+    with its record, its event and its run's answers forgotten: no read of requests to
+    validate, no release of a claim that is gone (each is fenced by the token)."""
+    new_run(db, clock, "a")
+    [(got, worker_id)] = supervision.claim_runs(db, room=1, exclude=frozenset(), runner_id="h", lease_ms=LEASE,
+                                                now=clock.now_ms(), epoch=1)
+    queue.complete_run(db, "a", got.token, None, clock.now_ms())
+    statements: list[str] = []
+
+    def trace(cursor: Any, sql: str, bindings: Any) -> bool:
+        statements.append(" ".join(sql.split()))
+        return True
+
+    db.conn.exec_trace = trace
+    try:
+        ended = supervision.end_worker(db, worker_id=worker_id, run_id="a", token=got.token, status=WorkerStatus.EXITED,
+                                       now=clock.now_ms(), exit_code=0, signal=None, diagnostic=None, park=True,
+                                       max_crashes=3, backoff=1000)
+    finally:
+        db.conn.exec_trace = None
+    assert ended == (0, False, None)
+    assert not [sql for sql in statements if "interaction_requests" in sql or sql.startswith("UPDATE run_queue")]
+    assert db.scalar("SELECT status FROM run_workers WHERE worker_epoch = ?", (worker_id,)) == "exited"
 
 
 @pytest.mark.parametrize("kind", ["decision", "ask"])

@@ -33,10 +33,16 @@ async def test_a_claim_carries_what_its_worker_is_launched_with(store: Any, cloc
     transaction: the host launches the worker without reading the run again."""
     await new_run(store, clock, "r1", input={"n": 7, "s": "x"})
     await new_run(store, clock, "r2", input=[1, 2])
-    got = await claims(store, clock, room=2)
+    big = {"text": "é" * 5000, "x": 1.5}  # kept as a blob, not in the run's row
+    await new_run(store, clock, "r3", input=big)
+    got = await claims(store, clock, room=3)
     assert [(c.run_id, c.launch) for c, _ in got] == [
         ("r1", RunLaunch("w", "/p", "d1", input_hash({"n": 7, "s": "x"}))),
-        ("r2", RunLaunch("w", "/p", "d1", input_hash([1, 2])))]
+        ("r2", RunLaunch("w", "/p", "d1", input_hash([1, 2]))),
+        ("r3", RunLaunch("w", "/p", "d1", input_hash(big)))]
+    await store.queue.park_run("r1", got[0][0].token, clock.now_ms())
+    ((again, _),) = await claims(store, clock, room=3)  # claimed again: its run was running already
+    assert (again.run_id, again.generation, again.launch) == ("r1", 2, got[0][0].launch)
 
 
 async def test_expired_claim_is_claimable_again_with_a_new_generation_and_the_old_token_is_fenced_off(
@@ -219,6 +225,25 @@ async def test_parked_session_run_waits_while_its_session_has_another_active_run
     await store.queue.complete_run("r2", got.token, None, clock.now_ms())
     got = await claim(store, clock)
     assert got is not None and got.run_id == "r1"
+
+
+async def test_one_claim_round_takes_one_run_of_a_session_and_goes_on_past_the_other(
+        store: Any, clock: ManualClock) -> None:
+    """Two parked runs of a session are both free until one is claimed: a round that claims
+    several runs takes the older and passes over the other (the session rule, checked in
+    each claim's write), and goes on to the runs after it, oldest first."""
+    await new_run(store, clock, "s1", session="s")
+    await store.queue.park_run("s1", (await claim(store, clock)).token, clock.now_ms())
+    await new_run(store, clock, "s2", session="s")  # parked runs do not hold the session
+    await store.queue.park_run("s2", (await claim(store, clock)).token, clock.now_ms())
+    for run_id in ("d1", "d2"):
+        await new_run(store, clock, run_id)
+    got = await claims(store, clock, room=3)
+    assert [c.run_id for c, _ in got] == ["s1", "d1", "d2"]
+    assert await statuses(store, "s2") == ("running", "parked")
+    assert await claims(store, clock, room=3) == []  # s2 waits for s1
+    await store.queue.complete_run("s1", got[0][0].token, None, clock.now_ms())
+    assert [c.run_id for c, _ in await claims(store, clock, room=3)] == ["s2"]
 
 
 async def test_claims_take_the_oldest_first_and_honour_exclusions(store: Any, clock: ManualClock) -> None:

@@ -22,6 +22,14 @@ def input_hash(value: Any) -> str:
     return "sha256:" + sha256_hex(canonical_json(value))
 
 
+def stored_input_hash(inline: str | None, digest: str | None) -> str:
+    """``input_hash`` of a run input as stored (``Blobs.put_json``: its canonical JSON
+    inline, or the hash of that JSON kept as a blob), without reading or decoding it."""
+    if inline is not None:
+        return "sha256:" + sha256_hex(inline.encode())
+    return input_hash(None) if digest is None else "sha256:" + digest
+
+
 def check_json_size(value: Any, what: str) -> bytes:
     """A controller resource's spec or status as canonical JSON; Rejected over 1 MiB."""
     data = canonical_json(value)

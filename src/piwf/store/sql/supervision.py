@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
 import secrets
 
 from piwf.status import CRASHES, DEFAULT_QUEUE, Hold, WorkerStatus
-from piwf.store.api.rules import input_hash
-from piwf.store.sql import interactions, queue, runs, workers
+from piwf.store.sql import interactions, queue, workers
 from piwf.store.sql.database import Database
-from piwf.store.api.types import Claim, Delay, RunLaunch, WorkerEnded
+from piwf.store.api.types import Claim, Delay, WorkerEnded
 
 
 def claim_runs(db: Database, *, room: int, exclude: frozenset[str], runner_id: str, lease_ms: int, now: int,
@@ -17,25 +15,38 @@ def claim_runs(db: Database, *, room: int, exclude: frozenset[str], runner_id: s
     """Claim up to ``room`` runs of ``queues``, oldest first, none in ``exclude`` nor any
     ``runner_id`` recorded it cannot load (store/sql/placement.py), each with a fresh
     token, a worker record (its worker id) and what its worker is launched with
-    (``Claim.launch``): one transaction, one commit."""
+    (``Claim.launch``): one transaction, one commit.
+
+    The candidates are read up to ``room`` at a time (``queue.candidates``) and taken in
+    their order; a candidate that cannot be taken (another writer's, or its session's run
+    taken just before) is passed over, ``queue.CANDIDATES`` of them in a row at most, as
+    ``queue.claim_next_run`` does. Once the candidates read are all there are, no read
+    after them finds none."""
     taken: list[tuple[Claim, str]] = []
     skip = set(exclude)
+    passed = 0
     with db.write():
-        while len(taken) < room:
-            claim = queue.claim_next_run(db, runner_id=runner_id, token=secrets.token_urlsafe(24),
-                                         lease_ms=lease_ms, now=now, epoch=epoch, exclude=frozenset(skip),
-                                         queues=queues)
-            if claim is None:
+        while len(taken) < room and passed < queue.CANDIDATES:
+            wanted = room - len(taken)
+            found, complete = queue.candidates(db, now=now, exclude=frozenset(skip), runner_id=runner_id,
+                                               queues=queues, limit=wanted)
+            for _, run_id, session in found:
+                if passed == queue.CANDIDATES:
+                    break
+                skip.add(run_id)
+                claim = queue.take(db, run_id, runner_id=runner_id, token=secrets.token_urlsafe(24),
+                                   lease_ms=lease_ms, now=now, epoch=epoch, session=session, launch=True)
+                if claim is None:
+                    passed += 1
+                    continue
+                worker_id = secrets.token_hex(8)
+                workers.record_start(db, worker_id=worker_id, run_id=claim.run_id, generation=claim.generation,
+                                     host_epoch=epoch, now=now)
+                taken.append((claim, worker_id))
+                passed = 0  # as many again for the next claim
+            if complete:
                 break
-            worker_id = secrets.token_hex(8)
-            workers.record_start(db, worker_id=worker_id, run_id=claim.run_id, generation=claim.generation,
-                                 host_epoch=epoch, now=now)
-            workflow, project, digest, run_input, _ = runs.run_source(db, claim.run_id)
-            launch = RunLaunch(workflow, project, digest, input_hash(run_input))
-            taken.append((dataclasses.replace(claim, launch=launch), worker_id))
-            skip.add(claim.run_id)
     return taken
-
 
 
 def end_worker(db: Database, *, worker_id: str, run_id: str, token: str, status: WorkerStatus, now: int,
@@ -53,6 +64,11 @@ def end_worker(db: Database, *, worker_id: str, run_id: str, token: str, status:
     with db.write():
         workers.finish(db, worker_id, run_id, status, now, exit_code=exit_code, signal=signal,
                        diagnostic=diagnostic)
+        if park and not queue.holds_token(db, run_id, token):
+            # The claim is gone (its run ended or parked by the worker's own message, or it
+            # moved on): each step below is fenced by the token, so none would change a thing.
+            workers.forget_messages(db, run_id)
+            return WorkerEnded(crashes=0, waiting_again=False)
         # A worker that ended while validating a submission: it is rejected and the run waits
         # again; unless its host stopped (a planned stop keeps the value: the next host validates it).
         if park and status != WorkerStatus.STOPPED and interactions.park_if_waiting(db, run_id, token, status, now):

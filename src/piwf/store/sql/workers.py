@@ -125,8 +125,10 @@ ENDED_RUN_WORKER = f"""SELECT w.worker_epoch FROM run_workers w JOIN run_queue q
 def forget_messages(db: Database, run_id: str) -> int:
     """Delete the answers stored for the ended workers of ``run_id`` once the run has ended;
     nothing while it has not. Returns how many were deleted."""
-    db.execute(f"""DELETE FROM worker_messages WHERE worker_epoch IN ({ENDED_RUN_WORKER} AND w.run_id = ?)""",
-               (run_id,))
+    # The run id in a CAST: compared bare, SQLite would prepare the statement again at each
+    # execution (a parameter is matched against run_queue's partial indexes' conditions).
+    db.execute(f"""DELETE FROM worker_messages WHERE worker_epoch IN ({ENDED_RUN_WORKER}
+                     AND w.run_id = CAST(? AS TEXT))""", (run_id,))
     return db.changes()
 
 
