@@ -261,3 +261,68 @@ def test_a_worker_that_cannot_load_the_run_releases_it_for_another_host_while_on
     assert queue.claim_next_run(db, runner_id=host.host_id, token="t2", lease_ms=LEASE, now=clock.now_ms(),
                                 epoch=host.epoch) is None
     db.close()
+
+
+def test_a_ready_under_a_lost_claim_is_told_so_and_writes_nothing(setup) -> None:
+    """A ready has no fence of its own: its first write (starting → running) is it."""
+    host, active, clock = setup
+    clock.advance(LEASE)
+    response = handle(host, active, message("m1", "worker.ready", 0))
+    assert response.outcome == "claimLost" and active.conclusion is Conclusion.CLAIM_LOST
+    run = runs.get_run(host.store.db, "r")
+    assert (run.queueStatus, run.steps, [w.status for w in run.workers]) == ("starting", [], ["starting"])
+
+
+def _stored_answers(host: HostState) -> list[str]:
+    return [mid for (mid,) in host.store.db.execute("SELECT message_id FROM worker_messages ORDER BY message_id")]
+
+
+def test_a_final_accept_that_ends_the_run_stores_no_answer_and_a_repeat_changes_nothing(tmp_path: Path) -> None:
+    """The answer that ends a fresh worker's run is not stored: the same unit of work
+    records the worker's end, which deletes its stored answers (no worker of an ended run
+    repeats one). A repeat of it is refused by the fence, as before: nothing is applied again."""
+    host, db, clock = new_host(tmp_path)
+    runs.create_run(db, run_id="r", workflow="w", project_path="/", source=b"", digest="d", input={},
+                    origin_session_id=None, now=clock.now_ms(), start_node="first")
+    claim = queue.claim_run(db, "r", runner_id=host.host_id, token="tok", lease_ms=LEASE, now=clock.now_ms(),
+                            epoch=host.epoch)
+    assert claim is not None
+    workers.record_start(db, worker_id="w1", run_id="r", generation=claim.generation, host_epoch=host.epoch,
+                         now=clock.now_ms())
+    active = ActiveRun(claim, worker_id="w1")
+    ready = handle(host, active, message("m1", "worker.ready", 0))
+    assert _stored_answers(host) == ["m1"]
+    written: list[str] = []
+    db.conn.exec_trace = lambda cursor, sql, bindings: written.append(sql) or True
+    final = message("m2", "attempt.accept", ready.revision, attemptId=ready.result.attempt.attemptId,
+                    output={"x": 1}, exit="next", final=True)
+    done = handle(host, active, final)
+    db.conn.exec_trace = None
+    assert done.outcome == "accepted" and active.conclusion is Conclusion.DONE
+    assert not [sql for sql in written if "INSERT INTO worker_messages" in sql]
+    assert _stored_answers(host) == []  # m1 went with the worker's end
+    again = handle(host, active, final)
+    assert again.outcome == "claimLost"
+    run = runs.get_run(db, "r")
+    assert (run.status, run.output, [s.status for s in run.steps]) == ("completed", {"x": 1}, ["accepted"])
+    db.close()
+
+
+def test_a_final_accept_held_by_an_effect_keeps_its_answer_for_a_repeat(setup) -> None:
+    """A run held for an effect whose outcome is unknown has not ended: the answer that
+    held it is stored, and a repeat of it gets that answer."""
+    host, active, _ = setup
+    ready = handle(host, active, message("m1", "worker.ready", 0))
+    start = handle(host, active, message("m2", "attempt.start", ready.revision, seq=0, node="a"))
+    reserved = handle(host, active, message("m3", "effect.reserve", start.revision, key="k", node="a",
+                                            observable=False))
+    applying = handle(host, active, message("m4", "effect.apply", reserved.revision, key="k"))
+    assert (reserved.result.state, applying.outcome) == ("new", "accepted")
+    final = message("m5", "attempt.accept", applying.revision, attemptId=start.result.attemptId, output=1,
+                    exit="next", final=True)
+    held = handle(host, active, final)
+    assert held.outcome == "accepted" and active.conclusion is Conclusion.DONE
+    run = runs.get_run(host.store.db, "r")
+    assert (run.queueStatus, run.hold) == ("parked", "effect")
+    assert "m5" in _stored_answers(host)
+    assert canonical_json(handle(host, active, final)) == canonical_json(held)

@@ -28,8 +28,12 @@ from piwf.host.state import ActiveRun, Conclusion, HostState, log
 # A handler makes store calls only, on the message's unit of work ``tx``, and returns its
 # result and, when the answer ends the worker's part, why. It awaits nothing but them.
 Outcome = tuple[Result, Conclusion | None]
+
 Handler = Callable[[HostState, UnitOfWork, ActiveRun, Any, int], Awaitable[Outcome]]
 NOTHING = Result()
+# What a message that ended its run (completed or failed it, not held) answers: NOTHING's
+# like, told apart by identity (``handle`` stores no answer that its unit of work deletes).
+RUN_ENDED = Result()
 
 
 async def _ready(host: HostState, tx: UnitOfWork, active: ActiveRun, message: Ready, now: int) -> Outcome:
@@ -37,7 +41,9 @@ async def _ready(host: HostState, tx: UnitOfWork, active: ActiveRun, message: Re
     run's first attempt is started here too, saving the worker a round trip (unless the run
     is paused: then its first start stops). A workflow that did not load, or whose digest
     is not the run's, releases the run for a host that can load it, or holds it when no
-    live host of its queue can (store/sql/placement.py)."""
+    live host of its queue can (store/sql/placement.py). Its first write is the fence: the
+    unit of work runs no other before it (``handle``), and ``mark_running`` holds the claim's
+    row as the fence does, or takes the fence itself (ClaimLost when the claim is gone)."""
     await tx.queue.mark_running(active.claim.run_id, active.claim.token, now)
     await tx.workers.mark_ready(active.worker_id, now, pid=active.pid, identity=active.identity)
     run_input, start, paused, digest = await tx.runs.ready_state(active.claim.run_id)
@@ -58,9 +64,9 @@ async def _ready(host: HostState, tx: UnitOfWork, active: ActiveRun, message: Re
     result = ReadyResult(input=run_input, steps=[AcceptedStep(**step) for step in steps], more=more)
     if not steps and start is not None and not paused and (first or await tx.interactions.waiting_attempt(
             active.claim.run_id, 0, start, now) is None):  # a first node that waits is started by the worker
-        attempt_id, _ = await tx.runs.start_attempt(active.claim.run_id, active.claim.token, seq=0, node=start,
-                                           generation=active.claim.generation, now=now)
-        change, value = await tx.settings.attempt_settings(active.claim.run_id, attempt_id)
+        attempt_id, _, started = await tx.runs.begin_attempt(active.claim.run_id, active.claim.token, seq=0,
+                                                             node=start, generation=active.claim.generation, now=now)
+        change, value = await _settings(tx, active, attempt_id, started)
         result.attempt = StartedAttempt(seq=0, node=start, attemptId=attempt_id, settings=value,
                                         settingsChange=change)
     return result, None
@@ -94,17 +100,21 @@ async def _attempt_start(host: HostState, tx: UnitOfWork,
         if submission is None:
             await tx.interactions.park_again(active.claim.run_id, active.claim.token, now)
             return AttemptStartResult(stop="waiting"), Conclusion.DONE
-        return await _started(host, tx, active, attempt_id, submission), None
-    attempt_id, _ = await tx.runs.start_attempt(active.claim.run_id, active.claim.token, seq=payload.seq,
-                                       node=payload.node, generation=active.claim.generation, now=now)
-    return await _started(host, tx, active, attempt_id), None
+        change, value = await tx.settings.attempt_settings(active.claim.run_id, attempt_id)
+        return AttemptStartResult(attemptId=attempt_id, submission=submission, settings=value,
+                                  settingsChange=change), None
+    attempt_id, _, started = await tx.runs.begin_attempt(active.claim.run_id, active.claim.token, seq=payload.seq,
+                                                         node=payload.node, generation=active.claim.generation, now=now)
+    change, value = await _settings(tx, active, attempt_id, started)
+    return AttemptStartResult(attemptId=attempt_id, settings=value, settingsChange=change), None
 
 
-async def _started(host: HostState, tx: UnitOfWork,
-          active: ActiveRun, attempt_id: str, submission: Any = None) -> AttemptStartResult:
-    """An attempt to run, with the settings (and their change number) it started under."""
-    change, value = await tx.settings.attempt_settings(active.claim.run_id, attempt_id)
-    return AttemptStartResult(attemptId=attempt_id, submission=submission, settings=value, settingsChange=change)
+async def _settings(tx: UnitOfWork, active: ActiveRun, attempt_id: str, started: int | None) -> tuple[int | None, Any]:
+    """(change number, settings) of an attempt just started, whose insert found the change
+    number ``started``: None, its run has no settings, and there is nothing to read."""
+    if started is None:
+        return None, None
+    return await tx.settings.attempt_settings(active.claim.run_id, attempt_id)
 
 
 async def _attempt_accept(host: HostState, tx: UnitOfWork,
@@ -133,15 +143,17 @@ async def _run_complete(host: HostState, tx: UnitOfWork, active: ActiveRun, mess
 
 
 async def _complete(host: HostState, tx: UnitOfWork, active: ActiveRun, output: Any, now: int) -> Outcome:
-    if not await _held_for_effects(host, tx, active, now):
-        await tx.queue.complete_run(active.claim.run_id, active.claim.token, output, now)
-    return NOTHING, Conclusion.DONE
+    if await _held_for_effects(host, tx, active, now):
+        return NOTHING, Conclusion.DONE
+    await tx.queue.complete_run(active.claim.run_id, active.claim.token, output, now)
+    return RUN_ENDED, Conclusion.DONE
 
 
 async def _run_fail(host: HostState, tx: UnitOfWork, active: ActiveRun, message: RunFail, now: int) -> Outcome:
-    if not await _held_for_effects(host, tx, active, now):
-        await tx.queue.fail_run(active.claim.run_id, active.claim.token, message.payload.error, now)
-    return NOTHING, Conclusion.DONE
+    if await _held_for_effects(host, tx, active, now):
+        return NOTHING, Conclusion.DONE
+    await tx.queue.fail_run(active.claim.run_id, active.claim.token, message.payload.error, now)
+    return RUN_ENDED, Conclusion.DONE
 
 
 async def _held_for_effects(host: HostState, tx: UnitOfWork, active: ActiveRun, now: int) -> bool:
@@ -359,13 +371,16 @@ async def handle(host: HostState, active: ActiveRun, message: WorkerMessage) -> 
         its run ended); nothing of it if any raises. It awaits store calls only
         (``run_unit``: on PostgreSQL one thread hop for all)."""
         kind, now = type(message), host.now()
-        current = await tx.queue.fenced_revision(active.claim.run_id, active.claim.token, now)
-        if kind is not Ready and message.expectedRevision != current:
-            raise Rejected(f"run revision conflict: expected {message.expectedRevision}, now {current}")
+        current = None  # a ready is not checked against a revision, and its handler's first write fences it
+        if kind is not Ready:
+            current = await tx.queue.fenced_revision(active.claim.run_id, active.claim.token, now)
+            if message.expectedRevision != current:
+                raise Rejected(f"run revision conflict: expected {message.expectedRevision}, now {current}")
         result, conclusion = await HANDLERS[kind](host, tx, active, message, now)
         revision = await tx.queue.revision_of(active.claim.run_id) if kind in REVISING else current
         response = WorkerResponse(message.messageId, "accepted", revision=revision, result=result)
-        await tx.workers.record_message(message, response, now)
+        if not (ends and result is RUN_ENDED):  # else its worker's end, below, deletes its answers (the run ended)
+            await tx.workers.record_message(message, response, now)
         if ends and conclusion is Conclusion.DONE:
             await tx.supervision.end_worker(
                 worker_id=active.worker_id, run_id=active.claim.run_id, token=active.claim.token,

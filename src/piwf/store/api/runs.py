@@ -161,6 +161,12 @@ class RunsStore(Protocol):
             self, run_id: str, token: str, *, seq: int, node: str, generation: int, now: int) -> tuple[str, int]:
         """Raises ClaimLost."""
 
+    async def begin_attempt(
+            self, run_id: str, token: str, *, seq: int, node: str, generation: int,
+            now: int) -> tuple[str, int, int | None]:
+        """``start_attempt``, and the settings change number the attempt started under (None: its run has
+        no settings; ``settings.attempt_settings`` would answer (None, None)). Raises ClaimLost."""
+
     async def accept_attempt(
             self, run_id: str, token: str, *, attempt_id: str, output: Any, exit_name: str | None, now: int,
             waiting: bool = False) -> int:
@@ -222,7 +228,8 @@ class QueueStore(Protocol):
     """The run queue: claims renewed, fenced, parked, ended. Every method given a
     ``token`` acts only under that live claim. ``fenced_revision`` is the fence that opens a
     worker message's unit of work: it holds the claim for the rest of it (SQLite: the write
-    lock of ``BEGIN IMMEDIATE``; PostgreSQL: the row's lock).
+    lock of ``BEGIN IMMEDIATE``; PostgreSQL: the row's lock). A ``worker.ready``, checked
+    against no revision, is fenced by ``mark_running`` instead, its first write.
     """
 
     async def fenced_revision(self, run_id: str, token: str, now: int) -> int:
@@ -322,7 +329,8 @@ class PlacementStore(Protocol):
 class WorkersStore(Protocol):
     """Worker records, their answered messages, and the process groups they registered.
     A worker message is one unit of work: ``queue.fenced_revision`` (the fence), the
-    revision check, the handler's calls, then ``record_message``.
+    revision check, the handler's calls, then ``record_message`` (but for the answer that
+    ends its run, when the same unit records its worker's end: that deletes the answers).
     """
 
     async def read_message(self, message: WorkerMessage) -> WorkerResponse | None:

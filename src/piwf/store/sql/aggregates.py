@@ -118,6 +118,11 @@ class RunsAggregate:
             self, run_id: str, token: str, *, seq: int, node: str, generation: int, now: int) -> tuple[str, int]:
         return await self.call(_runs.start_attempt, run_id, token, seq=seq, node=node, generation=generation, now=now)
 
+    async def begin_attempt(
+            self, run_id: str, token: str, *, seq: int, node: str, generation: int,
+            now: int) -> tuple[str, int, int | None]:
+        return await self.call(_runs.begin_attempt, run_id, token, seq=seq, node=node, generation=generation, now=now)
+
     async def accept_attempt(
             self, run_id: str, token: str, *, attempt_id: str, output: Any, exit_name: str | None, now: int,
             waiting: bool = False) -> int:
