@@ -277,10 +277,11 @@ def _stored_answers(host: HostState) -> list[str]:
     return [mid for (mid,) in host.store.db.execute("SELECT message_id FROM worker_messages ORDER BY message_id")]
 
 
-def test_a_final_accept_that_ends_the_run_stores_no_answer_and_a_repeat_changes_nothing(tmp_path: Path) -> None:
-    """The answer that ends a fresh worker's run is not stored: the same unit of work
-    records the worker's end, which deletes its stored answers (no worker of an ended run
-    repeats one). A repeat of it is refused by the fence, as before: nothing is applied again."""
+def test_a_fresh_one_node_run_stores_no_answer_and_its_repeats_are_answered_all_the_same(tmp_path: Path) -> None:
+    """An answer is stored with the worker's next message (kept with its pipe until then);
+    the one that ends the run comes with the worker's end, which deletes its stored
+    answers: a fresh one-node run stores none. Repeats get the same answers and change
+    nothing; a reused id with another body is refused."""
     host, db, clock = new_host(tmp_path)
     runs.create_run(db, run_id="r", workflow="w", project_path="/", source=b"", digest="d", input={},
                     origin_session_id=None, now=clock.now_ms(), start_node="first")
@@ -290,27 +291,47 @@ def test_a_final_accept_that_ends_the_run_stores_no_answer_and_a_repeat_changes_
     workers.record_start(db, worker_id="w1", run_id="r", generation=claim.generation, host_epoch=host.epoch,
                          now=clock.now_ms())
     active = ActiveRun(claim, worker_id="w1")
-    ready = handle(host, active, message("m1", "worker.ready", 0))
-    assert _stored_answers(host) == ["m1"]
     written: list[str] = []
     db.conn.exec_trace = lambda cursor, sql, bindings: written.append(sql) or True
+    ready = handle(host, active, message("m1", "worker.ready", 0))
+    assert canonical_json(handle(host, active, message("m1", "worker.ready", 0))) == canonical_json(ready)
+    assert handle(host, active, message("m1", "worker.ready", 0, digest="other")).error == (
+        "messageId was reused with another body")
     final = message("m2", "attempt.accept", ready.revision, attemptId=ready.result.attempt.attemptId,
                     output={"x": 1}, exit="next", final=True)
     done = handle(host, active, final)
-    db.conn.exec_trace = None
     assert done.outcome == "accepted" and active.conclusion is Conclusion.DONE
+    assert canonical_json(handle(host, active, final)) == canonical_json(done)
+    db.conn.exec_trace = None
     assert not [sql for sql in written if "INSERT INTO worker_messages" in sql]
-    assert _stored_answers(host) == []  # m1 went with the worker's end
-    again = handle(host, active, final)
-    assert again.outcome == "claimLost"
     run = runs.get_run(db, "r")
     assert (run.status, run.output, [s.status for s in run.steps]) == ("completed", {"x": 1}, ["accepted"])
+    assert [w.status for w in run.workers] == ["exited"]
     db.close()
 
 
-def test_a_final_accept_held_by_an_effect_keeps_its_answer_for_a_repeat(setup) -> None:
-    """A run held for an effect whose outcome is unknown has not ended: the answer that
-    held it is stored, and a repeat of it gets that answer."""
+def test_an_answer_is_stored_with_the_next_message_and_a_repeat_of_either_gets_it(setup) -> None:
+    host, active, _ = setup
+    ready = handle(host, active, message("m1", "worker.ready", 0))
+    assert _stored_answers(host) == []  # kept with the worker's pipe
+    start = message("m2", "attempt.start", ready.revision, seq=0, node="a")
+    started = handle(host, active, start)
+    assert _stored_answers(host) == ["m1"]
+    for repeat, first in ((message("m1", "worker.ready", 0), ready), (start, started)):
+        assert canonical_json(handle(host, active, repeat)) == canonical_json(first)
+    assert handle(host, active, message("m1", "worker.ready", 0, digest="other")).outcome == "rejected"
+    rejected = handle(host, active, message("m3", "attempt.start", 0, seq=1, node="b"))  # a stale revision
+    assert rejected.outcome == "rejected" and _stored_answers(host) == ["m1"]  # its unit rolled back: m2 waits
+    handle(host, active, message("m4", "attempt.accept", started.revision, attemptId=started.result.attemptId,
+                                 output=1, exit="next"))
+    assert _stored_answers(host) == ["m1", "m2"]
+    assert len(runs.get_run(host.store.db, "r").steps) == 1
+
+
+def test_a_final_accept_held_by_an_effect_keeps_the_answers_for_a_repeat(setup) -> None:
+    """A run held for an effect whose outcome is unknown has not ended: the unit of the
+    message that held it stores the answer before as any other, and a repeat of it gets
+    its answer."""
     host, active, _ = setup
     ready = handle(host, active, message("m1", "worker.ready", 0))
     start = handle(host, active, message("m2", "attempt.start", ready.revision, seq=0, node="a"))
@@ -324,5 +345,6 @@ def test_a_final_accept_held_by_an_effect_keeps_its_answer_for_a_repeat(setup) -
     assert held.outcome == "accepted" and active.conclusion is Conclusion.DONE
     run = runs.get_run(host.store.db, "r")
     assert (run.queueStatus, run.hold) == ("parked", "effect")
-    assert "m5" in _stored_answers(host)
+    # the run has not ended: the answer before is stored in this unit (as any other), this one is kept
+    assert _stored_answers(host) == ["m1", "m2", "m3", "m4"]
     assert canonical_json(handle(host, active, final)) == canonical_json(held)

@@ -1,6 +1,7 @@
 """Answering a worker: each message is one store operation, fenced by the claim token,
 checked against the run revision, and recorded so a repeated message id gets the stored
-answer (seed 001). Messages arrive typed (``piwf.protocol.worker``): a payload that does
+answer (seed 001; the latest answer is kept in memory until the next message's unit of
+work stores it: ``handle``). Messages arrive typed (``piwf.protocol.worker``): a payload that does
 not fit its operation never reaches here.
 """
 
@@ -20,7 +21,7 @@ from piwf.protocol.worker import (
     AcceptedStep, AttemptAccept, AttemptFail, AttemptStart, AttemptStartResult, EffectApply, EffectReserve,
     EffectSettle, EffectState, InteractionOpen, NotificationSend, PresentationRequest, ProcessRegister,
     ProcessUnregister, Ready, ReadyResult, Result, RunComplete, RunFail, StartedAttempt, StepsPage, StepsRead,
-    SubmissionReject, UpdatePublish, WorkerMessage, WorkerResponse,
+    SubmissionReject, UpdatePublish, WorkerMessage, WorkerResponse, reused_id, worker_fingerprint,
 )
 from piwf.host.lane_state import NodeClock
 from piwf.host.state import ActiveRun, Conclusion, HostState, log
@@ -346,16 +347,33 @@ def _start_clock(host: HostState, active: ActiveRun, attempt_id: str, node: str,
         by_host=seconds != own)
 
 
+def _last_answer(active: ActiveRun, message: WorkerMessage) -> WorkerResponse | None:
+    """The answer to a repeat of the worker's latest answered message, which is stored only
+    with its next one (or never, when none comes): kept here meanwhile, with the worker's
+    pipe (only its own worker can repeat it, and only while this host is its host)."""
+    last = active.last_answer
+    if last is None or last[0].messageId != message.messageId:
+        return None
+    answered: WorkerResponse = last[1]
+    return answered if worker_fingerprint(last[0]) == worker_fingerprint(message) else reused_id(message)
+
+
 async def handle(host: HostState, active: ActiveRun, message: WorkerMessage) -> WorkerResponse:
+    """Answer one message of the worker, in one unit of work with its changes. Its answer
+    is kept in ``active.last_answer`` and stored (``workers.record_message``) in the unit
+    of work of the worker's next message: only the worker can repeat a message id, on its
+    pipe, while this host is its host, and it sends one message at a time. The unit that
+    ends a fresh worker's run also records the worker's end, which deletes its stored
+    answers (the run has ended): it stores none, so a fresh one-node run stores none at
+    all. A repeat is answered from either, or refused when its body changed."""
     if message.workerEpoch != active.worker_id or message.generation != active.claim.generation:
         # Each worker has a pipe of its own: a stale worker's messages come on its own pipe,
         # with its own claim, and the store's fence refuses them (claimLost). One that names
         # another worker or generation than its pipe's lies: the pump stops it as a crash.
         raise ProtocolError(f"a message for worker {message.workerEpoch} generation {message.generation} "
                             f"on the pipe of worker {active.worker_id} generation {active.claim.generation}")
-    store = host.store
     if message.messageId in active.answered:  # a repeat gets the stored answer (new ids skip the lookup)
-        stored = await store.workers.read_message(message)
+        stored = _last_answer(active, message) or await host.store.workers.read_message(message)
         if stored is not None:
             return stored
     # A fresh worker told its run has ended exits: its end is recorded in the same unit of
@@ -367,9 +385,9 @@ async def handle(host: HostState, active: ActiveRun, message: WorkerMessage) -> 
 
     async def answer(tx: UnitOfWork) -> tuple[WorkerResponse, Result, Conclusion | None]:
         """One unit of work: the fence (the live claim and the run revision), the revision
-        check, the handler's changes, and the recorded answer (and the worker's end, when
-        its run ended); nothing of it if any raises. It awaits store calls only
-        (``run_unit``: on PostgreSQL one thread hop for all)."""
+        check, the handler's changes, the worker's previous answer recorded (and the
+        worker's end, when its run ended); nothing of it if any raises. It awaits store
+        calls only (``run_unit``: on PostgreSQL one thread hop for all)."""
         kind, now = type(message), host.now()
         current = None  # a ready is not checked against a revision, and its handler's first write fences it
         if kind is not Ready:
@@ -379,8 +397,9 @@ async def handle(host: HostState, active: ActiveRun, message: WorkerMessage) -> 
         result, conclusion = await HANDLERS[kind](host, tx, active, message, now)
         revision = await tx.queue.revision_of(active.claim.run_id) if kind in REVISING else current
         response = WorkerResponse(message.messageId, "accepted", revision=revision, result=result)
-        if not (ends and result is RUN_ENDED):  # else its worker's end, below, deletes its answers (the run ended)
-            await tx.workers.record_message(message, response, now)
+        if active.last_answer is not None and not (ends and result is RUN_ENDED):  # else the worker's end,
+            previous, answered = active.last_answer                                 # below, would delete it
+            await tx.workers.record_message(previous, answered, now)
         if ends and conclusion is Conclusion.DONE:
             await tx.supervision.end_worker(
                 worker_id=active.worker_id, run_id=active.claim.run_id, token=active.claim.token,
@@ -392,6 +411,7 @@ async def handle(host: HostState, active: ActiveRun, message: WorkerMessage) -> 
     try:
         response, result, conclusion = await host.run_unit(answer)
         active.answered.add(message.messageId)
+        active.last_answer = (message, response)  # nothing awaited since the commit: kept as surely as committed
         if ends and conclusion is Conclusion.DONE:
             active.end_recorded = printed
         faults.point("host.worker.committed")

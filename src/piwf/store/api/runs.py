@@ -329,8 +329,9 @@ class PlacementStore(Protocol):
 class WorkersStore(Protocol):
     """Worker records, their answered messages, and the process groups they registered.
     A worker message is one unit of work: ``queue.fenced_revision`` (the fence), the
-    revision check, the handler's calls, then ``record_message`` (but for the answer that
-    ends its run, when the same unit records its worker's end: that deletes the answers).
+    revision check, the handler's calls, then ``record_message`` of the worker's previous
+    answer (the host keeps the latest until the next message; none in the unit that ends
+    the run with the worker's end, which deletes them).
     """
 
     async def read_message(self, message: WorkerMessage) -> WorkerResponse | None:
