@@ -33,8 +33,7 @@ Conventions every method keeps:
 
 **Units of work.** Each method is one commit by itself. Changes that must commit together
 (a command and its recorded answer, a worker message's changes and its worker's previous
-answer) go in one
-unit of work the host opens explicitly::
+answer) go in one unit of work the host opens explicitly::
 
     async with store.transaction() as tx:
         revision = await tx.queue.fenced_revision(run_id, token, now)   # the fence
