@@ -4,12 +4,14 @@ and records the worker's end), in process on a real SQLite file (``normal``), wi
 worker process and no loop: ``worker_messages.handle`` driven as
 tests/test_worker_messages.py drives it (on SQLite it never awaits a checkpoint).
 
-    python bench/measure_worker_units.py [N] [--rounds R]
+    python bench/measure_worker_units.py [N] [--rounds R] [--setup-only]
 
 Prints the statements per run of the two units and their CPU (``time.process_time``) per
 run, median of R rounds of N runs. The script uses only ``handle`` and the store's module
 functions, so it runs against another tree too: put that tree's ``src`` first on
-PYTHONPATH, and alternate the two to compare them.
+PYTHONPATH, and alternate the two to compare them. ``--setup-only`` does all but the two
+units (each run's creation, claim and worker record): under callgrind, what to take off
+to count the units' own instructions.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ def _message(mid: str, operation: str, revision: int, epoch: str, **payload: Any
                                                 "payload": payload}))
 
 
-def one_round(root: Path, n: int) -> tuple[float, float]:
+def one_round(root: Path, n: int, units: bool = True) -> tuple[float, float]:
     """(CPU ms per run of the two units, statements per run)."""
     paths = StatePaths.resolve(root / "state")
     paths.ensure()
@@ -80,6 +82,8 @@ def one_round(root: Path, n: int) -> tuple[float, float]:
                              host_epoch=host.epoch, now=clock.now_ms())
         active = ActiveRun(claim, worker_id=epoch)
         ready_line = _message("m1", "worker.ready", 0, epoch, digest="d")
+        if not units:
+            continue
         db.conn.exec_trace = count
         began = time.process_time()
         ready = _handle(host, active, ready_line)
@@ -98,11 +102,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("n", type=int, nargs="?", default=2000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--setup-only", action="store_true")
     args = parser.parse_args()
     results = []
     for _ in range(args.rounds):
         with tempfile.TemporaryDirectory() as tmp:
-            results.append(one_round(Path(tmp), args.n))
+            results.append(one_round(Path(tmp), args.n, units=not args.setup_only))
     print(json.dumps({"cpu_ms_per_run": statistics.median(r[0] for r in results),
                       "rounds_cpu_ms": [round(r[0], 4) for r in results],
                       "statements_per_run": results[0][1], "n": args.n}))
