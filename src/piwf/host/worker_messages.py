@@ -358,6 +358,13 @@ def _last_answer(active: ActiveRun, message: WorkerMessage) -> WorkerResponse | 
     return answered if worker_fingerprint(last[0]) == worker_fingerprint(message) else reused_id(message)
 
 
+def _answers_stored(active: ActiveRun) -> bool:
+    """Whether any answer to a worker of the run may be stored: each committed unit but the
+    one ending the run stores the answer before it, so this worker stored some once two of
+    its messages were answered; and a run claimed before may have had other workers."""
+    return not active.claim.first or len(active.answered) >= 2
+
+
 async def handle(host: HostState, active: ActiveRun, message: WorkerMessage) -> WorkerResponse:
     """Answer one message of the worker, in one unit of work with its changes. Its answer
     is kept in ``active.last_answer`` and stored (``workers.record_message``) in the unit
@@ -404,7 +411,7 @@ async def handle(host: HostState, active: ActiveRun, message: WorkerMessage) -> 
             await tx.supervision.end_worker(
                 worker_id=active.worker_id, run_id=active.claim.run_id, token=active.claim.token,
                 status=WorkerStatus.EXITED, now=now, exit_code=0, signal=None, diagnostic=printed or None, park=False,
-                max_crashes=host.config.max_crashes)
+                max_crashes=host.config.max_crashes, answers=_answers_stored(active))
         return response, result, conclusion
 
     kind = type(message)

@@ -285,14 +285,15 @@ class SupervisionStore(Protocol):
     async def end_worker(
             self, *, worker_id: str, run_id: str, token: str, status: WorkerStatus, now: int,
             exit_code: int | None, signal: int | None, diagnostic: str | None, park: bool, max_crashes: int,
-            last_output: str = '', backoff: Delay | None = None) -> WorkerEnded:
+            last_output: str = '', backoff: Delay | None = None, answers: bool = True) -> WorkerEnded:
         """Record how a worker ended and, with ``park``, release its run's claim. A crash is counted on the run
         (durably: a run that keeps killing what runs it is held however often the host restarts); the
         ``max_crashes``-th in a row holds it with the worker's last output. ``backoff`` is how long the parked
         run waits before any host may claim it again, kept with the run (its ``not_before``, set in this
         transaction; ``claim_runs`` skips it until then): ms, or ms as a function of the crashes in a row
         before this one (applied only after a crash that does not hold the run); None: at once. Once the run
-        has ended, the answers stored for its ended workers are deleted. Returns the run's crashes in a row
+        has ended, the answers stored for its ended workers are deleted (``answers`` False: the caller knows
+        none was stored, so none is looked for). Returns the run's crashes in a row
         (0 when this end was no crash), whether its run waits for a person again (the worker was validating
         a submission), and the ``not_before`` it was parked with.
         """
