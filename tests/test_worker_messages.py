@@ -261,3 +261,120 @@ def test_a_worker_that_cannot_load_the_run_releases_it_for_another_host_while_on
     assert queue.claim_next_run(db, runner_id=host.host_id, token="t2", lease_ms=LEASE, now=clock.now_ms(),
                                 epoch=host.epoch) is None
     db.close()
+
+
+def test_a_ready_under_a_lost_claim_is_told_so_and_writes_nothing(setup) -> None:
+    """A ready has no fence of its own: its first write (starting → running) is it."""
+    host, active, clock = setup
+    clock.advance(LEASE)
+    response = handle(host, active, message("m1", "worker.ready", 0))
+    assert response.outcome == "claimLost" and active.conclusion is Conclusion.CLAIM_LOST
+    run = runs.get_run(host.store.db, "r")
+    assert (run.queueStatus, run.steps, [w.status for w in run.workers]) == ("starting", [], ["starting"])
+
+
+def _stored_answers(host: HostState) -> list[str]:
+    return [mid for (mid,) in host.store.db.execute("SELECT message_id FROM worker_messages ORDER BY message_id")]
+
+
+def test_a_fresh_one_node_run_stores_no_answer_and_its_repeats_are_answered_all_the_same(tmp_path: Path) -> None:
+    """An answer is stored with the worker's next message (kept with its pipe until then);
+    the one that ends the run comes with the worker's end, which deletes its stored
+    answers: a fresh one-node run stores none. Repeats get the same answers and change
+    nothing; a reused id with another body is refused."""
+    host, db, clock = new_host(tmp_path)
+    runs.create_run(db, run_id="r", workflow="w", project_path="/", source=b"", digest="d", input={},
+                    origin_session_id=None, now=clock.now_ms(), start_node="first")
+    claim = queue.claim_run(db, "r", runner_id=host.host_id, token="tok", lease_ms=LEASE, now=clock.now_ms(),
+                            epoch=host.epoch)
+    assert claim is not None
+    workers.record_start(db, worker_id="w1", run_id="r", generation=claim.generation, host_epoch=host.epoch,
+                         now=clock.now_ms())
+    active = ActiveRun(claim, worker_id="w1")
+    written: list[str] = []
+    db.conn.exec_trace = lambda cursor, sql, bindings: written.append(sql) or True
+    ready = handle(host, active, message("m1", "worker.ready", 0))
+    assert canonical_json(handle(host, active, message("m1", "worker.ready", 0))) == canonical_json(ready)
+    assert handle(host, active, message("m1", "worker.ready", 0, digest="other")).error == (
+        "messageId was reused with another body")
+    final = message("m2", "attempt.accept", ready.revision, attemptId=ready.result.attempt.attemptId,
+                    output={"x": 1}, exit="next", final=True)
+    done = handle(host, active, final)
+    assert done.outcome == "accepted" and active.conclusion is Conclusion.DONE
+    assert canonical_json(handle(host, active, final)) == canonical_json(done)
+    db.conn.exec_trace = None
+    assert not [sql for sql in written if "worker_messages" in sql]  # none stored, none looked for
+    run = runs.get_run(db, "r")
+    assert (run.status, run.output, [s.status for s in run.steps]) == ("completed", {"x": 1}, ["accepted"])
+    assert [w.status for w in run.workers] == ["exited"]
+    db.close()
+
+
+def test_an_answer_is_stored_with_the_next_message_and_a_repeat_of_either_gets_it(setup) -> None:
+    host, active, _ = setup
+    ready = handle(host, active, message("m1", "worker.ready", 0))
+    assert _stored_answers(host) == []  # kept with the worker's pipe
+    start = message("m2", "attempt.start", ready.revision, seq=0, node="a")
+    started = handle(host, active, start)
+    assert _stored_answers(host) == ["m1"]
+    for repeat, first in ((message("m1", "worker.ready", 0), ready), (start, started)):
+        assert canonical_json(handle(host, active, repeat)) == canonical_json(first)
+    assert handle(host, active, message("m1", "worker.ready", 0, digest="other")).outcome == "rejected"
+    rejected = handle(host, active, message("m3", "attempt.start", 0, seq=1, node="b"))  # a stale revision
+    assert rejected.outcome == "rejected" and _stored_answers(host) == ["m1"]  # its unit rolled back: m2 waits
+    accepted = handle(host, active, message("m4", "attempt.accept", started.revision,
+                                            attemptId=started.result.attemptId, output=1, exit="next"))
+    assert _stored_answers(host) == ["m1", "m2"]
+    assert len(runs.get_run(host.store.db, "r").steps) == 1
+    handle(host, active, message("m5", "run.complete", accepted.revision, output=1))  # ends the run, and the worker:
+    assert _stored_answers(host) == []  # what it stored goes with it
+
+
+def test_a_final_accept_held_by_an_effect_keeps_the_answers_for_a_repeat(setup) -> None:
+    """A run held for an effect whose outcome is unknown has not ended: the unit of the
+    message that held it stores the answer before as any other, and a repeat of it gets
+    its answer."""
+    host, active, _ = setup
+    ready = handle(host, active, message("m1", "worker.ready", 0))
+    start = handle(host, active, message("m2", "attempt.start", ready.revision, seq=0, node="a"))
+    reserved = handle(host, active, message("m3", "effect.reserve", start.revision, key="k", node="a",
+                                            observable=False))
+    applying = handle(host, active, message("m4", "effect.apply", reserved.revision, key="k"))
+    assert (reserved.result.state, applying.outcome) == ("new", "accepted")
+    final = message("m5", "attempt.accept", applying.revision, attemptId=start.result.attemptId, output=1,
+                    exit="next", final=True)
+    held = handle(host, active, final)
+    assert held.outcome == "accepted" and active.conclusion is Conclusion.DONE
+    run = runs.get_run(host.store.db, "r")
+    assert (run.queueStatus, run.hold) == ("parked", "effect")
+    # the run has not ended: the answer before is stored in this unit (as any other), this one is kept
+    assert _stored_answers(host) == ["m1", "m2", "m3", "m4"]
+    assert canonical_json(handle(host, active, final)) == canonical_json(held)
+
+
+def test_the_answers_stored_for_a_run_go_when_the_message_that_ends_it_is_answered(tmp_path: Path) -> None:
+    """Those its worker stored, and those of a worker of an earlier claim (its crash left
+    them: the run had not ended), though the last worker stored none of its own."""
+    host, db, clock = new_host(tmp_path)
+    runs.create_run(db, run_id="r", workflow="w", project_path="/", source=b"", digest="d", input={},
+                    origin_session_id=None, now=clock.now_ms(), start_node="first")
+    for generation, worker in ((1, "w1"), (2, "w2")):
+        claim = queue.claim_run(db, "r", runner_id=host.host_id, token=worker, lease_ms=LEASE, now=clock.now_ms(),
+                                epoch=host.epoch)
+        assert claim is not None and claim.generation == generation
+        workers.record_start(db, worker_id=worker, run_id="r", generation=generation, host_epoch=host.epoch,
+                             now=clock.now_ms())
+        active = ActiveRun(claim, worker_id=worker)
+        ready = handle(host, active, message("m1", "worker.ready", 0, generation=generation, epoch=worker))
+        if generation == 1:  # a crash after two answers: the first is stored
+            handle(host, active, message("m2", "steps.read", ready.revision, generation=1, epoch=worker, afterSeq=0))
+            assert _stored_answers(host) == ["m1"]
+            queue.park_run(db, "r", claim.token, clock.now_ms())
+            workers.finish(db, worker, "r", "crashed", clock.now_ms())
+            continue
+        done = handle(host, active, message("m2", "attempt.accept", ready.revision, generation=2, epoch=worker,
+                                            attemptId=ready.result.attempt.attemptId, output=1, exit="next",
+                                            final=True))
+        assert done.outcome == "accepted" and _stored_answers(host) == []  # w1's too, though w2 stored none
+    assert runs.get_run(db, "r").status == "completed"
+    db.close()

@@ -115,10 +115,16 @@ async def test_each_attempt_records_the_change_it_started_under(store: Any, cloc
     first, _ = await store.runs.start_attempt("r1", one.token, seq=0, node="a", generation=1, now=clock.now_ms())
     await change(store, clock, scope, 0, 5)
     await store.runs.accept_attempt("r1", one.token, attempt_id=first, output=1, exit_name="next", now=clock.now_ms())
-    second, _ = await store.runs.start_attempt("r1", one.token, seq=1, node="b", generation=1, now=clock.now_ms())
+    # begin_attempt: start_attempt, and the change number its insert recorded (what the host
+    # answers a worker with, reading the settings only when there is one)
+    second, revision, started = await store.runs.begin_attempt("r1", one.token, seq=1, node="b", generation=1,
+                                                               now=clock.now_ms())
+    assert (started, revision) == (1, await store.queue.revision_of("r1"))
     assert await store.settings.attempt_settings("r1", first) == (0, {"budget": 1})
     assert await store.settings.attempt_settings("r1", second) == (1, {"budget": 5})
     assert [s.settingsChange for s in (await store.runs.get_run("r1")).steps] == [0, 1]
-    plain, _ = await store.runs.start_attempt("plain", two.token, seq=0, node="a", generation=1, now=clock.now_ms())
+    plain, _, started = await store.runs.begin_attempt("plain", two.token, seq=0, node="a", generation=1,
+                                                       now=clock.now_ms())
+    assert started is None
     assert await store.settings.attempt_settings("plain", plain) == (None, None)
     assert (await store.runs.get_run("plain")).steps[0].settingsChange is None

@@ -96,6 +96,7 @@ class Active(Generic[C]):
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     ready: trio.Event = field(default_factory=trio.Event)
     answered: set[str] = field(default_factory=set)  # message ids this host answered for the worker
+    last_answer: Any = None  # a run's latest (message, answer), stored with its next (host/worker_messages.py)
     conclusion: Conclusion | None = None
     process_end: ProcessEnd | None = None
     stop_reason: StopReason | None = None  # owned by ``scope``: the first reason it was cancelled with

@@ -1,6 +1,7 @@
 """Answering a worker: each message is one store operation, fenced by the claim token,
 checked against the run revision, and recorded so a repeated message id gets the stored
-answer (seed 001). Messages arrive typed (``piwf.protocol.worker``): a payload that does
+answer (seed 001; the latest answer is kept in memory until the next message's unit of
+work stores it: ``handle``). Messages arrive typed (``piwf.protocol.worker``): a payload that does
 not fit its operation never reaches here.
 """
 
@@ -20,7 +21,7 @@ from piwf.protocol.worker import (
     AcceptedStep, AttemptAccept, AttemptFail, AttemptStart, AttemptStartResult, EffectApply, EffectReserve,
     EffectSettle, EffectState, InteractionOpen, NotificationSend, PresentationRequest, ProcessRegister,
     ProcessUnregister, Ready, ReadyResult, Result, RunComplete, RunFail, StartedAttempt, StepsPage, StepsRead,
-    SubmissionReject, UpdatePublish, WorkerMessage, WorkerResponse,
+    SubmissionReject, UpdatePublish, WorkerMessage, WorkerResponse, reused_id, worker_fingerprint,
 )
 from piwf.host.lane_state import NodeClock
 from piwf.host.state import ActiveRun, Conclusion, HostState, log
@@ -28,8 +29,12 @@ from piwf.host.state import ActiveRun, Conclusion, HostState, log
 # A handler makes store calls only, on the message's unit of work ``tx``, and returns its
 # result and, when the answer ends the worker's part, why. It awaits nothing but them.
 Outcome = tuple[Result, Conclusion | None]
+
 Handler = Callable[[HostState, UnitOfWork, ActiveRun, Any, int], Awaitable[Outcome]]
 NOTHING = Result()
+# What a message that ended its run (completed or failed it, not held) answers: NOTHING's
+# like, told apart by identity (``handle`` stores no answer that its unit of work deletes).
+RUN_ENDED = Result()
 
 
 async def _ready(host: HostState, tx: UnitOfWork, active: ActiveRun, message: Ready, now: int) -> Outcome:
@@ -37,7 +42,9 @@ async def _ready(host: HostState, tx: UnitOfWork, active: ActiveRun, message: Re
     run's first attempt is started here too, saving the worker a round trip (unless the run
     is paused: then its first start stops). A workflow that did not load, or whose digest
     is not the run's, releases the run for a host that can load it, or holds it when no
-    live host of its queue can (store/sql/placement.py)."""
+    live host of its queue can (store/sql/placement.py). Its first write is the fence: the
+    unit of work runs no other before it (``handle``), and ``mark_running`` holds the claim's
+    row as the fence does, or takes the fence itself (ClaimLost when the claim is gone)."""
     await tx.queue.mark_running(active.claim.run_id, active.claim.token, now)
     await tx.workers.mark_ready(active.worker_id, now, pid=active.pid, identity=active.identity)
     run_input, start, paused, digest = await tx.runs.ready_state(active.claim.run_id)
@@ -58,9 +65,9 @@ async def _ready(host: HostState, tx: UnitOfWork, active: ActiveRun, message: Re
     result = ReadyResult(input=run_input, steps=[AcceptedStep(**step) for step in steps], more=more)
     if not steps and start is not None and not paused and (first or await tx.interactions.waiting_attempt(
             active.claim.run_id, 0, start, now) is None):  # a first node that waits is started by the worker
-        attempt_id, _ = await tx.runs.start_attempt(active.claim.run_id, active.claim.token, seq=0, node=start,
-                                           generation=active.claim.generation, now=now)
-        change, value = await tx.settings.attempt_settings(active.claim.run_id, attempt_id)
+        attempt_id, _, started = await tx.runs.begin_attempt(active.claim.run_id, active.claim.token, seq=0,
+                                                             node=start, generation=active.claim.generation, now=now)
+        change, value = await _settings(tx, active, attempt_id, started)
         result.attempt = StartedAttempt(seq=0, node=start, attemptId=attempt_id, settings=value,
                                         settingsChange=change)
     return result, None
@@ -94,17 +101,21 @@ async def _attempt_start(host: HostState, tx: UnitOfWork,
         if submission is None:
             await tx.interactions.park_again(active.claim.run_id, active.claim.token, now)
             return AttemptStartResult(stop="waiting"), Conclusion.DONE
-        return await _started(host, tx, active, attempt_id, submission), None
-    attempt_id, _ = await tx.runs.start_attempt(active.claim.run_id, active.claim.token, seq=payload.seq,
-                                       node=payload.node, generation=active.claim.generation, now=now)
-    return await _started(host, tx, active, attempt_id), None
+        change, value = await tx.settings.attempt_settings(active.claim.run_id, attempt_id)
+        return AttemptStartResult(attemptId=attempt_id, submission=submission, settings=value,
+                                  settingsChange=change), None
+    attempt_id, _, started = await tx.runs.begin_attempt(active.claim.run_id, active.claim.token, seq=payload.seq,
+                                                         node=payload.node, generation=active.claim.generation, now=now)
+    change, value = await _settings(tx, active, attempt_id, started)
+    return AttemptStartResult(attemptId=attempt_id, settings=value, settingsChange=change), None
 
 
-async def _started(host: HostState, tx: UnitOfWork,
-          active: ActiveRun, attempt_id: str, submission: Any = None) -> AttemptStartResult:
-    """An attempt to run, with the settings (and their change number) it started under."""
-    change, value = await tx.settings.attempt_settings(active.claim.run_id, attempt_id)
-    return AttemptStartResult(attemptId=attempt_id, submission=submission, settings=value, settingsChange=change)
+async def _settings(tx: UnitOfWork, active: ActiveRun, attempt_id: str, started: int | None) -> tuple[int | None, Any]:
+    """(change number, settings) of an attempt just started, whose insert found the change
+    number ``started``: None, its run has no settings, and there is nothing to read."""
+    if started is None:
+        return None, None
+    return await tx.settings.attempt_settings(active.claim.run_id, attempt_id)
 
 
 async def _attempt_accept(host: HostState, tx: UnitOfWork,
@@ -133,15 +144,17 @@ async def _run_complete(host: HostState, tx: UnitOfWork, active: ActiveRun, mess
 
 
 async def _complete(host: HostState, tx: UnitOfWork, active: ActiveRun, output: Any, now: int) -> Outcome:
-    if not await _held_for_effects(host, tx, active, now):
-        await tx.queue.complete_run(active.claim.run_id, active.claim.token, output, now)
-    return NOTHING, Conclusion.DONE
+    if await _held_for_effects(host, tx, active, now):
+        return NOTHING, Conclusion.DONE
+    await tx.queue.complete_run(active.claim.run_id, active.claim.token, output, now)
+    return RUN_ENDED, Conclusion.DONE
 
 
 async def _run_fail(host: HostState, tx: UnitOfWork, active: ActiveRun, message: RunFail, now: int) -> Outcome:
-    if not await _held_for_effects(host, tx, active, now):
-        await tx.queue.fail_run(active.claim.run_id, active.claim.token, message.payload.error, now)
-    return NOTHING, Conclusion.DONE
+    if await _held_for_effects(host, tx, active, now):
+        return NOTHING, Conclusion.DONE
+    await tx.queue.fail_run(active.claim.run_id, active.claim.token, message.payload.error, now)
+    return RUN_ENDED, Conclusion.DONE
 
 
 async def _held_for_effects(host: HostState, tx: UnitOfWork, active: ActiveRun, now: int) -> bool:
@@ -334,16 +347,40 @@ def _start_clock(host: HostState, active: ActiveRun, attempt_id: str, node: str,
         by_host=seconds != own)
 
 
+def _last_answer(active: ActiveRun, message: WorkerMessage) -> WorkerResponse | None:
+    """The answer to a repeat of the worker's latest answered message, which is stored only
+    with its next one (or never, when none comes): kept here meanwhile, with the worker's
+    pipe (only its own worker can repeat it, and only while this host is its host)."""
+    last = active.last_answer
+    if last is None or last[0].messageId != message.messageId:
+        return None
+    answered: WorkerResponse = last[1]
+    return answered if worker_fingerprint(last[0]) == worker_fingerprint(message) else reused_id(message)
+
+
+def _answers_stored(active: ActiveRun) -> bool:
+    """Whether any answer to a worker of the run may be stored: each committed unit but the
+    one ending the run stores the answer before it, so this worker stored some once two of
+    its messages were answered; and a run claimed before may have had other workers."""
+    return not active.claim.first or len(active.answered) >= 2
+
+
 async def handle(host: HostState, active: ActiveRun, message: WorkerMessage) -> WorkerResponse:
+    """Answer one message of the worker, in one unit of work with its changes. Its answer
+    is kept in ``active.last_answer`` and stored (``workers.record_message``) in the unit
+    of work of the worker's next message: only the worker can repeat a message id, on its
+    pipe, while this host is its host, and it sends one message at a time. The unit that
+    ends a fresh worker's run also records the worker's end, which deletes its stored
+    answers (the run has ended): it stores none, so a fresh one-node run stores none at
+    all. A repeat is answered from either, or refused when its body changed."""
     if message.workerEpoch != active.worker_id or message.generation != active.claim.generation:
         # Each worker has a pipe of its own: a stale worker's messages come on its own pipe,
         # with its own claim, and the store's fence refuses them (claimLost). One that names
         # another worker or generation than its pipe's lies: the pump stops it as a crash.
         raise ProtocolError(f"a message for worker {message.workerEpoch} generation {message.generation} "
                             f"on the pipe of worker {active.worker_id} generation {active.claim.generation}")
-    store = host.store
     if message.messageId in active.answered:  # a repeat gets the stored answer (new ids skip the lookup)
-        stored = await store.workers.read_message(message)
+        stored = _last_answer(active, message) or await host.store.workers.read_message(message)
         if stored is not None:
             return stored
     # A fresh worker told its run has ended exits: its end is recorded in the same unit of
@@ -355,28 +392,33 @@ async def handle(host: HostState, active: ActiveRun, message: WorkerMessage) -> 
 
     async def answer(tx: UnitOfWork) -> tuple[WorkerResponse, Result, Conclusion | None]:
         """One unit of work: the fence (the live claim and the run revision), the revision
-        check, the handler's changes, and the recorded answer (and the worker's end, when
-        its run ended); nothing of it if any raises. It awaits store calls only
-        (``run_unit``: on PostgreSQL one thread hop for all)."""
+        check, the handler's changes, the worker's previous answer recorded (and the
+        worker's end, when its run ended); nothing of it if any raises. It awaits store
+        calls only (``run_unit``: on PostgreSQL one thread hop for all)."""
         kind, now = type(message), host.now()
-        current = await tx.queue.fenced_revision(active.claim.run_id, active.claim.token, now)
-        if kind is not Ready and message.expectedRevision != current:
-            raise Rejected(f"run revision conflict: expected {message.expectedRevision}, now {current}")
+        current = None  # a ready is not checked against a revision, and its handler's first write fences it
+        if kind is not Ready:
+            current = await tx.queue.fenced_revision(active.claim.run_id, active.claim.token, now)
+            if message.expectedRevision != current:
+                raise Rejected(f"run revision conflict: expected {message.expectedRevision}, now {current}")
         result, conclusion = await HANDLERS[kind](host, tx, active, message, now)
         revision = await tx.queue.revision_of(active.claim.run_id) if kind in REVISING else current
         response = WorkerResponse(message.messageId, "accepted", revision=revision, result=result)
-        await tx.workers.record_message(message, response, now)
+        if active.last_answer is not None and not (ends and result is RUN_ENDED):  # else the worker's end,
+            previous, answered = active.last_answer                                 # below, would delete it
+            await tx.workers.record_message(previous, answered, now)
         if ends and conclusion is Conclusion.DONE:
             await tx.supervision.end_worker(
                 worker_id=active.worker_id, run_id=active.claim.run_id, token=active.claim.token,
                 status=WorkerStatus.EXITED, now=now, exit_code=0, signal=None, diagnostic=printed or None, park=False,
-                max_crashes=host.config.max_crashes)
+                max_crashes=host.config.max_crashes, answers=_answers_stored(active))
         return response, result, conclusion
 
     kind = type(message)
     try:
         response, result, conclusion = await host.run_unit(answer)
         active.answered.add(message.messageId)
+        active.last_answer = (message, response)  # nothing awaited since the commit: kept as surely as committed
         if ends and conclusion is Conclusion.DONE:
             active.end_recorded = printed
         faults.point("host.worker.committed")

@@ -487,3 +487,8 @@ def parse_worker_response(line: bytes) -> WorkerResponse:
 def worker_fingerprint(message: WorkerMessage) -> bytes:
     """Everything but ``messageId`` (the operation included)."""
     return hashlib.sha256(canonical_json(msgspec.structs.replace(message, messageId="-"))).digest()
+
+
+def reused_id(message: WorkerMessage) -> WorkerResponse:
+    """The answer to a message whose id was answered before with another body."""
+    return WorkerResponse(message.messageId, "rejected", error="messageId was reused with another body")

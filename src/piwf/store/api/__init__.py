@@ -32,13 +32,13 @@ Conventions every method keeps:
   protocol's Structs the host answers with (to become store types; see the issue).
 
 **Units of work.** Each method is one commit by itself. Changes that must commit together
-(a command and its recorded answer, a worker message's changes and its answer) go in one
-unit of work the host opens explicitly::
+(a command and its recorded answer, a worker message's changes and its worker's previous
+answer) go in one unit of work the host opens explicitly::
 
     async with store.transaction() as tx:
         revision = await tx.queue.fenced_revision(run_id, token, now)   # the fence
         ...                                                             # the changes, on tx
-        await tx.workers.record_message(message, response, now)
+        await tx.workers.record_message(previous, its_response, now)  # the worker's answer before
 
 ``tx`` has the same aggregates as the store. Leaving the block commits; an exception
 rolls everything back and propagates. No host callback runs inside a store call.

@@ -161,6 +161,12 @@ class RunsStore(Protocol):
             self, run_id: str, token: str, *, seq: int, node: str, generation: int, now: int) -> tuple[str, int]:
         """Raises ClaimLost."""
 
+    async def begin_attempt(
+            self, run_id: str, token: str, *, seq: int, node: str, generation: int,
+            now: int) -> tuple[str, int, int | None]:
+        """``start_attempt``, and the settings change number the attempt started under (None: its run has
+        no settings; ``settings.attempt_settings`` would answer (None, None)). Raises ClaimLost."""
+
     async def accept_attempt(
             self, run_id: str, token: str, *, attempt_id: str, output: Any, exit_name: str | None, now: int,
             waiting: bool = False) -> int:
@@ -222,7 +228,8 @@ class QueueStore(Protocol):
     """The run queue: claims renewed, fenced, parked, ended. Every method given a
     ``token`` acts only under that live claim. ``fenced_revision`` is the fence that opens a
     worker message's unit of work: it holds the claim for the rest of it (SQLite: the write
-    lock of ``BEGIN IMMEDIATE``; PostgreSQL: the row's lock).
+    lock of ``BEGIN IMMEDIATE``; PostgreSQL: the row's lock). A ``worker.ready``, checked
+    against no revision, is fenced by ``mark_running`` instead, its first write.
     """
 
     async def fenced_revision(self, run_id: str, token: str, now: int) -> int:
@@ -278,14 +285,15 @@ class SupervisionStore(Protocol):
     async def end_worker(
             self, *, worker_id: str, run_id: str, token: str, status: WorkerStatus, now: int,
             exit_code: int | None, signal: int | None, diagnostic: str | None, park: bool, max_crashes: int,
-            last_output: str = '', backoff: Delay | None = None) -> WorkerEnded:
+            last_output: str = '', backoff: Delay | None = None, answers: bool = True) -> WorkerEnded:
         """Record how a worker ended and, with ``park``, release its run's claim. A crash is counted on the run
         (durably: a run that keeps killing what runs it is held however often the host restarts); the
         ``max_crashes``-th in a row holds it with the worker's last output. ``backoff`` is how long the parked
         run waits before any host may claim it again, kept with the run (its ``not_before``, set in this
         transaction; ``claim_runs`` skips it until then): ms, or ms as a function of the crashes in a row
         before this one (applied only after a crash that does not hold the run); None: at once. Once the run
-        has ended, the answers stored for its ended workers are deleted. Returns the run's crashes in a row
+        has ended, the answers stored for its ended workers are deleted (``answers`` False: the caller knows
+        none was stored, so none is looked for). Returns the run's crashes in a row
         (0 when this end was no crash), whether its run waits for a person again (the worker was validating
         a submission), and the ``not_before`` it was parked with.
         """
@@ -322,7 +330,9 @@ class PlacementStore(Protocol):
 class WorkersStore(Protocol):
     """Worker records, their answered messages, and the process groups they registered.
     A worker message is one unit of work: ``queue.fenced_revision`` (the fence), the
-    revision check, the handler's calls, then ``record_message``.
+    revision check, the handler's calls, then ``record_message`` of the worker's previous
+    answer (the host keeps the latest until the next message; none in the unit that ends
+    the run with the worker's end, which deletes them).
     """
 
     async def read_message(self, message: WorkerMessage) -> WorkerResponse | None:

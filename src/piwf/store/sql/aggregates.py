@@ -118,6 +118,11 @@ class RunsAggregate:
             self, run_id: str, token: str, *, seq: int, node: str, generation: int, now: int) -> tuple[str, int]:
         return await self.call(_runs.start_attempt, run_id, token, seq=seq, node=node, generation=generation, now=now)
 
+    async def begin_attempt(
+            self, run_id: str, token: str, *, seq: int, node: str, generation: int,
+            now: int) -> tuple[str, int, int | None]:
+        return await self.call(_runs.begin_attempt, run_id, token, seq=seq, node=node, generation=generation, now=now)
+
     async def accept_attempt(
             self, run_id: str, token: str, *, attempt_id: str, output: Any, exit_name: str | None, now: int,
             waiting: bool = False) -> int:
@@ -216,11 +221,11 @@ class SupervisionAggregate:
     async def end_worker(
             self, *, worker_id: str, run_id: str, token: str, status: WorkerStatus, now: int,
             exit_code: int | None, signal: int | None, diagnostic: str | None, park: bool, max_crashes: int,
-            last_output: str = '', backoff: Delay | None = None) -> WorkerEnded:
+            last_output: str = '', backoff: Delay | None = None, answers: bool = True) -> WorkerEnded:
         return await self.call(
             _supervision.end_worker, worker_id=worker_id, run_id=run_id, token=token, status=status, now=now,
             exit_code=exit_code, signal=signal, diagnostic=diagnostic, park=park, max_crashes=max_crashes,
-            last_output=last_output, backoff=backoff)
+            last_output=last_output, backoff=backoff, answers=answers)
 
 
 class PlacementAggregate:

@@ -241,18 +241,29 @@ def _queue_status(db: Database, run_id: str) -> str:
 def start_attempt(
     db: Database, run_id: str, token: str, *, seq: int, node: str, generation: int, now: int
 ) -> tuple[str, int]:
+    """Start a node's attempt; (its id, the run's new revision)."""
+    attempt_id, revision, _ = begin_attempt(db, run_id, token, seq=seq, node=node, generation=generation, now=now)
+    return attempt_id, revision
+
+
+def begin_attempt(
+    db: Database, run_id: str, token: str, *, seq: int, node: str, generation: int, now: int
+) -> tuple[str, int, int | None]:
+    """``start_attempt``, and the settings change the attempt started under (None: its run
+    has no settings, so ``settings.attempt_settings`` would find none), from its insert."""
     with db.write():
         require_claim(db, run_id, token, now)
         attempt_id = secrets.token_hex(8)
-        db.execute(
+        change: int | None = db.scalar(
             """INSERT INTO node_attempts (attempt_id, run_id, seq, node_id, generation, status, started_at,
                  settings_change)
                VALUES (?, ?, ?, ?, ?, 'running', ?,
-                 (SELECT change_number FROM settings_scopes WHERE run_id = ? AND mount_path = ''))""",
+                 (SELECT change_number FROM settings_scopes WHERE run_id = ? AND mount_path = ''))
+               RETURNING settings_change""",
             (attempt_id, run_id, seq, node, generation, now, run_id),
         )
         add_event(db, run_id, "attempt.started", {"node": node, "seq": seq, "attemptId": attempt_id}, now)
-        return attempt_id, _bump(db, run_id, now)
+        return attempt_id, _bump(db, run_id, now), change
 
 
 def accept_attempt(

@@ -51,14 +51,16 @@ def claim_runs(db: Database, *, room: int, exclude: frozenset[str], runner_id: s
 
 def end_worker(db: Database, *, worker_id: str, run_id: str, token: str, status: WorkerStatus, now: int,
                exit_code: int | None, signal: int | None, diagnostic: str | None, park: bool,
-               max_crashes: int, last_output: str = "", backoff: Delay | None = None) -> WorkerEnded:
+               max_crashes: int, last_output: str = "", backoff: Delay | None = None,
+               answers: bool = True) -> WorkerEnded:
     """Record how a worker ended and, with ``park``, release its run's claim. A crash is
     counted on the run (durably: a run that keeps killing what runs it is held however
     often the host restarts); the ``max_crashes``-th in a row holds it with the worker's
     last output. ``backoff``: how long the parked run waits before it may be claimed again
     (``not_before``, kept with the run, so any host honours it): ms, or ms as a function
     of the crashes in a row before this one (then only after a crash not held). Once the
-    run has ended, the answers stored for its ended workers are deleted. Returns the run's
+    run has ended, the answers stored for its ended workers are deleted (unless ``answers``
+    is False: the caller knows none of the run's was stored). Returns the run's
     crashes in a row (0 when this end was no crash), whether its run waits for a person
     again (the worker was validating a submission), and the run's ``not_before``."""
     with db.write():
@@ -81,7 +83,7 @@ def end_worker(db: Database, *, worker_id: str, run_id: str, token: str, status:
         not_before = _not_before(backoff, crashes, held, now)
         parked = park and queue.park_run(db, run_id, token, now, hold=Hold.CRASHED if held else None, detail=detail,
                                          not_before=not_before)
-        if not parked:  # the run has ended (or is another's): no worker of it will repeat a message
+        if not parked and answers:  # the run has ended (or is another's): no worker of it will repeat a message
             workers.forget_messages(db, run_id)
         return WorkerEnded(crashes=crashes, waiting_again=False, not_before=not_before if parked else None)
 

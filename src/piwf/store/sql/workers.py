@@ -9,7 +9,7 @@ from piwf.errors import Conflict
 from piwf.protocol import WorkerSummary
 from piwf.status import ENDED, LIVE_WORKER
 from piwf.wire import canonical_json
-from piwf.protocol.worker import WorkerMessage, WorkerResponse, worker_fingerprint
+from piwf.protocol.worker import WorkerMessage, WorkerResponse, reused_id, worker_fingerprint
 from piwf.store.sql.database import Database
 from piwf.store.sql.base import add_event, earlier_epoch
 from piwf.store.sql.database import one_of
@@ -99,7 +99,7 @@ def read_message(db: Database, message: WorkerMessage) -> WorkerResponse | None:
     if row is None:
         return None
     if bytes(row[0]) != worker_fingerprint(message):
-        return WorkerResponse(message.messageId, "rejected", error="messageId was reused with another body")
+        return reused_id(message)
     return msgspec.json.decode(row[1].encode(), type=WorkerResponse)
 
 
