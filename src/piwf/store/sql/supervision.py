@@ -69,7 +69,8 @@ def end_worker(db: Database, *, worker_id: str, run_id: str, token: str, status:
         if park and not queue.holds_token(db, run_id, token):
             # The claim is gone (its run ended or parked by the worker's own message, or it
             # moved on): each step below is fenced by the token, so none would change a thing.
-            workers.forget_messages(db, run_id)
+            if answers:
+                workers.forget_messages(db, run_id)
             return WorkerEnded(crashes=0, waiting_again=False)
         # A worker that ended while validating a submission: it is rejected and the run waits
         # again; unless its host stopped (a planned stop keeps the value: the next host validates it).
