@@ -272,7 +272,7 @@ def drive(host: subprocess.Popen[bytes], paths: Any, project: Path, admin: psyco
         before = counters(admin)
         spy = None if not args.py_spy else subprocess.Popen(
             ["py-spy", "record", "--pid", str(host.pid), "--format", "raw", "--rate", "250", "--nonblocking",
-             "--gil", "--output", args.py_spy], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             "--gil", "--threads", "--output", args.py_spy], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         cpu, switches = process.cpu_times(), process.num_ctx_switches()
         began = time.perf_counter()
         ids = [client.call("run.start", payload=payload).receipt["runId"] for _ in range(args.n)]
