@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import re
+import select
 from typing import Any
 
 import psycopg
@@ -92,7 +93,7 @@ class PgDatabase(Blobs):
 
     dialect = DIALECT
 
-    __slots__ = ("_depth", "_rowcount", "_session", "conn", "fenced", "revised", "schema", "where")
+    __slots__ = ("_begin", "_depth", "_rowcount", "_session", "conn", "fenced", "revised", "schema", "where")
 
     def __init__(self, conn: psycopg.Connection[Any], where: str, schema: str = "piwf") -> None:
         self.conn = conn
@@ -100,6 +101,8 @@ class PgDatabase(Blobs):
         self.schema = schema
         self._depth = 0
         self._rowcount = 0
+        # A BEGIN not sent yet: it goes with the transaction's first statement (``begin``).
+        self._begin: bytes | None = None
         # The connection's statements and adapters, for every statement (``session_of``).
         self._session: Session | None = None
         self.fenced: tuple[str, str, int] | None = None  # see store/sql/database.py
@@ -116,8 +119,12 @@ class PgDatabase(Blobs):
     def in_write(self) -> bool:
         return self._depth > 0
 
-    def begin(self) -> None:
-        self.execute("BEGIN")
+    def begin(self, statement: bytes = b"BEGIN") -> None:
+        """Open a transaction. Its ``BEGIN`` is sent with its first statement, in one round
+        trip (``Session.run``): the transaction is the same (READ COMMITTED takes each
+        statement's snapshot as it starts, REPEATABLE READ at its first statement; a
+        ``BEGIN`` takes none), and one with no statement sends nothing."""
+        self._begin = statement
         self._depth = 1
         self.fenced = self.revised = None
 
@@ -127,6 +134,7 @@ class PgDatabase(Blobs):
         retry finds out from the command log or its fence."""
         self._depth = 0
         self.fenced = self.revised = None
+        self._begin = None  # not sent: no statement was, nothing to end
         if self.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE:
             return
         if not commit:
@@ -181,7 +189,8 @@ class PgDatabase(Blobs):
         session = self._session
         if session is None:
             session = self._session = session_of(self.conn)
-        rows, self._rowcount = session.run(text, params)
+        begin, self._begin = self._begin, None
+        rows, self._rowcount = session.run(text, params, begin)
         return rows
 
     def scalar(self, sql: str, params: Any = ()) -> Any:
@@ -225,6 +234,7 @@ _TUPLES_OK = pq.ExecStatus.TUPLES_OK
 _COMMAND_OK = pq.ExecStatus.COMMAND_OK
 _EMPTY_QUERY = pq.ExecStatus.EMPTY_QUERY
 _FATAL_ERROR = pq.ExecStatus.FATAL_ERROR
+_PIPELINE_SYNC = pq.ExecStatus.PIPELINE_SYNC
 _SQLSTATE = pq.DiagnosticField.SQLSTATE
 _AUTO = adapt.PyFormat.AUTO
 _SESSION = "_piwf_session"
@@ -262,26 +272,16 @@ class Session:
         self.transformer = adapt.Transformer(conn)
         self.prepared: dict[tuple[str, tuple[int, ...]], bytes] = {}
 
-    def run(self, text: str, params: Any) -> tuple[list[Any], int]:
+    def run(self, text: str, params: Any, begin: bytes | None = None) -> tuple[list[Any], int]:
         """The rows ``text`` returned (none for a command) and its row count (psycopg's
         ``rowcount``: rows returned, else rows changed, else -1); psycopg's error for a
-        failed one (OperationalError when libpq says the connection failed)."""
-        pgconn, tx = self.pgconn, self.transformer
-        if params:
-            values = tx.dump_sequence(params, [_AUTO] * len(params))
-            key = (text, tx.types or ())
-            name = self.prepared.get(key)
-            if name is None:
-                name = self._prepare(key)
-            if name:
-                # libpq takes None as NULL (the stub says bytes only; psycopg's cursor passes None too)
-                result = pgconn.exec_prepared(name, values, tx.formats)  # type: ignore[arg-type]
-            else:
-                result = pgconn.exec_params(text.encode(self.encoding), values, tx.types, tx.formats)
-        else:  # BEGIN, COMMIT...: a simple query, the statement in one message
-            result = pgconn.exec_(text.encode(self.encoding))
+        failed one (OperationalError when libpq says the connection failed). ``begin``: a
+        ``BEGIN`` to send first, pipelined with a prepared statement (one round trip; its
+        first use, or a statement without parameters, sends it on its own first)."""
+        result = self._result(text, params, begin)
         status = result.status
         if status == _TUPLES_OK:
+            tx = self.transformer
             tx.set_pgresult(result)
             count = result.ntuples
             return tx.load_rows(0, count, tuple), count
@@ -289,6 +289,70 @@ class Session:
             changed = result.command_tuples
             return [], -1 if changed is None else changed
         raise self._error(result)
+
+    def _result(self, text: str, params: Any, begin: bytes | None) -> pq.abc.PGresult:
+        pgconn, tx = self.pgconn, self.transformer
+        if not params:  # BEGIN, COMMIT...: a simple query, the statement in one message
+            if begin is not None:
+                self._simple(begin)
+            return pgconn.exec_(text.encode(self.encoding))
+        values = tx.dump_sequence(params, [_AUTO] * len(params))
+        key = (text, tx.types or ())
+        name = self.prepared.get(key)
+        if name and begin is not None:
+            return self._begin_with(begin, name, values, tx.formats)
+        if begin is not None:
+            self._simple(begin)
+        if name is None:
+            name = self._prepare(key)
+        if not name:
+            return pgconn.exec_params(text.encode(self.encoding), values, tx.types, tx.formats)
+        # libpq takes None as NULL (the stub says bytes only; psycopg's cursor passes None too)
+        return pgconn.exec_prepared(name, values, tx.formats)  # type: ignore[arg-type]
+
+    def _simple(self, statement: bytes) -> None:
+        result = self.pgconn.exec_(statement)
+        if result.status != _COMMAND_OK:
+            raise self._error(result)
+
+    def _begin_with(self, begin: bytes, name: bytes, values: Any, formats: Any) -> pq.abc.PGresult:
+        """``begin`` and then the prepared statement ``name``, pipelined: both sent at once,
+        then both answers read; the statement's result. The socket is awaited in
+        ``select.poll`` (which releases the GIL; libpq's blocking read in pipeline mode
+        would hold it). A failure of the connection on the way closes it (the server
+        rolls the transaction back): the pool then drops it."""
+        pgconn = self.pgconn
+        pgconn.enter_pipeline_mode()
+        try:
+            pgconn.send_query_params(begin, None)
+            pgconn.send_query_prepared(name, values, formats)
+            pgconn.pipeline_sync()
+            while pgconn.flush():
+                self._wait(select.POLLOUT)
+            results = []
+            while True:
+                while pgconn.is_busy():
+                    self._wait(select.POLLIN)
+                    pgconn.consume_input()
+                result = pgconn.get_result()
+                if result is None:  # the end of one statement's results
+                    continue
+                if result.status == _PIPELINE_SYNC:
+                    break
+                results.append(result)
+            pgconn.exit_pipeline_mode()
+        except BaseException:
+            pgconn.finish()
+            raise
+        began, result = results
+        if began.status != _COMMAND_OK:
+            raise self._error(began)
+        return result
+
+    def _wait(self, events: int) -> None:
+        poll = select.poll()
+        poll.register(self.pgconn.socket, events | select.POLLERR | select.POLLHUP)
+        poll.poll()
 
     def _prepare(self, key: tuple[str, tuple[int, ...]]) -> bytes:
         """The name ``key``'s statement is prepared under (prepared now), or b"" when as
@@ -374,8 +438,7 @@ class _Read:
     def __enter__(self) -> PgDatabase:
         db = self.db
         if not db._depth:
-            db.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            db._depth = 1
+            db.begin(b"BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
             self.outer = True
         return db
 
