@@ -235,6 +235,7 @@ _COMMAND_OK = pq.ExecStatus.COMMAND_OK
 _EMPTY_QUERY = pq.ExecStatus.EMPTY_QUERY
 _FATAL_ERROR = pq.ExecStatus.FATAL_ERROR
 _PIPELINE_SYNC = pq.ExecStatus.PIPELINE_SYNC
+_BAD = pq.ConnStatus.BAD
 _SQLSTATE = pq.DiagnosticField.SQLSTATE
 _AUTO = adapt.PyFormat.AUTO
 _SESSION = "_piwf_session"
@@ -329,13 +330,18 @@ class Session:
             pgconn.pipeline_sync()
             while pgconn.flush():
                 self._wait(select.POLLOUT)
-            results = []
+            results: list[pq.abc.PGresult] = []
+            ends = 0
             while True:
                 while pgconn.is_busy():
                     self._wait(select.POLLIN)
                     pgconn.consume_input()
                 result = pgconn.get_result()
-                if result is None:  # the end of one statement's results
+                if result is None:  # the end of one statement's results (two), or of the connection
+                    ends += 1
+                    if ends > 2 or pgconn.status == _BAD:
+                        raise psycopg.OperationalError(
+                            pgconn.get_error_message(self.encoding).strip() or "the connection was lost")
                     continue
                 if result.status == _PIPELINE_SYNC:
                     break
@@ -344,7 +350,7 @@ class Session:
         except BaseException:
             pgconn.finish()
             raise
-        began, result = results
+        began, result = results  # a FATAL_ERROR of the connection comes before the ends above
         if began.status != _COMMAND_OK:
             raise self._error(began)
         return result
