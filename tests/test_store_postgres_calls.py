@@ -114,35 +114,35 @@ async def test_a_transactions_begin_goes_with_its_first_statement_in_one_round_t
     clock = ManualClock()
     await create(store, "r1", clock)
     alone: list[bytes] = []
-    pipelined: list[bytes] = []
-    simple, begin_with = Session._simple, Session._begin_with
+    pipelined: list[tuple[bytes | None, bool]] = []  # (its BEGIN, whether it prepared the statement)
+    simple, pipeline = Session._simple, Session._pipelined
 
     def counted_simple(self: Session, statement: bytes) -> None:
         alone.append(statement)
         simple(self, statement)
 
-    def counted_begin_with(self: Session, begin: bytes, *args: Any) -> Any:
-        pipelined.append(begin)
-        return begin_with(self, begin, *args)
+    def counted_pipeline(self: Session, begin: bytes | None, prepare: Any, *args: Any) -> Any:
+        pipelined.append((begin, prepare is not None))
+        return pipeline(self, begin, prepare, *args)
 
     monkeypatch.setattr(Session, "_simple", counted_simple)
-    monkeypatch.setattr(Session, "_begin_with", counted_begin_with)
-    for _ in range(2):  # the first one on a connection may prepare the statement (BEGIN is then sent alone)
+    monkeypatch.setattr(Session, "_pipelined", counted_pipeline)
+    for _ in range(3):
         async with store.transaction() as tx:
             assert (await tx.runs.run_summary("r1")).status == "queued"
-    async with store.transaction() as tx:
-        assert (await tx.runs.run_summary("r1")).status == "queued"
-        unit = store.current.get()
-        assert unit is not None and unit.db is not None
-        assert unit.db.conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
-    assert pipelined[-1] == b"BEGIN" and len(alone) + len(pipelined) == 3, (alone, pipelined)
+            unit = store.current.get()
+            assert unit is not None and unit.db is not None
+            assert unit.db.conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+    # each BEGIN went with the statement; a statement's first use on a connection prepared it on the way
+    assert alone == [] and [begin for begin, _ in pipelined] == [b"BEGIN"] * 3, (alone, pipelined)
+    assert sum(prepared for _, prepared in pipelined) <= 1, pipelined
     # A first statement that fails in its pipeline: the transaction is rolled back, the connection goes on.
 
     def failing() -> list[Any]:
         db = store.connection()
         try:
             outcomes = []
-            for divisor in (1, 0, 2):  # the first prepares the statement; the second fails pipelined
+            for divisor in (1, 0, 2):  # the first prepares the statement; the second fails
                 try:
                     with db.write():
                         outcomes.append(db.scalar("SELECT 6 / ?", (divisor,)))
@@ -155,7 +155,8 @@ async def test_a_transactions_begin_goes_with_its_first_statement_in_one_round_t
 
     before = len(pipelined)
     assert await trio.to_thread.run_sync(failing) == [6, "StoreError", 3]
-    assert len(pipelined) - before == 2, pipelined  # the failing one and the one after it
+    assert pipelined[before:] == [(b"BEGIN", True), (b"BEGIN", False), (b"BEGIN", False)], pipelined
+    assert alone == []
 
 
 async def test_a_call_cancelled_while_it_waits_in_its_thread_finishes_then_the_caller_is_cancelled(

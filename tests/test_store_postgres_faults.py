@@ -82,14 +82,14 @@ async def test_a_connection_lost_after_a_pipelined_begin_and_statement_is_unavai
 ) -> None:
     """A transaction's BEGIN goes with its first statement (pipelined); the connection lost
     before their answers: StorageUnavailable (nothing was committed), not a wait for ever."""
-    pipelined: list[bytes] = []
-    begin_with = Session._begin_with
+    pipelined: list[tuple[bytes | None, bool]] = []  # (its BEGIN, whether it prepared the statement)
+    pipeline = Session._pipelined
 
-    def counted(self: Session, begin: bytes, *args: Any) -> Any:
-        pipelined.append(begin)
-        return begin_with(self, begin, *args)
+    def counted(self: Session, begin: bytes | None, prepare: Any, *args: Any) -> Any:
+        pipelined.append((begin, prepare is not None))
+        return pipeline(self, begin, prepare, *args)
 
-    monkeypatch.setattr(Session, "_begin_with", counted)
+    monkeypatch.setattr(Session, "_pipelined", counted)
     url, stores = store_pair
     proxy = CuttingProxy(server_socket(postgres), tmp_path)
     through = url.replace(postgres.url(), proxy.url()) if url.startswith(postgres.url()) else url
@@ -100,11 +100,12 @@ async def test_a_connection_lost_after_a_pipelined_begin_and_statement_is_unavai
         with db.write():
             return db.scalar("SELECT ?::text", (text,))
 
-    assert await store.call(echo, "first") == "first"  # prepared now: next time BEGIN and it are pipelined
+    opening = len(pipelined)  # the store's own first statements, each prepared on the way
+    assert await store.call(echo, "first") == "first"  # prepared now (its text holds no COMMIT)
     proxy.armed.set()  # the proxy cuts at the word in the statement's parameters (its Bind message)
     with trio.fail_after(30), pytest.raises(StorageUnavailable, match="unavailable"):
         await store.call(echo, "COMMIT")
-    assert proxy.cuts == 1 and pipelined == [b"BEGIN"]
+    assert proxy.cuts == 1 and pipelined[opening:] == [(b"BEGIN", True), (b"BEGIN", False)], pipelined
     assert await store.call(echo, "again") == "again"  # on another connection of the pool
     proxy.close()
 

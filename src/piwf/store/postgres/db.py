@@ -256,9 +256,10 @@ def session_of(conn: psycopg.Connection[Any]) -> Session:
 
 class Session:
     """A connection's statements, each prepared on the server at its first use (one named
-    statement per text and parameter types, as psycopg keys its own), then sent with
-    ``PQexecPrepared`` through the connection's ``pgconn``: a blocking libpq call, which
-    releases the GIL while it waits. Values go through psycopg's adapters for this
+    statement per text and parameter types, as psycopg keys its own; the prepare goes in
+    the same round trip as that first execution), then sent with ``PQexecPrepared``
+    through the connection's ``pgconn``: a blocking libpq call, which releases the GIL
+    while it waits. Values go through psycopg's adapters for this
     connection (``Transformer``): parameters dumped as psycopg's cursor dumps them
     (``%s``: text, or binary for bytes), rows loaded from text results. Used by one
     thread at a time (the connection's), and every result is loaded before the next
@@ -277,8 +278,8 @@ class Session:
         """The rows ``text`` returned (none for a command) and its row count (psycopg's
         ``rowcount``: rows returned, else rows changed, else -1); psycopg's error for a
         failed one (OperationalError when libpq says the connection failed). ``begin``: a
-        ``BEGIN`` to send first, pipelined with a prepared statement (one round trip; its
-        first use, or a statement without parameters, sends it on its own first)."""
+        ``BEGIN`` to send first, pipelined with the statement (one round trip; a statement
+        without parameters, or one past ``PREPARED_MAX``, sends it on its own first)."""
         result = self._result(text, params, begin)
         status = result.status
         if status == _TUPLES_OK:
@@ -300,13 +301,13 @@ class Session:
         values = tx.dump_sequence(params, [_AUTO] * len(params))
         key = (text, tx.types or ())
         name = self.prepared.get(key)
-        if name and begin is not None:
-            return self._begin_with(begin, name, values, tx.formats)
+        if name is None and len(self.prepared) < PREPARED_MAX:  # its first use here: prepared on the way
+            return self._pipelined(begin, key, f"piwf_{len(self.prepared)}".encode(), values, tx.formats)
+        if name is not None and begin is not None:
+            return self._pipelined(begin, None, name, values, tx.formats)
         if begin is not None:
             self._simple(begin)
-        if name is None:
-            name = self._prepare(key)
-        if not name:
+        if name is None:  # PREPARED_MAX are: this one goes unprepared
             return pgconn.exec_params(text.encode(self.encoding), values, tx.types, tx.formats)
         # libpq takes None as NULL (the stub says bytes only; psycopg's cursor passes None too)
         return pgconn.exec_prepared(name, values, tx.formats)  # type: ignore[arg-type]
@@ -316,61 +317,66 @@ class Session:
         if result.status != _COMMAND_OK:
             raise self._error(result)
 
-    def _begin_with(self, begin: bytes, name: bytes, values: Any, formats: Any) -> pq.abc.PGresult:
-        """``begin`` and then the prepared statement ``name``, pipelined: both sent at once,
-        then both answers read; the statement's result. The socket is awaited in
-        ``select.poll`` (which releases the GIL; libpq's blocking read in pipeline mode
-        would hold it). A failure of the connection on the way closes it (the server
-        rolls the transaction back): the pool then drops it."""
+    def _pipelined(self, begin: bytes | None, prepare: tuple[str, tuple[int, ...]] | None, name: bytes,
+                   values: Any, formats: Any) -> pq.abc.PGresult:
+        """In one round trip (libpq's pipeline mode): ``begin`` (if any), the statement
+        ``prepare`` prepared as ``name`` (if given: its first use), then ``name`` executed;
+        the statement's result. The socket is awaited in ``select.poll`` (which releases
+        the GIL; libpq's blocking read in pipeline mode would hold it). A failure of the
+        connection on the way closes it (the server rolls back what it began): the pool
+        then drops it."""
         pgconn = self.pgconn
+        expected = 1 + (begin is not None) + (prepare is not None)
         pgconn.enter_pipeline_mode()
         try:
-            pgconn.send_query_params(begin, None)
+            if begin is not None:
+                pgconn.send_query_params(begin, None)
+            if prepare is not None:
+                pgconn.send_prepare(name, prepare[0].encode(self.encoding), prepare[1] or None)
             pgconn.send_query_prepared(name, values, formats)
             pgconn.pipeline_sync()
             while pgconn.flush():
                 self._wait(select.POLLOUT)
-            results: list[pq.abc.PGresult] = []
-            ends = 0
-            while True:
-                while pgconn.is_busy():
-                    self._wait(select.POLLIN)
-                    pgconn.consume_input()
-                result = pgconn.get_result()
-                if result is None:  # the end of one statement's results (two), or of the connection
-                    ends += 1
-                    if ends > 2 or pgconn.status == _BAD:
-                        raise psycopg.OperationalError(
-                            pgconn.get_error_message(self.encoding).strip() or "the connection was lost")
-                    continue
-                if result.status == _PIPELINE_SYNC:
-                    break
-                results.append(result)
+            results = self._pipeline_results(expected)
             pgconn.exit_pipeline_mode()
         except BaseException:
             pgconn.finish()
             raise
-        began, result = results  # a FATAL_ERROR of the connection comes before the ends above
-        if began.status != _COMMAND_OK:
-            raise self._error(began)
+        *before, result = results
+        if prepare is not None and before[-1].status == _COMMAND_OK:
+            self.prepared[prepare] = name  # it exists on the server now, whatever came of its use
+        for step in before:  # a failed BEGIN or prepare: what came after it was not run
+            if step.status != _COMMAND_OK:
+                raise self._error(step)
         return result
+
+    def _pipeline_results(self, expected: int) -> list[pq.abc.PGresult]:
+        """The ``expected`` results of the pipeline up to its sync."""
+        pgconn = self.pgconn
+        results: list[pq.abc.PGresult] = []
+        ends = 0
+        while True:
+            while pgconn.is_busy():
+                self._wait(select.POLLIN)
+                pgconn.consume_input()
+            result = pgconn.get_result()
+            if result is None:  # the end of one command's results, or of the connection
+                ends += 1
+                if ends > expected or pgconn.status == _BAD:
+                    raise psycopg.OperationalError(
+                        pgconn.get_error_message(self.encoding).strip() or "the connection was lost")
+                continue
+            if result.status == _PIPELINE_SYNC:
+                break
+            results.append(result)
+        if len(results) != expected:
+            raise psycopg.OperationalError(f"{len(results)} results in a pipeline of {expected}")
+        return results
 
     def _wait(self, events: int) -> None:
         poll = select.poll()
         poll.register(self.pgconn.socket, events | select.POLLERR | select.POLLHUP)
         poll.poll()
-
-    def _prepare(self, key: tuple[str, tuple[int, ...]]) -> bytes:
-        """The name ``key``'s statement is prepared under (prepared now), or b"" when as
-        many as ``PREPARED_MAX`` are already (the statement is then sent unprepared)."""
-        if len(self.prepared) >= PREPARED_MAX:
-            return b""
-        name = f"piwf_{len(self.prepared)}".encode()
-        result = self.pgconn.prepare(name, key[0].encode(self.encoding), key[1] or None)
-        if result.status != _COMMAND_OK:
-            raise self._error(result)
-        self.prepared[key] = name
-        return name
 
     def _error(self, result: pq.abc.PGresult) -> psycopg.Error:
         if result.status == _FATAL_ERROR and result.error_field(_SQLSTATE):
