@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import pstats
 import secrets
@@ -152,9 +153,11 @@ def main() -> None:
 
 
 ROOT = Path(__file__).resolve().parents[1]
-FIGURES = ("runs_per_s", "host_cpu_ms_per_run", "commits_per_run", "statements_per_run", "server_ms_per_run",
-           "context_switches_per_run")
+FIGURES = ("runs_per_s", "host_cpu_ms_per_run", "commits_per_run", "statements_per_run", "statements_per_run_no_tx",
+           "server_ms_per_run", "context_switches_per_run")
+_TRANSACTION = re.compile(r"\s*(BEGIN|COMMIT|ROLLBACK|START TRANSACTION)\b", re.IGNORECASE)
 HOPS_FIGURE = ("hops_per_run",)
+MAIN_FIGURE = ("main_thread_cpu_ms_per_run",)
 
 
 def compare(server: Server, args: argparse.Namespace) -> None:
@@ -173,13 +176,13 @@ def compare(server: Server, args: argparse.Namespace) -> None:
                 order = list(trees.items())
                 for side, tree in order[round_ % len(order):] + order[:round_ % len(order)]:
                     figures = measure(server, tree / "src", args)
-                    samples[side].append({f: figures[f] for f in FIGURES + HOPS_FIGURE if f in figures})
+                    samples[side].append({f: figures[f] for f in FIGURES + MAIN_FIGURE + HOPS_FIGURE if f in figures})
                     print(f"round {round_ + 1}/{args.rounds} {side}: {samples[side][-1]}", file=sys.stderr)
         finally:
             for tree in trees.values():
                 if tree != ROOT:
                     subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)
-    shown = FIGURES + (HOPS_FIGURE if args.hops else ())
+    shown = FIGURES + MAIN_FIGURE + (HOPS_FIGURE if args.hops else ())
     medians = {side: {f: statistics.median(s[f] for s in runs) for f in shown} for side, runs in samples.items()}
     print(f"{args.n} runs per round, {args.rounds} rounds (in turns), medians")
     print(f"  {'':26s}" + "".join(f" {side[:12]:>12s}" for side in trees))
@@ -272,14 +275,16 @@ def drive(host: subprocess.Popen[bytes], paths: Any, project: Path, admin: psyco
         before = counters(admin)
         spy = None if not args.py_spy else subprocess.Popen(
             ["py-spy", "record", "--pid", str(host.pid), "--format", "raw", "--rate", "250", "--nonblocking",
-             "--gil", "--output", args.py_spy], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        cpu, switches = process.cpu_times(), process.num_ctx_switches()
+             # PIWF_SPY_ALL=1: every thread's samples, not only the GIL holder's
+             *([] if os.environ.get("PIWF_SPY_ALL") else ["--gil"]), "--threads", "--output", args.py_spy],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        cpu, switches, main = process.cpu_times(), process.num_ctx_switches(), _main_thread_s(process)
         began = time.perf_counter()
         ids = [client.call("run.start", payload=payload).receipt["runId"] for _ in range(args.n)]
         for run_id in ids:
             client.call("run.wait", run_id=run_id)
         elapsed = time.perf_counter() - began
-        cpu_after, switched = process.cpu_times(), process.num_ctx_switches()
+        cpu_after, switched, main_after = process.cpu_times(), process.num_ctx_switches(), _main_thread_s(process)
         if spy is not None:
             spy.send_signal(signal.SIGINT)
             spy.wait(timeout=60)
@@ -288,7 +293,15 @@ def drive(host: subprocess.Popen[bytes], paths: Any, project: Path, admin: psyco
     rows = admin.execute(
         "SELECT calls, total_exec_time, regexp_replace(left(query, 110), '\\s+', ' ', 'g') "
         "FROM pg_stat_statements WHERE query NOT LIKE '%pg_stat%' ORDER BY calls DESC").fetchall()
-    return figures_of(args.n, elapsed, cpu, cpu_after, switches, switched, before, after, rows)
+    figures = figures_of(args.n, elapsed, cpu, cpu_after, switches, switched, before, after, rows)
+    figures["main_thread_cpu_ms_per_run"] = (main_after - main) * 1000 / args.n
+    return figures
+
+
+def _main_thread_s(process: psutil.Process) -> float:
+    """The CPU time of the host's main thread (the trio loop; its thread id is the pid);
+    the rest of the host's CPU is its other threads' (the store's worker threads)."""
+    return next(t.user_time + t.system_time for t in process.threads() if t.id == process.pid)
 
 
 def figures_of(n: int, elapsed: float, cpu: Any, cpu_after: Any, switches: Any, switched: Any,
@@ -301,6 +314,9 @@ def figures_of(n: int, elapsed: float, cpu: Any, cpu_after: Any, switches: Any, 
             switched.voluntary + switched.involuntary - switches.voluntary - switches.involuntary) / n,
         "commits_per_run": (after[0] - before[0]) / n, "rollbacks_per_run": (after[1] - before[1]) / n,
         "statements_per_run": sum(row[0] for row in rows) / n,
+        # BEGIN, COMMIT, ROLLBACK left out: pg_stat_statements counts them when sent as simple
+        # queries, not when psycopg sent them prepared (as 75019a9's store did after 5 uses)
+        "statements_per_run_no_tx": sum(row[0] for row in rows if not _TRANSACTION.match(row[2])) / n,
         "server_ms_per_run": sum(row[1] for row in rows) / n,
         "statements": [(calls / n, total / max(calls, 1) * 1000, text) for calls, total, text in rows],
     }
@@ -310,7 +326,8 @@ def report(f: dict[str, Any], args: argparse.Namespace) -> str:
     hops = f" {f['hops_per_run']:.1f} thread hops per run (the host's life / runs + 1);" if "hops_per_run" in f else ""
     lines = [f"{f['n']} runs in {f['seconds']:.2f} s = {f['runs_per_s']:.1f} runs/s; host CPU "
              f"{f['host_cpu_ms_per_run']:.2f} ms per run (user {f['host_user_ms_per_run']:.2f}), "
-             f"{f['context_switches_per_run']:.1f} context switches per run;{hops}",
+             f"{f['context_switches_per_run']:.1f} context switches per run;{hops}"
+             f" the main thread's CPU {f.get('main_thread_cpu_ms_per_run', 0):.2f} ms per run",
              f"per run: {f['commits_per_run']:.2f} commits, {f['rollbacks_per_run']:.2f} rollbacks, "
              f"{f['statements_per_run']:.2f} statements (each a round trip); server time "
              f"{f['server_ms_per_run']:.2f} ms per run",

@@ -234,11 +234,13 @@ async def test_serve_refuses_a_bad_setting_in_the_store_url_in_one_line_without_
     assert "hunter2" not in said and said.strip().count("\n") == 0, said
 
 
-def test_placeholders_become_psycopgs_outside_literals() -> None:
+def test_placeholders_become_postgresqls_outside_literals() -> None:
     assert translate("SELECT ?, '?', 'it''s ?', 10 % 3 FROM t INDEXED BY t_i WHERE a = ?") == (
-        "SELECT %s, '?', 'it''s ?', 10 %% 3 FROM t WHERE a = %s", False)
-    assert translate("SELECT :now, x::int WHERE b = ':x'") == ("SELECT %(now)s, x::int WHERE b = ':x'", False)
-    assert translate("SELECT ?2, ?, ?1") == ("SELECT %(p2)s, %(p3)s, %(p1)s", True)
+        "SELECT $1, '?', 'it''s ?', 10 % 3 FROM t WHERE a = $2", None)
+    assert translate("SELECT :now, x::int WHERE b = ':x' AND c = :now AND d = :then") == (
+        "SELECT $1, x::int WHERE b = ':x' AND c = $1 AND d = $2", ("now", "then"))
+    # SQLite's numbers: a bare ? after ?2 is ?3; ?1 used twice is one parameter
+    assert translate("SELECT ?2, ?, ?1, ?1") == ("SELECT $1, $2, $3, $3", (1, 2, 0))
 
 
 async def test_a_password_never_reaches_a_log_status_record_or_error(

@@ -17,7 +17,8 @@ import trio
 from piwf.clock import ManualClock
 from piwf.store.api import open_store
 from piwf.store.postgres.backend import PgStore
-from piwf.store.postgres.db import PgDatabase
+from piwf.errors import StoreError
+from piwf.store.postgres.db import PgDatabase, Session
 from piwf.client import make_request
 
 from .conftest import pg_store_url
@@ -25,12 +26,15 @@ from .conftest import pg_store_url
 
 @pytest.fixture
 def sent(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """The statements the store sends, in order (observed, not replaced); COMMIT and
+    """The statements the store sends, in order (observed, not replaced); a transaction's
+    BEGIN before its first statement (sent with it: PgDatabase.begin); COMMIT and
     ROLLBACK, sent by PgDatabase.finish itself, are not among them."""
     statements: list[str] = []
     run = PgDatabase._run
 
     def counted(self: PgDatabase, sql: str, params: Any) -> Any:
+        if self._begin is not None:
+            statements.append(self._begin.decode())
         statements.append(" ".join(sql.split())[:60])
         return run(self, sql, params)
 
@@ -103,6 +107,56 @@ async def test_a_unit_of_work_begins_in_its_first_call_and_one_without_calls_sen
     assert sent[0] == "BEGIN"
     with pytest.raises(Exception, match="not found"):
         await store.runs.run_summary("r1")  # the first call's write was inside the rolled-back transaction
+
+
+async def test_a_transactions_begin_goes_with_its_first_statement_in_one_round_trip(
+        store: PgStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = ManualClock()
+    await create(store, "r1", clock)
+    alone: list[bytes] = []
+    pipelined: list[tuple[bytes | None, bool]] = []  # (its BEGIN, whether it prepared the statement)
+    simple, pipeline = Session._simple, Session._pipelined
+
+    def counted_simple(self: Session, statement: bytes) -> None:
+        alone.append(statement)
+        simple(self, statement)
+
+    def counted_pipeline(self: Session, begin: bytes | None, prepare: Any, *args: Any) -> Any:
+        pipelined.append((begin, prepare is not None))
+        return pipeline(self, begin, prepare, *args)
+
+    monkeypatch.setattr(Session, "_simple", counted_simple)
+    monkeypatch.setattr(Session, "_pipelined", counted_pipeline)
+    for _ in range(3):
+        async with store.transaction() as tx:
+            assert (await tx.runs.run_summary("r1")).status == "queued"
+            unit = store.current.get()
+            assert unit is not None and unit.db is not None
+            assert unit.db.conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+    # each BEGIN went with the statement; a statement's first use on a connection prepared it on the way
+    assert alone == [] and [begin for begin, _ in pipelined] == [b"BEGIN"] * 3, (alone, pipelined)
+    assert sum(prepared for _, prepared in pipelined) <= 1, pipelined
+    # A first statement that fails in its pipeline: the transaction is rolled back, the connection goes on.
+
+    def failing() -> list[Any]:
+        db = store.connection()
+        try:
+            outcomes = []
+            for divisor in (1, 0, 2):  # the first prepares the statement; the second fails
+                try:
+                    with db.write():
+                        outcomes.append(db.scalar("SELECT 6 / ?", (divisor,)))
+                except StoreError as exc:
+                    outcomes.append(type(exc).__name__)
+                assert db.conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+            return outcomes
+        finally:
+            store.give_back(db)
+
+    before = len(pipelined)
+    assert await trio.to_thread.run_sync(failing) == [6, "StoreError", 3]
+    assert pipelined[before:] == [(b"BEGIN", True), (b"BEGIN", False), (b"BEGIN", False)], pipelined
+    assert alone == []
 
 
 async def test_a_call_cancelled_while_it_waits_in_its_thread_finishes_then_the_caller_is_cancelled(

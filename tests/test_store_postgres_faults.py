@@ -19,6 +19,7 @@ from piwf.errors import StorageUnavailable
 from piwf.paths import StatePaths
 from piwf.store.api import open_store
 from piwf.store.postgres.backend import Limits
+from piwf.store.postgres.db import Session
 from piwf.wire import HostResponse, Outcome, request_fingerprint
 
 from .conftest import HostProcess, pg_store_url, wait_for
@@ -73,6 +74,39 @@ async def test_a_commit_whose_answer_was_lost_is_unavailable_and_its_retry_adopt
     retried = await store.commands.lookup(request, fingerprint)
     assert retried is not None and retried.outcome == Outcome.ADOPTED and retried.receipt == {"runId": "r1"}
     assert [r.runId for r in await store.runs.list_runs()] == ["r1"]
+    proxy.close()
+
+
+async def test_a_connection_lost_after_a_pipelined_begin_and_statement_is_unavailable_not_a_hang(
+    postgres: Any, tmp_path: Path, store_pair: tuple[str, list[Any]], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A transaction's BEGIN goes with its first statement (pipelined); the connection lost
+    before their answers: StorageUnavailable (nothing was committed), not a wait for ever."""
+    pipelined: list[tuple[bytes | None, bool]] = []  # (its BEGIN, whether it prepared the statement)
+    pipeline = Session._pipelined
+
+    def counted(self: Session, begin: bytes | None, prepare: Any, *args: Any) -> Any:
+        pipelined.append((begin, prepare is not None))
+        return pipeline(self, begin, prepare, *args)
+
+    monkeypatch.setattr(Session, "_pipelined", counted)
+    url, stores = store_pair
+    proxy = CuttingProxy(server_socket(postgres), tmp_path)
+    through = url.replace(postgres.url(), proxy.url()) if url.startswith(postgres.url()) else url
+    store = await opened(through, tmp_path, "host")
+    stores.append(store)
+
+    def echo(db: Any, text: str) -> Any:
+        with db.write():
+            return db.scalar("SELECT ?::text", (text,))
+
+    opening = len(pipelined)  # the store's own first statements, each prepared on the way
+    assert await store.call(echo, "first") == "first"  # prepared now (its text holds no COMMIT)
+    proxy.armed.set()  # the proxy cuts at the word in the statement's parameters (its Bind message)
+    with trio.fail_after(30), pytest.raises(StorageUnavailable, match="unavailable"):
+        await store.call(echo, "COMMIT")
+    assert proxy.cuts == 1 and pipelined[opening:] == [(b"BEGIN", True), (b"BEGIN", False)], pipelined
+    assert await store.call(echo, "again") == "again"  # on another connection of the pool
     proxy.close()
 
 
