@@ -204,8 +204,10 @@ def turn_for_run(db: Database, run_id: str, now: int) -> str | None:
     """Call in the transaction that ended or held the run: its session's turn, written or
     (while one is unresolved) rewritten with the cause and facts of now. None when the run
     has no origin session or is not ended or held for a person."""
+    # CAST: a bare parameter (carried over to run_queue by the join) made SQLite prepare the
+    # read again at each execution, for run_queue's partial indexes: 9.3 µs against 5.6.
     row = db.one("""SELECT r.status, r.origin_session_id, q.hold FROM runs r JOIN run_queue q ON q.run_id = r.run_id
-                    WHERE r.run_id = ?""", (run_id,))
+                    WHERE r.run_id = CAST(? AS TEXT)""", (run_id,))
     if row is None or row[1] is None:
         return None
     status, session, hold = row
