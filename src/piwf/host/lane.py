@@ -33,9 +33,9 @@ from piwf.protocol.worker import MAX_WORKER_LINE, HostHeartbeat, WorkerMessage, 
 from piwf.status import StopReason
 from piwf.wire import LineBuffer, encode_line
 from piwf.host import fence
-from piwf.host.lane_state import Active, C, Conclusion, E, LaneState, NodeClock, ProcessEnd
+from piwf.host.lane_state import Active, C, E, LaneState, NodeClock, ProcessEnd
 from piwf.host.state import HostState, log
-from piwf.host.worker_process import cleanup_scope, receive_before, run_worker, send_answer
+from piwf.host.worker_process import Ending, cleanup_scope, receive_before, run_worker, send_answer
 
 RECORD_S = 5.0  # how long recording a worker's end may take, shielded
 
@@ -125,7 +125,9 @@ class Lane(ABC, Generic[C, E]):
 
     async def went_idle(self, active: Active[C], receive: trio.lowlevel.FdStream, buffer: LineBuffer) -> bool:
         """After the answer that ended its part: True when the worker said it waits for more
-        work instead of ending (a warm worker, host/warm.py). No other lane keeps workers."""
+        work instead of ending (a warm worker, host/warm.py). No other lane keeps workers.
+        It needs no deadline: the worker has the kill grace to end or say idle, and the
+        supervisor stops it after that."""
         return False
 
 
@@ -256,11 +258,14 @@ async def _launch_contained(lane: Lane[C, Any], active: Active[C]) -> None:
 
 
 async def pump(lane: Lane[C, Any], active: Active[C], receive: trio.lowlevel.FdStream,
-               send: trio.lowlevel.FdStream) -> None:
+               send: trio.lowlevel.FdStream, ending: Ending) -> None:
     """Read the worker's messages, answer each once its commit is durable. Until the
     worker reports ready, a read waits no longer than the startup timeout; after, no
     longer than the work's own timeout, if it has one, nor than the time limit of the node
-    it runs (a worker that cannot answer, SIGSTOPped say, is stopped all the same)."""
+    it runs (a worker that cannot answer, SIGSTOPped say, is stopped all the same).
+    After the answer that ended its part the pump reads nothing more (but a warm worker's
+    ``worker.idle``): ``ending()`` gives the worker the kill grace to end, and the
+    supervisor's wait for its exit stops it after that (worker_process._lingered)."""
     host = lane.host
     buffer = LineBuffer(MAX_WORKER_LINE)
     deadline: float | None = trio.current_time() + host.config.worker_startup_s
@@ -302,8 +307,8 @@ async def pump(lane: Lane[C, Any], active: Active[C], receive: trio.lowlevel.FdS
                 return
             lane.answered()
             if active.conclusion is not None:
-                if not await lane.went_idle(active, receive, buffer):
-                    await _let_it_end(lane, active)
+                ending()
+                await lane.went_idle(active, receive, buffer)
                 return
 
 
@@ -344,20 +349,6 @@ def _timed_out(lane: Lane[C, Any], active: Active[C]) -> None:
         reason = StopReason.STARTUP_TIMEOUT
     log.warning("%s: worker %s; stopping it", active.label, note)
     active.stop(reason, note)
-
-
-async def _let_it_end(lane: Lane[C, Any], active: Active[C]) -> None:
-    """A worker told its part is over (its run done, stop at a boundary, its result
-    recorded, claim lost) ends on its own, and its exit cancels this wait; one still there
-    after the kill grace is stopped. Nothing more it sends is read."""
-    grace = lane.host.config.kill_grace_s
-    await trio.sleep(grace)
-    assert active.conclusion is not None
-    told = active.conclusion.value
-    log.warning("%s: worker did not end after being told %s; stopping it", active.label, told)
-    lost = active.conclusion is Conclusion.CLAIM_LOST
-    active.stop(StopReason.CLAIM_LOST if lost else StopReason.LINGERING,
-                f"did not end within {grace:g} s of being told {told}")
 
 
 # --- ends ---------------------------------------------------------------------------------
