@@ -188,27 +188,29 @@ async def _supervise_process(host: HostState, active: Active[Any], proc: WorkerH
         active.pid = proc.pid
         active.kill = lambda: proc.signal_group(signal.SIGKILL)  # the fence's (host/fence.py): until it is reaped
         await attach(proc.pid, proc.identity or "")
-        # The wait for its exit: a warm worker's worker.idle ends it too, and once the
-        # worker is told its part is over (``ending``) it is bounded by the kill grace.
-        waiting = trio.CancelScope()
-        if ticket is not None:
-            ticket.waiting = waiting
         grace = host.config.kill_grace_s
-
-        def ending() -> None:
-            waiting.deadline = trio.current_time() + grace
-
         async with trio.open_nursery() as nursery:
+            # The nursery's scope is the wait for the worker's exit: a warm worker's
+            # worker.idle ends it too, and once the worker is told its part is over
+            # (``ending``) it is bounded by the kill grace.
+            waiting = nursery.cancel_scope
+            if ticket is not None:
+                ticket.waiting = waiting
+
+            def ending() -> None:
+                waiting.deadline = trio.current_time() + grace
+
             nursery.start_soon(_read_output, proc.stdout, diagnostics)
             nursery.start_soon(pump, receive, send, ending)
-            with waiting:
-                await proc.wait_exited()
-            idle = ticket is not None and ticket.idle
-            exited = not idle and (not waiting.cancelled_caught or proc.has_exited())
-            if not (idle or exited):
-                _lingered(active, grace)
+            await proc.wait_exited()
+            exited = True
             if nursery.child_tasks:  # the pump has usually returned, and the output reached its end
-                nursery.cancel_scope.cancel()
+                waiting.cancel()
+        idle = not exited and ticket is not None and ticket.idle
+        if not (exited or idle):  # the kill grace passed
+            exited = proc.has_exited()
+            if not exited:
+                _lingered(active, grace)
         kept = idle and active.stop_reason is None
     finally:  # cancelled, failed or done: the worker's whole group goes, and is reaped
         if kept:
