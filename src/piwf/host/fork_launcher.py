@@ -47,7 +47,9 @@ class ForkLauncher:
         self._process: trio.Process | None = None
         self._up = trio_util.AsyncBool(False)  # a template is ready to fork
         self._next_id = 0
-        self._pending: dict[int, tuple[trio.Event, list[ForkedWorker | OSError]]] = {}
+        # starts waiting for the template's answer, oldest first, each with the time by which it is due
+        self._pending: dict[int, tuple[trio.Event, list[ForkedWorker | OSError], float]] = {}
+        self._watchdog: trio.CancelScope | None = None  # the reader's scope: its deadline is the oldest start's
         self._workers: dict[int, ForkedWorker] = {}
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -62,6 +64,7 @@ class ForkLauncher:
                 log.warning("%s; starting another in %.1f s", reason, delay)
                 await trio.sleep(delay)
         finally:
+            self._fail_pending("the fork server is closing")
             deadline = min(trio.current_time() + CLOSE_S, self._drain_deadline())
             with trio.CancelScope(shield=True, deadline=deadline):
                 await self._close()
@@ -92,9 +95,26 @@ class ForkLauncher:
                 self._up.value = True
         if not self._up.value:
             return "the fork server did not start"
-        while (message := await self._receive()) is not None:
-            await self._dispatch(message)
+        # One scope for all the starts waiting for an answer (not one per start): its
+        # deadline is the oldest one's (``_rewatch``), and a template that does not answer
+        # by then (stopped or stuck: a node may SIGSTOP its parent) is killed; its starts
+        # fail (LauncherUnavailable, by ``_retire``) and another template is started.
+        with trio.CancelScope() as watchdog:
+            self._watchdog = watchdog
+            self._rewatch()
+            while (message := await self._receive()) is not None:
+                await self._dispatch(message)
+        self._watchdog = None
+        if watchdog.cancelled_caught:
+            reason = f"the fork server did not answer within {TEMPLATE_READY_S:g} s"
+            self._abandon_template(reason)
+            return reason
         return "the fork server exited"
+
+    def _rewatch(self) -> None:
+        """The watchdog's deadline: when the oldest start waiting for an answer is due."""
+        if self._watchdog is not None:
+            self._watchdog.deadline = next(iter(self._pending.values()))[2] if self._pending else math.inf
 
     def _abandon_template(self, reason: str) -> None:
         """Kill a template that does not answer: its end is read as its exit, and another
@@ -111,12 +131,15 @@ class ForkLauncher:
         for worker in self._workers.values():
             worker.template_gone()
         self._workers.clear()
-        for event, slot in self._pending.values():
+        self._fail_pending(reason)
+        await self._kill_template()
+        self._sock = self._raw = self._process = None
+
+    def _fail_pending(self, reason: str) -> None:
+        for event, slot, _ in self._pending.values():
             slot.append(LauncherUnavailable(reason))
             event.set()
         self._pending.clear()
-        await self._kill_template()
-        self._sock = self._raw = self._process = None
 
     async def _close(self) -> None:
         """At host exit: keep reading exit reports while workers are still being stopped
@@ -182,12 +205,13 @@ class ForkLauncher:
         if not isinstance(message, (Forked, ForkFailed)):
             return
         pending = self._pending.pop(message.id, None)
+        self._rewatch()
         pid = message.pid if isinstance(message, Forked) else None
         if pending is None:  # its start was cancelled: nobody will run this worker
             if pid is not None:
                 processes.signal_group(pid, signal.SIGKILL)  # unreaped until its exit report is answered
             return
-        event, slot = pending
+        event, slot, _ = pending
         if pid is not None:  # registered here, before any exit report can be read
             worker = ForkedWorker(pid, None, _pidfd(pid), self._release, identity=processes.identity(pid))
             self._workers[pid] = worker
@@ -207,21 +231,19 @@ class ForkLauncher:
         self._next_id += 1
         request_id = self._next_id
         event, slot = trio.Event(), list[ForkedWorker | OSError]()
-        self._pending[request_id] = (event, slot)
+        self._pending[request_id] = (event, slot, trio.current_time() + TEMPLATE_READY_S)
+        if len(self._pending) == 1:
+            self._rewatch()
         fds = array.array("i", [launch.to_worker_r, launch.from_worker_w, output_w])
         try:
             try:
                 await self._send(Fork(id=request_id, cwd=launch.cwd, env=launch.env, execWorker=self._exec), fds)
             except OSError as exc:  # it died just now: the next template will start the worker
                 raise LauncherUnavailable(f"the fork server is gone: {exc}") from exc
-            with trio.move_on_after(TEMPLATE_READY_S):
-                await event.wait()
-            if not event.is_set():  # stopped or stuck (a node may SIGSTOP its parent): start another
-                self._pending.pop(request_id, None)
-                self._abandon_template(f"the fork server did not answer within {TEMPLATE_READY_S:g} s")
-                raise LauncherUnavailable("the fork server did not answer; it is being restarted")
+            await event.wait()  # bounded: the reader's watchdog (_read_replies) fails it after TEMPLATE_READY_S
         except BaseException:  # cancelled: a worker forked meanwhile must not live on unowned
-            self._pending.pop(request_id, None)
+            if self._pending.pop(request_id, None) is not None:
+                self._rewatch()
             if slot and isinstance(slot[0], ForkedWorker):
                 slot[0].signal_group(signal.SIGKILL)
                 slot[0].abandon()  # its exit report is answered with a reap
