@@ -24,11 +24,10 @@ import trio_util
 
 from piwf import processes
 from piwf.errors import PiwfError
-from piwf.status import StopReason
 from piwf.wire import canonical_json
 from piwf.host.launcher import Launch, LauncherUnavailable, WorkerHandle, stop_worker
 from piwf.host.warm import WarmTicket, WarmWorker, drain_output
-from piwf.host.state import Active, Conclusion, HostState, ProcessEnd, log
+from piwf.host.state import Active, HostState, ProcessEnd, log
 
 DIAGNOSTIC_BYTES = 64 * 1024
 REAP_S = 5.0  # after SIGKILL, how long reaping may take before the cleanup gives up
@@ -143,8 +142,10 @@ def cleanup_scope(host: HostState, budget_s: float) -> trio.CancelScope:
     return trio.CancelScope(shield=True, deadline=min(trio.current_time() + budget_s, host.drain_deadline))
 
 
-Ending = Callable[[], None]  # the worker was told its part is over: it has the kill grace to end (or say idle)
-Pump = Callable[[trio.lowlevel.FdStream, trio.lowlevel.FdStream, Ending], Awaitable[None]]  # (receive, send, ending)
+# bound(when, expire): unless it has exited (or said idle) by ``when`` (math.inf: never), the worker is
+# stopped by ``expire()``; the pump's (its startup timeout, the kill grace once told its part is over)
+Bound = Callable[[float, Callable[[], None]], None]
+Pump = Callable[[trio.lowlevel.FdStream, trio.lowlevel.FdStream, Bound], Awaitable[None]]  # (receive, send, bound)
 Attach = Callable[[int, str], Awaitable[None]]  # record the started worker's pid and start identity
 
 
@@ -188,29 +189,30 @@ async def _supervise_process(host: HostState, active: Active[Any], proc: WorkerH
         active.pid = proc.pid
         active.kill = lambda: proc.signal_group(signal.SIGKILL)  # the fence's (host/fence.py): until it is reaped
         await attach(proc.pid, proc.identity or "")
-        grace = host.config.kill_grace_s
+        expire: list[Callable[[], None]] = []
         async with trio.open_nursery() as nursery:
             # The nursery's scope is the wait for the worker's exit: a warm worker's
-            # worker.idle ends it too, and once the worker is told its part is over
-            # (``ending``) it is bounded by the kill grace.
+            # worker.idle ends it too, and so does the pump's ``bound`` passing.
             waiting = nursery.cancel_scope
             if ticket is not None:
                 ticket.waiting = waiting
 
-            def ending() -> None:
-                waiting.deadline = trio.current_time() + grace
+            def bound(when: float, expired: Callable[[], None]) -> None:
+                if not waiting.cancel_called:  # once passed (or ended by idle), it stays as it was
+                    waiting.deadline = when
+                    expire[:] = [expired]
 
             nursery.start_soon(_read_output, proc.stdout, diagnostics)
-            nursery.start_soon(pump, receive, send, ending)
+            nursery.start_soon(pump, receive, send, bound)
             await proc.wait_exited()
             exited = True
             if nursery.child_tasks:  # the pump has usually returned, and the output reached its end
                 waiting.cancel()
         idle = not exited and ticket is not None and ticket.idle
-        if not (exited or idle):  # the kill grace passed
+        if not (exited or idle):  # the pump's bound passed
             exited = proc.has_exited()
             if not exited:
-                _lingered(active, grace)
+                expire[0]()
         kept = idle and active.stop_reason is None
     finally:  # cancelled, failed or done: the worker's whole group goes, and is reaped
         if kept:
@@ -219,17 +221,6 @@ async def _supervise_process(host: HostState, active: Active[Any], proc: WorkerH
                              diagnostics)
         else:
             await _end_process(host, active, proc, (send, receive, proc.stdout), diagnostics, exited)
-
-
-def _lingered(active: Active[Any], grace: float) -> None:
-    """A worker told its part is over did not end (nor say idle) within the kill grace:
-    it is stopped (and counted as misbehaving, unless its claim was lost)."""
-    assert active.conclusion is not None
-    told = active.conclusion.value
-    log.warning("%s: worker did not end after being told %s; stopping it", active.label, told)
-    lost = active.conclusion is Conclusion.CLAIM_LOST
-    active.stop(StopReason.CLAIM_LOST if lost else StopReason.LINGERING,
-                f"did not end within {grace:g} s of being told {told}")
 
 
 async def _keep_warm(host: HostState, active: Active[Any], ticket: WarmTicket, worker: WarmWorker,
