@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import math
 import os
 import signal
 import sys
@@ -252,3 +253,39 @@ async def test_a_start_waiting_on_a_stopped_template_fails_as_soon_as_the_launch
         finally:
             os.kill(template, signal.SIGCONT)
     assert refused == ["the fork server is closing"]
+
+
+async def test_the_watchdog_passing_after_its_starts_were_answered_keeps_the_template(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reader's watchdog is set by a start and not moved by its answer: when it passes
+    with no start left unanswered for TEMPLATE_READY_S, it watches again; the template lives on."""
+    from piwf.host import fork_launcher
+    from piwf.host.launcher import Launch, WorkerHandle, stop_worker
+    from piwf.host.worker_process import Pipes
+
+    monkeypatch.setattr(fork_launcher, "TEMPLATE_READY_S", 2.0)
+    launcher = fork_launcher.ForkLauncher()
+
+    async def started() -> WorkerHandle:
+        with Pipes() as pipes:
+            return await launcher.start(Launch(str(tmp_path), dict(os.environ), pipes.to_worker_r,
+                                               pipes.from_worker_w))
+
+    async def ended(worker: WorkerHandle) -> None:
+        with trio.fail_after(10):
+            await stop_worker(worker, 0, exited=False)
+        assert worker.stdout is not None
+        await worker.stdout.aclose()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(launcher.serve)
+        await wait_for(lambda: launcher._up.value and launcher._watchdog is not None)
+        template, watchdog = launcher._process, launcher._watchdog
+        assert template is not None and watchdog is not None
+        await ended(await started())  # answered: nobody waits, the watchdog's deadline stays
+        assert watchdog.deadline < math.inf and launcher._watchdog is watchdog
+        await wait_for(lambda: launcher._watchdog is not watchdog)  # it passed, and watches again
+        assert launcher._process is template and template.returncode is None and launcher._up.value
+        await ended(await started())
+        nursery.cancel_scope.cancel()

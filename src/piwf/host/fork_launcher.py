@@ -95,26 +95,30 @@ class ForkLauncher:
                 self._up.value = True
         if not self._up.value:
             return "the fork server did not start"
-        # One scope for all the starts waiting for an answer (not one per start): its
-        # deadline is the oldest one's (``_rewatch``), and a template that does not answer
-        # by then (stopped or stuck: a node may SIGSTOP its parent) is killed; its starts
-        # fail (LauncherUnavailable, by ``_retire``) and another template is started.
-        with trio.CancelScope() as watchdog:
-            self._watchdog = watchdog
-            self._rewatch()
-            while (message := await self._receive()) is not None:
-                await self._dispatch(message)
-        self._watchdog = None
-        if watchdog.cancelled_caught:
-            reason = f"the fork server did not answer within {TEMPLATE_READY_S:g} s"
-            self._abandon_template(reason)
-            return reason
-        return "the fork server exited"
+        # One scope for all the starts waiting for an answer (not one per start), whose
+        # deadline is never later than the oldest one's due time: a start sets it when
+        # none is set, and nothing moves it when an answer comes. When it passes, a
+        # template that has left a start unanswered that long (stopped or stuck: a node
+        # may SIGSTOP its parent) is killed, its starts fail (LauncherUnavailable, by
+        # ``_retire``) and another template is started; else (its starts were answered)
+        # it watches the ones still waiting, if any.
+        while True:
+            with trio.CancelScope(deadline=self._oldest_due()) as watchdog:
+                self._watchdog = watchdog
+                try:
+                    while (message := await self._receive()) is not None:
+                        await self._dispatch(message)
+                    return "the fork server exited"
+                finally:
+                    self._watchdog = None
+            if self._oldest_due() <= trio.current_time():
+                reason = f"the fork server did not answer within {TEMPLATE_READY_S:g} s"
+                self._abandon_template(reason)
+                return reason
 
-    def _rewatch(self) -> None:
-        """The watchdog's deadline: when the oldest start waiting for an answer is due."""
-        if self._watchdog is not None:
-            self._watchdog.deadline = next(iter(self._pending.values()))[2] if self._pending else math.inf
+    def _oldest_due(self) -> float:
+        """When the oldest start waiting for an answer is due (math.inf: none waits)."""
+        return next(iter(self._pending.values()))[2] if self._pending else math.inf
 
     def _abandon_template(self, reason: str) -> None:
         """Kill a template that does not answer: its end is read as its exit, and another
@@ -168,13 +172,19 @@ class ForkLauncher:
                 await self._process.wait()
 
     async def _receive(self) -> TemplateMessage | None:
-        """The template's next message; None once it has gone."""
-        assert self._sock is not None
-        try:
-            data = await self._sock.recv(65536)
-        except OSError:
-            return None
-        return from_template.decode(data) if data else None
+        """The template's next message; None once it has gone. Read once the socket is
+        readable (its answers come after the host has waited: a read first would find
+        nothing), straight from the socket (non-blocking: trio's)."""
+        assert self._raw is not None
+        while True:
+            try:
+                await trio.lowlevel.wait_readable(self._raw)
+                data = self._raw.recv(65536)
+            except BlockingIOError:
+                continue  # readable, and read meanwhile
+            except (OSError, trio.ClosedResourceError):
+                return None
+            return from_template.decode(data) if data else None
 
     async def _send(self, message: TemplateMessage, fds: array.array[int] | None = None) -> None:
         if self._sock is None:
@@ -200,12 +210,13 @@ class ForkLauncher:
             if worker is not None and not worker.abandoned:  # kept until released: see _retire
                 worker.report(message.returncode)
             else:  # nobody waits for this worker (its start or its reaping was given up): reap it now
-                await self._release(message.pid)
+                # shielded (the watchdog passing must not lose a reap), bounded (a stuck template)
+                with trio.CancelScope(shield=True, deadline=trio.current_time() + TEMPLATE_READY_S):
+                    await self._release(message.pid)
             return
         if not isinstance(message, (Forked, ForkFailed)):
             return
         pending = self._pending.pop(message.id, None)
-        self._rewatch()
         pid = message.pid if isinstance(message, Forked) else None
         if pending is None:  # its start was cancelled: nobody will run this worker
             if pid is not None:
@@ -231,9 +242,10 @@ class ForkLauncher:
         self._next_id += 1
         request_id = self._next_id
         event, slot = trio.Event(), list[ForkedWorker | OSError]()
-        self._pending[request_id] = (event, slot, trio.current_time() + TEMPLATE_READY_S)
-        if len(self._pending) == 1:
-            self._rewatch()
+        due = trio.current_time() + TEMPLATE_READY_S
+        self._pending[request_id] = (event, slot, due)
+        if self._watchdog is not None and self._watchdog.deadline == math.inf:
+            self._watchdog.deadline = due  # the watchdog's is the earliest: each later start is due later
         fds = array.array("i", [launch.to_worker_r, launch.from_worker_w, output_w])
         try:
             try:
@@ -242,8 +254,7 @@ class ForkLauncher:
                 raise LauncherUnavailable(f"the fork server is gone: {exc}") from exc
             await event.wait()  # bounded: the reader's watchdog (_read_replies) fails it after TEMPLATE_READY_S
         except BaseException:  # cancelled: a worker forked meanwhile must not live on unowned
-            if self._pending.pop(request_id, None) is not None:
-                self._rewatch()
+            self._pending.pop(request_id, None)
             if slot and isinstance(slot[0], ForkedWorker):
                 slot[0].signal_group(signal.SIGKILL)
                 slot[0].abandon()  # its exit report is answered with a reap
