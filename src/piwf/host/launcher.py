@@ -16,7 +16,6 @@ that keep a signal from ever reaching a recycled pid:
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import select
 import signal
@@ -74,26 +73,6 @@ def _readable(fd: int) -> bool:
     poller = select.poll()
     poller.register(fd, select.POLLIN)
     return bool(poller.poll(0))
-
-
-async def receive_ready(stream: trio.lowlevel.FdStream, max_bytes: int = 65536) -> bytes:
-    """The pipe's next chunk (b"" at its end), as ``stream.receive_some`` reads it but
-    without the schedule point and the read that find nothing before its wait: a worker's
-    pipe is read when the host waits for it, so it is read once it is readable (the wait
-    is the schedule point). One task reads a pipe (the pump, or the output reader)."""
-    while True:
-        fd = stream.fileno()
-        if fd < 0:
-            raise trio.ClosedResourceError("file was already closed")
-        await trio.lowlevel.wait_readable(fd)
-        try:
-            return os.read(fd, max_bytes)
-        except BlockingIOError:
-            continue  # readable, and read meanwhile: wait again
-        except OSError as exc:
-            if exc.errno == errno.EBADF:
-                raise trio.ClosedResourceError("file was already closed") from None
-            raise trio.BrokenResourceError from exc
 
 
 def _close_fd(fd: int | None) -> None:

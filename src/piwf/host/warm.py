@@ -33,7 +33,7 @@ import trio
 from piwf.errors import ProtocolError
 from piwf.protocol.worker import LaunchEnvelope, NextRun, Ready, parse_worker_idle
 from piwf.wire import LineBuffer, encode_line
-from piwf.host.launcher import WorkerHandle, receive_ready, stop_worker
+from piwf.host.launcher import WorkerHandle, stop_worker
 
 IDLE_S = 60.0  # an idle warm worker waits this long for another run, then is stopped
 SWEEP_S = 1.0  # how often the idle workers are looked at
@@ -84,7 +84,7 @@ async def hear_idle(ticket: WarmTicket | None, worker_id: str, receive: trio.low
         return False
     lines: list[bytes] = []
     while not lines:
-        chunk = await receive_ready(receive)
+        chunk = await receive.receive_some(65536)
         if not chunk:
             return False
         lines = buffer.feed(chunk)
@@ -178,13 +178,7 @@ class WarmPool:
         try:
             if worker.proc.has_exited():
                 raise trio.BrokenResourceError("the warm worker has exited")
-            data = encode_line(NextRun(launch=envelope))
-            try:  # at once, as an answer is (worker_process.send_answer): the worker waits for it
-                sent = os.write(worker.send.fileno(), data)
-            except BlockingIOError:
-                sent = 0
-            if sent < len(data):
-                await worker.send.send_all(data[sent:])
+            await worker.send.send_all(encode_line(NextRun(launch=envelope)))
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             await self.stop(worker)
             return False

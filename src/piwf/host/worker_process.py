@@ -25,7 +25,7 @@ import trio_util
 from piwf import processes
 from piwf.errors import PiwfError
 from piwf.wire import canonical_json
-from piwf.host.launcher import Launch, LauncherUnavailable, WorkerHandle, receive_ready, stop_worker
+from piwf.host.launcher import Launch, LauncherUnavailable, WorkerHandle, stop_worker
 from piwf.host.warm import WarmTicket, WarmWorker, drain_output
 from piwf.host.state import Active, HostState, ProcessEnd, log
 
@@ -320,19 +320,13 @@ async def _read_output(stream: trio.abc.ReceiveStream | None, diagnostics: Diagn
     if stream is None:
         return
     try:
-        while chunk := await _next_output(stream):
+        while chunk := await stream.receive_some(OUTPUT_READ):
             diagnostics.add(chunk)
             if pace_s:
                 await trio.sleep(pace_s)
     except (trio.ClosedResourceError, trio.BrokenResourceError):
         return
     diagnostics.complete = True
-
-
-async def _next_output(stream: trio.abc.ReceiveStream) -> bytes | bytearray:
-    if isinstance(stream, trio.lowlevel.FdStream):  # a forked worker's: read once readable
-        return await receive_ready(stream, OUTPUT_READ)
-    return await stream.receive_some(OUTPUT_READ)
 
 
 async def send_answer(stream: trio.lowlevel.FdStream, data: bytes) -> None:
@@ -354,7 +348,7 @@ async def send_answer(stream: trio.lowlevel.FdStream, data: bytes) -> None:
 async def receive_before(stream: trio.lowlevel.FdStream, deadline: float | None) -> bytes | None:
     """The next chunk (b"" at the end), or None if the deadline passed first."""
     if deadline is None:
-        return await receive_ready(stream)
+        return await stream.receive_some(65536)
     with trio.move_on_at(deadline):
-        return await receive_ready(stream)
+        return await stream.receive_some(65536)
     return None
