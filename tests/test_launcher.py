@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import math
 import os
 import signal
 import sys
@@ -214,3 +215,77 @@ async def test_a_spare_that_dies_before_its_run_is_reaped_and_the_run_gets_a_fre
     seen = await run_whoami(paths, project)
     assert seen["pid"] != spare and seen["ppid"] == template
     await wait_for(lambda: not psutil.pid_exists(spare))  # its exit reported, and reaped at the host's word
+
+
+async def test_a_start_waiting_on_a_stopped_template_fails_as_soon_as_the_launcher_closes(tmp_path: Path) -> None:
+    """The template's answers are waited for under one watchdog of the launcher's reader
+    (host/fork_launcher.py), not a timeout per start: a launcher that stops fails the starts
+    still waiting at once (not after TEMPLATE_READY_S), as LauncherUnavailable."""
+    from piwf.host.fork_launcher import ForkLauncher
+    from piwf.host.launcher import Launch, LauncherUnavailable
+    from piwf.host.worker_process import Pipes
+
+    launcher = ForkLauncher()
+    serving = trio.CancelScope()
+    refused: list[str] = []
+
+    async def serve() -> None:
+        with serving:
+            await launcher.serve()
+
+    async def start() -> None:
+        with Pipes() as pipes, pytest.raises(LauncherUnavailable) as refusal:
+            await launcher.start(Launch(str(tmp_path), dict(os.environ), pipes.to_worker_r, pipes.from_worker_w))
+        refused.append(str(refusal.value))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(serve)
+        await wait_for(lambda: launcher._process is not None and launcher._up.value)
+        assert launcher._process is not None
+        template = launcher._process.pid
+        os.kill(template, signal.SIGSTOP)  # it reads no more Forks: the start waits for an answer
+        try:
+            nursery.start_soon(start)
+            await wait_for(lambda: launcher._pending)
+            with trio.fail_after(5):  # well before the 10 s a start may wait for the template
+                serving.cancel()
+                await wait_for(lambda: refused)
+        finally:
+            os.kill(template, signal.SIGCONT)
+    assert refused == ["the fork server is closing"]
+
+
+async def test_the_watchdog_passing_after_its_starts_were_answered_keeps_the_template(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reader's watchdog is set by a start and not moved by its answer: when it passes
+    with no start left unanswered for TEMPLATE_READY_S, it watches again; the template lives on."""
+    from piwf.host import fork_launcher
+    from piwf.host.launcher import Launch, WorkerHandle, stop_worker
+    from piwf.host.worker_process import Pipes
+
+    monkeypatch.setattr(fork_launcher, "TEMPLATE_READY_S", 2.0)
+    launcher = fork_launcher.ForkLauncher()
+
+    async def started() -> WorkerHandle:
+        with Pipes() as pipes:
+            return await launcher.start(Launch(str(tmp_path), dict(os.environ), pipes.to_worker_r,
+                                               pipes.from_worker_w))
+
+    async def ended(worker: WorkerHandle) -> None:
+        with trio.fail_after(10):
+            await stop_worker(worker, 0, exited=False)
+        assert worker.stdout is not None
+        await worker.stdout.aclose()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(launcher.serve)
+        await wait_for(lambda: launcher._up.value and launcher._watchdog is not None)
+        template, watchdog = launcher._process, launcher._watchdog
+        assert template is not None and watchdog is not None
+        await ended(await started())  # answered: nobody waits, the watchdog's deadline stays
+        assert watchdog.deadline < math.inf and launcher._watchdog is watchdog
+        await wait_for(lambda: launcher._watchdog is not watchdog)  # it passed, and watches again
+        assert launcher._process is template and template.returncode is None and launcher._up.value
+        await ended(await started())
+        nursery.cancel_scope.cancel()

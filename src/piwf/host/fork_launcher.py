@@ -47,7 +47,9 @@ class ForkLauncher:
         self._process: trio.Process | None = None
         self._up = trio_util.AsyncBool(False)  # a template is ready to fork
         self._next_id = 0
-        self._pending: dict[int, tuple[trio.Event, list[ForkedWorker | OSError]]] = {}
+        # starts waiting for the template's answer, oldest first, each with the time by which it is due
+        self._pending: dict[int, tuple[trio.Event, list[ForkedWorker | OSError], float]] = {}
+        self._watchdog: trio.CancelScope | None = None  # the reader's scope: its deadline is the oldest start's
         self._workers: dict[int, ForkedWorker] = {}
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -62,6 +64,7 @@ class ForkLauncher:
                 log.warning("%s; starting another in %.1f s", reason, delay)
                 await trio.sleep(delay)
         finally:
+            self._fail_pending("the fork server is closing")
             deadline = min(trio.current_time() + CLOSE_S, self._drain_deadline())
             with trio.CancelScope(shield=True, deadline=deadline):
                 await self._close()
@@ -92,9 +95,30 @@ class ForkLauncher:
                 self._up.value = True
         if not self._up.value:
             return "the fork server did not start"
-        while (message := await self._receive()) is not None:
-            await self._dispatch(message)
-        return "the fork server exited"
+        # One scope for all the starts waiting for an answer (not one per start), whose
+        # deadline is never later than the oldest one's due time: a start sets it when
+        # none is set, and nothing moves it when an answer comes. When it passes, a
+        # template that has left a start unanswered that long (stopped or stuck: a node
+        # may SIGSTOP its parent) is killed, its starts fail (LauncherUnavailable, by
+        # ``_retire``) and another template is started; else (its starts were answered)
+        # it watches the ones still waiting, if any.
+        while True:
+            with trio.CancelScope(deadline=self._oldest_due()) as watchdog:
+                self._watchdog = watchdog
+                try:
+                    while (message := await self._receive()) is not None:
+                        await self._dispatch(message)
+                    return "the fork server exited"
+                finally:
+                    self._watchdog = None
+            if self._oldest_due() <= trio.current_time():
+                reason = f"the fork server did not answer within {TEMPLATE_READY_S:g} s"
+                self._abandon_template(reason)
+                return reason
+
+    def _oldest_due(self) -> float:
+        """When the oldest start waiting for an answer is due (math.inf: none waits)."""
+        return next(iter(self._pending.values()))[2] if self._pending else math.inf
 
     def _abandon_template(self, reason: str) -> None:
         """Kill a template that does not answer: its end is read as its exit, and another
@@ -111,12 +135,15 @@ class ForkLauncher:
         for worker in self._workers.values():
             worker.template_gone()
         self._workers.clear()
-        for event, slot in self._pending.values():
+        self._fail_pending(reason)
+        await self._kill_template()
+        self._sock = self._raw = self._process = None
+
+    def _fail_pending(self, reason: str) -> None:
+        for event, slot, _ in self._pending.values():
             slot.append(LauncherUnavailable(reason))
             event.set()
         self._pending.clear()
-        await self._kill_template()
-        self._sock = self._raw = self._process = None
 
     async def _close(self) -> None:
         """At host exit: keep reading exit reports while workers are still being stopped
@@ -145,13 +172,19 @@ class ForkLauncher:
                 await self._process.wait()
 
     async def _receive(self) -> TemplateMessage | None:
-        """The template's next message; None once it has gone."""
-        assert self._sock is not None
-        try:
-            data = await self._sock.recv(65536)
-        except OSError:
-            return None
-        return from_template.decode(data) if data else None
+        """The template's next message; None once it has gone. Read once the socket is
+        readable (its answers come after the host has waited: a read first would find
+        nothing), straight from the socket (non-blocking: trio's)."""
+        assert self._raw is not None
+        while True:
+            try:
+                await trio.lowlevel.wait_readable(self._raw)
+                data = self._raw.recv(65536)
+            except BlockingIOError:
+                continue  # readable, and read meanwhile
+            except (OSError, trio.ClosedResourceError):
+                return None
+            return from_template.decode(data) if data else None
 
     async def _send(self, message: TemplateMessage, fds: array.array[int] | None = None) -> None:
         if self._sock is None:
@@ -177,7 +210,9 @@ class ForkLauncher:
             if worker is not None and not worker.abandoned:  # kept until released: see _retire
                 worker.report(message.returncode)
             else:  # nobody waits for this worker (its start or its reaping was given up): reap it now
-                await self._release(message.pid)
+                # shielded (the watchdog passing must not lose a reap), bounded (a stuck template)
+                with trio.CancelScope(shield=True, deadline=trio.current_time() + TEMPLATE_READY_S):
+                    await self._release(message.pid)
             return
         if not isinstance(message, (Forked, ForkFailed)):
             return
@@ -187,7 +222,7 @@ class ForkLauncher:
             if pid is not None:
                 processes.signal_group(pid, signal.SIGKILL)  # unreaped until its exit report is answered
             return
-        event, slot = pending
+        event, slot, _ = pending
         if pid is not None:  # registered here, before any exit report can be read
             worker = ForkedWorker(pid, None, _pidfd(pid), self._release, identity=processes.identity(pid))
             self._workers[pid] = worker
@@ -207,19 +242,17 @@ class ForkLauncher:
         self._next_id += 1
         request_id = self._next_id
         event, slot = trio.Event(), list[ForkedWorker | OSError]()
-        self._pending[request_id] = (event, slot)
+        due = trio.current_time() + TEMPLATE_READY_S
+        self._pending[request_id] = (event, slot, due)
+        if self._watchdog is not None and self._watchdog.deadline == math.inf:
+            self._watchdog.deadline = due  # the watchdog's is the earliest: each later start is due later
         fds = array.array("i", [launch.to_worker_r, launch.from_worker_w, output_w])
         try:
             try:
                 await self._send(Fork(id=request_id, cwd=launch.cwd, env=launch.env, execWorker=self._exec), fds)
             except OSError as exc:  # it died just now: the next template will start the worker
                 raise LauncherUnavailable(f"the fork server is gone: {exc}") from exc
-            with trio.move_on_after(TEMPLATE_READY_S):
-                await event.wait()
-            if not event.is_set():  # stopped or stuck (a node may SIGSTOP its parent): start another
-                self._pending.pop(request_id, None)
-                self._abandon_template(f"the fork server did not answer within {TEMPLATE_READY_S:g} s")
-                raise LauncherUnavailable("the fork server did not answer; it is being restarted")
+            await event.wait()  # bounded: the reader's watchdog (_read_replies) fails it after TEMPLATE_READY_S
         except BaseException:  # cancelled: a worker forked meanwhile must not live on unowned
             self._pending.pop(request_id, None)
             if slot and isinstance(slot[0], ForkedWorker):

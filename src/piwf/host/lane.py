@@ -21,6 +21,7 @@ interrupt the record; an end the store refused (a full disk) is kept and retried
 from __future__ import annotations
 
 import functools
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic
@@ -35,7 +36,7 @@ from piwf.wire import LineBuffer, encode_line
 from piwf.host import fence
 from piwf.host.lane_state import Active, C, Conclusion, E, LaneState, NodeClock, ProcessEnd
 from piwf.host.state import HostState, log
-from piwf.host.worker_process import cleanup_scope, receive_before, run_worker, send_answer
+from piwf.host.worker_process import Bound, cleanup_scope, receive_before, run_worker, send_answer
 
 RECORD_S = 5.0  # how long recording a worker's end may take, shielded
 
@@ -125,7 +126,9 @@ class Lane(ABC, Generic[C, E]):
 
     async def went_idle(self, active: Active[C], receive: trio.lowlevel.FdStream, buffer: LineBuffer) -> bool:
         """After the answer that ended its part: True when the worker said it waits for more
-        work instead of ending (a warm worker, host/warm.py). No other lane keeps workers."""
+        work instead of ending (a warm worker, host/warm.py). No other lane keeps workers.
+        It needs no deadline: the worker has the kill grace to end or say idle, and the
+        supervisor stops it after that."""
         return False
 
 
@@ -256,14 +259,19 @@ async def _launch_contained(lane: Lane[C, Any], active: Active[C]) -> None:
 
 
 async def pump(lane: Lane[C, Any], active: Active[C], receive: trio.lowlevel.FdStream,
-               send: trio.lowlevel.FdStream) -> None:
-    """Read the worker's messages, answer each once its commit is durable. Until the
-    worker reports ready, a read waits no longer than the startup timeout; after, no
+               send: trio.lowlevel.FdStream, bound: Bound) -> None:
+    """Read the worker's messages, answer each once its commit is durable. The worker is
+    stopped if it is not ready within the startup timeout; once ready, a read waits no
     longer than the work's own timeout, if it has one, nor than the time limit of the node
-    it runs (a worker that cannot answer, SIGSTOPped say, is stopped all the same)."""
+    it runs (a worker that cannot answer, SIGSTOPped say, is stopped all the same).
+    After the answer that ended its part the pump reads nothing more (but a warm worker's
+    ``worker.idle``), and the worker has the kill grace to end. The startup timeout and
+    the kill grace bound the supervisor's wait for the worker's exit (``bound``), so the
+    pump's reads need no deadline of their own then."""
     host = lane.host
     buffer = LineBuffer(MAX_WORKER_LINE)
-    deadline: float | None = trio.current_time() + host.config.worker_startup_s
+    bound(trio.current_time() + host.config.worker_startup_s, functools.partial(_not_ready, lane, active))
+    deadline: float | None = None  # once ready, the work's own timeout
     beat_at = trio.current_time() if host.fenced else None  # the first heartbeat at once
     while True:
         clock = active.node_clock
@@ -293,6 +301,8 @@ async def pump(lane: Lane[C, Any], active: Active[C], receive: trio.lowlevel.FdS
             except ProtocolError as exc:  # a message that is not its own pipe's claim
                 _broke_protocol(active, exc)
                 return
+            if not was_ready and active.ready.is_set():
+                bound(math.inf, _unbounded)
             await host.durable()  # group commit: no answer before its commit's fsync
             if not was_ready and active.ready.is_set():
                 deadline = None if active.timeout_s is None else trio.current_time() + active.timeout_s
@@ -302,8 +312,8 @@ async def pump(lane: Lane[C, Any], active: Active[C], receive: trio.lowlevel.FdS
                 return
             lane.answered()
             if active.conclusion is not None:
-                if not await lane.went_idle(active, receive, buffer):
-                    await _let_it_end(lane, active)
+                bound(trio.current_time() + host.config.kill_grace_s, functools.partial(_lingered, lane, active))
+                await lane.went_idle(active, receive, buffer)
                 return
 
 
@@ -336,28 +346,31 @@ def _broke_protocol(active: Active[Any], exc: ProtocolError) -> None:
 
 
 def _timed_out(lane: Lane[C, Any], active: Active[C]) -> None:
-    if active.ready.is_set():
-        note = f"{lane.kind} did not finish within its timeout of {active.timeout_s:g} s"
-        reason = StopReason.RECONCILE_TIMEOUT
-    else:
-        note = f"not ready after {lane.host.config.worker_startup_s:g} s (loading its {lane.loads} included)"
-        reason = StopReason.STARTUP_TIMEOUT
+    note = f"{lane.kind} did not finish within its timeout of {active.timeout_s:g} s"
     log.warning("%s: worker %s; stopping it", active.label, note)
-    active.stop(reason, note)
+    active.stop(StopReason.RECONCILE_TIMEOUT, note)
 
 
-async def _let_it_end(lane: Lane[C, Any], active: Active[C]) -> None:
-    """A worker told its part is over (its run done, stop at a boundary, its result
-    recorded, claim lost) ends on its own, and its exit cancels this wait; one still there
-    after the kill grace is stopped. Nothing more it sends is read."""
-    grace = lane.host.config.kill_grace_s
-    await trio.sleep(grace)
+def _not_ready(lane: Lane[C, Any], active: Active[C]) -> None:
+    note = f"not ready after {lane.host.config.worker_startup_s:g} s (loading its {lane.loads} included)"
+    log.warning("%s: worker %s; stopping it", active.label, note)
+    active.stop(StopReason.STARTUP_TIMEOUT, note)
+
+
+def _lingered(lane: Lane[C, Any], active: Active[C]) -> None:
+    """A worker told its part is over did not end (nor say idle) within the kill grace:
+    it is stopped (and counted as misbehaving, unless its claim was lost)."""
     assert active.conclusion is not None
     told = active.conclusion.value
+    grace = lane.host.config.kill_grace_s
     log.warning("%s: worker did not end after being told %s; stopping it", active.label, told)
     lost = active.conclusion is Conclusion.CLAIM_LOST
     active.stop(StopReason.CLAIM_LOST if lost else StopReason.LINGERING,
                 f"did not end within {grace:g} s of being told {told}")
+
+
+def _unbounded() -> None:
+    raise AssertionError("no bound: nothing expires")
 
 
 # --- ends ---------------------------------------------------------------------------------

@@ -135,7 +135,7 @@ class RunLane(lane.Lane[Claim, WorkerEnd]):
         return await handle(self.host, active, message)
 
     async def went_idle(self, active: ActiveRun, receive: trio.lowlevel.FdStream, buffer: LineBuffer) -> bool:
-        return await hear_idle(active.warm, active.worker_id, receive, buffer, self.host.config.kill_grace_s)
+        return await hear_idle(active.warm, active.worker_id, receive, buffer)
 
     def answered(self) -> None:
         faults.point("host.worker.answered")

@@ -74,29 +74,30 @@ class WarmWorker:
 
 
 async def hear_idle(ticket: WarmTicket | None, worker_id: str, receive: trio.lowlevel.FdStream,
-                    buffer: LineBuffer, grace_s: float) -> bool:
+                    buffer: LineBuffer) -> bool:
     """After the answer that ended a worker's part: True once it said ``worker.idle`` for
-    this run within ``grace_s``; False when it ends instead, or says something else."""
+    this run; False when it ends instead, or says something else. No deadline of its own:
+    the supervisor's wait for the worker's exit is bounded by the kill grace from that
+    answer on, and stops a worker that neither ends nor says idle by then (its scope's
+    cancellation ends this read)."""
     if ticket is None or not ticket.reusable:
         return False
-    with trio.move_on_after(grace_s):
-        lines: list[bytes] = []
-        while not lines:
-            chunk = await receive.receive_some(65536)
-            if not chunk:
-                return False
-            lines = buffer.feed(chunk)
-        try:
-            idle = parse_worker_idle(lines[0])
-        except ProtocolError:
+    lines: list[bytes] = []
+    while not lines:
+        chunk = await receive.receive_some(65536)
+        if not chunk:
             return False
-        if idle.workerEpoch != worker_id or len(lines) > 1:
-            return False
-        ticket.runs, ticket.idle = idle.runs, True
-        if ticket.waiting is not None:
-            ticket.waiting.cancel()
-        return True
-    return False
+        lines = buffer.feed(chunk)
+    try:
+        idle = parse_worker_idle(lines[0])
+    except ProtocolError:
+        return False
+    if idle.workerEpoch != worker_id or len(lines) > 1:
+        return False
+    ticket.runs, ticket.idle = idle.runs, True
+    if ticket.waiting is not None:
+        ticket.waiting.cancel()
+    return True
 
 
 def drain_output(stream: trio.abc.ReceiveStream | None) -> bytes:

@@ -142,7 +142,10 @@ def cleanup_scope(host: HostState, budget_s: float) -> trio.CancelScope:
     return trio.CancelScope(shield=True, deadline=min(trio.current_time() + budget_s, host.drain_deadline))
 
 
-Pump = Callable[[trio.lowlevel.FdStream, trio.lowlevel.FdStream], Awaitable[None]]  # (receive, send)
+# bound(when, expire): unless it has exited (or said idle) by ``when`` (math.inf: never), the worker is
+# stopped by ``expire()``; the pump's (its startup timeout, the kill grace once told its part is over)
+Bound = Callable[[float, Callable[[], None]], None]
+Pump = Callable[[trio.lowlevel.FdStream, trio.lowlevel.FdStream, Bound], Awaitable[None]]  # (receive, send, bound)
 Attach = Callable[[int, str], Awaitable[None]]  # record the started worker's pid and start identity
 
 
@@ -186,16 +189,31 @@ async def _supervise_process(host: HostState, active: Active[Any], proc: WorkerH
         active.pid = proc.pid
         active.kill = lambda: proc.signal_group(signal.SIGKILL)  # the fence's (host/fence.py): until it is reaped
         await attach(proc.pid, proc.identity or "")
+        expire: list[Callable[[], None]] = []
         async with trio.open_nursery() as nursery:
+            # The nursery's scope is the wait for the worker's exit: a warm worker's
+            # worker.idle ends it too, and so does the pump's ``bound`` passing.
+            waiting = nursery.cancel_scope
+            if ticket is not None:
+                ticket.waiting = waiting
+
+            def bound(when: float, expired: Callable[[], None]) -> None:
+                if not waiting.cancel_called:  # once passed (or ended by idle), it stays as it was
+                    waiting.deadline = when
+                    expire[:] = [expired]
+
             nursery.start_soon(_read_output, proc.stdout, diagnostics)
-            nursery.start_soon(pump, receive, send)
-            with trio.CancelScope() as waiting:  # a warm worker's worker.idle ends it too
-                if ticket is not None:
-                    ticket.waiting = waiting
-                await proc.wait_exited()
-            exited = ticket is None or not ticket.idle
-            nursery.cancel_scope.cancel()
-        kept = not exited and active.stop_reason is None
+            nursery.start_soon(pump, receive, send, bound)
+            await proc.wait_exited()
+            exited = True
+            if nursery.child_tasks:  # the pump has usually returned, and the output reached its end
+                waiting.cancel()
+        idle = not exited and ticket is not None and ticket.idle
+        if not (exited or idle):  # the pump's bound passed
+            exited = proc.has_exited()
+            if not exited:
+                expire[0]()
+        kept = idle and active.stop_reason is None
     finally:  # cancelled, failed or done: the worker's whole group goes, and is reaped
         if kept:
             assert ticket is not None
