@@ -422,7 +422,7 @@ async def handle(host: HostState, active: ActiveRun, message: WorkerMessage) -> 
         if ends and conclusion is Conclusion.DONE:
             active.end_recorded = printed
         faults.point("host.worker.committed")
-    except ClaimLost as exc:  # the answer is sent; the worker ends on it (see lane._let_it_end)
+    except ClaimLost as exc:  # the answer is sent; the worker ends on it (see lane._lingered)
         active.conclusion = Conclusion.CLAIM_LOST
         return WorkerResponse(message.messageId, "claimLost", error=str(exc))
     except PiwfError as exc:
