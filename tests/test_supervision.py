@@ -12,9 +12,11 @@ from piwf.client import AsyncClient
 from piwf.clock import ManualClock, TrioClock
 from piwf.host.host import Host, _heartbeat
 from piwf.host.lane import renew_claims
+from piwf.host import run_lane
 from piwf.host.run_lane import RunLane
 from piwf.host.state import ActiveRun, Conclusion, HostState
 from piwf.paths import StatePaths
+from piwf.protocol.worker import Ready
 from piwf.status import StopReason
 from piwf.store.sql import queue, runs
 from piwf.store.sqlite import SqliteStore, Database
@@ -201,6 +203,57 @@ async def test_a_worker_that_never_reports_ready_is_stopped_as_timed_out(
         workers = await wait_for(lambda: _finished_workers(client, run_id))
     # Stopped like any worker: SIGTERM first, which ends the sleeping worker.
     assert workers[0]["status"] == "timedOut" and workers[0]["signal"] == signal.SIGTERM
+    host.stop_requested.set()
+
+
+async def test_a_ready_sent_in_time_is_not_cut_off_by_the_hosts_own_handling(
+    paths: StatePaths, project: Path, nursery: trio.Nursery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The startup timeout is the worker's to keep: a ready read in time whose handling
+    (a slow store unit, say) outlasts the deadline still counts."""
+    real = run_lane.handle
+    startup_s = 2.0
+
+    async def slow(host: HostState, active: ActiveRun, message: object) -> object:
+        if isinstance(message, Ready):
+            await trio.sleep(startup_s + 0.1)  # past the startup deadline, whenever the ready came
+        return await real(host, active, message)
+
+    monkeypatch.setattr(run_lane, "handle", slow)
+    host = await nursery.start(Host(config(paths, worker_startup_s=startup_s)).serve)
+    async with AsyncClient(paths) as client:
+        run_id = (await client.call("run.start", payload={"workflow": "greet", "projectPath": str(project)})
+                  ).receipt["runId"]
+        workers = await wait_for(lambda: _finished_workers(client, run_id))
+        assert (await client.call("run.status", run_id=run_id)).receipt["status"] == "completed"
+    assert workers[0]["status"] == "exited", workers
+    host.stop_requested.set()
+
+
+CLOSER = """
+    import os, time
+    from piwf import Workflow, compute
+
+    def close(ctx):
+        os.closerange(3, 256)  # its pipes to the host too: the host reads their end
+        time.sleep(300)
+        return {}
+
+    workflow = Workflow(name="closer", start_at="close", nodes={"close": compute(close)})
+"""
+
+
+async def test_a_worker_that_closes_its_pipes_after_ready_is_stopped_after_the_kill_grace(
+    paths: StatePaths, project: Path, nursery: trio.Nursery
+) -> None:
+    write_workflow(project, "closer", CLOSER)
+    host = await nursery.start(Host(config(paths, kill_grace_s=0.5)).serve)
+    async with AsyncClient(paths) as client:
+        run_id = (await client.call("run.start", payload={"workflow": "closer", "projectPath": str(project)})
+                  ).receipt["runId"]
+        workers = await wait_for(lambda: _finished_workers(client, run_id))
+    assert workers[0]["status"] == "crashed" and workers[0]["signal"] == signal.SIGTERM, workers
+    assert "without ending" in (workers[0].get("diagnostic") or workers[0].get("note") or ""), workers
     host.stop_requested.set()
 
 

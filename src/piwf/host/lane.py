@@ -268,9 +268,22 @@ async def pump(lane: Lane[C, Any], active: Active[C], receive: trio.lowlevel.FdS
     ``worker.idle``), and the worker has the kill grace to end. The startup timeout and
     the kill grace bound the supervisor's wait for the worker's exit (``bound``), so the
     pump's reads need no deadline of their own then."""
+    try:
+        await _pump(lane, active, receive, send, bound)
+    finally:
+        if active.stop_reason is None and active.conclusion is None:
+            # It can no longer be talked to (its pipe closed, an answer or a heartbeat could
+            # not be sent): it has the kill grace to end, as after its last answer.
+            bound(trio.current_time() + lane.host.config.kill_grace_s, functools.partial(_hung_up, active))
+
+
+async def _pump(lane: Lane[C, Any], active: Active[C], receive: trio.lowlevel.FdStream,
+                send: trio.lowlevel.FdStream, bound: Bound) -> None:
     host = lane.host
     buffer = LineBuffer(MAX_WORKER_LINE)
-    bound(trio.current_time() + host.config.worker_startup_s, functools.partial(_not_ready, lane, active))
+    startup_at = trio.current_time() + host.config.worker_startup_s
+    not_ready = functools.partial(_not_ready, lane, active)
+    bound(startup_at, not_ready)
     deadline: float | None = None  # once ready, the work's own timeout
     beat_at = trio.current_time() if host.fenced else None  # the first heartbeat at once
     while True:
@@ -296,13 +309,15 @@ async def pump(lane: Lane[C, Any], active: Active[C], receive: trio.lowlevel.FdS
             return
         for message in messages:
             was_ready = active.ready.is_set()
+            if not was_ready:  # the host's own handling of a ready in time is not the worker's to pay
+                bound(math.inf, _unbounded)
             try:
                 response = await lane.handle(active, message)
             except ProtocolError as exc:  # a message that is not its own pipe's claim
                 _broke_protocol(active, exc)
                 return
-            if not was_ready and active.ready.is_set():
-                bound(math.inf, _unbounded)
+            if not active.ready.is_set():
+                bound(startup_at, not_ready)  # the same deadline again (at once, if it has passed)
             await host.durable()  # group commit: no answer before its commit's fsync
             if not was_ready and active.ready.is_set():
                 deadline = None if active.timeout_s is None else trio.current_time() + active.timeout_s
@@ -367,6 +382,11 @@ def _lingered(lane: Lane[C, Any], active: Active[C]) -> None:
     lost = active.conclusion is Conclusion.CLAIM_LOST
     active.stop(StopReason.CLAIM_LOST if lost else StopReason.LINGERING,
                 f"did not end within {grace:g} s of being told {told}")
+
+
+def _hung_up(active: Active[Any]) -> None:
+    log.warning("%s: worker stopped talking to the host without ending; stopping it", active.label)
+    active.stop(StopReason.PROTOCOL, "closed or stopped reading its pipe to the host without ending")
 
 
 def _unbounded() -> None:
