@@ -159,6 +159,33 @@ async def test_a_transactions_begin_goes_with_its_first_statement_in_one_round_t
     assert alone == []
 
 
+async def test_a_first_statement_refused_before_it_is_sent_leaves_its_transaction_to_begin(
+        store: PgStore) -> None:
+    """A value psycopg cannot send (a NUL in text) fails in the client, before the
+    transaction's pipelined BEGIN went: what the unit writes after it is still inside the
+    transaction, and goes with its rollback."""
+    clock = ManualClock()
+    await create(store, "r1", clock)
+
+    def unit() -> list[Any]:
+        db = store.connection()
+        try:
+            try:
+                with db.write():
+                    with pytest.raises(StoreError):
+                        db.execute("SELECT ?::text", ("a\x00b",))
+                    db.execute("UPDATE runs SET workflow = ? WHERE run_id = ?", ("changed", "r1"))
+                    assert db.conn.info.transaction_status == psycopg.pq.TransactionStatus.INTRANS
+                    raise RuntimeError("roll it back")
+            except RuntimeError:
+                pass
+            return [row[0] for row in db.execute("SELECT workflow FROM runs WHERE run_id = ?", ("r1",))]
+        finally:
+            store.give_back(db)
+
+    assert await trio.to_thread.run_sync(unit) == ["w"]
+
+
 async def test_a_call_cancelled_while_it_waits_in_its_thread_finishes_then_the_caller_is_cancelled(
         store: PgStore, postgres: Any, nursery: trio.Nursery) -> None:
     clock = ManualClock()

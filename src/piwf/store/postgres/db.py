@@ -189,8 +189,17 @@ class PgDatabase(Blobs):
         session = self._session
         if session is None:
             session = self._session = session_of(self.conn)
-        begin, self._begin = self._begin, None
-        rows, self._rowcount = session.run(text, params, begin)
+        begin = self._begin
+        try:
+            rows, self._rowcount = session.run(text, params, begin)
+        except BaseException:
+            # A statement refused before anything reached the server (a value psycopg cannot
+            # dump) leaves its transaction's BEGIN still to send; once sent, it is begun.
+            if begin is not None and (self.conn.closed
+                                      or self.conn.info.transaction_status != pq.TransactionStatus.IDLE):
+                self._begin = None
+            raise
+        self._begin = None
         return rows
 
     def scalar(self, sql: str, params: Any = ()) -> Any:
