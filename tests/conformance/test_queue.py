@@ -246,6 +246,32 @@ async def test_one_claim_round_takes_one_run_of_a_session_and_goes_on_past_the_o
     assert [c.run_id for c, _ in await claims(store, clock, room=3)] == ["s2"]
 
 
+async def test_a_claim_round_over_several_queues_goes_on_past_a_run_it_passes_over(
+        store: Any, clock: ManualClock) -> None:
+    """Two parked runs of one session in two queues and a free run in a third, a round
+    with room for two: the older of the session's is taken, the other passed over (the
+    session rule), and the free run still taken in the same round (the candidates read
+    were more than the room, so the round reads again rather than stop)."""
+    async def queued(run_id: str, queue: str, session: str | None = None) -> None:
+        await store.runs.create_run(run_id=run_id, workflow="w", project_path="/p", source=b"src", digest="d1",
+                                    input={"n": 1}, origin_session_id=session, now=clock.now_ms(), queue=queue)
+        clock.advance(1)
+
+    async def round_of(room: int, *queues: str) -> list[str]:
+        got = await store.supervision.claim_runs(room=room, exclude=frozenset(), runner_id=RUNNER, lease_ms=LEASE,
+                                                 now=clock.now_ms(), epoch=1, queues=queues)
+        return [c.run_id for c, _ in got]
+
+    for run_id, queue in (("s1", "qa"), ("s2", "qb")):
+        await queued(run_id, queue, session="s")
+        [taken] = await store.supervision.claim_runs(room=1, exclude=frozenset(), runner_id=RUNNER, lease_ms=LEASE,
+                                                     now=clock.now_ms(), epoch=1, queues=(queue,))
+        await store.queue.park_run(run_id, taken[0].token, clock.now_ms())
+    await queued("c1", "qc")
+    assert await round_of(2, "qa", "qb", "qc") == ["s1", "c1"]
+    assert await statuses(store, "s2") == ("running", "parked")
+
+
 async def test_claims_take_the_oldest_first_and_honour_exclusions(store: Any, clock: ManualClock) -> None:
     for run_id in ("a", "b", "c"):
         await new_run(store, clock, run_id)

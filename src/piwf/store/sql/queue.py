@@ -93,8 +93,12 @@ def candidates(db: Database, *, now: int, exclude: frozenset[str], runner_id: st
         complete = complete and len(rows) < asked
         rank = 0 if part == 0 else 1
         found += [(rank, *row) for row in rows]
-    found += [(1, *row) for row in db.execute(_sqlite_parts(db, len(served), limit)[-1], params)]
+    expired = db.execute(_sqlite_parts(db, len(served), limit)[-1], params).fetchall()
+    found += [(1, *row) for row in expired]
     found.sort(key=lambda row: row[:3])
+    # All there are only if every part came short and no candidate read is left out by
+    # the limit (the parts' rows together may be more than it).
+    complete = complete and len(expired) < limit and len({row[2] for row in found} - exclude) <= limit
     return _first(found, exclude, limit), complete
 
 
