@@ -85,9 +85,10 @@ def _utc(created: float) -> str:
     """``created`` as ``YYYY-MM-DDTHH:MM:SS.mmmZ``; each second formatted once."""
     global _second
     whole = int(created)
-    if _second[0] != whole:
-        _second = (whole, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)))
-    return _second[1] + f".{int(created % 1 * 1000):03d}Z"
+    second = _second  # read once: a store thread may log at the same time
+    if second[0] != whole:
+        second = _second = (whole, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(created)))
+    return second[1] + f".{int(created % 1 * 1000):03d}Z"
 
 
 def configure(log_format: str = "auto", level: str = "info", stream: TextIO | None = None) -> str:

@@ -70,6 +70,17 @@ async def test_a_worker_message_is_answered_once_and_a_reused_id_with_another_bo
     assert await store.workers.read_message(start("other-worker")) is None  # ids are per worker
 
 
+async def test_an_answer_recorded_again_keeps_the_first(store: Any, clock: ManualClock) -> None:
+    """The host records an answer with the worker's next message: after a commit whose
+    outcome it never learnt, it records the same answer again, which is no conflict."""
+    got, worker = await claimed(store, clock)
+    first = await answer(store, clock, got, start(worker))
+    again = WorkerResponse(first.messageId, "accepted", revision=99, result={"attemptId": "other"})
+    async with store.transaction() as tx:
+        await tx.workers.record_message(start(worker), again, clock.now_ms())
+    assert await store.workers.read_message(start(worker)) == first
+
+
 async def test_a_message_under_a_lost_claim_changes_nothing_and_is_not_recorded(store: Any,
                                                                                  clock: ManualClock) -> None:
     got, worker = await claimed(store, clock)

@@ -106,10 +106,13 @@ def read_message(db: Database, message: WorkerMessage) -> WorkerResponse | None:
 
 
 def record_message(db: Database, message: WorkerMessage, response: WorkerResponse, now: int) -> None:
-    """Record an answer; call inside the transaction that made the message's change."""
+    """Record an answer (the host records one with the worker's next message). Once
+    recorded it stays as it was: an answer recorded by a commit whose outcome the host
+    never learnt (PostgreSQL, a connection lost during COMMIT) is recorded again with the
+    next message, and that is no conflict."""
     db.execute(
         """INSERT INTO worker_messages (worker_epoch, message_id, request_fingerprint, response_json, completed_at)
-           VALUES (?, ?, ?, ?, ?)""",
+           VALUES (?, ?, ?, ?, ?) ON CONFLICT (worker_epoch, message_id) DO NOTHING""",
         (message.workerEpoch, message.messageId, worker_fingerprint(message),
          canonical_json(response).decode(), now),
     )
