@@ -64,6 +64,7 @@ class ForkLauncher:
                 log.warning("%s; starting another in %.1f s", reason, delay)
                 await trio.sleep(delay)
         finally:
+            self._up.value = False  # no start from now on: none would be answered, nor failed
             self._fail_pending("the fork server is closing")
             deadline = min(trio.current_time() + CLOSE_S, self._drain_deadline())
             with trio.CancelScope(shield=True, deadline=deadline):
