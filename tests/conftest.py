@@ -24,6 +24,18 @@ from piwf.paths import StatePaths
 from piwf.store.sqlite import Database
 from piwf.store.sqlite.schema import APPLICATION_ID
 
+CONFORMANCE = Path(__file__).parent / "conformance"
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Under pytest-xdist (``--dist loadgroup``, pyproject.toml) each module's tests run in
+    one worker, in their order, as without it: a module-scoped fixture (one host, one web
+    console) is made once, and what a test finds on it is what the tests before it left.
+    The conformance suite is one group of its own (tests/conformance/conftest.py)."""
+    if CONFORMANCE not in item.path.parents:
+        item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
 WORKFLOWS = {
     "greet": """
         from piwf import Workflow, compute, shell
