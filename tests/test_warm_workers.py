@@ -294,3 +294,22 @@ async def test_warm_workers_of_piwf_serve_on_both_stores_and_an_idle_one_dies_wi
     served.signal(signal.SIGKILL)
     await served.wait()
     await wait_for(lambda: not group_members(pid))  # the pipe's hang-up took it down
+
+
+async def test_a_warm_workers_end_is_recorded_with_the_message_that_ended_its_run(
+        host_process: Callable[..., HostProcess], paths: StatePaths, project: Path) -> None:
+    """A worker that may be kept warm has its end recorded as it will look once idle (no
+    exit code, the kept-warm note) in the unit of work of the message that ended its run:
+    a host that dies just after answering that message has left it recorded so, not live."""
+    warm_project(project)
+    dying = await host_process(env={"PIWF_FAULT": "host.worker.answered:exit:2"}).start()  # ready, then the end
+    async with AsyncClient(paths) as client:
+        started = await client.call("run.start", payload={"workflow": "warm", "projectPath": str(project)})
+    await dying.wait()
+    await host_process().start()
+    async with AsyncClient(paths) as client:
+        run = (await client.call("run.status", run_id=started.receipt["runId"])).receipt
+    assert run["status"] == "completed"
+    [worker] = run["workers"]
+    assert (worker["status"], worker["exitCode"], worker["signal"]) == ("exited", None, None)
+    assert worker["diagnostic"].endswith("[piwf] kept warm for another run after 1 run(s) (reuse_worker)")

@@ -26,7 +26,7 @@ from piwf.host.lane_state import Backoff
 from piwf.host.placement import serve_placement
 from piwf.host.warm import WarmTicket, hear_idle
 from piwf.host.state import Active, ActiveRun, Conclusion, HostState, ProcessEnd, WorkerEnd, log
-from piwf.host.worker_messages import handle
+from piwf.host.worker_messages import ahead_exit_code, handle
 
 MAX_BACKOFF_MS = 60_000
 
@@ -150,7 +150,8 @@ class RunLane(lane.Lane[Claim, WorkerEnd]):
             log.warning("%s: worker %s (exit %s, signal %s): %s", active.label, status, process.exit_code,
                         process.signal, _last_line(process.diagnostic))
         if active.end_recorded is not None:  # with the message that ended its run (worker_messages)
-            if (status, process.returncode, process.diagnostic) == (WorkerStatus.EXITED, 0, active.end_recorded):
+            expected = (WorkerStatus.EXITED, ahead_exit_code(active), active.end_recorded)
+            if (status, process.returncode, process.diagnostic) == expected:
                 return None  # it ended as recorded
             return WorkerEnd(active, status, process, park=False, amend=True)
         park = status not in (WorkerStatus.CANCELLED, WorkerStatus.CLAIM_LOST)
