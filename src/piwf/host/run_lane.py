@@ -2,8 +2,9 @@
 (the dispatcher, renewer, supervisor and pump are host/lane.py's, shared with reconciles).
 
 The dispatcher claims runs while capacity allows, woken at once by ``run.start``,
-``run.resume`` and a worker's exit, with a slow poll only as a backstop (expired claims,
-crash back-off). A worker's end is recorded from the reason its scope was cancelled
+``run.resume`` and a worker's exit (unless its last round found all there was and the
+exit made nothing claimable: ``made_claimable``), with a slow poll only as a backstop
+(expired claims, crash back-off). A worker's end is recorded from the reason its scope was cancelled
 with, else from what the host had told it.
 """
 
@@ -66,6 +67,7 @@ class RunLane(lane.Lane[Claim, WorkerEnd]):
         except PiwfError as exc:
             log.error("dispatcher could not claim runs: %s", exc)
             return []
+        self.exhausted = getattr(claimed, "exhausted", False) and len(claimed) < room
         return [Active(claim, worker_id=worker_id) for claim, worker_id in claimed]
 
     def claimed(self) -> None:
@@ -213,6 +215,12 @@ class RunLane(lane.Lane[Claim, WorkerEnd]):
 
     def recorded(self, active: ActiveRun) -> None:
         faults.point("host.worker.recorded")
+
+    def made_claimable(self, active: ActiveRun, end: WorkerEnd | None) -> bool:
+        """False only for a run of no origin session that its own message ended (completed
+        or failed), its worker's end recorded with it as it was: its end changed nothing
+        in the queue (no session's next run waits on it, and it is never claimed again)."""
+        return not (active.run_ended and active.claim.sessionless and end is None)
 
     def left(self, active: ActiveRun) -> None:
         self.host.changed()

@@ -436,6 +436,7 @@ async def handle(host: HostState, active: ActiveRun, message: WorkerMessage) -> 
         active.last_answer = (message, response)  # nothing awaited since the commit: kept as surely as committed
         if ends and conclusion is Conclusion.DONE:
             active.end_recorded = printed
+            active.run_ended = result is RUN_ENDED
         faults.point("host.worker.committed")
     except ClaimLost as exc:  # the answer is sent; the worker ends on it (see lane._lingered)
         active.conclusion = Conclusion.CLAIM_LOST
