@@ -153,6 +153,30 @@ def test_a_claim_round_reads_its_candidates_once_and_each_run_once(db: Database,
                for sql in statements) == 2, statements
 
 
+def test_a_claim_round_says_it_found_all_there_was_only_when_it_did(db: Database, clock: ManualClock) -> None:
+    """``exhausted``: every claimable run was tried and room was left (the dispatcher may
+    then skip the round an end would wake); not when room ran out first. ``sessionless``
+    only for a run of no origin session."""
+    for run_id in ("a", "b"):
+        new_run(db, clock, run_id)
+
+    def round_of(room: int) -> Any:
+        return supervision.claim_runs(db, room=room, exclude=frozenset(), runner_id="h", lease_ms=LEASE,
+                                      now=clock.now_ms(), epoch=1)
+
+    full = round_of(1)
+    assert len(full) == 1 and not full.exhausted  # room ran out: there may be more
+    rest = round_of(4)
+    assert [c.run_id for c, _ in rest] == ["b"] and rest.exhausted
+    assert all(c.sessionless for c, _ in [*full, *rest])
+    empty = round_of(4)
+    assert not empty and empty.exhausted
+    runs.create_run(db, run_id="s1", workflow="w", project_path="/p", source=b"src", digest="d1",
+                    input=None, origin_session_id="s", now=clock.now_ms())
+    [(of_session, _)] = round_of(4)
+    assert of_session.run_id == "s1" and not of_session.sessionless
+
+
 def test_a_workers_end_after_its_run_ended_releases_nothing(db: Database, clock: ManualClock) -> None:
     """A worker whose run ended by its own message (a warm worker recorded once idle) ends
     with its record, its event and its run's answers forgotten: no read of requests to

@@ -99,6 +99,7 @@ async def test_runs_of_a_reusing_workflow_share_one_worker_process(warm_host: An
     async with AsyncClient(paths) as client:
         runs = [await run_once(client, project) for _ in range(3)]
         fresh = [await run_once(client, project, workflow="boom") for _ in range(2)]
+        traces = [(await client.call("run.events", run_id=run["runId"])).receipt["events"] for run in runs]
     outputs = [run["output"] for run in runs]
     assert len({o["pid"] for o in outputs}) == 1, outputs  # one process ...
     assert [o["runs"] for o in outputs] == [1, 2, 3]  # ... that kept its module loaded
@@ -107,6 +108,10 @@ async def test_runs_of_a_reusing_workflow_share_one_worker_process(warm_host: An
     assert len({run["workers"][0]["workerEpoch"] for run in runs}) == 3
     assert "kept warm for another run" in runs[0]["workers"][0]["diagnostic"]
     assert len(warm_host.warm) == 1
+    # each end was recorded with its run's, as it turned out (its process's runs counted): none amended
+    assert [run["workers"][0]["diagnostic"].rsplit("[piwf] ", 1)[-1] for run in runs] == [
+        f"kept warm for another run after {n} run(s) (reuse_worker)" for n in (1, 2, 3)]
+    assert all("worker.amended" not in [e["type"] for e in events] for events in traces)
     # a workflow that does not opt in still gets a fresh process for every run
     assert len({pid for run in fresh for pid in worker_pids(run)}) == 2
 
@@ -294,3 +299,22 @@ async def test_warm_workers_of_piwf_serve_on_both_stores_and_an_idle_one_dies_wi
     served.signal(signal.SIGKILL)
     await served.wait()
     await wait_for(lambda: not group_members(pid))  # the pipe's hang-up took it down
+
+
+async def test_a_warm_workers_end_is_recorded_with_the_message_that_ended_its_run(
+        host_process: Callable[..., HostProcess], paths: StatePaths, project: Path) -> None:
+    """A worker that may be kept warm has its end recorded as it will look once idle (no
+    exit code, the kept-warm note) in the unit of work of the message that ended its run:
+    a host that dies just after answering that message has left it recorded so, not live."""
+    warm_project(project)
+    dying = await host_process(env={"PIWF_FAULT": "host.worker.answered:exit:2"}).start()  # ready, then the end
+    async with AsyncClient(paths) as client:
+        started = await client.call("run.start", payload={"workflow": "warm", "projectPath": str(project)})
+    await dying.wait()
+    await host_process().start()
+    async with AsyncClient(paths) as client:
+        run = (await client.call("run.status", run_id=started.receipt["runId"])).receipt
+    assert run["status"] == "completed"
+    [worker] = run["workers"]
+    assert (worker["status"], worker["exitCode"], worker["signal"]) == ("exited", None, None)
+    assert worker["diagnostic"].endswith("[piwf] kept warm for another run after 1 run(s) (reuse_worker)")

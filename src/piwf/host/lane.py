@@ -122,7 +122,17 @@ class Lane(ABC, Generic[C, E]):
         return {}
 
     def left(self, active: Active[C]) -> None:
-        """The work left ``state.active`` (its dispatcher is woken already)."""
+        """The work left ``state.active`` (its dispatcher is woken already, if need be)."""
+
+    # The last claim round found all the claimable work there was and took it with room
+    # left (``claim`` sets it; False unless it knows): until something commits more work
+    # (and wakes the dispatcher) or time passes (its next_wait), a round finds nothing.
+    exhausted: bool = False
+
+    def made_claimable(self, active: Active[C], end: E | None) -> bool:
+        """Whether the work's end (``end``: what was recorded of it, None: nothing) may have
+        made work claimable (itself, or work that waited on it). True unless the lane knows."""
+        return True
 
     async def went_idle(self, active: Active[C], receive: trio.lowlevel.FdStream, buffer: LineBuffer) -> bool:
         """After the answer that ended its part: True when the worker said it waits for more
@@ -147,6 +157,7 @@ async def serve(lane: Lane[Any, Any], *, also: Sequence[Callable[[], Awaitable[N
         task_status.started()
         while True:
             state.wake_event = trio.Event()
+            lane.exhausted = False  # until this round's claim says so
             await retry_unrecorded(lane)
             room = lane.room() if fence.lease_good(host) else 0  # a host past its lease's bound claims nothing
             began = trio.current_time()  # the claims' expiry is this transaction's now + the lease
@@ -164,6 +175,7 @@ async def serve(lane: Lane[Any, Any], *, also: Sequence[Callable[[], Awaitable[N
                 # Woken for new work while full (a run.start on a busy host): the end that frees
                 # room wakes it again. The backstop deadline above still holds.
                 while lane.room() <= 0 and not state.unrecorded:
+                    lane.exhausted = False  # work is waiting for room: the end that frees some wakes it
                     state.wake_event = trio.Event()
                     await state.wake_event.wait()
 
@@ -235,11 +247,25 @@ async def supervise(lane: Lane[C, Any], active: Active[C]) -> None:
         # reason of its innermost cancelled scope, which may be a nursery's), or by a
         # cancellation from outside: the host is stopping.
         stopped_by = active.stop_reason or (StopReason.HOST_STOPPING if cancelled else None)
-        await record_end(lane, lane.end_of(active, stopped_by))
+        end = lane.end_of(active, stopped_by)
+        await record_end(lane, end)
         lane.recorded(active)
         del lane.state.active[lane.key(active.claim)]
         lane.left(active)
-        lane.state.wake()
+        _freed(lane, active, end)
+
+
+def _freed(lane: Lane[C, E], active: Active[C], end: E | None) -> None:
+    """The work left: wake the dispatcher (its room, and maybe work, changed), unless its
+    last round found all the work there was with room left and this end made none
+    claimable, so a round now could find nothing (an empty claim transaction per warm run,
+    whose next run.start comes after its end). The other hosts are told all the same."""
+    state = lane.state
+    if lane.exhausted and not lane.made_claimable(active, end) and lane.key(active.claim) not in state.unrecorded:
+        if state.announce is not None:
+            state.announce()
+        return
+    state.wake()
 
 
 async def _launch_contained(lane: Lane[C, Any], active: Active[C]) -> None:

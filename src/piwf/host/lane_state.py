@@ -111,6 +111,7 @@ class Active(Generic[C]):
     warm: Any = None  # a run: its WarmTicket (host/warm.py), what a warm worker may serve
     output: Any = None  # its Diagnostics (host/worker_process.py): what it printed so far
     end_recorded: str | None = None  # a run's: recorded with the message that ended its run, with this output
+    run_ended: bool = False  # a run's: that message completed or failed it (host/worker_messages.py)
     good_until: float = math.inf  # trio time until which its claim is vouched for (host/fence.py)
     unrenewed: bool = False  # stopped by the fence: its claim could not be renewed in time
     kill: Callable[[], object] | None = None  # SIGKILL its worker's group, while the worker is unreaped

@@ -2,8 +2,9 @@
 (the dispatcher, renewer, supervisor and pump are host/lane.py's, shared with reconciles).
 
 The dispatcher claims runs while capacity allows, woken at once by ``run.start``,
-``run.resume`` and a worker's exit, with a slow poll only as a backstop (expired claims,
-crash back-off). A worker's end is recorded from the reason its scope was cancelled
+``run.resume`` and a worker's exit (unless its last round found all there was and the
+exit made nothing claimable: ``made_claimable``), with a slow poll only as a backstop
+(expired claims, crash back-off). A worker's end is recorded from the reason its scope was cancelled
 with, else from what the host had told it.
 """
 
@@ -26,7 +27,7 @@ from piwf.host.lane_state import Backoff
 from piwf.host.placement import serve_placement
 from piwf.host.warm import WarmTicket, hear_idle
 from piwf.host.state import Active, ActiveRun, Conclusion, HostState, ProcessEnd, WorkerEnd, log
-from piwf.host.worker_messages import handle
+from piwf.host.worker_messages import ahead_exit_code, handle
 
 MAX_BACKOFF_MS = 60_000
 
@@ -66,6 +67,7 @@ class RunLane(lane.Lane[Claim, WorkerEnd]):
         except PiwfError as exc:
             log.error("dispatcher could not claim runs: %s", exc)
             return []
+        self.exhausted = getattr(claimed, "exhausted", False) and len(claimed) < room
         return [Active(claim, worker_id=worker_id) for claim, worker_id in claimed]
 
     def claimed(self) -> None:
@@ -150,7 +152,8 @@ class RunLane(lane.Lane[Claim, WorkerEnd]):
             log.warning("%s: worker %s (exit %s, signal %s): %s", active.label, status, process.exit_code,
                         process.signal, _last_line(process.diagnostic))
         if active.end_recorded is not None:  # with the message that ended its run (worker_messages)
-            if (status, process.returncode, process.diagnostic) == (WorkerStatus.EXITED, 0, active.end_recorded):
+            expected = (WorkerStatus.EXITED, ahead_exit_code(active), active.end_recorded)
+            if (status, process.returncode, process.diagnostic) == expected:
                 return None  # it ended as recorded
             return WorkerEnd(active, status, process, park=False, amend=True)
         park = status not in (WorkerStatus.CANCELLED, WorkerStatus.CLAIM_LOST)
@@ -212,6 +215,12 @@ class RunLane(lane.Lane[Claim, WorkerEnd]):
 
     def recorded(self, active: ActiveRun) -> None:
         faults.point("host.worker.recorded")
+
+    def made_claimable(self, active: ActiveRun, end: WorkerEnd | None) -> bool:
+        """False only for a run of no origin session that its own message ended (completed
+        or failed), its worker's end recorded with it as it was: its end changed nothing
+        in the queue (no session's next run waits on it, and it is never claimed again)."""
+        return not (active.run_ended and active.claim.sessionless and end is None)
 
     def left(self, active: ActiveRun) -> None:
         self.host.changed()

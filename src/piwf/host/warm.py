@@ -54,14 +54,26 @@ class WarmTicket:
     idle: bool = False  # it said worker.idle after its part ended
     waiting: trio.CancelScope | None = None  # the supervisor's wait for the worker's exit: idle ends it too
     runs: int = 0  # how many runs its process has executed (from worker.idle)
+    before: int = 0  # how many its process had executed before this run (a warm worker's, handed over)
 
     @property
     def key(self) -> WarmKey:
         return (self.project, self.workflow, self.digest)
 
+    @property
+    def kept_note(self) -> str:
+        """The note of its worker's record once it says idle after this run, as expected
+        before it does (its end is recorded ahead: host/worker_messages.py)."""
+        return kept_note(self.before + 1)
+
     def ready(self, message: Ready) -> None:
         loaded = message.payload
         self.reusable = loaded.reuse and loaded.loadError is None and loaded.digest == self.digest
+
+
+def kept_note(runs: int) -> str:
+    """The note a kept-warm worker's record ends with, after ``runs`` runs of its process."""
+    return f"kept warm for another run after {runs} run(s) (reuse_worker)"
 
 
 @dataclass(eq=False)
@@ -70,6 +82,7 @@ class WarmWorker:
     send: trio.lowlevel.FdStream
     receive: trio.lowlevel.FdStream
     key: WarmKey
+    runs: int = 0  # how many runs its process has executed (its last worker.idle's)
     since: float = field(default_factory=trio.current_time)  # idle since (trio time)
 
 
@@ -154,11 +167,13 @@ class WarmPool:
         assert self._nursery is not None
         self._nursery.start_soon(self.stop, worker)
 
-    def take(self, key: WarmKey) -> WarmWorker | None:
-        """The oldest idle worker for ``key``, out of the pool."""
+    def take(self, ticket: WarmTicket) -> WarmWorker | None:
+        """The oldest idle worker for the ticket's key, out of the pool (the ticket learns
+        how many runs its process has executed)."""
         for worker in self._idle:
-            if worker.key == key:
+            if worker.key == ticket.key:
                 del self._idle[worker]
+                ticket.before = worker.runs
                 return worker
         return None
 

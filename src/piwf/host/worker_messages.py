@@ -23,7 +23,7 @@ from piwf.protocol.worker import (
     ProcessUnregister, Ready, ReadyResult, Result, RunComplete, RunFail, StartedAttempt, StepsPage, StepsRead,
     SubmissionReject, UpdatePublish, WorkerMessage, WorkerResponse, reused_id, worker_fingerprint,
 )
-from piwf.host.lane_state import NodeClock
+from piwf.host.lane_state import NodeClock, ProcessEnd
 from piwf.host.state import ActiveRun, Conclusion, HostState, log
 
 # A handler makes store calls only, on the message's unit of work ``tx``, and returns its
@@ -365,12 +365,26 @@ def _answers_stored(active: ActiveRun) -> bool:
     return not active.claim.first or len(active.answered) >= 2
 
 
+def ahead_exit_code(active: ActiveRun) -> int | None:
+    """The exit code a worker's end is recorded with ahead, with the message that ended its
+    run: 0, or none for one that may be kept warm (it is expected to say idle)."""
+    return None if active.warm is not None and active.warm.reusable else 0
+
+
+def ahead_diagnostic(active: ActiveRun) -> str:
+    """What the worker's record says ahead: what it printed so far, and a kept worker's note."""
+    printed = active.output.text() if active.output is not None else ""
+    if active.warm is None or not active.warm.reusable:
+        return printed
+    return ProcessEnd(None, printed).noted(active.warm.kept_note).diagnostic
+
+
 async def handle(host: HostState, active: ActiveRun, message: WorkerMessage) -> WorkerResponse:
     """Answer one message of the worker, in one unit of work with its changes. Its answer
     is kept in ``active.last_answer`` and stored (``workers.record_message``) in the unit
     of work of the worker's next message: only the worker can repeat a message id, on its
     pipe, while this host is its host, and it sends one message at a time. The unit that
-    ends a fresh worker's run also records the worker's end, which deletes its stored
+    ends a worker's run also records the worker's end (a warm one's as it will be once idle), which deletes its stored
     answers (the run has ended): it stores none, so a fresh one-node run stores none at
     all. A repeat is answered from either, or refused when its body changed."""
     if message.workerEpoch != active.worker_id or message.generation != active.claim.generation:
@@ -383,12 +397,12 @@ async def handle(host: HostState, active: ActiveRun, message: WorkerMessage) -> 
         stored = _last_answer(active, message) or await host.store.workers.read_message(message)
         if stored is not None:
             return stored
-    # A fresh worker told its run has ended exits: its end is recorded in the same unit of
-    # work (one transaction per run less), as it will be, with what it printed so far and
-    # exit code 0; one that then ends otherwise has its record amended (run_lane.end_of).
-    # A worker that may be kept warm is recorded when it says idle (its record notes it).
-    ends = _ends_run(message) and not (active.warm is not None and active.warm.reusable)
-    printed = active.output.text() if ends and active.output is not None else ""
+    # A worker told its run has ended exits, or (one that may be kept warm) says idle: its
+    # end is recorded in the same unit of work (one transaction per run less), as it will
+    # be, with what it printed so far and exit code 0, or no exit code and the note a kept
+    # worker's record has; one that then ends otherwise has its record amended (run_lane.end_of).
+    ends = _ends_run(message)
+    printed = ahead_diagnostic(active) if ends else ""
 
     async def answer(tx: UnitOfWork) -> tuple[WorkerResponse, Result, Conclusion | None]:
         """One unit of work: the fence (the live claim and the run revision), the revision
@@ -410,7 +424,8 @@ async def handle(host: HostState, active: ActiveRun, message: WorkerMessage) -> 
         if ends and conclusion is Conclusion.DONE:
             await tx.supervision.end_worker(
                 worker_id=active.worker_id, run_id=active.claim.run_id, token=active.claim.token,
-                status=WorkerStatus.EXITED, now=now, exit_code=0, signal=None, diagnostic=printed or None, park=False,
+                status=WorkerStatus.EXITED, now=now, exit_code=ahead_exit_code(active), signal=None,
+                diagnostic=printed or None, park=False,
                 max_crashes=host.config.max_crashes, answers=_answers_stored(active))
         return response, result, conclusion
 
@@ -421,6 +436,7 @@ async def handle(host: HostState, active: ActiveRun, message: WorkerMessage) -> 
         active.last_answer = (message, response)  # nothing awaited since the commit: kept as surely as committed
         if ends and conclusion is Conclusion.DONE:
             active.end_recorded = printed
+            active.run_ended = result is RUN_ENDED
         faults.point("host.worker.committed")
     except ClaimLost as exc:  # the answer is sent; the worker ends on it (see lane._lingered)
         active.conclusion = Conclusion.CLAIM_LOST

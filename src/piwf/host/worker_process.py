@@ -26,7 +26,7 @@ from piwf import processes
 from piwf.errors import PiwfError
 from piwf.wire import canonical_json
 from piwf.host.launcher import Launch, LauncherUnavailable, WorkerHandle, stop_worker
-from piwf.host.warm import WarmTicket, WarmWorker, drain_output
+from piwf.host.warm import WarmTicket, WarmWorker, drain_output, kept_note
 from piwf.host.state import Active, HostState, ProcessEnd, log
 
 DIAGNOSTIC_BYTES = 64 * 1024
@@ -156,7 +156,7 @@ async def run_worker(host: HostState, active: Active[Any], envelope: msgspec.Str
     returns. The worker's lane (host/lane.py) gives its launch variable, its message pump
     and how its pid is recorded."""
     ticket: WarmTicket | None = active.warm
-    warm_worker = host.warm.take(ticket.key) if ticket is not None else None
+    warm_worker = host.warm.take(ticket) if ticket is not None else None
     if warm_worker is not None and await host.warm.hand_over(warm_worker, envelope):
         await _supervise_process(host, active, warm_worker.proc, warm_worker.send, warm_worker.receive, pump, attach)
         return
@@ -217,7 +217,7 @@ async def _supervise_process(host: HostState, active: Active[Any], proc: WorkerH
     finally:  # cancelled, failed or done: the worker's whole group goes, and is reaped
         if kept:
             assert ticket is not None
-            await _keep_warm(host, active, ticket, WarmWorker(proc, send, receive, ticket.key),
+            await _keep_warm(host, active, ticket, WarmWorker(proc, send, receive, ticket.key, ticket.runs),
                              diagnostics)
         else:
             await _end_process(host, active, proc, (send, receive, proc.stdout), diagnostics, exited)
@@ -232,8 +232,7 @@ async def _keep_warm(host: HostState, active: Active[Any], ticket: WarmTicket, w
         diagnostics.add(tail)
     diagnostics.complete = True
     diagnostics.close()
-    note = f"kept warm for another run after {ticket.runs} run(s) (reuse_worker)"
-    active.process_end = ProcessEnd(None, diagnostics.text()).noted(note)
+    active.process_end = ProcessEnd(None, diagnostics.text()).noted(kept_note(ticket.runs))
     if active.registered:  # only a worker's own register message records a group of it
         with cleanup_scope(host, REAP_S):
             await _reap_groups_of(host, active.worker_id)

@@ -86,6 +86,7 @@ class Claim:
     generation: int
     expires_at: int
     launch: RunLaunch | None = None  # set by ``claim_runs`` (the host's claims): no read per launch
+    sessionless: bool = False  # ``claim_runs`` read that the run has no origin session (no run waits on its end)
 
     @property
     def label(self) -> str:  # what the host's logs call the claimed run

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 
 from piwf.status import CRASHES, DEFAULT_QUEUE, Hold, WorkerStatus
@@ -10,8 +11,16 @@ from piwf.store.sql.database import Database
 from piwf.store.api.types import Claim, Delay, WorkerEnded
 
 
+class Claimed(list[tuple[Claim, str]]):
+    """What ``claim_runs`` claimed, and whether it found all the claimable runs there were
+    (``exhausted``): then nothing was left claimable but what it could not take, and only
+    a later commit (which wakes the dispatchers) or the passing of time makes more."""
+
+    exhausted: bool = False
+
+
 def claim_runs(db: Database, *, room: int, exclude: frozenset[str], runner_id: str, lease_ms: int, now: int,
-               epoch: int, queues: tuple[str, ...] = (DEFAULT_QUEUE,)) -> list[tuple[Claim, str]]:
+               epoch: int, queues: tuple[str, ...] = (DEFAULT_QUEUE,)) -> Claimed:
     """Claim up to ``room`` runs of ``queues``, oldest first, none in ``exclude`` nor any
     ``runner_id`` recorded it cannot load (store/sql/placement.py), each with a fresh
     token, a worker record (its worker id) and what its worker is launched with
@@ -21,8 +30,13 @@ def claim_runs(db: Database, *, room: int, exclude: frozenset[str], runner_id: s
     their order; a candidate that cannot be taken (another writer's, or its session's run
     taken just before) is passed over, ``queue.CANDIDATES`` of them in a row at most, as
     ``queue.claim_next_run`` does. Once the candidates read are all there are, no read
-    after them finds none."""
-    taken: list[tuple[Claim, str]] = []
+    after them finds none.
+
+    Returns a ``Claimed``: ``exhausted`` when, on SQLite (one writer at a time, and a read
+    of a write transaction sees every commit), every candidate there was was read and
+    tried with room left. Never on PostgreSQL, whose candidate reads pass over rows
+    another transaction holds (it may end without a commit, and so without a wake-up)."""
+    taken = Claimed()
     skip = set(exclude)
     passed = 0
     with db.write():
@@ -30,21 +44,26 @@ def claim_runs(db: Database, *, room: int, exclude: frozenset[str], runner_id: s
             wanted = room - len(taken)
             found, complete = queue.candidates(db, now=now, exclude=frozenset(skip), runner_id=runner_id,
                                                queues=queues, limit=wanted)
+            tried = 0
             for _, run_id, session in found:
                 if passed == queue.CANDIDATES:
                     break
+                tried += 1
                 skip.add(run_id)
                 claim = queue.take(db, run_id, runner_id=runner_id, token=secrets.token_urlsafe(24),
                                    lease_ms=lease_ms, now=now, epoch=epoch, session=session, launch=True)
                 if claim is None:
                     passed += 1
                     continue
+                if session is None:
+                    claim = dataclasses.replace(claim, sessionless=True)
                 worker_id = secrets.token_hex(8)
                 workers.record_start(db, worker_id=worker_id, run_id=claim.run_id, generation=claim.generation,
                                      host_epoch=epoch, now=now)
                 taken.append((claim, worker_id))
                 passed = 0  # as many again for the next claim
             if complete:
+                taken.exhausted = tried == len(found) and len(taken) < room and db.dialect == "sqlite"
                 break
     return taken
 
