@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import trio
 
@@ -91,6 +92,28 @@ async def warm_host(paths: StatePaths, nursery: trio.Nursery) -> Any:
     state = await nursery.start(Host(config(paths, crash_backoff_s=0.01)).serve)
     yield state
     state.stop_requested.set()
+
+
+async def test_a_run_whose_idle_worker_died_counts_its_fresh_process_from_one(
+        warm_host: Any, paths: StatePaths, project: Path) -> None:
+    """The idle worker was killed and not yet swept from the pool: the next run gets a
+    fresh process, and the end recorded with its last message says so (no amend)."""
+    warm_project(project)
+    async with AsyncClient(paths) as client:
+        first = (await run_once(client, project))["output"]
+        os.kill(first["pid"], signal.SIGKILL)
+        await wait_for(lambda: not _alive(first["pid"]))
+        after = await run_once(client, project)
+        events = (await client.call("run.events", run_id=after["runId"])).receipt["events"]
+    assert after["output"]["runs"] == 1
+    assert "worker.amended" not in [e["type"] for e in events], events
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 async def test_runs_of_a_reusing_workflow_share_one_worker_process(warm_host: Any, paths: StatePaths,

@@ -3,8 +3,9 @@ supervisor per claimed piece of work, its worker's message pump, and the recordi
 end. What differs between the two is a ``Lane`` (host/run_lane.py, host/reconcile_lane.py).
 
     dispatcher     claims work while its lane has room, woken at once by the events that
-    │              free room or queue work, with a poll as backstop; each round first
-    │              retries the ends the store refused
+    │              free room or queue work (not by a run's end that the last round shows
+    │              could not make any claimable), with a poll as backstop; each round
+    │              first retries the ends the store refused
     ├── claim renewer   every active claim, one transaction per tick; a lost one cancels
     │                   that work's scope with reason claimLost
     ├── fence           on a shared store: work whose claim (or the host lease) could not be

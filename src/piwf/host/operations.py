@@ -288,6 +288,7 @@ async def _run_cancel(host: HostState, tx: UnitOfWork, request: CancelRun, prepa
     # up; a worker on another host is stopped by that host, told by Wakeup.CLAIMS.
     after.append(lambda: host.runs.stop(run_id, StopReason.CANCELLED))
     after.append(functools.partial(host.store.announce, Wakeup.CLAIMS))
+    after.append(host.wake)  # a run of its session may be claimable now (a run's end may not wake a round)
     return HostResponse(request.requestId, Outcome.ACCEPTED, revision=await tx.runs.revision(run_id),
                         receipt=CancelReceipt(runId=run_id, status="cancelled"))
 

@@ -160,6 +160,8 @@ async def run_worker(host: HostState, active: Active[Any], envelope: msgspec.Str
     if warm_worker is not None and await host.warm.hand_over(warm_worker, envelope):
         await _supervise_process(host, active, warm_worker.proc, warm_worker.send, warm_worker.receive, pump, attach)
         return
+    if ticket is not None:
+        ticket.before = 0  # a fresh process (the idle one, if any, died before it took the run)
     env = {**_base_env(host),
            launch_var: base64.urlsafe_b64encode(canonical_json(envelope)).decode().rstrip("=")}
     with Pipes() as pipes:
