@@ -384,13 +384,15 @@ async def _soak(paths: StatePaths, project: Path, nursery: trio.Nursery, *, roun
                 assert response.outcome == "accepted", response
         await wait_for(lambda: _all_pruned(paths), timeout=60 + per_round)
         sizes.append(_pages(paths))
-    # The file stops growing: past the first half of the rounds (the warm-up: a round's peak of
-    # live rows varies with the machine's speed) no round needs more than a quarter of a
-    # round's footprint beyond the warm-up's largest. Measured (150 runs a round, 100 pages
-    # empty): 151, 154, 158, 158, 158, 158, 158, 158; with the command log kept its default
-    # week instead, it grows every round: 140, 150, 171, 198, ...
-    warm = max(sizes[:rounds // 2])
-    assert max(sizes) - warm <= max(4, (warm - initial) // 4), (initial, sizes)
+    # The file stops growing: the last two rounds need no more than a quarter of a round's
+    # footprint beyond the largest before them. A round's peak of live rows varies with the
+    # machine's speed (a loaded round may reach a new peak once, and the file keeps it: seen
+    # 183, 183, 184, 184, 205, 205, ... under two test workers), so the check is on the last
+    # rounds, not on all past a fixed warm-up. Measured (150 runs a round, 100 pages empty):
+    # 151, 154, 158, 158, 158, 158, 158, 158; with the command log kept its default week
+    # instead, it grows every round: 140, 150, 171, 198, ...
+    warm = max(sizes[:-2])
+    assert max(sizes[-2:]) - warm <= max(4, (warm - initial) // 4), (initial, sizes)
 
 
 async def _all_pruned(paths: StatePaths) -> bool:
