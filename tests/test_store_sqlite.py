@@ -3,6 +3,8 @@ the interface promises is in tests/conformance/, run against every backend."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -127,13 +129,9 @@ def test_the_claims_update_itself_keeps_one_active_run_per_session(db: Database,
     assert db.scalar("SELECT status FROM run_queue WHERE run_id = 'r1'") == "parked"
 
 
-def test_a_claim_round_reads_its_candidates_once_and_each_run_once(db: Database, clock: ManualClock) -> None:
-    """A round with room for more runs than are claimable reads the candidates once (the
-    validating runs, the oldest ready ones, the expired claims), finds them all there are,
-    and reads no more; each run's launch comes back with the write that sets it running
-    (no read of the run after it)."""
-    for run_id in ("a", "b"):
-        new_run(db, clock, run_id)
+@contextlib.contextmanager
+def _traced(db: Database) -> Iterator[list[str]]:
+    """The statements ``db`` runs inside the block, whitespace folded."""
     statements: list[str] = []
 
     def trace(cursor: Any, sql: str, bindings: Any) -> bool:
@@ -142,10 +140,21 @@ def test_a_claim_round_reads_its_candidates_once_and_each_run_once(db: Database,
 
     db.conn.exec_trace = trace
     try:
-        got = supervision.claim_runs(db, room=4, exclude=frozenset(), runner_id="h", lease_ms=LEASE,
-                                     now=clock.now_ms(), epoch=1)
+        yield statements
     finally:
         db.conn.exec_trace = None
+
+
+def test_a_claim_round_reads_its_candidates_once_and_each_run_once(db: Database, clock: ManualClock) -> None:
+    """A round with room for more runs than are claimable reads the candidates once (the
+    validating runs, the oldest ready ones, the expired claims), finds them all there are,
+    and reads no more; each run's launch comes back with the write that sets it running
+    (no read of the run after it)."""
+    for run_id in ("a", "b"):
+        new_run(db, clock, run_id)
+    with _traced(db) as statements:
+        got = supervision.claim_runs(db, room=4, exclude=frozenset(), runner_id="h", lease_ms=LEASE,
+                                     now=clock.now_ms(), epoch=1)
     assert [c.run_id for c, _ in got] == ["a", "b"]
     reads = [sql for sql in statements if sql.startswith(("SELECT", "WITH"))]
     assert len(reads) == 3 and sum("INDEXED BY run_queue_ready" in sql for sql in reads) == 1, statements
@@ -185,19 +194,10 @@ def test_a_workers_end_after_its_run_ended_releases_nothing(db: Database, clock:
     [(got, worker_id)] = supervision.claim_runs(db, room=1, exclude=frozenset(), runner_id="h", lease_ms=LEASE,
                                                 now=clock.now_ms(), epoch=1)
     queue.complete_run(db, "a", got.token, None, clock.now_ms())
-    statements: list[str] = []
-
-    def trace(cursor: Any, sql: str, bindings: Any) -> bool:
-        statements.append(" ".join(sql.split()))
-        return True
-
-    db.conn.exec_trace = trace
-    try:
+    with _traced(db) as statements:
         ended = supervision.end_worker(db, worker_id=worker_id, run_id="a", token=got.token, status=WorkerStatus.EXITED,
                                        now=clock.now_ms(), exit_code=0, signal=None, diagnostic=None, park=True,
                                        max_crashes=3, backoff=1000)
-    finally:
-        db.conn.exec_trace = None
     assert ended == (0, False, None)
     assert not [sql for sql in statements if "interaction_requests" in sql or sql.startswith("UPDATE run_queue")]
     assert db.scalar("SELECT status FROM run_workers WHERE worker_epoch = ?", (worker_id,)) == "exited"
